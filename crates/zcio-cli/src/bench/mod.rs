@@ -1,0 +1,368 @@
+//! `zcio bench`: suites that run baseline and zcio alternately in one run and report medians,
+//! ranges and ratios, CPU seconds per GB, syscalls per operation and the COPIED fraction.
+//!
+//! A suite implements [`Suite`] and is listed in [`suites::all`]. Inside `run` it calls
+//! [`Ctx::compare`] once per case with two closures that each perform one measured run and
+//! return a [`Sample`]; the framework alternates them (A B A B …), so drift on the machine hits
+//! both sides alike.
+// Part of the API is for suites that land later (tx, rx, event, nfq, shim).
+#![allow(dead_code)]
+
+pub mod machine;
+pub mod measure;
+pub mod report;
+pub mod suites;
+
+use anyhow::Result;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How long and how often to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Smoke run: under a minute for all suites.
+    Quick,
+    /// The default: a few minutes on 2 cores.
+    Default,
+    /// Longer runs, more rounds.
+    Full,
+}
+
+/// Which way is better for a metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Better {
+    /// Larger is better (throughput).
+    Higher,
+    /// Smaller is better (CPU per GB, syscalls per op).
+    Lower,
+}
+
+/// A metric a suite reports.
+#[derive(Debug, Clone, Copy)]
+pub struct MetricDef {
+    /// Key in [`Sample::values`] and `metric` in the results.
+    pub name: &'static str,
+    /// Unit shown next to values.
+    pub unit: &'static str,
+    /// Direction.
+    pub better: Better,
+}
+
+impl MetricDef {
+    /// Shorthand constructor.
+    pub const fn new(name: &'static str, unit: &'static str, better: Better) -> Self {
+        Self { name, unit, better }
+    }
+}
+
+/// What one measured run produced: metric values plus notes (e.g. the path taken).
+#[derive(Debug, Clone, Default)]
+pub struct Sample {
+    /// Metric name → value.
+    pub values: BTreeMap<&'static str, f64>,
+    /// Free-form observations worth reporting once (deduplicated).
+    pub notes: Vec<String>,
+}
+
+impl Sample {
+    /// Sets a metric value.
+    pub fn set(&mut self, metric: &'static str, v: f64) -> &mut Self {
+        self.values.insert(metric, v);
+        self
+    }
+    /// Adds a note.
+    pub fn note(&mut self, s: impl Into<String>) -> &mut Self {
+        self.notes.push(s.into());
+        self
+    }
+}
+
+/// One line of results: a case and metric, baseline vs zcio.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// The case (e.g. `tcp 64K split-cores`).
+    pub case: String,
+    /// Metric name.
+    pub metric: String,
+    /// Unit.
+    pub unit: String,
+    /// `higher` or `lower`.
+    pub better: Better,
+    /// Median of the baseline runs.
+    pub baseline: f64,
+    /// Median of the zcio runs.
+    pub zcio: f64,
+    /// `zcio / baseline`.
+    pub ratio: f64,
+    /// Baseline min and max.
+    pub baseline_range: [f64; 2],
+    /// zcio min and max.
+    pub zcio_range: [f64; 2],
+    /// Runs per side.
+    pub runs: usize,
+    /// What the baseline is.
+    pub baseline_label: String,
+    /// What the zcio side is.
+    pub zcio_label: String,
+}
+
+/// A suite's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct SuiteReport {
+    /// Suite name.
+    pub name: String,
+    /// One-line description.
+    pub about: String,
+    /// Observations, fallbacks, and whether a path copied.
+    pub notes: Vec<String>,
+    /// Rows.
+    pub rows: Vec<Row>,
+    /// The metric charted in the HTML report.
+    pub chart_metric: Option<String>,
+    /// Whether the suite was skipped, and why.
+    pub skipped: Option<String>,
+    /// Wall seconds the suite took.
+    pub seconds: f64,
+}
+
+/// A benchmark suite.
+pub trait Suite: Sync {
+    /// Name used on the command line.
+    fn name(&self) -> &'static str;
+    /// One line saying what it measures.
+    fn about(&self) -> &'static str;
+    /// The metric to chart.
+    fn chart_metric(&self) -> &'static str;
+    /// Runs the suite. Return `Err` only for real failures; use [`Ctx::skip`] for a missing
+    /// privilege or feature.
+    fn run(&self, ctx: &mut Ctx) -> Result<()>;
+}
+
+/// Why a suite skipped itself.
+#[derive(Debug)]
+pub struct Skip(pub String);
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "skipped: {}", self.0)
+    }
+}
+impl std::error::Error for Skip {}
+
+/// Run-time context handed to suites.
+pub struct Ctx {
+    /// Measurement mode.
+    pub mode: Mode,
+    /// Where results go.
+    pub out_dir: PathBuf,
+    progress: ProgressBar,
+    rows: Vec<Row>,
+    notes: Vec<String>,
+}
+
+impl Ctx {
+    fn new(mode: Mode, out_dir: PathBuf, progress: ProgressBar) -> Self {
+        Self {
+            mode,
+            out_dir,
+            progress,
+            rows: vec![],
+            notes: vec![],
+        }
+    }
+
+    /// Rounds per side (each round runs baseline once and zcio once).
+    pub fn rounds(&self) -> usize {
+        match self.mode {
+            Mode::Quick => 1,
+            Mode::Default => 3,
+            Mode::Full => 7,
+        }
+    }
+
+    /// Suggested duration of one measured run.
+    pub fn run_time(&self) -> Duration {
+        match self.mode {
+            Mode::Quick => Duration::from_millis(150),
+            Mode::Default => Duration::from_millis(500),
+            Mode::Full => Duration::from_secs(2),
+        }
+    }
+
+    /// Picks a value by mode: `(quick, default, full)`.
+    pub fn pick<T>(&self, quick: T, default: T, full: T) -> T {
+        match self.mode {
+            Mode::Quick => quick,
+            Mode::Default => default,
+            Mode::Full => full,
+        }
+    }
+
+    /// Adds a suite-level note (deduplicated).
+    pub fn note(&mut self, s: impl Into<String>) {
+        let s = s.into();
+        if !self.notes.contains(&s) {
+            self.notes.push(s);
+        }
+    }
+
+    /// Returns an error that marks the suite as skipped with `reason`.
+    pub fn skip(&self, reason: impl Into<String>) -> anyhow::Error {
+        anyhow::Error::new(Skip(reason.into()))
+    }
+
+    /// Measures one case: `baseline` and `zcio` alternate for [`Ctx::rounds`] rounds (the
+    /// order flips every round), then each metric in `metrics` becomes a [`Row`].
+    pub fn compare(
+        &mut self,
+        case: &str,
+        labels: (&str, &str),
+        metrics: &[MetricDef],
+        mut baseline: impl FnMut() -> Result<Sample>,
+        mut zcio: impl FnMut() -> Result<Sample>,
+    ) -> Result<()> {
+        let mut a_samples = vec![];
+        let mut b_samples = vec![];
+        for round in 0..self.rounds() {
+            self.progress
+                .set_message(format!("{case} (round {}/{})", round + 1, self.rounds()));
+            if round % 2 == 0 {
+                a_samples.push(baseline()?);
+                b_samples.push(zcio()?);
+            } else {
+                b_samples.push(zcio()?);
+                a_samples.push(baseline()?);
+            }
+        }
+        for s in a_samples.iter().chain(&b_samples) {
+            for n in &s.notes {
+                self.note(format!("{case}: {n}"));
+            }
+        }
+        for m in metrics {
+            let a: Vec<f64> = a_samples
+                .iter()
+                .filter_map(|s| s.values.get(m.name).copied())
+                .collect();
+            let b: Vec<f64> = b_samples
+                .iter()
+                .filter_map(|s| s.values.get(m.name).copied())
+                .collect();
+            if a.is_empty() || b.is_empty() {
+                continue;
+            }
+            let (am, amin, amax) = stats(&a);
+            let (bm, bmin, bmax) = stats(&b);
+            self.rows.push(Row {
+                case: case.to_string(),
+                metric: m.name.to_string(),
+                unit: m.unit.to_string(),
+                better: m.better,
+                baseline: am,
+                zcio: bm,
+                ratio: if am != 0.0 { bm / am } else { f64::NAN },
+                baseline_range: [amin, amax],
+                zcio_range: [bmin, bmax],
+                runs: a.len(),
+                baseline_label: labels.0.to_string(),
+                zcio_label: labels.1.to_string(),
+            });
+        }
+        self.progress.inc(1);
+        Ok(())
+    }
+}
+
+/// Median, min and max.
+pub fn stats(v: &[f64]) -> (f64, f64, f64) {
+    let mut s = v.to_vec();
+    s.sort_by(|x, y| x.total_cmp(y));
+    let n = s.len();
+    let med = if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    };
+    (med, s[0], s[n - 1])
+}
+
+/// The whole run's results, as written to `results.json`.
+#[derive(Debug, Serialize)]
+pub struct Results {
+    /// Host description.
+    pub machine: machine::Machine,
+    /// Mode of the run.
+    pub mode: Mode,
+    /// One entry per suite run.
+    pub suites: Vec<SuiteReport>,
+}
+
+/// Runs the named suites (all when empty) and writes `results.json` and `report.html`.
+pub fn run(names: &[String], mode: Mode, out_dir: PathBuf) -> Result<Results> {
+    let all = suites::all();
+    for n in names {
+        if !all.iter().any(|s| s.name() == n) {
+            let known: Vec<&str> = all.iter().map(|s| s.name()).collect();
+            anyhow::bail!("unknown suite '{n}'; known suites: {}", known.join(", "));
+        }
+    }
+    std::fs::create_dir_all(&out_dir).map_err(|e| {
+        anyhow::anyhow!("cannot create output directory {}: {e}", out_dir.display())
+    })?;
+    let chosen: Vec<&dyn Suite> = all
+        .iter()
+        .filter(|s| names.is_empty() || names.iter().any(|n| n == s.name()))
+        .map(|b| b.as_ref())
+        .collect();
+    let pb = ProgressBar::new_spinner();
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {prefix:>10} {pos:>3} cases  {msg}",
+        )
+        .expect("static template"),
+    );
+    pb.enable_steady_tick(Duration::from_millis(200));
+    let mut reports = vec![];
+    for suite in chosen {
+        pb.set_prefix(suite.name());
+        let mut ctx = Ctx::new(mode, out_dir.clone(), pb.clone());
+        let t0 = std::time::Instant::now();
+        let res = suite.run(&mut ctx);
+        let mut skipped = None;
+        if let Err(e) = res {
+            match e.downcast_ref::<Skip>() {
+                Some(s) => skipped = Some(s.0.clone()),
+                None => {
+                    pb.finish_and_clear();
+                    return Err(e.context(format!("suite {}", suite.name())));
+                }
+            }
+        }
+        let report = SuiteReport {
+            name: suite.name().to_string(),
+            about: suite.about().to_string(),
+            notes: ctx.notes,
+            rows: ctx.rows,
+            chart_metric: Some(suite.chart_metric().to_string()),
+            skipped,
+            seconds: t0.elapsed().as_secs_f64(),
+        };
+        pb.suspend(|| report::print_suite(&report));
+        reports.push(report);
+    }
+    pb.finish_and_clear();
+    let results = Results {
+        machine: machine::Machine::read(),
+        mode,
+        suites: reports,
+    };
+    let json = serde_json::to_string_pretty(&results)?;
+    std::fs::write(out_dir.join("results.json"), json)?;
+    std::fs::write(out_dir.join("report.html"), report::html(&results)?)?;
+    Ok(results)
+}

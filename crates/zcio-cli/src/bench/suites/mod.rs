@@ -1,0 +1,10 @@
+//! The registered suites, in the order `zcio bench` runs them.
+
+mod loopback;
+
+use super::Suite;
+
+/// Every suite.
+pub fn all() -> Vec<Box<dyn Suite>> {
+    vec![Box::new(loopback::Loopback)]
+}

@@ -1,0 +1,82 @@
+//! The `zcio` command: probe, bench (and perf, nfq, netlink as they land).
+
+mod bench;
+#[allow(dead_code)] // used by the perf and nfq subcommands as they land
+mod util;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "zcio",
+    version,
+    about = "Zero-copy, low-syscall network I/O for Linux"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run benchmark suites (baseline and zcio alternating) and write results.json + report.html.
+    Bench {
+        /// Suites to run (default: all). `zcio bench --list` shows them.
+        suites: Vec<String>,
+        /// Smoke run: under a minute.
+        #[arg(long, conflicts_with = "full")]
+        quick: bool,
+        /// Longer runs, more rounds.
+        #[arg(long)]
+        full: bool,
+        /// Output directory.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// List the suites and exit.
+        #[arg(long)]
+        list: bool,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("zcio: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Bench {
+            suites,
+            quick,
+            full,
+            out,
+            list,
+        } => {
+            if list {
+                for s in bench::suites::all() {
+                    println!("{:<10} {}", s.name(), s.about());
+                }
+                return Ok(());
+            }
+            let mode = if quick {
+                bench::Mode::Quick
+            } else if full {
+                bench::Mode::Full
+            } else {
+                bench::Mode::Default
+            };
+            bench::run(&suites, mode, out.clone())?;
+            println!(
+                "\nwrote {} and {}",
+                out.join("results.json").display(),
+                out.join("report.html").display()
+            );
+            Ok(())
+        }
+    }
+}

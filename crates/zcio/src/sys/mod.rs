@@ -1,0 +1,230 @@
+//! Kernel ABI that `libc` and `io-uring` do not cover, and the one syscall wrapper.
+//!
+//! Every constant names the kernel version that introduced it. Every `#[repr(C)]` struct has
+//! its size, alignment and field offsets checked at compile time (see [`assert_layout!`]).
+//! This module, `ring` and `buf` are the only places where `unsafe` is allowed; everything
+//! else calls the safe wrappers here.
+#![allow(unsafe_code)]
+
+pub mod errqueue;
+pub mod net;
+pub mod nfqueue;
+pub mod zcrx;
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Calls a `libc` function, maps `-1` to [`io::Error`] from `errno` and retries `EINTR`.
+///
+/// Only usable inside modules that allow `unsafe_code`.
+macro_rules! syscall {
+    ($fn:ident ( $($arg:expr),* $(,)? )) => {{
+        loop {
+            // SAFETY: the caller passes arguments that satisfy the syscall's contract; each
+            // use site states why.
+            let res = unsafe { libc::$fn($($arg),*) };
+            if res == -1 {
+                let err = std::io::Error::last_os_error();
+                if err.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                break Err(err);
+            }
+            break Ok(res);
+        }
+    }};
+}
+pub(crate) use syscall;
+
+/// Asserts at compile time the size, alignment and field offsets of a `#[repr(C)]` struct.
+macro_rules! assert_layout {
+    ($ty:ty, size = $size:expr, align = $align:expr $(, $field:ident = $off:expr)* $(,)?) => {
+        const _: () = {
+            assert!(std::mem::size_of::<$ty>() == $size);
+            assert!(std::mem::align_of::<$ty>() == $align);
+            $( assert!(std::mem::offset_of!($ty, $field) == $off); )*
+        };
+    };
+}
+pub(crate) use assert_layout;
+
+/// `SOL_SOCKET` option enabling `MSG_ZEROCOPY` on a socket (Linux 4.14).
+pub const SO_ZEROCOPY: libc::c_int = 60;
+/// `send` flag requesting zero-copy transmission (Linux 4.14; UDP since 5.0).
+pub const MSG_ZEROCOPY: libc::c_int = 0x0400_0000;
+/// `sock_extended_err.ee_origin` of a zero-copy completion (Linux 4.14).
+pub const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
+/// `sock_extended_err.ee_code` bit: the kernel copied the data after all (Linux 4.14).
+pub const SO_EE_CODE_ZEROCOPY_COPIED: u8 = 1;
+/// `SOL_IP` option delivering errors (and zero-copy completions) on the error queue (2.2).
+pub const IP_RECVERR: libc::c_int = 11;
+/// `SOL_IPV6` counterpart of [`IP_RECVERR`] (2.2).
+pub const IPV6_RECVERR: libc::c_int = 25;
+/// `SOL_UDP` option for UDP generic segmentation offload (Linux 4.18).
+pub const UDP_SEGMENT: libc::c_int = 103;
+/// `SOL_UDP` level number.
+pub const SOL_UDP: libc::c_int = 17;
+/// `SOL_SOCKET` option: the send buffer usage of `MSG_ZEROCOPY` is bounded by `optmem_max`;
+/// this is the errqueue cmsg type for IPv4 (`IP_RECVERR`) completions.
+pub const CMSG_IP_RECVERR: libc::c_int = IP_RECVERR;
+/// errqueue cmsg type for IPv6 completions (`IPV6_RECVERR`).
+pub const CMSG_IPV6_RECVERR: libc::c_int = IPV6_RECVERR;
+
+/// `IORING_RECVSEND_POLL_FIRST` (Linux 5.19).
+pub const IORING_RECVSEND_POLL_FIRST: u16 = 1 << 0;
+/// `IORING_RECV_MULTISHOT` (Linux 6.0).
+pub const IORING_RECV_MULTISHOT: u16 = 1 << 1;
+/// `IORING_RECVSEND_FIXED_BUF` (Linux 6.0).
+pub const IORING_RECVSEND_FIXED_BUF: u16 = 1 << 2;
+/// `IORING_SEND_ZC_REPORT_USAGE`: the notification CQE says whether data was copied (6.2).
+pub const IORING_SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+/// `IORING_RECVSEND_BUNDLE` (Linux 6.10).
+pub const IORING_RECVSEND_BUNDLE: u16 = 1 << 4;
+/// Notification CQE `res` bit with `REPORT_USAGE`: the data was copied (Linux 6.2).
+pub const IORING_NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
+/// CQE flag: more completions follow for this request (Linux 5.19).
+pub const IORING_CQE_F_MORE: u32 = 1 << 1;
+/// CQE flag: this CQE is a zero-copy notification (Linux 6.0).
+pub const IORING_CQE_F_NOTIF: u32 = 1 << 3;
+/// CQE flag: a provided buffer was used; its id is in the upper 16 bits (Linux 5.7).
+pub const IORING_CQE_F_BUFFER: u32 = 1 << 0;
+/// CQE flag: the buffer of an incrementally consumed ring has more data coming (Linux 6.12).
+pub const IORING_CQE_F_BUF_MORE: u32 = 1 << 4;
+/// CQE flag: the socket had more data when the recv completed (Linux 5.19).
+pub const IORING_CQE_F_SOCK_NONEMPTY: u32 = 1 << 2;
+/// `io_uring_sqring` flag: completions are waiting in the overflow list (Linux 5.5).
+pub const IORING_SQ_CQ_OVERFLOW: u32 = 1 << 1;
+
+/// Wraps a raw descriptor returned by a successful syscall into an [`OwnedFd`].
+pub(crate) fn owned(fd: RawFd) -> OwnedFd {
+    // SAFETY: `fd` was just returned by the kernel, is valid, and nobody else owns it.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// `setsockopt` with an `int` value.
+pub fn setsockopt_int(fd: &impl AsRawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
+    let ptr = &value as *const i32 as *const libc::c_void;
+    // SAFETY: `ptr` points to an int that lives for the call; the length matches.
+    syscall!(setsockopt(fd.as_raw_fd(), level, name, ptr, 4)).map(drop)
+}
+
+/// `getsockopt` with an `int` value.
+pub fn getsockopt_int(fd: &impl AsRawFd, level: i32, name: i32) -> io::Result<i32> {
+    let mut value: i32 = 0;
+    let mut len: libc::socklen_t = 4;
+    let ptr = &mut value as *mut i32 as *mut libc::c_void;
+    // SAFETY: `ptr`/`len` describe a writable int that lives for the call.
+    syscall!(getsockopt(fd.as_raw_fd(), level, name, ptr, &mut len))?;
+    Ok(value)
+}
+
+/// Thread CPU time (user + system) of the calling thread, `CLOCK_THREAD_CPUTIME_ID`.
+pub fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; the clock id is a constant the kernel knows.
+    let _ = syscall!(clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts));
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// User and system CPU time of `who` (`RUSAGE_SELF`, `RUSAGE_THREAD`, `RUSAGE_CHILDREN`).
+pub fn rusage_cpu(who: libc::c_int) -> std::time::Duration {
+    // SAFETY: an all-zero rusage is a valid value of that plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid out-pointer for the call.
+    let _ = syscall!(getrusage(who, &mut ru));
+    let tv = |t: libc::timeval| {
+        std::time::Duration::new(t.tv_sec as u64, (t.tv_usec as u32).saturating_mul(1000))
+    };
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Resource limit `(soft, hard)`; `None` means unlimited.
+pub fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<(Option<u64>, Option<u64>)> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `rl` is a valid out-pointer.
+    syscall!(getrlimit(resource, &mut rl))?;
+    let f = |v: libc::rlim_t| (v != libc::RLIM_INFINITY).then_some(v);
+    Ok((f(rl.rlim_cur), f(rl.rlim_max)))
+}
+
+/// Sets a resource limit (`None` = unlimited).
+pub fn setrlimit(
+    resource: libc::__rlimit_resource_t,
+    soft: Option<u64>,
+    hard: Option<u64>,
+) -> io::Result<()> {
+    let rl = libc::rlimit {
+        rlim_cur: soft.unwrap_or(libc::RLIM_INFINITY),
+        rlim_max: hard.unwrap_or(libc::RLIM_INFINITY),
+    };
+    // SAFETY: `rl` is a valid in-pointer.
+    syscall!(setrlimit(resource, &rl)).map(drop)
+}
+
+/// Effective user id is 0.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Kernel release string (`uname -r`).
+pub fn kernel_release() -> String {
+    // SAFETY: an all-zero utsname is a valid value of that plain C struct.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid out-pointer.
+    if syscall!(uname(&mut u)).is_err() {
+        return String::from("unknown");
+    }
+    let bytes: Vec<u8> = u
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Pins the calling thread to `cpu`.
+pub fn pin_thread(cpu: usize) -> io::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes inside `set`; `cpu` is bounds-checked below.
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` lives for the call and `size` is its size.
+    syscall!(sched_setaffinity(0, size, &set)).map(drop)
+}
+
+/// Number of CPUs this process may run on.
+pub fn online_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Creates a non-blocking, close-on-exec eventfd.
+pub fn eventfd(initial: u32) -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes plain integers.
+    let fd = syscall!(eventfd(initial, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))?;
+    Ok(owned(fd))
+}
+
+/// Reads `/proc/sys/...` style integer files.
+pub fn read_sysctl(path: &str) -> io::Result<i64> {
+    let s = std::fs::read_to_string(path)?;
+    s.trim().parse().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{path}: not an integer"),
+        )
+    })
+}

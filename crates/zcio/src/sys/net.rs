@@ -1,0 +1,81 @@
+//! Socket helpers for options and flags that `std::net` does not expose.
+
+use super::{setsockopt_int, syscall, IPV6_RECVERR, IP_RECVERR, SO_ZEROCOPY};
+use std::io;
+use std::os::fd::AsRawFd;
+
+/// Address family of a socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Family {
+    /// AF_INET
+    V4,
+    /// AF_INET6
+    V6,
+}
+
+/// Family of a bound or connected socket, from `getsockname`.
+pub fn socket_family(fd: &impl AsRawFd) -> io::Result<Family> {
+    // SAFETY: an all-zero sockaddr_storage is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let ptr = &mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr;
+    // SAFETY: `ptr`/`len` describe `ss`, which lives for the call.
+    syscall!(getsockname(fd.as_raw_fd(), ptr, &mut len))?;
+    match ss.ss_family as i32 {
+        libc::AF_INET => Ok(Family::V4),
+        libc::AF_INET6 => Ok(Family::V6),
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("socket family {other} is neither AF_INET nor AF_INET6"),
+        )),
+    }
+}
+
+/// Sets `SO_ZEROCOPY` (Linux 4.14). Fails with `EOPNOTSUPP`/`ENOPROTOOPT` on socket types that
+/// do not support it.
+pub fn enable_zerocopy(fd: &impl AsRawFd) -> io::Result<()> {
+    setsockopt_int(fd, libc::SOL_SOCKET, SO_ZEROCOPY, 1)
+}
+
+/// Enables the error queue for the socket's family (`IP_RECVERR` / `IPV6_RECVERR`). Zero-copy
+/// completions arrive on the error queue either way; this also reports ICMP errors there.
+pub fn enable_recverr(fd: &impl AsRawFd, family: Family) -> io::Result<()> {
+    match family {
+        Family::V4 => setsockopt_int(fd, libc::SOL_IP, IP_RECVERR, 1),
+        Family::V6 => setsockopt_int(fd, libc::SOL_IPV6, IPV6_RECVERR, 1),
+    }
+}
+
+/// `send(2)` with flags; `EINTR` is retried, everything else is returned.
+pub fn send(fd: &impl AsRawFd, buf: &[u8], flags: i32) -> io::Result<usize> {
+    let ptr = buf.as_ptr().cast();
+    // SAFETY: `ptr`/`len` describe `buf`, borrowed for the call.
+    syscall!(send(fd.as_raw_fd(), ptr, buf.len(), flags)).map(|n| n as usize)
+}
+
+/// `recv(2)` with flags; `EINTR` is retried.
+pub fn recv(fd: &impl AsRawFd, buf: &mut [u8], flags: i32) -> io::Result<usize> {
+    let ptr = buf.as_mut_ptr().cast();
+    // SAFETY: `ptr`/`len` describe `buf`, mutably borrowed for the call.
+    syscall!(recv(fd.as_raw_fd(), ptr, buf.len(), flags)).map(|n| n as usize)
+}
+
+/// `poll(2)` on one descriptor; returns the revents (0 on timeout).
+pub fn poll_one(fd: &impl AsRawFd, events: i16, timeout_ms: i32) -> io::Result<i16> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the call.
+    syscall!(poll(&mut p, 1, timeout_ms))?;
+    Ok(p.revents)
+}
+
+/// Interface index by name, `None` if there is no such interface.
+pub fn if_index(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: `c` is a NUL-terminated string that lives for the call.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (idx != 0).then_some(idx)
+}

@@ -1,0 +1,26 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+pub use zcio_testnet::{can_make_hosts, skip};
+
+/// A deterministic byte pattern: byte `i` of a stream is `pattern_byte(i)`.
+pub fn pattern_byte(i: u64) -> u8 {
+    (i.wrapping_mul(2654435761) >> 13) as u8
+}
+
+/// Fills `buf` with the stream pattern starting at stream offset `off`.
+pub fn fill_pattern(buf: &mut [u8], off: u64) {
+    for (k, b) in buf.iter_mut().enumerate() {
+        *b = pattern_byte(off + k as u64);
+    }
+}
+
+/// Checks `buf` against the stream pattern at `off`; returns the first bad offset.
+pub fn check_pattern(buf: &[u8], off: u64) -> Result<(), u64> {
+    for (k, &b) in buf.iter().enumerate() {
+        if b != pattern_byte(off + k as u64) {
+            return Err(off + k as u64);
+        }
+    }
+    Ok(())
+}
