@@ -1,6 +1,7 @@
 //! The `zcio` command: probe, bench (and perf, nfq, netlink as they land).
 
 mod bench;
+mod probe;
 #[allow(dead_code)] // used by the perf and nfq subcommands as they land
 mod util;
 
@@ -21,6 +22,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Report what this host, its interfaces and sockets can do, and why not.
+    Probe {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Interfaces to check for zero-copy receive (zcrx); repeatable.
+        #[arg(long = "iface")]
+        ifaces: Vec<String>,
+    },
     /// Run benchmark suites (baseline and zcio alternating) and write results.json + report.html.
     Bench {
         /// Suites to run (default: all). `zcio bench --list` shows them.
@@ -50,6 +60,7 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
+        Cmd::Probe { json, ifaces } => probe::run(&ifaces, json),
         Cmd::Bench {
             suites,
             quick,

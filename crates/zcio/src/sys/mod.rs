@@ -228,3 +228,32 @@ pub fn read_sysctl(path: &str) -> io::Result<i64> {
         )
     })
 }
+
+/// `socket(2)` with `SOCK_CLOEXEC` added.
+pub fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
+    // SAFETY: socket takes plain integers.
+    let fd = syscall!(socket(domain, ty | libc::SOCK_CLOEXEC, protocol))?;
+    Ok(owned(fd))
+}
+
+/// Effective capability set of this process (`CapEff` from `/proc/self/status`).
+pub fn effective_caps() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("CapEff:"))
+                .and_then(|l| u64::from_str_radix(l[7..].trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Capability number of CAP_NET_ADMIN.
+pub const CAP_NET_ADMIN: u32 = 12;
+/// Capability number of CAP_IPC_LOCK.
+pub const CAP_IPC_LOCK: u32 = 14;
+
+/// Whether this process has CAP_NET_ADMIN in its effective set.
+pub fn has_cap_net_admin() -> bool {
+    effective_caps() & (1 << CAP_NET_ADMIN) != 0
+}

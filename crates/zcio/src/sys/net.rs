@@ -79,3 +79,52 @@ pub fn if_index(name: &str) -> Option<u32> {
     let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
     (idx != 0).then_some(idx)
 }
+
+/// `struct ethtool_drvinfo` from `linux/ethtool.h` (2.6).
+#[repr(C)]
+struct EthtoolDrvinfo {
+    cmd: u32,
+    driver: [u8; 32],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    bus_info: [u8; 32],
+    erom_version: [u8; 32],
+    reserved2: [u8; 12],
+    n_priv_flags: u32,
+    n_stats: u32,
+    testinfo_len: u32,
+    eedump_len: u32,
+    regdump_len: u32,
+}
+super::assert_layout!(EthtoolDrvinfo, size = 196, align = 4,
+    cmd = 0, driver = 4, bus_info = 100, reserved2 = 164, n_priv_flags = 176, regdump_len = 192);
+
+/// `ETHTOOL_GDRVINFO` command number (2.6).
+const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
+/// `SIOCETHTOOL` ioctl number.
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+
+/// Driver name and bus info of an interface via the `ETHTOOL_GDRVINFO` ioctl.
+pub fn ethtool_driver(iface: &str) -> io::Result<(String, String)> {
+    if iface.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::from_raw_os_error(libc::ENODEV));
+    }
+    let sock = super::socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
+    // SAFETY: all-zero is a valid value for both plain C structs.
+    let mut info: EthtoolDrvinfo = unsafe { std::mem::zeroed() };
+    info.cmd = ETHTOOL_GDRVINFO;
+    // SAFETY: as above.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(iface.bytes()) {
+        *d = s as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_data = (&mut info as *mut EthtoolDrvinfo).cast();
+    // SAFETY: `ifr` names the interface and points at `info`, both alive for the call; the
+    // kernel writes at most size_of::<EthtoolDrvinfo>() bytes into `info`.
+    syscall!(ioctl(sock.as_raw_fd(), SIOCETHTOOL, &mut ifr as *mut libc::ifreq))?;
+    let s = |b: &[u8]| {
+        String::from_utf8_lossy(&b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())])
+            .into_owned()
+    };
+    Ok((s(&info.driver), s(&info.bus_info)))
+}

@@ -1,0 +1,109 @@
+//! The `zcio` command as a user runs it: output shapes, errors, exit codes.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn zcio(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zcio")).args(args).output().expect("run zcio")
+}
+
+fn stderr_lines(o: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&o.stderr).lines().map(String::from).collect()
+}
+
+#[test]
+fn probe_json_has_every_section() {
+    let o = zcio(&["probe", "--json", "--iface", "lo"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    for key in ["kernel", "privileges", "io_uring", "zerocopy", "limits", "loopback_check", "interfaces", "nfqueue"] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    assert!(v["io_uring"]["opcodes"].as_array().unwrap().len() >= 48);
+    assert_eq!(v["zerocopy"].as_array().unwrap().len(), 4);
+    let lo = &v["interfaces"][0];
+    assert_eq!(lo["name"], "lo");
+    assert_eq!(lo["exists"], true);
+    // lo cannot do zcrx; whatever the reason, it must be explained.
+    assert_eq!(lo["zcrx"]["ok"], false);
+    assert!(lo["zcrx"]["explanation"].as_str().is_some_and(|s| !s.is_empty()));
+    // Loopback delivery copies: the live check must have seen COPIED completions.
+    let lc = &v["loopback_check"];
+    assert_eq!(lc["ran"], true);
+    assert_eq!(lc["copied"], lc["completed"]);
+    assert!(lc["explanation"].as_str().unwrap().contains("copies"));
+}
+
+#[test]
+fn probe_as_non_root_still_reports_with_reasons() {
+    if !zcio_testnet::is_root() {
+        zcio_testnet::skip("probe_as_non_root_still_reports_with_reasons", "needs root to drop to nobody");
+        return;
+    }
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .arg(env!("CARGO_BIN_EXE_zcio"))
+        .args(["probe", "--json", "--iface", "lo"])
+        .output()
+        .expect("setpriv (util-linux)");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    assert_eq!(v["privileges"]["root"], false);
+    assert_eq!(v["privileges"]["cap_net_admin"], false);
+    assert_eq!(v["nfqueue"]["checked"], false);
+    assert!(v["nfqueue"]["reason"].as_str().unwrap().contains("CAP_NET_ADMIN"));
+    let z = &v["interfaces"][0]["zcrx"];
+    assert_eq!(z["errno"], "EPERM");
+    assert!(z["explanation"].as_str().unwrap().contains("CAP_NET_ADMIN"));
+}
+
+#[test]
+fn probe_on_missing_interface_is_one_error_line_and_exit_1() {
+    let o = zcio(&["probe", "--iface", "zcio-nosuch0"]);
+    assert_eq!(o.status.code(), Some(1));
+    let lines = stderr_lines(&o);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("no such interface 'zcio-nosuch0'"));
+}
+
+#[test]
+fn unknown_suite_is_one_error_line_and_exit_1() {
+    let dir = std::env::temp_dir().join(format!("zcio-cli-unknown-{}", std::process::id()));
+    let o = zcio(&["bench", "nosuchsuite", "--out", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let lines = stderr_lines(&o);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("unknown suite 'nosuchsuite'"));
+    assert!(!dir.exists(), "nothing is written for bad input");
+}
+
+#[test]
+fn quick_bench_writes_results_json_and_html_report() {
+    let dir = std::env::temp_dir().join(format!("zcio-cli-bench-{}", std::process::id()));
+    let o = zcio(&["bench", "loopback", "--quick", "--out", dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    assert!(v["machine"]["kernel"].is_string());
+    let suite = &v["suites"][0];
+    assert_eq!(suite["name"], "loopback");
+    assert!(suite["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("copies")));
+    let rows = suite["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 10 * 4);
+    for r in rows {
+        for k in ["case", "metric", "unit", "better", "baseline", "zcio", "ratio"] {
+            assert!(r.get(k).is_some(), "row lacks {k}: {r}");
+        }
+        assert!(r["better"] == "higher" || r["better"] == "lower");
+    }
+    // Every zero-copy send over loopback was copied, and the report says so in numbers.
+    let copied: Vec<f64> = rows
+        .iter()
+        .filter(|r| r["metric"] == "copied_fraction")
+        .map(|r| r["zcio"].as_f64().unwrap())
+        .collect();
+    assert!(copied.iter().all(|&c| c == 1.0), "{copied:?}");
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(html.contains("<svg"), "no chart in report");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
