@@ -49,22 +49,47 @@ fn print_human(r: &Report) {
         (false, None) => println!("io_uring          no"),
     }
     for f in &u.setup_flags {
-        let state = if f.granted { "yes".to_string() } else {
-            format!("no: {}", f.reason.clone().unwrap_or_else(|| "not granted".into()))
+        let state = if f.granted {
+            "yes".to_string()
+        } else {
+            format!(
+                "no: {}",
+                f.reason.clone().unwrap_or_else(|| "not granted".into())
+            )
         };
         println!("  setup {:<14} {state}", f.name);
     }
     if !u.opcodes.is_empty() {
         let sup = u.opcodes.iter().filter(|o| o.supported).count();
-        let missing: Vec<&str> = u.opcodes.iter().filter(|o| !o.supported).map(|o| o.name).collect();
+        let missing: Vec<&str> = u
+            .opcodes
+            .iter()
+            .filter(|o| !o.supported)
+            .map(|o| o.name)
+            .collect();
         println!(
             "  opcodes         {sup}/{} supported{}",
             u.opcodes.len(),
-            if missing.is_empty() { String::new() } else { format!("; missing: {}", missing.join(" ")) }
+            if missing.is_empty() {
+                String::new()
+            } else {
+                format!("; missing: {}", missing.join(" "))
+            }
         );
-        for name in ["SEND_ZC", "SENDMSG_ZC", "RECV_ZC", "POLL_ADD", "RECV", "EPOLL_WAIT"] {
+        for name in [
+            "SEND_ZC",
+            "SENDMSG_ZC",
+            "RECV_ZC",
+            "POLL_ADD",
+            "RECV",
+            "EPOLL_WAIT",
+        ] {
             if let Some(o) = u.opcodes.iter().find(|o| o.name == name) {
-                println!("    {:<13} {}", name, if o.supported { "yes" } else { "no" });
+                println!(
+                    "    {:<13} {}",
+                    name,
+                    if o.supported { "yes" } else { "no" }
+                );
             }
         }
     }
@@ -101,7 +126,10 @@ fn print_human(r: &Report) {
         } else {
             println!(
                 "  zcrx            no{}: {}",
-                z.errno.as_ref().map(|e| format!(" ({e})")).unwrap_or_default(),
+                z.errno
+                    .as_ref()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default(),
                 z.explanation.as_deref().unwrap_or("-")
             );
         }

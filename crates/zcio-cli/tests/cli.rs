@@ -4,11 +4,17 @@ use serde_json::Value;
 use std::process::{Command, Output};
 
 fn zcio(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zcio")).args(args).output().expect("run zcio")
+    Command::new(env!("CARGO_BIN_EXE_zcio"))
+        .args(args)
+        .output()
+        .expect("run zcio")
 }
 
 fn stderr_lines(o: &Output) -> Vec<String> {
-    String::from_utf8_lossy(&o.stderr).lines().map(String::from).collect()
+    String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .map(String::from)
+        .collect()
 }
 
 #[test]
@@ -16,7 +22,16 @@ fn probe_json_has_every_section() {
     let o = zcio(&["probe", "--json", "--iface", "lo"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
-    for key in ["kernel", "privileges", "io_uring", "zerocopy", "limits", "loopback_check", "interfaces", "nfqueue"] {
+    for key in [
+        "kernel",
+        "privileges",
+        "io_uring",
+        "zerocopy",
+        "limits",
+        "loopback_check",
+        "interfaces",
+        "nfqueue",
+    ] {
         assert!(v.get(key).is_some(), "missing {key}");
     }
     assert!(v["io_uring"]["opcodes"].as_array().unwrap().len() >= 48);
@@ -26,7 +41,9 @@ fn probe_json_has_every_section() {
     assert_eq!(lo["exists"], true);
     // lo cannot do zcrx; whatever the reason, it must be explained.
     assert_eq!(lo["zcrx"]["ok"], false);
-    assert!(lo["zcrx"]["explanation"].as_str().is_some_and(|s| !s.is_empty()));
+    assert!(lo["zcrx"]["explanation"]
+        .as_str()
+        .is_some_and(|s| !s.is_empty()));
     // Loopback delivery copies: the live check must have seen COPIED completions.
     let lc = &v["loopback_check"];
     assert_eq!(lc["ran"], true);
@@ -37,11 +54,19 @@ fn probe_json_has_every_section() {
 #[test]
 fn probe_as_non_root_still_reports_with_reasons() {
     if !zcio_testnet::is_root() {
-        zcio_testnet::skip("probe_as_non_root_still_reports_with_reasons", "needs root to drop to nobody");
+        zcio_testnet::skip(
+            "probe_as_non_root_still_reports_with_reasons",
+            "needs root to drop to nobody",
+        );
         return;
     }
     let o = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
         .arg(env!("CARGO_BIN_EXE_zcio"))
         .args(["probe", "--json", "--iface", "lo"])
         .output()
@@ -51,7 +76,10 @@ fn probe_as_non_root_still_reports_with_reasons() {
     assert_eq!(v["privileges"]["root"], false);
     assert_eq!(v["privileges"]["cap_net_admin"], false);
     assert_eq!(v["nfqueue"]["checked"], false);
-    assert!(v["nfqueue"]["reason"].as_str().unwrap().contains("CAP_NET_ADMIN"));
+    assert!(v["nfqueue"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("CAP_NET_ADMIN"));
     let z = &v["interfaces"][0]["zcrx"];
     assert_eq!(z["errno"], "EPERM");
     assert!(z["explanation"].as_str().unwrap().contains("CAP_NET_ADMIN"));
@@ -80,18 +108,30 @@ fn unknown_suite_is_one_error_line_and_exit_1() {
 #[test]
 fn quick_bench_writes_results_json_and_html_report() {
     let dir = std::env::temp_dir().join(format!("zcio-cli-bench-{}", std::process::id()));
-    let o = zcio(&["bench", "loopback", "--quick", "--out", dir.to_str().unwrap()]);
+    let o = zcio(&[
+        "bench",
+        "loopback",
+        "--quick",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
     assert!(v["machine"]["kernel"].is_string());
     let suite = &v["suites"][0];
     assert_eq!(suite["name"], "loopback");
-    assert!(suite["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("copies")));
+    assert!(suite["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n.as_str().unwrap().contains("copies")));
     let rows = suite["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 10 * 4);
     for r in rows {
-        for k in ["case", "metric", "unit", "better", "baseline", "zcio", "ratio"] {
+        for k in [
+            "case", "metric", "unit", "better", "baseline", "zcio", "ratio",
+        ] {
             assert!(r.get(k).is_some(), "row lacks {k}: {r}");
         }
         assert!(r["better"] == "higher" || r["better"] == "lower");

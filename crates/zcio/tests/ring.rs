@@ -6,7 +6,10 @@ use io_uring::opcode;
 use zcio::{Ring, RingConfig, RingError};
 
 /// Runs `f` on a fresh thread where `io_uring_setup` fails with `errno` (seccomp filter).
-fn with_io_uring_setup_failing<T: Send + 'static>(errno: i32, f: impl FnOnce() -> T + Send + 'static) -> T {
+fn with_io_uring_setup_failing<T: Send + 'static>(
+    errno: i32,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
     std::thread::spawn(move || {
         zcio_testnet::seccomp::deny_syscall_in_this_thread(libc::SYS_io_uring_setup, errno)
             .expect("install seccomp filter");
@@ -37,7 +40,10 @@ fn eperm_names_the_sysctl_or_seccomp() {
     });
     match res {
         Err(RingError::Unavailable { reason, .. }) => {
-            assert!(reason.contains("EPERM") || reason.contains("io_uring_disabled"), "{reason}");
+            assert!(
+                reason.contains("EPERM") || reason.contains("io_uring_disabled"),
+                "{reason}"
+            );
         }
         other => panic!("expected Unavailable, got {other:?}"),
     }
@@ -47,9 +53,16 @@ fn eperm_names_the_sysctl_or_seccomp() {
 fn rejected_flags_are_dropped_with_a_reason() {
     // DEFER_TASKRUN without SINGLE_ISSUER is invalid: it must be refused up front, with a reason,
     // and the rest of the configuration must still work.
-    let cfg = RingConfig { single_issuer: false, ..RingConfig::default() };
+    let cfg = RingConfig {
+        single_issuer: false,
+        ..RingConfig::default()
+    };
     let ring: Ring = Ring::new(&cfg).expect("ring");
-    let dt = ring.setup_flags().iter().find(|f| f.name == "DEFER_TASKRUN").unwrap();
+    let dt = ring
+        .setup_flags()
+        .iter()
+        .find(|f| f.name == "DEFER_TASKRUN")
+        .unwrap();
     assert!(dt.requested && !dt.granted);
     assert_eq!(dt.reason.as_deref(), Some("requires SINGLE_ISSUER"));
     assert!(ring.has_flag("COOP_TASKRUN"));
@@ -61,14 +74,21 @@ fn default_ring_gets_single_issuer_and_defer_taskrun_on_this_kernel() {
     let ring: Ring = Ring::new(&RingConfig::default()).expect("ring");
     // Linux >= 6.1: both granted. Older kernels must have recorded why not.
     for f in ring.setup_flags().iter().filter(|f| f.requested) {
-        assert!(f.granted || f.reason.is_some(), "{f:?} neither granted nor explained");
+        assert!(
+            f.granted || f.reason.is_some(),
+            "{f:?} neither granted nor explained"
+        );
     }
 }
 
 #[test]
 fn overflowed_completions_are_all_harvested() {
     for cfg in [
-        RingConfig { entries: 8, cq_entries: Some(16), ..RingConfig::default() },
+        RingConfig {
+            entries: 8,
+            cq_entries: Some(16),
+            ..RingConfig::default()
+        },
         RingConfig {
             entries: 8,
             cq_entries: Some(16),
@@ -100,11 +120,15 @@ fn overflowed_completions_are_all_harvested() {
                 })
                 .unwrap();
             if got == 0 {
-                ring.submit_and_wait(1, Some(std::time::Duration::from_millis(100))).unwrap();
+                ring.submit_and_wait(1, Some(std::time::Duration::from_millis(100)))
+                    .unwrap();
             }
             n += got;
         }
         assert!(seen.iter().all(|&s| s), "lost completions");
-        assert!(ring.overflow_flushes() > 0, "CQ never overflowed; test did not test anything");
+        assert!(
+            ring.overflow_flushes() > 0,
+            "CQ never overflowed; test did not test anything"
+        );
     }
 }

@@ -336,6 +336,11 @@ pub fn run(names: &[String], mode: Mode, out_dir: PathBuf) -> Result<Results> {
         let mut skipped = None;
         if let Err(e) = res {
             match e.downcast_ref::<Skip>() {
+                // A suite the user named explicitly must run: say why it cannot.
+                Some(s) if names.iter().any(|n| n == suite.name()) => {
+                    pb.finish_and_clear();
+                    anyhow::bail!("suite {} cannot run here: {}", suite.name(), s.0);
+                }
                 Some(s) => skipped = Some(s.0.clone()),
                 None => {
                     pb.finish_and_clear();

@@ -38,8 +38,8 @@ pub fn print_suite(r: &SuiteReport) {
         .unwrap_or(4)
         .max(4);
     println!(
-        "   {:<w$}  {:<20} {:>12} {:>12} {:>7}  {}",
-        "case", "metric", "baseline", "zcio", "ratio", "unit (runs)"
+        "   {:<w$}  {:<20} {:>12} {:>12} {:>7}  unit (runs)",
+        "case", "metric", "baseline", "zcio", "ratio"
     );
     for row in &r.rows {
         println!(

@@ -58,13 +58,25 @@ pub struct Check {
 
 impl Check {
     fn yes(remark: Option<String>) -> Self {
-        Self { ok: true, checked: true, reason: remark }
+        Self {
+            ok: true,
+            checked: true,
+            reason: remark,
+        }
     }
     fn no(reason: impl Into<String>) -> Self {
-        Self { ok: false, checked: true, reason: Some(reason.into()) }
+        Self {
+            ok: false,
+            checked: true,
+            reason: Some(reason.into()),
+        }
     }
     fn unchecked(reason: impl Into<String>) -> Self {
-        Self { ok: false, checked: false, reason: Some(reason.into()) }
+        Self {
+            ok: false,
+            checked: false,
+            reason: Some(reason.into()),
+        }
     }
 }
 
@@ -194,7 +206,10 @@ impl Report {
     pub fn collect(ifaces: &[String]) -> Self {
         Self {
             kernel: sys::kernel_release(),
-            privileges: Privileges { root: sys::is_root(), cap_net_admin: sys::has_cap_net_admin() },
+            privileges: Privileges {
+                root: sys::is_root(),
+                cap_net_admin: sys::has_cap_net_admin(),
+            },
             io_uring: probe_io_uring(),
             zerocopy: probe_zerocopy(),
             limits: probe_limits(),
@@ -217,7 +232,12 @@ fn probe_io_uring() -> IoUringReport {
     match Ring::<io_uring::cqueue::Entry>::new(&RingConfig::default()) {
         Ok(ring) => {
             rep.available = true;
-            rep.setup_flags = ring.setup_flags().iter().filter(|f| f.requested).cloned().collect();
+            rep.setup_flags = ring
+                .setup_flags()
+                .iter()
+                .filter(|f| f.requested)
+                .cloned()
+                .collect();
             if let Ok(p) = ring.probe_opcodes() {
                 rep.opcodes = opcodes::NAMES
                     .iter()
@@ -234,7 +254,10 @@ fn probe_io_uring() -> IoUringReport {
         Err(e) => rep.reason = Some(e.to_string()),
     }
     if rep.available {
-        let sq = RingConfig { sqpoll_idle_ms: Some(10), ..RingConfig::default() };
+        let sq = RingConfig {
+            sqpoll_idle_ms: Some(10),
+            ..RingConfig::default()
+        };
         match Ring::<io_uring::cqueue::Entry>::new(&sq) {
             Ok(r) => {
                 if let Some(f) = r.setup_flags().iter().find(|f| f.name == "SQPOLL") {
@@ -297,7 +320,8 @@ fn probe_limits() -> Limits {
         ));
     }
     match memlock_soft {
-        None => notes.push("RLIMIT_MEMLOCK unlimited: fixed buffers and zcrx areas can be pinned".into()),
+        None => notes
+            .push("RLIMIT_MEMLOCK unlimited: fixed buffers and zcrx areas can be pinned".into()),
         Some(v) if sys::effective_caps() & (1 << sys::CAP_IPC_LOCK) != 0 => notes.push(format!(
             "RLIMIT_MEMLOCK={v} bytes, but this process has CAP_IPC_LOCK, which io_uring \
              buffer registration is not bound by"
@@ -307,7 +331,12 @@ fn probe_limits() -> Limits {
              pages; past it zcio falls back to copy with a recorded reason"
         )),
     }
-    Limits { optmem_max, memlock_soft, memlock_hard, notes }
+    Limits {
+        optmem_max,
+        memlock_soft,
+        memlock_hard,
+        notes,
+    }
 }
 
 /// Sends zero-copy over TCP loopback and reads the completions.
@@ -325,7 +354,13 @@ fn loopback_check() -> LiveCheck {
             } else {
                 format!("{} of {completed} completions were copied", copied)
             };
-            LiveCheck { ran: true, sends, completed, copied, explanation }
+            LiveCheck {
+                ran: true,
+                sends,
+                completed,
+                copied,
+                explanation,
+            }
         }
         Err(e) => LiveCheck {
             ran: false,
@@ -395,10 +430,17 @@ fn probe_interface(name: &str) -> InterfaceReport {
     if !exists {
         return rep;
     }
-    rep.driver = net::ethtool_driver(name).ok().map(|(d, _)| d).filter(|d| !d.is_empty());
+    rep.driver = net::ethtool_driver(name)
+        .ok()
+        .map(|(d, _)| d)
+        .filter(|d| !d.is_empty());
     rep.rx_queues = std::fs::read_dir(format!("/sys/class/net/{name}/queues"))
         .ok()
-        .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("rx-")).count());
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                .count()
+        });
     rep.zcrx = zcrx_attempt(name, 0);
     rep.current = ethtool_current(name);
     rep
@@ -450,7 +492,12 @@ fn zcrx_attempt(iface: &str, queue: u32) -> ZcrxAttempt {
         Ok(_) => {
             // Dropping the ring releases the registration; then the regions.
             drop(ring);
-            ZcrxAttempt { ok: true, attempted: true, errno: None, explanation: None }
+            ZcrxAttempt {
+                ok: true,
+                attempted: true,
+                errno: None,
+                explanation: None,
+            }
         }
         Err(e) => ZcrxAttempt {
             ok: false,
@@ -472,7 +519,9 @@ fn ethtool_current(iface: &str) -> Vec<String> {
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
     };
     let Some(rings) = run("-g") else {
-        return vec!["ethtool not installed or not supported by the driver (apt-get install ethtool)".into()];
+        return vec![
+            "ethtool not installed or not supported by the driver (apt-get install ethtool)".into(),
+        ];
     };
     let mut out = vec![];
     let mut current_section = false;
@@ -482,13 +531,20 @@ fn ethtool_current(iface: &str) -> Vec<String> {
         }
         let l = line.trim();
         if current_section
-            && (l.starts_with("TCP data split") || l.starts_with("HDS thresh") || l.starts_with("RX:"))
+            && (l.starts_with("TCP data split")
+                || l.starts_with("HDS thresh")
+                || l.starts_with("RX:"))
         {
             out.push(l.to_string());
         }
     }
     if let Some(k) = run("-k") {
-        out.extend(k.lines().map(str::trim).filter(|l| l.starts_with("ntuple-filters")).map(String::from));
+        out.extend(
+            k.lines()
+                .map(str::trim)
+                .filter(|l| l.starts_with("ntuple-filters"))
+                .map(String::from),
+        );
     }
     if out.is_empty() {
         out.push("ethtool reports no ring/data-split settings for this driver".into());

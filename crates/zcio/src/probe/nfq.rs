@@ -34,7 +34,10 @@ fn command(fd: &std::os::fd::OwnedFd, seq: u32, command: u8) -> std::io::Result<
     let mut buf = [0u8; 256];
     loop {
         if net::poll_one(fd, libc::POLLIN, 1000)? == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no ack from nfnetlink"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no ack from nfnetlink",
+            ));
         }
         let n = net::recv(fd, &mut buf, 0)?;
         if n < 20 {

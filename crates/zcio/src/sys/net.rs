@@ -96,8 +96,17 @@ struct EthtoolDrvinfo {
     eedump_len: u32,
     regdump_len: u32,
 }
-super::assert_layout!(EthtoolDrvinfo, size = 196, align = 4,
-    cmd = 0, driver = 4, bus_info = 100, reserved2 = 164, n_priv_flags = 176, regdump_len = 192);
+super::assert_layout!(
+    EthtoolDrvinfo,
+    size = 196,
+    align = 4,
+    cmd = 0,
+    driver = 4,
+    bus_info = 100,
+    reserved2 = 164,
+    n_priv_flags = 176,
+    regdump_len = 192
+);
 
 /// `ETHTOOL_GDRVINFO` command number (2.6).
 const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
@@ -121,7 +130,11 @@ pub fn ethtool_driver(iface: &str) -> io::Result<(String, String)> {
     ifr.ifr_ifru.ifru_data = (&mut info as *mut EthtoolDrvinfo).cast();
     // SAFETY: `ifr` names the interface and points at `info`, both alive for the call; the
     // kernel writes at most size_of::<EthtoolDrvinfo>() bytes into `info`.
-    syscall!(ioctl(sock.as_raw_fd(), SIOCETHTOOL, &mut ifr as *mut libc::ifreq))?;
+    syscall!(ioctl(
+        sock.as_raw_fd(),
+        SIOCETHTOOL,
+        &mut ifr as *mut libc::ifreq
+    ))?;
     let s = |b: &[u8]| {
         String::from_utf8_lossy(&b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())])
             .into_owned()
