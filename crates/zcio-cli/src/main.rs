@@ -1,6 +1,7 @@
 //! The `zcio` command: probe, bench (and perf, nfq, netlink as they land).
 
 mod bench;
+mod hosts;
 mod probe;
 #[allow(dead_code)] // used by the perf and nfq subcommands as they land
 mod util;
@@ -31,6 +32,11 @@ enum Cmd {
         #[arg(long = "iface")]
         ifaces: Vec<String>,
     },
+    /// Test hosts in network namespaces (198.18.0.0/15, 2001:db8::/32), for experiments.
+    Hosts {
+        #[command(subcommand)]
+        cmd: HostsCmd,
+    },
     /// Run benchmark suites (baseline and zcio alternating) and write results.json + report.html.
     Bench {
         /// Suites to run (default: all). `zcio bench --list` shows them.
@@ -50,6 +56,18 @@ enum Cmd {
     },
 }
 
+#[derive(Subcommand)]
+enum HostsCmd {
+    /// Create a host pair and a sink host, print them, remove them when done.
+    Up {
+        /// Keep them this many seconds (default: until Enter).
+        #[arg(long, default_value_t = 0)]
+        seconds: u64,
+    },
+    /// Remove namespaces left by killed zcio runs.
+    Cleanup,
+}
+
 fn main() {
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
@@ -61,6 +79,12 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Probe { json, ifaces } => probe::run(&ifaces, json),
+        Cmd::Hosts {
+            cmd: HostsCmd::Up { seconds },
+        } => hosts::up(seconds),
+        Cmd::Hosts {
+            cmd: HostsCmd::Cleanup,
+        } => hosts::cleanup(),
         Cmd::Bench {
             suites,
             quick,

@@ -147,3 +147,62 @@ fn quick_bench_writes_results_json_and_html_report() {
     assert!(html.contains("<svg"), "no chart in report");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn unprivileged_host_creation_is_one_error_line_and_leaves_nothing() {
+    if !zcio_testnet::is_root() {
+        zcio_testnet::skip(
+            "unprivileged_host_creation_is_one_error_line_and_leaves_nothing",
+            "needs root to drop to nobody",
+        );
+        return;
+    }
+    let before: Vec<_> = std::fs::read_dir("/run/netns")
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    let o = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(env!("CARGO_BIN_EXE_zcio"))
+        .args(["hosts", "up", "--seconds", "1"])
+        .output()
+        .expect("setpriv (util-linux)");
+    assert_eq!(o.status.code(), Some(1));
+    let lines = stderr_lines(&o);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("needs root"), "{lines:?}");
+    let after: Vec<_> = std::fs::read_dir("/run/netns")
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    let new: Vec<_> = after.iter().filter(|n| !before.contains(n)).collect();
+    assert!(
+        new.iter().all(|n| !n.to_string_lossy().contains("-hosts")),
+        "left behind: {new:?}"
+    );
+}
+
+#[test]
+fn hosts_up_creates_and_removes_its_namespaces() {
+    if !zcio_testnet::can_make_hosts("hosts_up_creates_and_removes_its_namespaces") {
+        return;
+    }
+    let o = zcio(&["hosts", "up", "--seconds", "1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let names: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("host ") || l.starts_with("sink "))
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("zcio-")))
+        .collect();
+    assert_eq!(names.len(), 3, "{out}");
+    for n in names {
+        assert!(
+            !std::path::Path::new(&format!("/run/netns/{n}")).exists(),
+            "{n} left behind"
+        );
+    }
+}

@@ -9,6 +9,7 @@
 //! A [`Sink`] is a host whose veth peer is down and whose next hop has a static neighbour entry:
 //! packets leave the socket, pass the IP stack and are dropped at the device before any local
 //! delivery, which is the one local path on which zero-copy send is not copied.
+#![deny(missing_docs)]
 
 use std::ffi::CString;
 use std::fs::File;

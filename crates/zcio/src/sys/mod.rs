@@ -1,7 +1,7 @@
 //! Kernel ABI that `libc` and `io-uring` do not cover, and the one syscall wrapper.
 //!
 //! Every constant names the kernel version that introduced it. Every `#[repr(C)]` struct has
-//! its size, alignment and field offsets checked at compile time (see [`assert_layout!`]).
+//! its size, alignment and field offsets checked at compile time (the crate-private `assert_layout!` macro).
 //! This module, `ring` and `buf` are the only places where `unsafe` is allowed; everything
 //! else calls the safe wrappers here.
 #![allow(unsafe_code)]
