@@ -1,6 +1,7 @@
 //! The `zcio` command: probe, bench (and perf, nfq, netlink as they land).
 
 mod bench;
+mod perf;
 #[allow(dead_code)] // used by the perf and nfq subcommands as they land
 mod util;
 
@@ -21,6 +22,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Throughput tool for the send paths: `zcio perf server` and `zcio perf client`.
+    #[command(subcommand)]
+    Perf(perf::PerfCmd),
     /// Run benchmark suites (baseline and zcio alternating) and write results.json + report.html.
     Bench {
         /// Suites to run (default: all). `zcio bench --list` shows them.
@@ -50,6 +54,7 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
+        Cmd::Perf(p) => perf::run(p),
         Cmd::Bench {
             suites,
             quick,

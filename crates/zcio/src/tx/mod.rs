@@ -345,6 +345,7 @@ pub struct Sender {
     sock: Arc<OwnedFd>,
     stream: bool,
     chunk: usize,
+    segment: usize,
     max_datagram: usize,
     cfg: SenderConfig,
     path: Path,
@@ -406,6 +407,7 @@ impl Sender {
             _ => 65507,
         };
         let mut chunk = usize::MAX;
+        let mut segment = usize::MAX;
         if !stream {
             let payload = match family {
                 Some(net::Family::V4) => sys::getsockopt_int(&sock, libc::SOL_IP, libc::IP_MTU)
@@ -417,13 +419,18 @@ impl Sender {
             .map_err(|e| sock_err("reading the path MTU (is the UDP socket connected?)", e))?
             .clamp(1, max_datagram);
             chunk = max_datagram;
+            segment = max_datagram;
             if cfg.udp_gso && payload < max_datagram && family.is_some() {
                 match sys::setsockopt_int(&sock, sys::SOL_UDP, sys::UDP_SEGMENT, payload as i32) {
                     // At most 64 segments per call (UDP_MAX_SEGMENTS on older kernels), and
                     // the whole write must fit one IP packet's length field.
-                    Ok(()) => chunk = (max_datagram / payload).min(64) * payload,
+                    Ok(()) => {
+                        chunk = (max_datagram / payload).min(64) * payload;
+                        segment = payload;
+                    }
                     Err(e) => {
                         chunk = payload;
+                        segment = payload;
                         fallbacks.push(Fallback::new(
                             "udp-gso",
                             "one datagram per send call",
@@ -433,6 +440,7 @@ impl Sender {
                 }
             } else if !cfg.udp_gso {
                 chunk = usize::MAX;
+                segment = usize::MAX;
             }
         }
         let sock = Arc::new(sock);
@@ -442,6 +450,7 @@ impl Sender {
             sock,
             stream,
             chunk,
+            segment,
             max_datagram,
             cfg: cfg.clone(),
             path: Path::Copy,
@@ -556,6 +565,12 @@ impl Sender {
     /// UDP: bytes per datagram write (a GSO batch when GSO is on); `usize::MAX` for TCP.
     pub fn chunk(&self) -> usize {
         self.chunk
+    }
+
+    /// UDP: payload bytes per datagram on the wire (the GSO segment size, or the whole write
+    /// without GSO: `usize::MAX`); `usize::MAX` for TCP.
+    pub fn segment(&self) -> usize {
+        self.segment
     }
 
     /// Every fallback taken, with its reason.
@@ -692,9 +707,14 @@ impl Sender {
     /// completions. Returns the number of completions ready.
     pub fn poll(&mut self) -> Result<usize, TxError> {
         if let Some(r) = self.ring.as_mut() {
-            let sub = r.staged() > 0;
-            let res = r.submit();
-            self.account_ring(sub);
+            // Submit only what is queued; completions already posted are read without a
+            // syscall (notifications of earlier sends ride on the next submitting enter).
+            let res = if r.staged() > 0 {
+                r.submit()
+            } else {
+                r.harvest_ready()
+            };
+            self.account_ring(true);
             res.map_err(TxError::Ring)?;
         }
         if let Some(m) = self.msg.as_mut() {

@@ -187,7 +187,7 @@ impl MsgZc {
                         // A datagram can fail after the kernel built it (and took a sequence
                         // number); its completion is then already queued. Look for it.
                         let id = self.tracker.next_id();
-                        self.reap_raw();
+                        self.reap_raw(true);
                         if self.ranges.iter().any(|r| r.contains(id)) {
                             self.tracker.push(idx);
                             self.slot(idx).ids += 1;
@@ -226,14 +226,29 @@ impl MsgZc {
         if self.tracker.outstanding() == 0 {
             return;
         }
-        self.reap_raw();
+        self.reap_raw(false);
         self.apply_ranges();
     }
 
-    fn reap_raw(&mut self) {
-        match errqueue::reap(&*self.fd, &mut self.ranges, &mut self.errors, 0) {
-            Ok(r) => self.stats.notify_calls += r.syscalls,
-            Err(_) => self.stats.notify_calls += 1,
+    /// Reads the error queue one message at a time, applying each, and stops at `EAGAIN` or
+    /// as soon as nothing is outstanding: the kernel merges consecutive completions into the
+    /// queued tail message, so one read often covers every send, and the read that would
+    /// only return `EAGAIN` is skipped.
+    fn reap_raw(&mut self, full: bool) {
+        loop {
+            let r = errqueue::reap(&*self.fd, &mut self.ranges, &mut self.errors, 1);
+            let (calls, msgs) = match r {
+                Ok(r) => (r.syscalls, r.messages),
+                Err(_) => (1, 0),
+            };
+            self.stats.notify_calls += calls;
+            if msgs == 0 {
+                break;
+            }
+            let covered: u64 = self.ranges.iter().map(|r| r.len()).sum();
+            if !full && covered >= self.tracker.outstanding() as u64 {
+                break;
+            }
         }
         for e in self.errors.drain(..) {
             self.stats.queued_errors += 1;
