@@ -523,3 +523,51 @@ fn memlock_exhausted_fixed_buffers_fall_back_with_a_reason() {
     assert_eq!(c.ticket, t);
     assert_eq!(c.result(), Ok(1000));
 }
+
+#[test]
+fn tiny_send_buffer_and_slow_reader_keep_the_stream_in_order() {
+    for mode in [TxMode::MsgZc, TxMode::UringZc, TxMode::UringZcFixed] {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let rx = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = vec![0u8; 3000];
+            let mut off = 0u64;
+            loop {
+                let n = s.read(&mut buf).unwrap();
+                if n == 0 {
+                    return off;
+                }
+                common::check_pattern(&buf[..n], off)
+                    .unwrap_or_else(|bad| panic!("{mode}: stream corrupt at offset {bad}"));
+                off += n as u64;
+                if off % 7 == 0 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        });
+        let sock = TcpStream::connect(addr).unwrap();
+        zcio::sys::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUF, 4096).unwrap();
+        let pool = Pool::new(48 << 10, 16, false).unwrap();
+        let mut c = cfg(mode);
+        c.depth = 16;
+        c.submit_batch = 4;
+        let mut tx = Sender::new(sock, &pool, c).unwrap();
+        let mut book = Book::default();
+        let mut tickets = vec![];
+        let mut off = 0u64;
+        for i in 0..120usize {
+            let mut b = book.get(&pool, &mut tx);
+            b.set_len(1 + (i * 7919) % (48 << 10));
+            common::fill_pattern(&mut b, off);
+            off += b.len() as u64;
+            tickets.push(tx.send(b));
+            book.take(&mut tx);
+        }
+        book.finish(&mut tx, &tickets);
+        assert!(book.done.values().all(|c| c.result() == Ok(c.len)));
+        assert_eq!(pool.available(), pool.count());
+        drop(tx);
+        assert_eq!(rx.join().unwrap(), off, "{mode}");
+    }
+}

@@ -230,11 +230,13 @@ impl MsgZc {
         self.apply_ranges();
     }
 
-    /// Reads the error queue one message at a time, applying each, and stops at `EAGAIN` or
-    /// as soon as nothing is outstanding: the kernel merges consecutive completions into the
-    /// queued tail message, so one read often covers every send, and the read that would
-    /// only return `EAGAIN` is skipped.
+    /// Reads the error queue one message at a time and stops at `EAGAIN`, or (unless `full`)
+    /// after a message that starts at the oldest outstanding send: the kernel merges
+    /// in-order completions into the queued tail message, so such a message holds every
+    /// completion available, and the read that would only return `EAGAIN` is skipped. A
+    /// message starting later means completions came out of order and more are queued.
     fn reap_raw(&mut self, full: bool) {
+        let oldest = self.tracker.oldest();
         loop {
             let r = errqueue::reap(&*self.fd, &mut self.ranges, &mut self.errors, 1);
             let (calls, msgs) = match r {
@@ -246,7 +248,8 @@ impl MsgZc {
                 break;
             }
             let covered: u64 = self.ranges.iter().map(|r| r.len()).sum();
-            if !full && covered >= self.tracker.outstanding() as u64 {
+            let in_order = self.ranges.iter().any(|r| r.contains(oldest));
+            if !full && (in_order || covered >= self.tracker.outstanding() as u64) {
                 break;
             }
         }

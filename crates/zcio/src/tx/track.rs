@@ -39,6 +39,11 @@ impl IdTracker {
         id
     }
 
+    /// The oldest outstanding sequence number (meaningful when `outstanding() > 0`).
+    pub(crate) fn oldest(&self) -> u32 {
+        self.base
+    }
+
     /// Sequence numbers issued and not yet completed.
     pub(crate) fn outstanding(&self) -> usize {
         self.outstanding
