@@ -571,3 +571,63 @@ fn tiny_send_buffer_and_slow_reader_keep_the_stream_in_order() {
         assert_eq!(rx.join().unwrap(), off, "{mode}");
     }
 }
+
+#[test]
+fn memlock_limit_on_pinned_pages_is_backpressure_for_send_zc() {
+    let test = "memlock_limit_on_pinned_pages_is_backpressure_for_send_zc";
+    let Ok((Some(limit), _)) = zcio::sys::getrlimit(libc::RLIMIT_MEMLOCK) else {
+        common::skip(test, "RLIMIT_MEMLOCK is unlimited here");
+        return;
+    };
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let rx = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut off = 0u64;
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                return off;
+            }
+            common::check_pattern(&buf[..n], off)
+                .unwrap_or_else(|bad| panic!("stream corrupt at offset {bad}"));
+            off += n as u64;
+        }
+    });
+    let (stats, total, fallbacks) = std::thread::spawn(move || {
+        // Without CAP_IPC_LOCK, SEND_ZC accounts the pages it pins against RLIMIT_MEMLOCK.
+        zcio_testnet::caps::drop_effective_in_this_thread(zcio_testnet::caps::CAP_IPC_LOCK)
+            .unwrap();
+        let slot = 1 << 20;
+        let count = (2 * limit as usize / slot).clamp(4, 64);
+        let pool = Pool::new(slot, count, false).unwrap();
+        let sock = TcpStream::connect(addr).unwrap();
+        let mut c = cfg(TxMode::UringZc);
+        c.depth = count;
+        c.submit_batch = count;
+        let mut tx = Sender::new(sock, &pool, c).unwrap();
+        let mut book = Book::default();
+        let mut tickets = vec![];
+        let mut off = 0u64;
+        for _ in 0..3 * count {
+            let mut b = book.get(&pool, &mut tx);
+            common::fill_pattern(&mut b, off);
+            off += b.len() as u64;
+            tickets.push(tx.send(b));
+            book.take(&mut tx);
+        }
+        book.finish(&mut tx, &tickets);
+        assert!(book.done.values().all(|c| c.result() == Ok(c.len)));
+        assert_eq!(pool.available(), pool.count());
+        (tx.stats().clone(), off, tx.fallbacks().to_vec())
+    })
+    .join()
+    .unwrap();
+    assert_eq!(rx.join().unwrap(), total);
+    assert!(
+        stats.room_waits > 0 || !fallbacks.is_empty(),
+        "the memlock limit was never reached: {stats:?}"
+    );
+    eprintln!("room waits {}, fallbacks {fallbacks:?}", stats.room_waits);
+}

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Longest chain submitted at once on a stream socket.
-const MAX_CHAIN: usize = 64;
+const MAX_CHAIN: usize = 256;
 /// Longest single request (the SQE length field is 32 bits).
 const MAX_REQ: usize = 1 << 30;
 
@@ -61,7 +61,17 @@ struct Slot {
     tag: u64,
     done: usize,
     reqs: u32,
+    /// Notifications announced by `F_MORE` on a result that sent bytes, not yet seen.
     notifs: u32,
+    /// Notifications announced by `F_MORE` on a result that sent nothing (their usage
+    /// report says nothing about this send's bytes), not yet seen.
+    notifs_idle: u32,
+    /// Failed results without `F_MORE`: the kernel may still post a notification for them
+    /// (a request that passed prep flushes its notification in cleanup, cancelled links
+    /// included). Settled by the first harvest after the next enter.
+    unsure: u32,
+    unsure_at: u64,
+    gen: u16,
     staged: u32,
     zc: u32,
     copied: u32,
@@ -91,6 +101,8 @@ pub struct SendRingStats {
     pub resubmits: u64,
     /// Times submission paused for room (ENOBUFS/ENOMEM) until a notification came.
     pub room_waits: u64,
+    /// Notifications that matched no request awaiting one (late ones of failed requests).
+    pub stray_notifs: u64,
 }
 
 /// A send-only io_uring bound to one socket, owning every buffer in flight.
@@ -109,6 +121,9 @@ pub struct SendRing {
     chain_pending: usize,
     in_kernel: usize,
     notifs_pending: usize,
+    gens: Vec<u16>,
+    unsettled: Vec<u32>,
+    chain_cap: usize,
     live: usize,
     blocked: bool,
     fatal: Option<i32>,
@@ -156,6 +171,9 @@ impl SendRing {
             chain_pending: 0,
             in_kernel: 0,
             notifs_pending: 0,
+            gens: Vec::new(),
+            unsettled: Vec::new(),
+            chain_cap: MAX_CHAIN,
             live: 0,
             blocked: false,
             fatal: None,
@@ -206,6 +224,10 @@ impl SendRing {
             done: 0,
             reqs: 0,
             notifs: 0,
+            notifs_idle: 0,
+            unsure: 0,
+            unsure_at: 0,
+            gen: 0,
             staged: 0,
             zc: 0,
             copied: 0,
@@ -230,9 +252,14 @@ impl SendRing {
             Some(i) => i,
             None => {
                 self.slots.push(None);
+                self.gens.push(0);
                 (self.slots.len() - 1) as u32
             }
         };
+        // A new generation per use of the slot: a late notification of an earlier use can
+        // never be taken for this one.
+        self.gens[idx as usize] = self.gens[idx as usize].wrapping_add(1);
+        slot.gen = self.gens[idx as usize];
         let mut off = 0;
         while off < len {
             let n = (len - off).min(self.chunk);
@@ -285,6 +312,13 @@ impl SendRing {
         self.pump()?;
         self.enter_submit()?;
         self.harvest()?;
+        if self.chain_pending > 0 && self.task_work_pending() {
+            // A chain member met a full socket buffer and was retried from poll: under
+            // DEFER_TASKRUN that retry is task work that runs only when we enter with
+            // GETEVENTS. Run it now rather than when the caller next waits.
+            self.enter_getevents()?;
+            self.harvest()?;
+        }
         if !self.staged.is_empty() && self.chain_pending == 0 {
             // The previous chain ended during this enter: start the next one.
             self.pump()?;
@@ -305,10 +339,21 @@ impl SendRing {
     /// GETEVENTS, so every submitting enter also posts them, and collecting them needs no
     /// syscall of its own. No syscall when nothing is queued.
     fn enter_submit(&mut self) -> io::Result<()> {
-        let pending = self.ring.pending();
-        if pending == 0 {
+        if self.ring.pending() == 0 {
             return Ok(());
         }
+        self.enter_getevents()
+    }
+
+    /// Whether the kernel flagged deferred task work (`IORING_SQ_TASKRUN`).
+    fn task_work_pending(&self) -> bool {
+        // SAFETY: only the shared flags word is read; this thread is the ring's only user.
+        unsafe { self.ring.raw().submission_shared() }.taskrun()
+    }
+
+    /// One `io_uring_enter(pending, 0, GETEVENTS)`.
+    fn enter_getevents(&mut self) -> io::Result<()> {
+        let pending = self.ring.pending();
         self.own_enters += 1;
         // SAFETY: no argument pointer is passed; the entries submitted are the ones `push`
         // queued, whose buffer contract `push` upholds.
@@ -337,7 +382,7 @@ impl SendRing {
             // Something came back already: no need to enter.
             return Ok(());
         }
-        if self.in_kernel + self.notifs_pending == 0 {
+        if self.in_kernel == 0 && self.notifs_pending == 0 {
             self.enter_submit()?;
         } else {
             self.ring.submit_and_wait(1, timeout)?;
@@ -392,7 +437,7 @@ impl SendRing {
             if self.chain_pending > 0 {
                 return Ok(());
             }
-            let n = self.staged.len().min(MAX_CHAIN);
+            let n = self.staged.len().min(self.chain_cap);
             for i in 0..n {
                 let req = self.staged.pop_front().expect("counted");
                 self.push(req, i + 1 < n)?;
@@ -422,7 +467,7 @@ impl SendRing {
         }
         let mut sqe = op
             .build()
-            .user_data((u64::from(req.slot) << 32) | req.off as u64);
+            .user_data((u64::from(slot.gen) << 48) | (u64::from(req.slot) << 32) | req.off as u64);
         if link {
             sqe = sqe.flags(squeue::Flags::IO_LINK);
         }
@@ -433,7 +478,9 @@ impl SendRing {
         // SAFETY: the SQE points at `len` bytes of `slot.buf` (and, when fixed, inside the
         // registered pool kept mapped by `self.fixed`). The PoolBuf stays in `self.slots`
         // until this request's result CQE and, when that CQE has F_MORE, its notification
-        // CQE have been harvested (`finish` checks `reqs == 0 && notifs == 0`); on drop with
+        // CQE have been harvested (`finish` checks `reqs == 0 && notifs == 0`). A failed
+        // result without F_MORE sent nothing, so the kernel does not read the buffer for it;
+        // its possible late notification is matched by generation, never to a new use. On drop with
         // requests outstanding the buffers are leaked, never reused. The socket fd stays open
         // as `self._sock` is held for the ring's lifetime.
         unsafe { self.ring.push(&sqe) }
@@ -448,25 +495,75 @@ impl SendRing {
         }
         cqes.clear();
         self.cqes = cqes;
+        self.settle();
         Ok(())
     }
 
+    /// Failed requests whose notification, if the kernel posts one, would have been posted
+    /// by now (an enter with GETEVENTS ran the task work after their result was seen): stop
+    /// waiting for it.
+    fn settle(&mut self) {
+        if self.unsettled.is_empty() {
+            return;
+        }
+        let enters = self.enters();
+        let mut keep = Vec::new();
+        for idx in std::mem::take(&mut self.unsettled) {
+            let Some(Some(slot)) = self.slots.get_mut(idx as usize) else {
+                continue;
+            };
+            if slot.unsure == 0 {
+                continue;
+            }
+            if enters > slot.unsure_at {
+                slot.unsure = 0;
+                self.finish(idx);
+            } else if !keep.contains(&idx) {
+                keep.push(idx);
+            }
+        }
+        self.unsettled = keep;
+    }
+
     fn on_cqe(&mut self, ud: u64, res: i32, flags: u32) {
-        let idx = (ud >> 32) as u32;
+        let gen = (ud >> 48) as u16;
+        let idx = ((ud >> 32) & 0xffff) as u32;
         let off = (ud & 0xffff_ffff) as usize;
+        let live = matches!(self.slots.get(idx as usize), Some(Some(sl)) if sl.gen == gen);
         if flags & IORING_CQE_F_NOTIF != 0 {
             self.stats.notifs += 1;
-            self.notifs_pending -= 1;
-            self.blocked = false;
-            let slot = self.slot(idx);
-            slot.notifs -= 1;
-            if (res as u32) & IORING_NOTIF_USAGE_ZC_COPIED != 0 {
-                slot.copied += 1;
-                self.stats.notifs_copied += 1;
+            if !live {
+                self.stats.stray_notifs += 1;
+                return;
+            }
+            let slot = self.slots[idx as usize].as_mut().expect("live");
+            if slot.notifs_idle > 0 {
+                // Belongs to a request that sent nothing: no usage to report.
+                slot.notifs_idle -= 1;
+                self.notifs_pending -= 1;
+            } else if slot.unsure > 0 && slot.notifs == 0 {
+                slot.unsure -= 1;
+            } else if slot.notifs > 0 {
+                // The kernel released pages of a send: room may be back.
+                self.blocked = false;
+                slot.notifs -= 1;
+                self.notifs_pending -= 1;
+                if (res as u32) & IORING_NOTIF_USAGE_ZC_COPIED != 0 {
+                    slot.copied += 1;
+                    self.stats.notifs_copied += 1;
+                } else {
+                    slot.zc += 1;
+                }
             } else {
-                slot.zc += 1;
+                self.stats.stray_notifs += 1;
+                return;
             }
             self.finish(idx);
+            return;
+        }
+        if !live {
+            // Cannot happen: a slot is only freed once all its results are in.
+            self.stats.stray_notifs += 1;
             return;
         }
         self.stats.results += 1;
@@ -476,13 +573,20 @@ impl SendRing {
             self.notifs_pending += 1;
         }
         let stream = self.stream;
+        let enters = self.enters();
         let slot = self.slot(idx);
         if !stream {
             // Stream results are applied in chain order by `end_chain`.
             slot.reqs -= 1;
         }
-        if more {
+        if more && res > 0 {
             slot.notifs += 1;
+        } else if more {
+            slot.notifs_idle += 1;
+        } else if res < 0 {
+            slot.unsure += 1;
+            slot.unsure_at = enters;
+            self.unsettled.push(idx);
         }
         if stream {
             if let Some(e) = self
@@ -525,6 +629,8 @@ impl SendRing {
 
     fn end_chain(&mut self) {
         let chain = std::mem::take(&mut self.chain);
+        let n = chain.len();
+        let mut room = false;
         let mut front: Vec<Req> = Vec::new();
         let mut touched = Vec::new();
         for (req, res) in chain {
@@ -550,8 +656,7 @@ impl SendRing {
             } else if is_room(-res) && fatal.is_none() {
                 slot.staged += 1;
                 front.push(req);
-                self.blocked = true;
-                self.stats.room_waits += 1;
+                room = true;
             } else if -res == libc::EOPNOTSUPP {
                 slot.unsent.push((req.off, req.len));
                 self.gave_up = Some(libc::EOPNOTSUPP);
@@ -560,6 +665,19 @@ impl SendRing {
                 slot.error.get_or_insert(e);
                 self.fatal.get_or_insert(e);
             }
+        }
+        if room {
+            // With links, one request without room (ENOMEM/ENOBUFS, often at prep) fails
+            // the whole chain, whose other requests held room meanwhile: shorter chains
+            // first, and wait for a notification only once a single request lacks room.
+            self.stats.room_waits += 1;
+            if n > 1 {
+                self.chain_cap = (n / 2).max(1);
+            } else {
+                self.blocked = true;
+            }
+        } else if self.chain_cap < MAX_CHAIN {
+            self.chain_cap = (self.chain_cap * 2).min(MAX_CHAIN);
         }
         self.stats.resubmits += front.len() as u64;
         for r in front.into_iter().rev() {
@@ -608,7 +726,8 @@ impl SendRing {
 
     fn finish(&mut self, idx: u32) {
         let ready = matches!(&self.slots[idx as usize],
-            Some(s) if s.reqs == 0 && s.notifs == 0 && s.staged == 0);
+            Some(s) if s.reqs == 0 && s.notifs == 0 && s.notifs_idle == 0 && s.unsure == 0
+                && s.staged == 0);
         if !ready {
             return;
         }

@@ -302,7 +302,10 @@ pub struct TxStats {
     pub notify_syscalls: u64,
     /// Sends completed by path: copy, msg-zc, uring-zc, uring-zc-fixed.
     pub sends_by_path: [u64; 4],
-    /// Times a send waited for completions to free room (ENOBUFS, ENOMEM, depth).
+    /// Times a send waited because `depth` sends were in flight.
+    pub depth_waits: u64,
+    /// Times sending paused for completions to free kernel room: `ENOBUFS` from
+    /// `MSG_ZEROCOPY` (optmem_max) or `ENOBUFS`/`ENOMEM` results from `SEND_ZC`.
     pub room_waits: u64,
     /// Pieces sent by copy because zero-copy had no room even with nothing in flight.
     pub room_copies: u64,
@@ -357,6 +360,7 @@ pub struct Sender {
     stats: TxStats,
     fallbacks: Vec<Fallback>,
     ring_enters_seen: u64,
+    ring_room_seen: u64,
     msg_seen: msgzc::MsgStats,
 }
 
@@ -465,6 +469,7 @@ impl Sender {
             stats: TxStats::default(),
             fallbacks,
             ring_enters_seen: 0,
+            ring_room_seen: 0,
             msg_seen: msgzc::MsgStats::default(),
         };
         s.path = s.setup(pool)?;
@@ -655,7 +660,7 @@ impl Sender {
             return Ticket(ticket);
         }
         while self.in_flight() >= self.cfg.depth.max(1) {
-            self.stats.room_waits += 1;
+            self.stats.depth_waits += 1;
             if self.wait_inner(Duration::from_millis(100)).is_err() {
                 break;
             }
@@ -899,6 +904,9 @@ impl Sender {
     /// queued (the enter submitted sends) or not (it only collected completions).
     fn account_ring(&mut self, submitting: bool) {
         if let Some(r) = &self.ring {
+            let w = r.stats().room_waits;
+            self.stats.room_waits += w - self.ring_room_seen;
+            self.ring_room_seen = w;
             let e = r.enters();
             let d = e - self.ring_enters_seen;
             self.ring_enters_seen = e;
@@ -1019,6 +1027,7 @@ impl Sender {
             self.counters.syscalls += d;
             self.stats.notify_syscalls += d;
             self.ring_enters_seen = 0;
+            self.ring_room_seen = 0;
             drop(ring);
         } else {
             self.ring = Some(ring);
