@@ -2,6 +2,9 @@
 //! pages, unmapped on drop.
 #![allow(unsafe_code)]
 
+pub mod bufring;
+pub mod refill;
+
 use crate::sys::syscall;
 use std::io;
 use std::ptr::NonNull;
