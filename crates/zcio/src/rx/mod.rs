@@ -127,6 +127,9 @@ pub struct RxConfig {
     pub zcrx: Option<ZcrxTarget>,
     /// Buffers on huge pages if possible.
     pub huge_pages: bool,
+    /// Ask for `IORING_SETUP_DEFER_TASKRUN` (receives run only when the receiver enters the
+    /// kernel, in its own context); off = `COOP_TASKRUN` only.
+    pub defer_taskrun: bool,
 }
 
 impl Default for RxConfig {
@@ -137,10 +140,11 @@ impl Default for RxConfig {
             buffers: 256,
             bundle: None,
             incremental: false,
-            batch: 1,
-            min_wait: Duration::ZERO,
+            batch: 32,
+            min_wait: Duration::from_micros(50),
             zcrx: None,
             huge_pages: false,
+            defer_taskrun: true,
         }
     }
 }
@@ -152,6 +156,14 @@ impl RxConfig {
             mode,
             ..Self::default()
         }
+    }
+
+    /// Return from a wait on the first completion (no batching): lowest latency, more
+    /// `io_uring_enter` calls when data trickles in.
+    pub fn low_latency(mut self) -> Self {
+        self.batch = 1;
+        self.min_wait = Duration::ZERO;
+        self
     }
 }
 

@@ -45,6 +45,7 @@ fn ring_config(cfg: &RxConfig) -> RingConfig {
     RingConfig {
         entries: 256,
         cq_entries: Some((u32::from(cfg.buffers) * 2).max(4096)),
+        defer_taskrun: cfg.defer_taskrun,
         ..RingConfig::default()
     }
 }
@@ -102,7 +103,7 @@ impl RingRx<cqueue::Entry> {
             ));
         }
         let desc = format!(
-            "bufring: multishot recv{}{}, {} x {} B buffers ({} ring), batch {} / min-wait {:?}",
+            "bufring: multishot recv{}{}, {} x {} B buffers ({} ring), batch {} / min-wait {:?}{}",
             if bundle { " + bundles" } else { "" },
             if bufs.incremental() {
                 " + incremental consumption"
@@ -118,6 +119,11 @@ impl RingRx<cqueue::Entry> {
             },
             cfg.batch,
             cfg.min_wait,
+            if rr.ring().has_flag("DEFER_TASKRUN") {
+                ", DEFER_TASKRUN"
+            } else {
+                ", no DEFER_TASKRUN"
+            },
         );
         Ok(Self::with(rr, Some(bufs), false, bundle, cfg, desc))
     }

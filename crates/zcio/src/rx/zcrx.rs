@@ -115,9 +115,18 @@ fn driver(iface: &str) -> Option<String> {
 fn current(iface: &str) -> Vec<String> {
     let mut out = Vec::new();
     let sys = format!("/sys/class/net/{iface}");
-    if !std::path::Path::new(&sys).exists() {
-        out.push(format!("{sys}: absent (no such interface here)"));
+    let exists = crate::sys::net::if_index(iface).is_some();
+    if !exists {
+        out.push(format!(
+            "{iface}: absent (no such interface in this network namespace)"
+        ));
         return out;
+    }
+    if !std::path::Path::new(&sys).exists() {
+        // sysfs shows the namespace it was mounted in; ethtool (netlink) sees ours.
+        out.push(format!(
+            "{sys}: not visible (sysfs belongs to another network namespace)"
+        ));
     }
     out.push(format!(
         "driver: {}",
