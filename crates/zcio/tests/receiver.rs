@@ -463,3 +463,66 @@ fn auto_mode_falls_back_to_bufring_and_records_why() {
     assert_eq!(fb.to, "bufring");
     assert!(fb.reason.contains("lo rx queue 0"), "{}", fb.reason);
 }
+
+#[test]
+fn chunks_outlive_the_receiver_and_close_cancels_a_busy_connection() {
+    for (name, cfg, _) in backends() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut rx = Receiver::listen(listener, &cfg).unwrap();
+        // An endless sender: the receiver closes it mid-stream.
+        let sender = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            let mut buf = vec![0u8; 64 << 10];
+            let mut off = 0u64;
+            loop {
+                common::fill_pattern(&mut buf, off);
+                if s.write_all(&buf).is_err() {
+                    return off;
+                }
+                off += buf.len() as u64;
+            }
+        });
+        let mut kept = Vec::new();
+        let mut off = 0u64;
+        let mut conn = None;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while off < (1 << 20) {
+            assert!(Instant::now() < deadline, "{name}: no data");
+            rx.poll(Duration::from_millis(50), &mut |ev| match ev {
+                RxEvent::Accepted(id) => conn = Some(id),
+                RxEvent::Data(c) => {
+                    common::check_pattern(&c, off).unwrap();
+                    off += c.len() as u64;
+                    if kept.len() < 2 {
+                        kept.push(c);
+                    }
+                }
+                RxEvent::Closed(id, e) => panic!("{name}: {id} closed early: {e:?}"),
+            })
+            .unwrap();
+        }
+        rx.close(conn.unwrap());
+        // The close takes effect: no more data for it, and the connection is gone.
+        let settle = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < settle {
+            rx.poll(Duration::from_millis(20), &mut |ev| {
+                if let RxEvent::Data(c) = ev {
+                    panic!("{name}: data after close: {c:?}");
+                }
+            })
+            .unwrap();
+        }
+        assert_eq!(rx.open_connections(), 0, "{name}");
+        // The sender sees the connection die.
+        let sent = sender.join().unwrap();
+        assert!(sent >= off, "{name}");
+        // Dropping the receiver (which cancels and drains the ring) leaves held chunks intact.
+        drop(rx);
+        let mut o = 0u64;
+        for c in &kept {
+            common::check_pattern(c, o).unwrap();
+            o += c.len() as u64;
+        }
+    }
+}

@@ -38,87 +38,58 @@ pub fn zcio_config() -> RxConfig {
     RxConfig::with_mode(RxMode::BufRing)
 }
 
-fn variants() -> Vec<(&'static str, RxConfig)> {
+fn variants() -> Vec<(&'static str, bool, RxConfig)> {
     let base = RxConfig::with_mode(RxMode::BufRing).low_latency();
+    let single = RxConfig {
+        bundle: Some(false),
+        ..base.clone()
+    };
+    let bundles = RxConfig {
+        bundle: Some(true),
+        ..base.clone()
+    };
+    let batched = |us: u64, cfg: &RxConfig| RxConfig {
+        batch: 64,
+        min_wait: Duration::from_micros(us),
+        ..cfg.clone()
+    };
+    let inc = RxConfig {
+        buffers: 16,
+        buf_size: 1 << 20,
+        incremental: true,
+        ..base.clone()
+    };
     vec![
         (
             "naive 64x64K single",
+            true,
             RxConfig {
                 buffers: 64,
-                buf_size: 64 << 10,
-                bundle: Some(false),
-                ..base.clone()
+                ..single.clone()
             },
         ),
-        (
-            "256x64K single",
-            RxConfig {
-                bundle: Some(false),
-                ..base.clone()
-            },
-        ),
-        (
-            "256x64K bundles",
-            RxConfig {
-                bundle: Some(true),
-                ..base.clone()
-            },
-        ),
-        (
-            "16x1M incremental",
-            RxConfig {
-                buffers: 16,
-                buf_size: 1 << 20,
-                incremental: true,
-                ..base.clone()
-            },
-        ),
+        ("256x64K single", true, single),
+        ("256x64K bundles", true, bundles.clone()),
+        ("16x1M incremental", true, inc.clone()),
         (
             "256x64K bundles, no DEFER_TASKRUN",
+            true,
             RxConfig {
-                bundle: Some(true),
                 defer_taskrun: false,
-                ..base.clone()
+                ..bundles.clone()
             },
         ),
-        (
-            "256x64K bundles batched 20us",
-            RxConfig {
-                bundle: Some(true),
-                batch: 64,
-                min_wait: Duration::from_micros(20),
-                ..base.clone()
-            },
-        ),
-        (
-            "256x64K bundles batched 50us",
-            RxConfig {
-                bundle: Some(true),
-                batch: 64,
-                min_wait: Duration::from_micros(50),
-                ..base.clone()
-            },
-        ),
+        ("256x64K bundles batched 20us", true, batched(20, &bundles)),
+        ("256x64K bundles batched 50us", true, batched(50, &bundles)),
         (
             "256x64K bundles batched 200us",
-            RxConfig {
-                bundle: Some(true),
-                batch: 64,
-                min_wait: Duration::from_micros(200),
-                ..base.clone()
-            },
+            true,
+            batched(200, &bundles),
         ),
-        (
-            "16x1M incremental batched 50us",
-            RxConfig {
-                buffers: 16,
-                buf_size: 1 << 20,
-                incremental: true,
-                batch: 64,
-                min_wait: Duration::from_micros(50),
-                ..base
-            },
-        ),
+        ("16x1M incremental batched 50us", true, batched(50, &inc)),
+        ("256x64K bundles", false, bundles.clone()),
+        ("256x64K bundles batched 20us", false, batched(20, &bundles)),
+        ("256x64K bundles batched 50us", false, batched(50, &bundles)),
     ]
 }
 
@@ -202,8 +173,11 @@ impl Suite for Rx {
                 )?;
             }
         }
-        for (name, cfg) in variants() {
-            let case = format!("variant loopback split-cores: {name}");
+        for (name, split, cfg) in variants() {
+            let case = format!(
+                "variant loopback {}: {name}",
+                if split { "split-cores" } else { "same-core" }
+            );
             if !wanted(&case) {
                 continue;
             }
@@ -211,8 +185,8 @@ impl Suite for Rx {
                 &case,
                 ("epoll+recv", name),
                 METRICS,
-                || run_once(Net::Loopback, None, true, dur, None),
-                || run_once(Net::Loopback, None, true, dur, Some(&cfg)),
+                || run_once(Net::Loopback, None, split, dur, None),
+                || run_once(Net::Loopback, None, split, dur, Some(&cfg)),
             )?;
         }
         Ok(())
@@ -263,10 +237,10 @@ fn run_once(
                 return Err(e.into());
             }
         };
-        atx.send(l.local_addr()).ok();
+        let addr = l.local_addr();
         match cfg {
-            None => receive_epoll(l),
-            Some(c) => receive_zcio(l, &c),
+            None => receive_epoll(l, || drop(atx.send(addr))),
+            Some(c) => receive_zcio(l, &c, || drop(atx.send(addr))),
         }
     };
     let receiver = match (net, pair) {
@@ -330,7 +304,8 @@ fn run_once(
 
 /// The baseline: accept, then level-triggered epoll and `recv` into one 64 KiB buffer until a
 /// short read.
-fn receive_epoll(l: TcpListener) -> Result<RecvStats> {
+fn receive_epoll(l: TcpListener, ready: impl FnOnce()) -> Result<RecvStats> {
+    ready();
     let (s, _) = l.accept()?;
     s.set_nonblocking(true)?;
     let mut ep = Poller::new(8)?;
@@ -368,8 +343,10 @@ fn receive_epoll(l: TcpListener) -> Result<RecvStats> {
     })
 }
 
-fn receive_zcio(l: TcpListener, cfg: &RxConfig) -> Result<RecvStats> {
+fn receive_zcio(l: TcpListener, cfg: &RxConfig, ready: impl FnOnce()) -> Result<RecvStats> {
+    // Set-up (ring, buffer registration) happens before the sender starts.
     let mut rx = Receiver::listen(l, cfg)?;
+    ready();
     let span = Span::start();
     let mut bytes = 0u64;
     let mut done = false;
