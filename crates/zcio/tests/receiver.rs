@@ -20,6 +20,14 @@ fn backends() -> Vec<(&'static str, RxConfig, RxPath)> {
     };
     v.push(("bufring+bundles", bufring.clone(), RxPath::BufRing));
     v.push((
+        "bufring rotation of 4 hot buffers",
+        RxConfig {
+            hot_bytes: 64 << 10,
+            ..bufring.clone()
+        },
+        RxPath::BufRing,
+    ));
+    v.push((
         "bufring single",
         RxConfig {
             bundle: Some(false),
@@ -94,6 +102,7 @@ impl Stream {
 }
 
 fn run_streams(name: &str, cfg: &RxConfig, path: RxPath, conns: usize, len: u64) {
+    let t0 = Instant::now();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let mut rx = Receiver::listen(listener, cfg).unwrap();
@@ -124,7 +133,8 @@ fn run_streams(name: &str, cfg: &RxConfig, path: RxPath, conns: usize, len: u64)
     }
     let c = rx.counters();
     eprintln!(
-        "{name} x{conns}: {} {c:?} fallbacks {:?}",
+        "{name} x{conns} in {:?}: {} {c:?} fallbacks {:?}",
+        t0.elapsed(),
         rx.describe(),
         rx.fallbacks()
     );
@@ -191,6 +201,15 @@ fn consumer_holding_chunks_slows_the_sender_and_loses_nothing() {
             RxConfig {
                 buf_size: 4096,
                 buffers: 8,
+                ..RxConfig::with_mode(RxMode::BufRing)
+            },
+        ),
+        (
+            "bufring, 2 of 8 buffers in rotation",
+            RxConfig {
+                buf_size: 4096,
+                buffers: 8,
+                hot_bytes: 8192,
                 ..RxConfig::with_mode(RxMode::BufRing)
             },
         ),

@@ -67,6 +67,10 @@ pub struct BufRingConfig {
     pub incremental: bool,
     /// Put the buffers on huge pages if possible.
     pub huge_pages: bool,
+    /// Buffers kept in the ring at once (the rest wait, most recently returned on top, in a
+    /// user-space stack); [`BufRing::grow`] raises it. Keeping few buffers in rotation keeps
+    /// them in the CPU cache. 0 = all.
+    pub hot: u16,
 }
 
 enum RingMem {
@@ -114,6 +118,15 @@ pub struct BufRing {
     done: RefCell<Vec<bool>>,
     lent: Cell<u32>,
     recycled: Cell<u64>,
+    /// Free buffers not in the ring, most recently returned last (LIFO).
+    stack: RefCell<Vec<u16>>,
+    /// Ring slots written / seen consumed (from completions), free-running.
+    written: Cell<u64>,
+    seen: Cell<u64>,
+    /// Wanted ring occupancy.
+    hot: Cell<u16>,
+    /// A completion consumed the last buffer in the ring.
+    ran_dry: Cell<bool>,
 }
 
 impl std::fmt::Debug for BufRing {
@@ -206,11 +219,17 @@ impl BufRing {
             done: RefCell::new(vec![false; n]),
             lent: Cell::new(0),
             recycled: Cell::new(0),
+            stack: RefCell::new((0..cfg.entries).rev().collect()),
+            written: Cell::new(0),
+            seen: Cell::new(0),
+            ran_dry: Cell::new(false),
+            hot: Cell::new(if cfg.hot == 0 {
+                cfg.entries
+            } else {
+                cfg.hot.min(cfg.entries)
+            }),
         };
-        for bid in 0..cfg.entries {
-            me.write_entry(bid);
-        }
-        me.publish();
+        me.top_up();
         Ok(me)
     }
 
@@ -240,6 +259,55 @@ impl BufRing {
         self.consumed.borrow_mut()[bid as usize] = 0;
         self.done.borrow_mut()[bid as usize] = false;
         self.tail.set(t.wrapping_add(1));
+        self.written.set(self.written.get() + 1);
+        self.recycled.set(self.recycled.get() + 1);
+    }
+
+    /// Buffers in the ring now (as far as completions tell: with `DEFER_TASKRUN` the kernel
+    /// consumes only inside `io_uring_enter`, and every consumption is harvested after it).
+    pub fn in_ring(&self) -> u64 {
+        self.written.get() - self.seen.get()
+    }
+
+    /// Moves free buffers (most recently returned first) into the ring until it holds the
+    /// wanted number, and publishes the tail once.
+    pub fn top_up(&self) {
+        let want = u64::from(self.hot.get());
+        let mut wrote = false;
+        while self.in_ring() < want {
+            let Some(bid) = self.stack.borrow_mut().pop() else {
+                break;
+            };
+            self.write_entry(bid);
+            wrote = true;
+        }
+        if wrote {
+            self.publish();
+        }
+    }
+
+    /// Whether a completion emptied the ring since the last call (and clears it).
+    pub fn take_ran_dry(&self) -> bool {
+        self.ran_dry.replace(false)
+    }
+
+    /// Doubles the ring occupancy (the ring ran dry) and tops up.
+    pub fn grow(&self) {
+        self.hot
+            .set(self.hot.get().saturating_mul(2).min(self.entries));
+        self.top_up();
+    }
+
+    /// Halves the ring occupancy, not below `min` (buffers already in the ring stay there
+    /// until consumed).
+    pub fn shrink(&self, min: u16) {
+        let h = self.hot.get();
+        self.hot.set((h / 2).max(min.min(h)));
+    }
+
+    /// Wanted ring occupancy now.
+    pub fn hot(&self) -> u16 {
+        self.hot.get()
     }
 
     /// Makes every written entry visible to the kernel (store-release of the tail).
@@ -282,6 +350,12 @@ impl BufRing {
             }
             self.consumed.borrow_mut()[first as usize] = off + left;
             let kernel_done = flags & crate::sys::IORING_CQE_F_BUF_MORE == 0;
+            if kernel_done {
+                self.seen.set(self.seen.get() + 1);
+                if self.in_ring() == 0 {
+                    self.ran_dry.set(true);
+                }
+            }
             f(self.lease(first, off, left, kernel_done));
             return Ok(());
         }
@@ -302,6 +376,10 @@ impl BufRing {
                 return Err(io::Error::other("bundle names an unknown buffer"));
             }
             let n = left.min(self.buf_size);
+            self.seen.set(self.seen.get() + 1);
+            if self.in_ring() == 0 {
+                self.ran_dry.set(true);
+            }
             f(self.lease(bid, 0, n, true));
             left -= n;
             k += 1;
@@ -339,9 +417,8 @@ impl BufRing {
         if last {
             self.lent.set(self.lent.get() - 1);
             if self.done.borrow()[i] {
-                self.write_entry(bid);
-                self.publish();
-                self.recycled.set(self.recycled.get() + 1);
+                self.stack.borrow_mut().push(bid);
+                self.top_up();
             }
         }
     }
@@ -374,7 +451,7 @@ impl BufRing {
     pub fn lent(&self) -> u32 {
         self.lent.get()
     }
-    /// Buffers returned to the ring so far.
+    /// Buffers put into the ring so far (initial fill included).
     pub fn recycled(&self) -> u64 {
         self.recycled.get()
     }

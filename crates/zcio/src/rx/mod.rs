@@ -115,6 +115,12 @@ pub struct RxConfig {
     pub buf_size: u32,
     /// Buffers in the ring (a power of two); also the plain backend's limit of buffers lent.
     pub buffers: u16,
+    /// Bytes of buffers kept in the ring at once (at least 2 buffers); the other buffers wait
+    /// in a stack and the most recently returned is reused first, so the kernel copies into
+    /// cache-warm memory. The rest serve as slack for chunks the application holds and for
+    /// sustained demand (the rotation doubles when the ring runs dry in two waits in a row and
+    /// shrinks back after 64 quiet waits). 0 = all buffers in the ring (FIFO rotation).
+    pub hot_bytes: usize,
     /// Use receive bundles where the kernel has them (`None`: yes if available).
     pub bundle: Option<bool>,
     /// Incremental buffer consumption (`IOU_PBUF_RING_INC`); not combined with bundles.
@@ -138,10 +144,11 @@ impl Default for RxConfig {
             mode: RxMode::Auto,
             buf_size: 64 << 10,
             buffers: 256,
+            hot_bytes: 1 << 20,
             bundle: None,
             incremental: false,
             batch: 32,
-            min_wait: Duration::from_micros(50),
+            min_wait: Duration::from_micros(200),
             zcrx: None,
             huge_pages: false,
             defer_taskrun: true,
@@ -271,6 +278,9 @@ pub struct RxCounters {
     pub rearms: u64,
     /// Of those, after the buffer ring ran dry (ENOBUFS).
     pub enobufs: u64,
+    /// Waits after which the ring had run dry (bufring; a bundle or receive ended for lack of
+    /// buffers in rotation).
+    pub ring_dry: u64,
     /// Times the receiver held a connection back because every buffer was lent.
     pub backpressure_waits: u64,
     /// Bytes delivered without a copy (zcrx).

@@ -36,6 +36,10 @@ pub(crate) struct RingRx<C: Cqe> {
     waiting: Vec<(ConnId, u64)>,
     batch: usize,
     min_wait: Duration,
+    defer: bool,
+    hot_min: u16,
+    dry_streak: u32,
+    quiet: u32,
     enters_seen: u64,
     scratch: Vec<Completion>,
     desc: String,
@@ -81,6 +85,12 @@ impl RingRx<cqueue::Entry> {
             buf_size: cfg.buf_size,
             incremental: cfg.incremental,
             huge_pages: cfg.huge_pages,
+            hot: if cfg.hot_bytes == 0 {
+                0
+            } else {
+                (cfg.hot_bytes / cfg.buf_size.max(1) as usize).clamp(2, usize::from(u16::MAX))
+                    as u16
+            },
         };
         let bufs = match rr.register_bufs(&bcfg) {
             Ok(b) => b,
@@ -103,7 +113,7 @@ impl RingRx<cqueue::Entry> {
             ));
         }
         let desc = format!(
-            "bufring: multishot recv{}{}, {} x {} B buffers ({} ring), batch {} / min-wait {:?}{}",
+            "bufring: multishot recv{}{}, {} x {} B buffers ({} in rotation, {} ring), batch {} / min-wait {:?}{}",
             if bundle { " + bundles" } else { "" },
             if bufs.incremental() {
                 " + incremental consumption"
@@ -112,6 +122,7 @@ impl RingRx<cqueue::Entry> {
             },
             bufs.entries(),
             bufs.buf_size(),
+            bufs.hot(),
             if bufs.kernel_allocated() {
                 "kernel-allocated"
             } else {
@@ -162,6 +173,11 @@ impl<C: Cqe> RingRx<C> {
         cfg: &RxConfig,
         desc: String,
     ) -> Self {
+        let defer = rr.ring().has_flag("DEFER_TASKRUN");
+        let hot_min = match &bufs {
+            Some(b) if b.hot() < b.entries() => b.hot(),
+            _ => 0,
+        };
         Self {
             rr,
             bufs,
@@ -173,6 +189,10 @@ impl<C: Cqe> RingRx<C> {
             waiting: Vec::new(),
             batch: cfg.batch.max(1),
             min_wait: cfg.min_wait,
+            defer,
+            hot_min,
+            dry_streak: 0,
+            quiet: 0,
             enters_seen: 0,
             scratch: Vec::new(),
             desc,
@@ -281,8 +301,8 @@ impl<C: Cqe> RingRx<C> {
                     return Ok(0);
                 }
                 if res > 0 {
-                    // Terminated with data (e.g. the CQ was full): the data came just before;
-                    // arm again, nothing is lost since the socket keeps the rest.
+                    // Terminated with data: a bundle that emptied the ring, or a full CQ. The
+                    // data came just before; arm again, the socket keeps the rest.
                     self.arm(id)?;
                     c.rearms += 1;
                     Ok(0)
@@ -290,6 +310,10 @@ impl<C: Cqe> RingRx<C> {
                     c.enobufs += 1;
                     let at = self.bufs.as_ref().map_or(0, |b| b.recycled());
                     self.waiting.push((id, at));
+                    if let Some(b) = &self.bufs {
+                        // Free buffers (if any) go in now; the rest come as chunks drop.
+                        b.top_up();
+                    }
                     Ok(0)
                 } else {
                     self.conns.remove(id);
@@ -318,6 +342,34 @@ impl<C: Cqe> RingRx<C> {
         res?;
         out?;
         Ok(events)
+    }
+
+    /// Keeps the number of buffers in rotation near what one wait consumes: grows (doubles)
+    /// when the ring ran dry in two waits in a row (sustained demand, e.g. a receiver that
+    /// shares its core with the sender finds large backlogs), shrinks back towards the
+    /// configured size after 64 waits without running dry. Isolated bursts (the receiver was
+    /// preempted) only cost a re-arm.
+    fn size_rotation(&mut self, c: &mut RxCounters) {
+        let Some(b) = &self.bufs else { return };
+        if self.hot_min == 0 {
+            return;
+        }
+        if b.take_ran_dry() {
+            c.ring_dry += 1;
+            self.quiet = 0;
+            self.dry_streak += 1;
+            if self.dry_streak >= 2 {
+                self.dry_streak = 0;
+                b.grow();
+            }
+        } else {
+            self.dry_streak = 0;
+            self.quiet += 1;
+            if self.quiet >= 64 {
+                self.quiet = 0;
+                b.shrink(self.hot_min);
+            }
+        }
     }
 
     fn account(&mut self, c: &mut RxCounters) {
@@ -390,7 +442,11 @@ impl<C: Cqe> Backend for RingRx<C> {
         if n == 0 {
             self.rr.wait(self.batch, self.min_wait, timeout)?;
             n = self.drain_ready(c, f)?;
-        } else if self.rr.pending() > 0 {
+            self.size_rotation(c);
+        } else if !self.defer && self.rr.pending() > 0 {
+            // Without DEFER_TASKRUN completions can appear without an enter; submit re-arms
+            // now so no connection waits behind busy ones. With it, they go in with the next
+            // wait's enter (nothing could run before it anyway).
             self.rr.submit()?;
         }
         self.account(c);

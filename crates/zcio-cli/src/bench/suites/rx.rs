@@ -40,56 +40,92 @@ pub fn zcio_config() -> RxConfig {
 
 fn variants() -> Vec<(&'static str, bool, RxConfig)> {
     let base = RxConfig::with_mode(RxMode::BufRing).low_latency();
-    let single = RxConfig {
-        bundle: Some(false),
-        ..base.clone()
+    let fifo = |cfg: RxConfig| RxConfig {
+        hot_bytes: 0,
+        ..cfg
+    };
+    let batched = |us: u64, cfg: RxConfig| RxConfig {
+        batch: 32,
+        min_wait: Duration::from_micros(us),
+        ..cfg
     };
     let bundles = RxConfig {
         bundle: Some(true),
         ..base.clone()
     };
-    let batched = |us: u64, cfg: &RxConfig| RxConfig {
-        batch: 64,
-        min_wait: Duration::from_micros(us),
-        ..cfg.clone()
-    };
-    let inc = RxConfig {
-        buffers: 16,
-        buf_size: 1 << 20,
-        incremental: true,
-        ..base.clone()
-    };
     vec![
         (
-            "naive 64x64K single",
+            "naive 64x64K single FIFO",
             true,
-            RxConfig {
+            fifo(RxConfig {
                 buffers: 64,
-                ..single.clone()
-            },
+                bundle: Some(false),
+                ..base.clone()
+            }),
         ),
-        ("256x64K single", true, single),
-        ("256x64K bundles", true, bundles.clone()),
-        ("16x1M incremental", true, inc.clone()),
+        ("256x64K bundles FIFO", true, fifo(bundles.clone())),
         (
-            "256x64K bundles, no DEFER_TASKRUN",
+            "256x64K bundles FIFO batched 50us",
             true,
-            RxConfig {
-                defer_taskrun: false,
-                ..bundles.clone()
-            },
+            batched(50, fifo(bundles.clone())),
         ),
-        ("256x64K bundles batched 20us", true, batched(20, &bundles)),
-        ("256x64K bundles batched 50us", true, batched(50, &bundles)),
         (
-            "256x64K bundles batched 200us",
+            "256x64K bundles hot 512K batched 50us",
             true,
-            batched(200, &bundles),
+            batched(
+                50,
+                RxConfig {
+                    hot_bytes: 512 << 10,
+                    ..bundles.clone()
+                },
+            ),
         ),
-        ("16x1M incremental batched 50us", true, batched(50, &inc)),
-        ("256x64K bundles", false, bundles.clone()),
-        ("256x64K bundles batched 20us", false, batched(20, &bundles)),
-        ("256x64K bundles batched 50us", false, batched(50, &bundles)),
+        (
+            "256x64K bundles hot 2M batched 50us",
+            true,
+            batched(
+                50,
+                RxConfig {
+                    hot_bytes: 2 << 20,
+                    ..bundles.clone()
+                },
+            ),
+        ),
+        (
+            "256x64K bundles hot 1M batched 50us",
+            true,
+            batched(50, bundles.clone()),
+        ),
+        (
+            "256x64K bundles hot 1M batched 200us no DEFER_TASKRUN",
+            true,
+            batched(
+                200,
+                RxConfig {
+                    defer_taskrun: false,
+                    ..bundles.clone()
+                },
+            ),
+        ),
+        (
+            "16x1M incremental FIFO batched 50us",
+            true,
+            batched(
+                50,
+                fifo(RxConfig {
+                    buffers: 16,
+                    buf_size: 1 << 20,
+                    incremental: true,
+                    ..base.clone()
+                }),
+            ),
+        ),
+        (
+            "256x64K bundles FIFO batched 50us",
+            false,
+            batched(50, fifo(bundles.clone())),
+        ),
+        ("256x64K bundles hot 1M unbatched", false, bundles),
     ]
 }
 
