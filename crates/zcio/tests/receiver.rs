@@ -545,3 +545,31 @@ fn chunks_outlive_the_receiver_and_close_cancels_a_busy_connection() {
         }
     }
 }
+
+#[test]
+fn auto_mode_falls_back_to_plain_when_io_uring_is_denied() {
+    let t = std::thread::spawn(|| {
+        zcio_testnet::seccomp::deny_syscall_in_this_thread(libc::SYS_io_uring_setup, libc::ENOSYS)
+            .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut rx = Receiver::listen(listener, &RxConfig::default()).unwrap();
+        assert_eq!(rx.path(), RxPath::Plain, "{}", rx.describe());
+        let from: Vec<_> = rx.fallbacks().iter().map(|f| f.from.as_str()).collect();
+        assert_eq!(from, ["zcrx", "bufring"], "{:?}", rx.fallbacks());
+        assert!(
+            rx.fallbacks()[1].reason.contains("ENOSYS"),
+            "{:?}",
+            rx.fallbacks()
+        );
+        // And it still receives.
+        let s = std::thread::spawn(move || {
+            let s = send_stream(addr, 7 << 36, 1 << 20, 64 << 10).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+        });
+        let streams = collect(&mut rx, 1, RxPath::Plain);
+        s.join().unwrap();
+        assert_eq!((streams[0].base, streams[0].got), (7 << 36, 1 << 20));
+    });
+    t.join().unwrap();
+}

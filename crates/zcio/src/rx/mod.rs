@@ -14,6 +14,28 @@
 //! that holds chunks gets backpressure: when every buffer is lent, receives stay disarmed
 //! (the kernel's socket buffer fills and TCP slows the sender) until chunks come back.
 //! Nothing is dropped.
+//!
+//! ```
+//! use std::io::Write;
+//! use std::time::Duration;
+//! use zcio::rx::{Receiver, RxConfig, RxEvent, RxMode};
+//!
+//! let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+//! let addr = listener.local_addr()?;
+//! let mut rx = Receiver::listen(listener, &RxConfig::with_mode(RxMode::Auto))?;
+//! std::thread::spawn(move || std::net::TcpStream::connect(addr)?.write_all(b"hello"));
+//! let (mut got, mut done) = (Vec::new(), false);
+//! while !done {
+//!     rx.poll(Duration::from_secs(1), &mut |ev| match ev {
+//!         RxEvent::Accepted(_) => {}
+//!         RxEvent::Data(chunk) => got.extend_from_slice(&chunk), // chunk dropped: returned
+//!         RxEvent::Closed(_, _) => done = true,
+//!     })?;
+//! }
+//! assert_eq!(got, b"hello");
+//! println!("{} ({:?})", rx.describe(), rx.fallbacks());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod plain;
 mod uring;
