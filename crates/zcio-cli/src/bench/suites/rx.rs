@@ -70,10 +70,10 @@ fn variants() -> Vec<(&'static str, bool, RxConfig)> {
             batched(50, fifo(bundles.clone())),
         ),
         (
-            "256x64K bundles hot 512K batched 50us",
+            "256x64K bundles hot 512K batched 200us",
             true,
             batched(
-                50,
+                200,
                 RxConfig {
                     hot_bytes: 512 << 10,
                     ..bundles.clone()
@@ -81,10 +81,10 @@ fn variants() -> Vec<(&'static str, bool, RxConfig)> {
             ),
         ),
         (
-            "256x64K bundles hot 2M batched 50us",
+            "256x64K bundles hot 2M batched 200us",
             true,
             batched(
-                50,
+                200,
                 RxConfig {
                     hot_bytes: 2 << 20,
                     ..bundles.clone()
