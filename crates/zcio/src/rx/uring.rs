@@ -40,6 +40,7 @@ pub(crate) struct RingRx<C: Cqe> {
     hot_min: u16,
     dry_streak: u32,
     quiet: u32,
+    urgent: bool,
     enters_seen: u64,
     scratch: Vec<Completion>,
     desc: String,
@@ -193,6 +194,7 @@ impl<C: Cqe> RingRx<C> {
             hot_min,
             dry_streak: 0,
             quiet: 0,
+            urgent: false,
             enters_seen: 0,
             scratch: Vec::new(),
             desc,
@@ -349,13 +351,12 @@ impl<C: Cqe> RingRx<C> {
     /// shares its core with the sender finds large backlogs), shrinks back towards the
     /// configured size after 64 waits without running dry. Isolated bursts (the receiver was
     /// preempted) only cost a re-arm.
-    fn size_rotation(&mut self, c: &mut RxCounters) {
+    fn size_rotation(&mut self, dry: bool) {
         let Some(b) = &self.bufs else { return };
         if self.hot_min == 0 {
             return;
         }
-        if b.take_ran_dry() {
-            c.ring_dry += 1;
+        if dry {
             self.quiet = 0;
             self.dry_streak += 1;
             if self.dry_streak >= 2 {
@@ -440,9 +441,20 @@ impl<C: Cqe> Backend for RingRx<C> {
         }
         let mut n = self.drain_ready(c, f)?;
         if n == 0 {
-            self.rr.wait(self.batch, self.min_wait, timeout)?;
+            if self.urgent {
+                // Data is known to be waiting (the ring ran dry or a receive was just
+                // re-armed): do not hold it back for the min-wait.
+                self.rr.wait(1, Duration::ZERO, timeout)?;
+            } else {
+                self.rr.wait(self.batch, self.min_wait, timeout)?;
+            }
             n = self.drain_ready(c, f)?;
-            self.size_rotation(c);
+            let dry = self.bufs.as_ref().is_some_and(|b| b.take_ran_dry());
+            if dry {
+                c.ring_dry += 1;
+            }
+            self.size_rotation(dry);
+            self.urgent = dry || self.rr.pending() > 0;
         } else if !self.defer && self.rr.pending() > 0 {
             // Without DEFER_TASKRUN completions can appear without an enter; submit re-arms
             // now so no connection waits behind busy ones. With it, they go in with the next
