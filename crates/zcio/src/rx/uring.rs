@@ -41,6 +41,7 @@ pub(crate) struct RingRx<C: Cqe> {
     dry_streak: u32,
     quiet: u32,
     urgent: bool,
+    terminated: bool,
     enters_seen: u64,
     scratch: Vec<Completion>,
     desc: String,
@@ -195,6 +196,7 @@ impl<C: Cqe> RingRx<C> {
             dry_streak: 0,
             quiet: 0,
             urgent: false,
+            terminated: false,
             enters_seen: 0,
             scratch: Vec::new(),
             desc,
@@ -303,8 +305,11 @@ impl<C: Cqe> RingRx<C> {
                     return Ok(0);
                 }
                 if res > 0 {
-                    // Terminated with data: a bundle that emptied the ring, or a full CQ. The
-                    // data came just before; arm again, the socket keeps the rest.
+                    // Terminated with data: a bundle that took every buffer left in the ring
+                    // (the kernel ends the multishot then, even when it used fewer than it
+                    // took), or a full CQ. The data came just before; arm again, the socket
+                    // keeps the rest. It counts as the ring running dry.
+                    self.terminated = true;
                     self.arm(id)?;
                     c.rearms += 1;
                     Ok(0)
@@ -449,7 +454,8 @@ impl<C: Cqe> Backend for RingRx<C> {
                 self.rr.wait(self.batch, self.min_wait, timeout)?;
             }
             n = self.drain_ready(c, f)?;
-            let dry = self.bufs.as_ref().is_some_and(|b| b.take_ran_dry());
+            let dry = self.bufs.as_ref().is_some_and(|b| b.take_ran_dry())
+                | std::mem::take(&mut self.terminated);
             if dry {
                 c.ring_dry += 1;
             }

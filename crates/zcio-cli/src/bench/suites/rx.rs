@@ -411,10 +411,12 @@ fn receive_zcio(l: TcpListener, cfg: &RxConfig, ready: impl FnOnce()) -> Result<
         cpu,
         end: Instant::now(),
         note: Some(format!(
-            "{}; re-arms {} (ENOBUFS {})",
+            "{}; re-arms {} (ENOBUFS {}), ring ran dry {} times, {} enters",
             rx.describe(),
             c.rearms,
-            c.enobufs
+            c.enobufs,
+            c.ring_dry,
+            c.ring_enters
         )),
     })
 }
