@@ -72,6 +72,13 @@ impl RingRx<cqueue::Entry> {
     pub(crate) fn bufring(cfg: &RxConfig, fallbacks: &mut Vec<Fallback>) -> Result<Self, RxError> {
         let mut rr = RecvRing::<cqueue::Entry>::new(&ring_config(cfg))?;
         note_flags(&rr, fallbacks);
+        if cfg.batch > 1 && !cfg.min_wait.is_zero() && !rr.ring().has_min_wait() {
+            fallbacks.push(Fallback::new(
+                "batched waits (min-wait)",
+                "return on the first completion",
+                "kernel lacks IORING_FEAT_MIN_TIMEOUT (Linux 6.12)",
+            ));
+        }
         let mut bundle = cfg.bundle.unwrap_or(true) && !cfg.incremental;
         if bundle && !rr.has_bundles() {
             fallbacks.push(Fallback::new(
