@@ -122,23 +122,23 @@ fn print_human(r: &Report) {
         );
         let z = &i.zcrx;
         if z.ok {
-            println!("  zcrx            yes (queue 0 registered and released)");
+            println!("  zcrx            yes: {}", z.explanation);
         } else {
             println!(
                 "  zcrx            no{}: {}",
-                z.errno
+                i.zcrx_errno
                     .as_ref()
                     .map(|e| format!(" ({e})"))
                     .unwrap_or_default(),
-                z.explanation.as_deref().unwrap_or("-")
+                z.explanation
             );
         }
-        println!("  needed for zcrx:");
-        for n in &i.needed {
+        println!("  needed for zcrx on queue {}:", z.queue);
+        for n in &z.needed {
             println!("    {n}");
         }
         println!("  now:");
-        for n in &i.current {
+        for n in &z.current {
             println!("    {n}");
         }
     }

@@ -81,7 +81,7 @@ fn probe_as_non_root_still_reports_with_reasons() {
         .unwrap()
         .contains("CAP_NET_ADMIN"));
     let z = &v["interfaces"][0]["zcrx"];
-    assert_eq!(z["errno"], "EPERM");
+    assert_eq!(v["interfaces"][0]["zcrx_errno"], "EPERM");
     assert!(z["explanation"].as_str().unwrap().contains("CAP_NET_ADMIN"));
 }
 

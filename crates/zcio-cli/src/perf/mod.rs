@@ -44,6 +44,13 @@ pub struct ServerArgs {
     /// Serve one connection (or one UDP stream) and exit.
     #[arg(long)]
     pub once: bool,
+    /// TCP receive path: plain (epoll + recv), bufring (provided-buffer ring + multishot recv),
+    /// zcrx (io_uring zero-copy receive; needs a capable NIC), auto (best available).
+    #[arg(long, default_value = "auto")]
+    pub rx: String,
+    /// Interface and rx queue for zcrx (`IF:QUEUE`), with `--rx zcrx|auto`.
+    #[arg(long)]
+    pub zcrx_queue: Option<String>,
     /// Print reports as JSON.
     #[arg(long)]
     pub json: bool,

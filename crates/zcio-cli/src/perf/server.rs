@@ -3,9 +3,11 @@
 use super::{parse_test_addr, pattern, ServerArgs};
 use anyhow::{Context, Result};
 use serde::Serialize;
+use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
+use zcio::rx::{ConnId, Receiver, RxConfig, RxEvent, RxMode};
 
 /// What one connection (or UDP stream) delivered.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -28,6 +30,10 @@ pub struct RecvReport {
     pub corrupt_at: Option<u64>,
     /// UDP: bytes missing between datagrams (lost or reordered).
     pub gap_bytes: u64,
+    /// TCP receive path that delivered the data.
+    pub rx_path: String,
+    /// Syscalls the receiver made so far (all connections).
+    pub syscalls: u64,
 }
 
 /// Parses the CLI and serves.
@@ -70,23 +76,102 @@ pub fn run(a: ServerArgs) -> Result<()> {
         }
     }
     let l = TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
+    let mode: RxMode =
+        a.rx.parse()
+            .map_err(|e| anyhow::anyhow!("--rx {}: {e}", a.rx))?;
+    if mode == RxMode::Zcrx && a.zcrx_queue.is_none() {
+        anyhow::bail!("--rx zcrx needs --zcrx-queue IF:QUEUE (the NIC rx queue to bind)");
+    }
+    let mut cfg = RxConfig::with_mode(mode);
+    if let Some(q) = &a.zcrx_queue {
+        let (iface, queue) = q
+            .split_once(':')
+            .and_then(|(i, n)| Some((i, n.parse::<u32>().ok()?)))
+            .ok_or_else(|| anyhow::anyhow!("--zcrx-queue {q}: expected IF:QUEUE, e.g. eth0:3"))?;
+        cfg.zcrx = Some(zcio::rx::ZcrxTarget::new(iface, queue));
+    }
     eprintln!("zcio perf server: TCP on {}", l.local_addr()?);
+    let mut rx = Receiver::listen(l, &cfg).context("setting up the receiver")?;
+    eprintln!("zcio perf server: receive path {}", rx.path().name());
+    for f in rx.fallbacks() {
+        eprintln!("zcio perf server: fallback {f}");
+    }
+    let mut conns: HashMap<ConnId, Conn> = HashMap::new();
+    let mut done: Vec<RecvReport> = Vec::new();
     loop {
-        let (mut s, peer) = l.accept()?;
-        let mut r = serve_conn(&mut s, a.verify)?;
-        r.peer = peer.to_string();
-        emit(&r)?;
-        if r.corrupt_at.is_some() {
-            anyhow::bail!("stream corrupt at offset {}", r.corrupt_at.unwrap_or(0));
-        }
-        if a.once {
-            return Ok(());
+        rx.poll(Duration::from_millis(200), &mut |ev| match ev {
+            RxEvent::Accepted(id) => {
+                conns.insert(id, Conn::new(a.verify));
+            }
+            RxEvent::Data(chunk) => {
+                let c = conns
+                    .entry(chunk.conn())
+                    .or_insert_with(|| Conn::new(a.verify));
+                c.take(&chunk);
+            }
+            RxEvent::Closed(id, err) => {
+                if let Some(c) = conns.remove(&id) {
+                    let mut r = c.finish();
+                    r.peer = format!(
+                        "connection {id:?}{}",
+                        err.map(|e| format!(" ({e})")).unwrap_or_default()
+                    );
+                    done.push(r);
+                }
+            }
+        })?;
+        for mut r in done.drain(..) {
+            r.rx_path = rx.path().name().to_string();
+            r.syscalls = rx.counters().syscalls;
+            emit(&r)?;
+            if r.corrupt_at.is_some() {
+                anyhow::bail!("stream corrupt at offset {}", r.corrupt_at.unwrap_or(0));
+            }
+            if a.once {
+                return Ok(());
+            }
         }
     }
 }
 
+/// One TCP connection's receive state.
+struct Conn {
+    r: RecvReport,
+    t0: Option<Instant>,
+    cpu0: Duration,
+}
+
+impl Conn {
+    fn new(verify: bool) -> Self {
+        Self {
+            r: RecvReport {
+                verified: verify,
+                ..RecvReport::default()
+            },
+            t0: None,
+            cpu0: zcio::sys::thread_cpu_time(),
+        }
+    }
+
+    fn take(&mut self, data: &[u8]) {
+        self.t0.get_or_insert_with(Instant::now);
+        if self.r.verified && self.r.corrupt_at.is_none() {
+            if let Err(o) = pattern::check(data, self.r.bytes) {
+                self.r.corrupt_at = Some(o);
+            }
+        }
+        self.r.bytes += data.len() as u64;
+        self.r.reads += 1;
+    }
+
+    fn finish(mut self) -> RecvReport {
+        finish(&mut self.r, self.t0, self.cpu0);
+        self.r
+    }
+}
+
 /// Receives one TCP connection to EOF with blocking reads; checks the pattern with `verify`.
-/// This is the server's whole per-connection receive loop.
+/// The tx and notify bench suites use it as their plain sink.
 pub fn serve_conn(s: &mut TcpStream, verify: bool) -> io::Result<RecvReport> {
     let mut buf = vec![0u8; 1 << 20];
     let mut r = RecvReport {

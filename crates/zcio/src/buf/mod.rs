@@ -2,7 +2,9 @@
 //! pages, unmapped on drop.
 #![allow(unsafe_code)]
 
+pub mod bufring;
 pub mod pool;
+pub mod refill;
 
 use crate::sys::syscall;
 use std::io;

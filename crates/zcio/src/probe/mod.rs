@@ -154,25 +154,10 @@ pub struct InterfaceReport {
     pub driver: Option<String>,
     /// Number of rx queues (sysfs).
     pub rx_queues: Option<usize>,
-    /// Real zcrx registration attempt on queue 0.
-    pub zcrx: ZcrxAttempt,
-    /// NIC settings zero-copy receive needs.
-    pub needed: Vec<String>,
-    /// NIC settings as they are now (from `ethtool`, if installed).
-    pub current: Vec<String>,
-}
-
-/// Result of `IORING_REGISTER_ZCRX_IFQ`.
-#[derive(Debug, Clone, Serialize)]
-pub struct ZcrxAttempt {
-    /// Registration succeeded (and was released again).
-    pub ok: bool,
-    /// Whether the attempt was made.
-    pub attempted: bool,
-    /// The errno name, e.g. `EOPNOTSUPP`.
-    pub errno: Option<String>,
-    /// What it means and what would fix it.
-    pub explanation: Option<String>,
+    /// Real zcrx registration attempt on queue 0, what the NIC needs and has.
+    pub zcrx: crate::rx::zcrx::ZcrxCheck,
+    /// Name of `zcrx.errno` (e.g. `EOPNOTSUPP`).
+    pub zcrx_errno: Option<String>,
 }
 
 /// Name of an errno value.
@@ -413,143 +398,24 @@ fn run_loopback_check() -> io::Result<(u64, u64, u64)> {
 
 fn probe_interface(name: &str) -> InterfaceReport {
     let exists = net::if_index(name).is_some();
-    let mut rep = InterfaceReport {
+    let zcrx = crate::rx::zcrx::check_interface(name, 0);
+    InterfaceReport {
         name: name.to_string(),
         exists,
-        driver: None,
-        rx_queues: None,
-        zcrx: ZcrxAttempt {
-            ok: false,
-            attempted: false,
-            errno: None,
-            explanation: Some("no such interface".into()),
-        },
-        needed: zcrx_needed(name),
-        current: vec![],
-    };
-    if !exists {
-        return rep;
-    }
-    rep.driver = net::ethtool_driver(name)
-        .ok()
-        .map(|(d, _)| d)
-        .filter(|d| !d.is_empty());
-    rep.rx_queues = std::fs::read_dir(format!("/sys/class/net/{name}/queues"))
-        .ok()
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
-                .count()
-        });
-    rep.zcrx = zcrx_attempt(name, 0);
-    rep.current = ethtool_current(name);
-    rep
-}
-
-/// What a NIC must be set to for zcrx on queue Q (the library does not change NIC settings).
-fn zcrx_needed(iface: &str) -> Vec<String> {
-    vec![
-        format!("ethtool -G {iface} tcp-data-split on hds-thresh 0   (header/data split)"),
-        format!("ethtool -L {iface} combined N   (a queue to dedicate)"),
-        format!("ethtool -X {iface} equal N-1   (keep RSS off the dedicated queue)"),
-        format!("ethtool -K {iface} ntuple on; ethtool -N {iface} flow-type tcp6 dst-port PORT action Q"),
-        "no XDP program attached to the interface".into(),
-    ]
-}
-
-fn zcrx_attempt(iface: &str, queue: u32) -> ZcrxAttempt {
-    let ring = match Ring::<io_uring::cqueue::Entry32>::new(&RingConfig::default()) {
-        Ok(r) => r,
-        Err(e) => {
-            return ZcrxAttempt {
-                ok: false,
-                attempted: false,
-                errno: None,
-                explanation: Some(format!("no CQE32 ring: {e}")),
-            }
-        }
-    };
-    if !ring.has_flag("DEFER_TASKRUN") {
-        return ZcrxAttempt {
-            ok: false,
-            attempted: false,
-            errno: None,
-            explanation: Some("zcrx needs a DEFER_TASKRUN ring, which this kernel refused".into()),
-        };
-    }
-    let rq_entries = 64;
-    let area = crate::buf::Region::new(1 << 20, false);
-    let refill = crate::buf::Region::new(crate::ring::zcrx::refill_region_len(rq_entries), false);
-    let (Ok(area), Ok(refill)) = (area, refill) else {
-        return ZcrxAttempt {
-            ok: false,
-            attempted: false,
-            errno: None,
-            explanation: Some("could not map the area/refill memory".into()),
-        };
-    };
-    match crate::ring::zcrx::register_ifq(&ring, iface, queue, &area, &refill, rq_entries) {
-        Ok(_) => {
-            // Dropping the ring releases the registration; then the regions.
-            drop(ring);
-            ZcrxAttempt {
-                ok: true,
-                attempted: true,
-                errno: None,
-                explanation: None,
-            }
-        }
-        Err(e) => ZcrxAttempt {
-            ok: false,
-            attempted: true,
-            errno: e.source.raw_os_error().map(errno_name),
-            explanation: Some(e.explanation.to_string()),
-        },
-    }
-}
-
-/// Current ring and offload settings relevant to zcrx, from `ethtool -g/-k` when installed.
-fn ethtool_current(iface: &str) -> Vec<String> {
-    let run = |flag: &str| {
-        std::process::Command::new("ethtool")
-            .args([flag, iface])
-            .output()
+        driver: net::ethtool_driver(name)
             .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-    };
-    let Some(rings) = run("-g") else {
-        return vec![
-            "ethtool not installed or not supported by the driver (apt-get install ethtool)".into(),
-        ];
-    };
-    let mut out = vec![];
-    let mut current_section = false;
-    for line in rings.lines() {
-        if line.starts_with("Current hardware settings") {
-            current_section = true;
-        }
-        let l = line.trim();
-        if current_section
-            && (l.starts_with("TCP data split")
-                || l.starts_with("HDS thresh")
-                || l.starts_with("RX:"))
-        {
-            out.push(l.to_string());
-        }
+            .map(|(d, _)| d)
+            .filter(|d| !d.is_empty()),
+        rx_queues: std::fs::read_dir(format!("/sys/class/net/{name}/queues"))
+            .ok()
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                    .count()
+            }),
+        zcrx_errno: zcrx.errno.map(errno_name),
+        zcrx,
     }
-    if let Some(k) = run("-k") {
-        out.extend(
-            k.lines()
-                .map(str::trim)
-                .filter(|l| l.starts_with("ntuple-filters"))
-                .map(String::from),
-        );
-    }
-    if out.is_empty() {
-        out.push("ethtool reports no ring/data-split settings for this driver".into());
-    }
-    out
 }
 
 #[cfg(test)]
@@ -557,11 +423,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn missing_interface_is_reported_not_attempted() {
+    fn missing_interface_is_reported_as_enodev() {
         let r = probe_interface("zcio-nosuch0");
         assert!(!r.exists);
-        assert!(!r.zcrx.attempted);
-        assert_eq!(r.zcrx.explanation.as_deref(), Some("no such interface"));
+        assert!(!r.zcrx.ok);
+        assert_eq!(r.zcrx_errno.as_deref(), Some("ENODEV"));
+        assert!(
+            r.zcrx.explanation.contains("no interface named"),
+            "{}",
+            r.zcrx.explanation
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! [`Ring::harvest`] flushes the kernel's overflow list whenever the ring says it has one.
 #![allow(unsafe_code)]
 
+pub mod recv;
 pub mod send;
 pub mod zcrx;
 
@@ -332,6 +333,38 @@ impl<C: cqueue::EntryMarker> Ring<C> {
     /// then returns `Ok` with whatever is ready).
     pub fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<usize> {
         self.enter(want, timeout)
+    }
+
+    /// Submits and waits for `want` completions, but once `min_wait` has passed returns as soon
+    /// as at least one is ready (`min_wait_usec`, `IORING_FEAT_MIN_TIMEOUT`, Linux 6.12): this
+    /// lets completions accumulate into batches without holding back a lone one for long.
+    /// `timeout` bounds the whole wait. On kernels without the feature, behaves like
+    /// [`Ring::submit_and_wait`] with `want` = 1.
+    pub fn submit_and_wait_batch(
+        &mut self,
+        want: usize,
+        min_wait: Duration,
+        timeout: Duration,
+    ) -> io::Result<usize> {
+        if !self.ring.params().is_feature_min_timeout() || want <= 1 || min_wait.is_zero() {
+            return self.enter(1, Some(timeout));
+        }
+        self.enters += 1;
+        let ts = io_uring::types::Timespec::from(timeout);
+        let args = io_uring::types::SubmitArgs::new()
+            .timespec(&ts)
+            .min_wait_usec(min_wait.as_micros().min(u32::MAX as u128) as u32);
+        match self.ring.submitter().submit_with_args(want, &args) {
+            // Timed out, or a signal cut the wait short: the caller harvests what is there.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME) | Some(libc::EINTR)) => Ok(0),
+            other => other,
+        }
+    }
+
+    /// Whether [`Ring::submit_and_wait_batch`] can hold completions back for a minimum wait
+    /// (`IORING_FEAT_MIN_TIMEOUT`, Linux 6.12).
+    pub fn has_min_wait(&self) -> bool {
+        self.ring.params().is_feature_min_timeout()
     }
 
     fn enter(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<usize> {

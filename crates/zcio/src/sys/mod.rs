@@ -9,6 +9,7 @@
 pub mod errqueue;
 pub mod net;
 pub mod nfqueue;
+pub mod poller;
 pub mod zcrx;
 
 use std::io;

@@ -2,6 +2,7 @@
 
 mod loopback;
 mod notify;
+mod rx;
 mod tx;
 
 use super::Suite;
@@ -12,5 +13,6 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(loopback::Loopback),
         Box::new(tx::Tx),
         Box::new(notify::Notify),
+        Box::new(rx::Rx),
     ]
 }
