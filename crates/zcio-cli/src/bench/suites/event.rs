@@ -81,7 +81,7 @@ impl Suite for EventSuite {
         let fds = 16;
         ctx.compare(
             "eventfd storm 16 fds, 1 producer",
-            ("epoll LT + read", "EventRing ET + read"),
+            ("epoll LT + read", "EventRing LT + read"),
             STORM,
             || storm(dur, fds, StormMode::Epoll),
             || storm(dur, fds, StormMode::RingFd),
@@ -202,7 +202,7 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
                     })?;
                     if mode == StormMode::RingFd {
                         for (i, f) in efds.iter().enumerate() {
-                            r.add(f.as_raw_fd(), Interest::IN | Interest::ET, i as u64)?;
+                            r.add(f.as_raw_fd(), Interest::IN, i as u64)?;
                         }
                         ptx.send(None).ok();
                     } else {
