@@ -90,6 +90,9 @@ impl Reg {
 pub(super) struct UringEvents {
     ring: Ring,
     regs: Vec<Option<Reg>>,
+    /// Last generation used per fd number, kept across `delete`, so completions of a deleted
+    /// registration still in flight never match a later one on the same number.
+    gens: Vec<u32>,
     ready: VecDeque<(RawFd, u32)>,
     wake_fd: RawFd,
     wake_armed: bool,
@@ -137,6 +140,7 @@ impl UringEvents {
         let mut me = Self {
             ring,
             regs: Vec::new(),
+            gens: Vec::new(),
             ready: VecDeque::new(),
             wake_fd,
             wake_armed: false,
@@ -158,6 +162,12 @@ impl UringEvents {
         self.wake_armed = true;
         self.ring
             .poll_add(self.wake_fd, libc::EPOLLIN as u32, true, WAKE_UD)
+    }
+
+    fn next_gen(&mut self, fd: RawFd) -> u32 {
+        let g = &mut self.gens[fd as usize];
+        *g = (*g + 1) & GEN_MASK;
+        *g
     }
 
     fn reg_mut(&mut self, fd: RawFd) -> Option<&mut Reg> {
@@ -206,18 +216,18 @@ impl UringEvents {
     pub(super) fn add(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), CtlError> {
         let id = self.check_fd(fd)?;
         validate_exclusive(false, events)?;
-        let mut gen = 0;
         if let Some(r) = self.reg_mut(fd) {
             if r.ident == id {
                 return Err(CtlError::Exists(fd));
             }
-            gen = (r.gen + 1) & GEN_MASK;
             self.forget(fd)?;
         }
         let i = fd as usize;
         if self.regs.len() <= i {
             self.regs.resize_with(i + 1, || None);
+            self.gens.resize(i + 1, 0);
         }
+        let gen = self.next_gen(fd);
         self.regs[i] = Some(Reg {
             token,
             events,
@@ -256,7 +266,9 @@ impl UringEvents {
         }
         let old_ud = poll_ud(fd, r.gen);
         let was_armed = r.armed;
-        r.gen = (r.gen + 1) & GEN_MASK;
+        let gen = self.next_gen(fd);
+        let r = self.reg_mut(fd).expect("checked");
+        r.gen = gen;
         r.events = events;
         r.token = token;
         r.queued = 0;
