@@ -27,6 +27,8 @@ const INTERNAL: u64 = 1 << 63;
 const UPDATE: u64 = 1 << 62;
 const WAKE_UD: u64 = u64::MAX;
 const GEN_MASK: u32 = (1 << 30) - 1;
+/// Spin iterations before sleeping once user-posted events have been seen.
+const USER_SPIN: u32 = 256;
 
 fn poll_ud(fd: RawFd, gen: u32) -> u64 {
     (u64::from(gen) << 32) | u64::from(fd as u32)
@@ -93,6 +95,8 @@ pub(super) struct UringEvents {
     /// Last generation used per fd number, kept across `delete`, so completions of a deleted
     /// registration still in flight never match a later one on the same number.
     gens: Vec<u32>,
+    /// User-posted events were seen: spin briefly before sleeping.
+    user_seen: bool,
     ready: VecDeque<(RawFd, u32)>,
     wake_fd: RawFd,
     wake_armed: bool,
@@ -141,6 +145,7 @@ impl UringEvents {
             ring,
             regs: Vec::new(),
             gens: Vec::new(),
+            user_seen: false,
             ready: VecDeque::new(),
             wake_fd,
             wake_armed: false,
@@ -436,35 +441,53 @@ impl UringEvents {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             self.drain_cq()?;
-            let have = !self.ready.is_empty() || user.has_entries();
+            let user_has = user.has_entries();
+            self.user_seen |= user_has;
+            let have = !self.ready.is_empty() || user_has;
             // Enter when nothing is ready, when re-arms/cancels are queued, or when the
             // kernel flags wake-ups whose completions are deferred to our next entry
             // (DEFER_TASKRUN + TASKRUN_FLAG): epoll would report those fds in this wait.
             let work = self.ring.work_pending();
             if !have || work || self.ring.pending() > 0 {
                 let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-                // Block only when nothing is ready or pending. Otherwise enter with a zero
-                // timeout asking for `out.len()` completions: the kernel runs up to
-                // max(20, want) deferred wake-ups per entry, so one entry collects them all.
-                let want = out.len().saturating_sub(self.ready.len()).max(1);
-                let block = !have && !work && remaining != Some(Duration::ZERO);
+                // Block only when nothing is ready or pending.
+                let mut block = !have && !work && remaining != Some(Duration::ZERO);
+                if block && self.user_seen {
+                    // Posters are active: spin briefly (≈1 µs) before paying a sleep and an
+                    // eventfd wake-up on each side.
+                    for _ in 0..USER_SPIN {
+                        if user.has_entries() {
+                            block = false;
+                            break;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    if !block {
+                        continue;
+                    }
+                }
                 if block && user.prepare_sleep() {
                     let r = self.ring.submit_and_wait(1, remaining);
                     user.end_sleep();
                     r?;
                     self.drain_cq()?;
                 } else {
-                    self.ring.submit_and_wait(want, Some(Duration::ZERO))?;
+                    // Non-blocking: GETEVENTS without a timer (a zero EXT_ARG timeout with
+                    // want > ready would arm an hrtimer and sleep until it fires).
+                    self.ring.get_events()?;
                     self.drain_cq()?;
-                    // More deferred wake-ups than one entry ran: collect them while there
-                    // is room in `out` (epoll would report them all in this wait).
+                    // One entry runs at most 20 deferred wake-ups: collect the rest while
+                    // there is room in `out` (epoll would report them all in this wait).
                     // Bounded, and only while entries make progress: the flag can be set
                     // again at once by wake-ups that keep arriving.
                     let mut rounds = 0;
-                    while self.ready.len() < out.len() && rounds < 4 && self.ring.work_pending() {
+                    let max_rounds = out.len() / 16 + 2;
+                    while self.ready.len() < out.len()
+                        && rounds < max_rounds
+                        && self.ring.work_pending()
+                    {
                         let before = self.cqes;
-                        let want = out.len() - self.ready.len();
-                        self.ring.submit_and_wait(want, Some(Duration::ZERO))?;
+                        self.ring.get_events()?;
                         self.drain_cq()?;
                         rounds += 1;
                         if self.cqes == before {
