@@ -3,6 +3,8 @@
 #![allow(unsafe_code)]
 
 pub mod bufring;
+#[cfg(not(loom))]
+pub mod mpsc;
 pub mod pool;
 pub mod refill;
 

@@ -1,5 +1,6 @@
 //! The registered suites, in the order `zcio bench` runs them.
 
+mod event;
 mod loopback;
 mod notify;
 mod rx;
@@ -14,5 +15,6 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(tx::Tx),
         Box::new(notify::Notify),
         Box::new(rx::Rx),
+        Box::new(event::EventSuite),
     ]
 }
