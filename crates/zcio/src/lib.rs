@@ -15,6 +15,7 @@
 #![deny(missing_docs)]
 
 pub mod buf;
+pub mod netlink;
 pub mod probe;
 pub mod ring;
 pub mod stats;

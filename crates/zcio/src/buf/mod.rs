@@ -2,6 +2,8 @@
 //! pages, unmapped on drop.
 #![allow(unsafe_code)]
 
+pub mod frames;
+
 use crate::sys::syscall;
 use std::io;
 use std::ptr::NonNull;

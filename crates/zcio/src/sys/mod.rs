@@ -8,6 +8,7 @@
 
 pub mod errqueue;
 pub mod net;
+pub mod netlink;
 pub mod nfqueue;
 pub mod zcrx;
 
