@@ -1,6 +1,8 @@
 //! The `zcio` command: probe, bench (and perf, nfq, netlink as they land).
 
 mod bench;
+mod nfq;
+mod nldump;
 #[allow(dead_code)] // used by the perf and nfq subcommands as they land
 mod util;
 
@@ -38,6 +40,19 @@ enum Cmd {
         #[arg(long)]
         list: bool,
     },
+    /// NFQUEUE filter daemon: accept all, drop by protocol/port, count; batch verdicts.
+    Nfq(nfq::NfqArgs),
+    /// Netlink tools.
+    Netlink {
+        #[command(subcommand)]
+        cmd: NetlinkCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum NetlinkCmd {
+    /// Dump routes, links, neighbours or addresses through the frame ring.
+    Dump(nldump::DumpArgs),
 }
 
 fn main() {
@@ -50,6 +65,10 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
+        Cmd::Nfq(a) => nfq::run(a),
+        Cmd::Netlink {
+            cmd: NetlinkCmd::Dump(a),
+        } => nldump::run(a),
         Cmd::Bench {
             suites,
             quick,

@@ -560,7 +560,7 @@ fn captured_kernel_messages_round_trip() {
             };
             let mut rs = RouteSocket::new(8, 1 << 20).unwrap();
             let mut route = vec![];
-            rs.dump(zcio::netlink::DumpKind::Routes, |m| {
+            rs.dump(zcio::netlink::DumpKind::Routes, 0, |m| {
                 if route.is_empty() {
                     m.emit(&mut route);
                 }

@@ -19,7 +19,7 @@ pub use queue::{
     kernel_queue_stats, Decision, KernelQueueStats, NfQueue, NfQueueConfig, NfqError, NfqStats,
     PacketRef,
 };
-pub use route::{DumpKind, DumpStats, Route, RouteSocket};
+pub use route::{link_names, DumpKind, DumpStats, Route, RouteSocket};
 
 /// Runs every parser over `data` as the fuzz target does: netlink framing, attributes (with
 /// nfqueue and rtnetlink fixed headers), the nfqueue messages, routes, and for each message

@@ -112,11 +112,12 @@ impl RouteSocket {
         Ok(Self { fd, ring, seq: 0 })
     }
 
-    /// Dumps `kind` (all families), calling `f` with each object message. `f` sees the
-    /// message and the kind's fixed header length.
+    /// Dumps `kind` for `family` (`AF_UNSPEC` = 0 for all), calling `f` with each object
+    /// message in arrival order.
     pub fn dump(
         &mut self,
         kind: DumpKind,
+        family: u8,
         mut f: impl FnMut(&NlMsg<'_>),
     ) -> Result<DumpStats, DumpError> {
         let (ty, hdr) = kind.request();
@@ -125,7 +126,8 @@ impl RouteSocket {
         let mut req = Vec::with_capacity(64);
         emit_header(&mut req, ty, nl::NLM_F_REQUEST | nl::NLM_F_DUMP, seq, 0);
         let start = 0;
-        req.resize(req.len() + hdr, 0); // family AF_UNSPEC, all zero
+        req.resize(req.len() + hdr, 0);
+        req[16] = family; // the first byte of every rtnetlink header is the family
         finish(&mut req, start);
         nl::send_to_kernel(&self.fd, &req).map_err(|e| DumpError::Io {
             what: "sending the dump request",
@@ -196,6 +198,28 @@ impl RouteSocket {
     }
 }
 
+/// Interface names by index, from a link dump (for printing routes like `ip` does).
+pub fn link_names(
+    sock: &mut RouteSocket,
+) -> Result<std::collections::HashMap<u32, String>, DumpError> {
+    let mut names = std::collections::HashMap::new();
+    sock.dump(DumpKind::Links, 0, |m| {
+        if m.payload.len() < 16 {
+            return;
+        }
+        let p = m.payload;
+        let idx = u32::from_ne_bytes([p[4], p[5], p[6], p[7]]);
+        for a in attrs(&p[16..]).flatten() {
+            if a.ty == 3 {
+                // IFLA_IFNAME
+                let n = a.value.split(|&b| b == 0).next().unwrap_or(&[]);
+                names.insert(idx, String::from_utf8_lossy(n).into_owned());
+            }
+        }
+    })?;
+    Ok(names)
+}
+
 /// The fields of a route message that `ip route` prints first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Route<'a> {
@@ -252,8 +276,22 @@ impl<'a> Route<'a> {
         Ok(r)
     }
 
-    /// Formats like `ip route show`: `198.18.0.0/24 via 198.18.0.2 dev 3`.
+    /// Formats like `ip route show`: `198.18.0.0/24 via 198.18.0.2 dev veth0`, with interface
+    /// names from `names` (the index when unknown).
+    pub fn format_named(&self, out: &mut String, names: &std::collections::HashMap<u32, String>) {
+        self.format_inner(out, Some(names))
+    }
+
+    /// Formats like `ip route show`, interfaces by index.
     pub fn format(&self, out: &mut String) {
+        self.format_inner(out, None)
+    }
+
+    fn format_inner(
+        &self,
+        out: &mut String,
+        names: Option<&std::collections::HashMap<u32, String>>,
+    ) {
         use std::fmt::Write;
         match self.dst {
             Some(d) => {
@@ -271,7 +309,15 @@ impl<'a> Route<'a> {
             fmt_addr(out, g);
         }
         if let Some(o) = self.oif {
-            let _ = write!(out, " dev {o}");
+            match names.and_then(|n| n.get(&o)) {
+                Some(n) => {
+                    out.push_str(" dev ");
+                    out.push_str(n);
+                }
+                None => {
+                    let _ = write!(out, " dev {o}");
+                }
+            }
         }
         if let Some(m) = self.metric {
             let _ = write!(out, " metric {m}");

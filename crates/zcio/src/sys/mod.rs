@@ -10,6 +10,7 @@ pub mod errqueue;
 pub mod net;
 pub mod netlink;
 pub mod nfqueue;
+pub mod signal;
 pub mod zcrx;
 
 use std::io;

@@ -147,3 +147,82 @@ pub fn set_rcvbuf(fd: &impl AsRawFd, bytes: usize, force: bool) -> io::Result<us
     setsockopt_int(fd, libc::SOL_SOCKET, name, v)?;
     Ok(getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)? as usize)
 }
+
+/// Preallocated buffers for `recvmmsg(2)`, one datagram per buffer, set up once so that each
+/// receive is one syscall and no allocation (what a careful libmnl/libnetfilter_queue user
+/// writes). Used by baselines and simple consumers; the frame ring has its own in
+/// `buf::frames`.
+pub struct RecvBatch {
+    bufs: Vec<Vec<u8>>,
+    // Boxed so the addresses `msgs` point at stay put when the struct moves.
+    iov: Box<[libc::iovec]>,
+    msgs: Box<[libc::mmsghdr]>,
+    got: usize,
+}
+
+impl std::fmt::Debug for RecvBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBatch")
+            .field("n", &self.bufs.len())
+            .field("got", &self.got)
+            .finish()
+    }
+}
+
+// SAFETY: the raw pointers point only into buffers this value owns.
+unsafe impl Send for RecvBatch {}
+
+impl RecvBatch {
+    /// `n` buffers of `size` bytes.
+    pub fn new(n: usize, size: usize) -> Self {
+        let mut bufs: Vec<Vec<u8>> = (0..n.max(1)).map(|_| vec![0u8; size]).collect();
+        let mut iov: Box<[libc::iovec]> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: an all-zero mmsghdr is a valid plain C value.
+        let mut msgs: Box<[libc::mmsghdr]> = (0..bufs.len())
+            .map(|_| unsafe { std::mem::zeroed() })
+            .collect();
+        for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        Self {
+            bufs,
+            iov,
+            msgs,
+            got: 0,
+        }
+    }
+
+    /// One `recvmmsg` with `flags` (`MSG_DONTWAIT`, `MSG_WAITFORONE`); returns how many
+    /// datagrams arrived (`EAGAIN` is an error).
+    pub fn recv(&mut self, fd: &impl AsRawFd, flags: i32) -> io::Result<usize> {
+        self.got = 0;
+        let _ = &self.iov;
+        // SAFETY: `msgs` point at `iov`, which point at `bufs`; all owned by `self`, borrowed
+        // mutably for the call, and at fixed heap addresses.
+        let got = syscall!(recvmmsg(
+            fd.as_raw_fd(),
+            self.msgs.as_mut_ptr(),
+            self.msgs.len() as u32,
+            flags,
+            std::ptr::null_mut()
+        ))? as usize;
+        self.got = got;
+        Ok(got)
+    }
+
+    /// Datagram `i` of the last receive.
+    pub fn get(&self, i: usize) -> &[u8] {
+        if i >= self.got {
+            return &[];
+        }
+        let len = (self.msgs[i].msg_len as usize).min(self.bufs[i].len());
+        &self.bufs[i][..len]
+    }
+}
