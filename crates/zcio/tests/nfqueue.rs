@@ -281,6 +281,9 @@ fn drop_verdicts_really_drop() {
         assert_eq!(got, (0..500).filter(|i| i % 2 == 0).collect::<Vec<_>>());
         let st = q.stats();
         assert_eq!((st.accepted, st.dropped), (250, 250));
+        // Mixed verdicts: the drops go out one by one, the accepts as batches behind them.
+        assert!(st.batches >= 1 && st.batched >= 200, "{st:?}");
+        assert_eq!(st.kernel_errors, 0);
         assert_eq!(waiting(6), 0);
     })
     .unwrap();

@@ -414,39 +414,74 @@ impl QueueSock {
     /// Emits verdicts for everything decided; returns whether something was sent.
     fn flush(&mut self, stats: &mut NfqStats) -> Result<(), NfqError> {
         self.out.clear();
-        // 1. The contiguous prefix of plain decided ids: one batch per run of equal verdicts.
-        while let Some(front) = self.pending.front() {
-            let State::Decided(v, None, None) = front.st else {
-                break;
-            };
-            let mut last = front.id;
-            let mut n = 0u64;
-            while let Some(p) = self.pending.front() {
-                match &p.st {
-                    State::Decided(w, None, None) if *w == v => {
-                        last = p.id;
-                        n += 1;
-                        self.pending.pop_front();
+        // 1. The contiguous prefix of decided ids (up to the first held one). Its most common
+        //    plain verdict V goes out as ONE batch for the prefix's highest id, preceded in the
+        //    same datagram by individual verdicts for the prefix's other packets (other
+        //    verdicts, marks, payloads): the kernel handles the messages in order, so when the
+        //    batch arrives the only ids ≤ n still pending are V's, and held ids (all > n) stay.
+        let prefix = self
+            .pending
+            .iter()
+            .position(|p| matches!(p.st, State::Held(_)))
+            .unwrap_or(self.pending.len());
+        if prefix > 0 {
+            let mut counts: [(Option<Verdict>, usize); 4] = [(None, 0); 4];
+            for p in self.pending.iter().take(prefix) {
+                if let State::Decided(v, None, None) = p.st {
+                    if let Some(slot) = counts.iter_mut().find(|c| c.0 == Some(v) || c.0.is_none())
+                    {
+                        slot.0 = Some(v);
+                        slot.1 += 1;
                     }
-                    _ => break,
                 }
             }
-            self.seq = self.seq.wrapping_add(1);
-            if n == 1 {
-                stats.singles += 1;
-            } else {
-                stats.batches += 1;
-                stats.batched += n;
+            let major = counts
+                .iter()
+                .filter(|c| c.0.is_some())
+                .max_by_key(|c| c.1)
+                .copied();
+            let mut last_major = None;
+            let mut n_major = 0u64;
+            for p in self.pending.drain(..prefix) {
+                match p.st {
+                    State::Decided(v, None, None) if Some(v) == major.and_then(|m| m.0) => {
+                        last_major = Some(p.id);
+                        n_major += 1;
+                    }
+                    State::Decided(v, mark, payload) => {
+                        self.seq = self.seq.wrapping_add(1);
+                        stats.singles += 1;
+                        VerdictMsg {
+                            queue: self.queue,
+                            batch: false,
+                            verdict: v,
+                            id: p.id,
+                            mark,
+                            payload: payload.as_deref(),
+                        }
+                        .emit(&mut self.out, self.seq);
+                    }
+                    State::Held(_) => unreachable!("the prefix ends before the first held id"),
+                }
             }
-            VerdictMsg {
-                queue: self.queue,
-                batch: n > 1,
-                verdict: v,
-                id: last,
-                mark: None,
-                payload: None,
+            if let (Some(id), Some((Some(v), _))) = (last_major, major) {
+                self.seq = self.seq.wrapping_add(1);
+                if n_major == 1 {
+                    stats.singles += 1;
+                } else {
+                    stats.batches += 1;
+                    stats.batched += n_major;
+                }
+                VerdictMsg {
+                    queue: self.queue,
+                    batch: n_major > 1,
+                    verdict: v,
+                    id,
+                    mark: None,
+                    payload: None,
+                }
+                .emit(&mut self.out, self.seq);
             }
-            .emit(&mut self.out, self.seq);
         }
         // 2. Everything else that is decided: individual verdicts; held ids stay.
         let mut i = 0;
