@@ -109,11 +109,21 @@ fn waiting(queue: u16) -> u64 {
         .map_or(0, |k| k.waiting)
 }
 
+/// A queue whose datagrams fit a 4 KiB frame, so frames are filled by io_uring.
 fn cfg(queue: u16) -> NfQueueConfig {
     NfQueueConfig {
         first: queue,
         last: queue,
+        copy: zcio::netlink::CopyMode::Packet(2048),
         ..NfQueueConfig::default()
+    }
+}
+
+/// The same, filled by recvmmsg.
+fn cfg_recvmmsg(queue: u16) -> NfQueueConfig {
+    NfQueueConfig {
+        uring: false,
+        ..cfg(queue)
     }
 }
 
@@ -127,13 +137,23 @@ fn process_n(q: &mut NfQueue, n: usize, mut f: impl FnMut(&Packet<'_>) -> Decisi
     done
 }
 
-#[test]
-fn every_packet_gets_exactly_one_verdict() {
-    let Some(ns) = host("every_packet_gets_exactly_one_verdict", 3) else {
+fn every_packet_gets_exactly_one_verdict_with(test: &str, queue: u16, uring: bool) {
+    let Some(ns) = host(test, queue) else {
         return;
     };
-    ns.run(|| {
-        let mut q = NfQueue::open(cfg(3)).unwrap();
+    ns.run(move || {
+        let c = if uring {
+            cfg(queue)
+        } else {
+            cfg_recvmmsg(queue)
+        };
+        let mut q = NfQueue::open(c).unwrap();
+        let want = if uring {
+            "frame-ring+io_uring"
+        } else {
+            "frame-ring+recvmmsg"
+        };
+        assert_eq!(q.path(), want, "fallbacks: {:?}", q.fallbacks());
         let mut udp = Udp::new();
         let total = 3000u32;
         let mut seen = BTreeSet::new();
@@ -156,7 +176,7 @@ fn every_packet_gets_exactly_one_verdict() {
         assert!(st.batches > 0, "no batch verdicts were used: {st:?}");
         assert_eq!(st.batched + st.singles, u64::from(total), "{st:?}");
         assert_eq!(st.kernel_errors, 0, "kernel rejected verdicts: {st:?}");
-        assert_eq!(waiting(3), 0);
+        assert_eq!(waiting(queue), 0);
         let mut got = udp.got.clone();
         got.sort_unstable();
         assert_eq!(
@@ -165,6 +185,42 @@ fn every_packet_gets_exactly_one_verdict() {
             "receiver missed packets"
         );
         assert_eq!(seen.len(), total as usize);
+    })
+    .unwrap();
+}
+
+#[test]
+fn every_packet_gets_exactly_one_verdict() {
+    every_packet_gets_exactly_one_verdict_with("every_packet_gets_exactly_one_verdict", 3, true);
+}
+
+#[test]
+fn every_packet_gets_exactly_one_verdict_on_recvmmsg() {
+    every_packet_gets_exactly_one_verdict_with(
+        "every_packet_gets_exactly_one_verdict_on_recvmmsg",
+        15,
+        false,
+    );
+}
+
+#[test]
+fn uring_fallback_is_recorded_when_a_datagram_could_exceed_a_frame() {
+    let Some(ns) = host(
+        "uring_fallback_is_recorded_when_a_datagram_could_exceed_a_frame",
+        16,
+    ) else {
+        return;
+    };
+    ns.run(|| {
+        let q = NfQueue::open(NfQueueConfig {
+            copy: zcio::netlink::CopyMode::Packet(0xffff),
+            ..cfg(16)
+        })
+        .unwrap();
+        assert_eq!(q.path(), "frame-ring+recvmmsg");
+        let f = q.fallbacks();
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].reason.contains("copy range"), "{f:?}");
     })
     .unwrap();
 }
@@ -772,6 +828,7 @@ fn datagram_larger_than_a_frame_becomes_a_copy_frame() {
         let mut q = NfQueue::open(NfQueueConfig {
             frame_size: 512,
             frames: 8,
+            copy: zcio::netlink::CopyMode::Packet(0xffff),
             ..cfg(13)
         })
         .unwrap();

@@ -13,11 +13,29 @@
 //! is not lost: it becomes a `COPY` frame. Ready frames are handed out in arrival order.
 #![allow(unsafe_code)]
 
+use super::nlbufring::NlBufRing;
 use super::Region;
+use crate::ring::Ring;
 use crate::sys::{assert_layout, syscall};
+use io_uring::{cqueue, opcode, types};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+const RECV_UD: u64 = 1;
+const CANCEL_UD: u64 = 2;
+
+/// The io_uring producer: a multishot recv into a provided-buffer ring of frames.
+#[derive(Debug)]
+struct UringRx {
+    ring: Ring,
+    bufs: NlBufRing,
+    armed: bool,
+    /// Frames currently in the kernel's buffer ring.
+    provided: u32,
+    bgid: u16,
+}
 
 /// Header at the start of every frame (the layout of the old `struct nl_mmap_hdr` minus
 /// credentials).
@@ -123,6 +141,8 @@ pub const MAX_BATCH: usize = 64;
 /// A ring of fixed-size frames filled by batched netlink receives.
 #[derive(Debug)]
 pub struct FrameRing {
+    // Declared first: torn down (in Drop) before the frames it writes into.
+    uring: Option<UringRx>,
     region: Region,
     frame_size: usize,
     count: u32,
@@ -148,6 +168,7 @@ impl FrameRing {
         let region = Region::new(frame_size * count as usize, false)?;
         let batch = MAX_BATCH.min(count as usize);
         Ok(Self {
+            uring: None,
             region,
             frame_size,
             count,
@@ -225,10 +246,43 @@ impl FrameRing {
         FrameStatus::from_u32(self.hdr(id.0).status)
     }
 
-    /// Receives up to `max` datagrams from `fd` into free frames with one `recvmmsg`.
-    /// With `wait`, blocks until at least one arrives (`MSG_WAITFORONE`); otherwise returns at
-    /// once (`MSG_DONTWAIT`). Held frames are skipped; fails only when every frame is held.
-    pub fn fill(&mut self, fd: &impl AsRawFd, max: usize, wait: bool) -> Result<Fill, FrameError> {
+    /// Receives up to `max` datagrams from `fd` into free frames: one `io_uring_enter` that
+    /// harvests the multishot receive's completions (io_uring mode), or one `recvmmsg`.
+    /// Waits up to `wait` when nothing is ready (`Duration::ZERO`: never; `Duration::MAX`:
+    /// forever). Held frames are skipped; fails only when every frame is held.
+    pub fn fill(
+        &mut self,
+        fd: &impl AsRawFd,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Fill, FrameError> {
+        if self.held == self.count {
+            return Err(FrameError::AllHeld(self.count));
+        }
+        if self.uring.is_some() {
+            return self.fill_uring(fd, wait);
+        }
+        if wait == Duration::MAX {
+            return self.fill_recvmmsg(fd, max, true);
+        }
+        let f = self.fill_recvmmsg(fd, max, false)?;
+        if f.frames > 0 || f.full || f.overrun || wait.is_zero() {
+            return Ok(f);
+        }
+        self.stats.syscalls += 1;
+        let ms = wait.as_millis().min(i32::MAX as u128) as i32;
+        if crate::sys::net::poll_one(fd, libc::POLLIN, ms.max(1))? == 0 {
+            return Ok(f);
+        }
+        self.fill_recvmmsg(fd, max, false)
+    }
+
+    fn fill_recvmmsg(
+        &mut self,
+        fd: &impl AsRawFd,
+        max: usize,
+        wait: bool,
+    ) -> Result<Fill, FrameError> {
         let mut fill = Fill::default();
         if self.free.is_empty() {
             if self.held == self.count {
@@ -379,8 +433,168 @@ impl FrameRing {
             self.held -= 1;
         }
         self.copies[id.0 as usize] = None;
-        self.set_status(id.0, FrameStatus::Unused);
-        self.free.push_back(id.0);
+        if self.uring.is_some() {
+            self.provide(id.0);
+            if let Some(u) = self.uring.as_mut() {
+                u.bufs.publish();
+            }
+        } else {
+            self.set_status(id.0, FrameStatus::Unused);
+            self.free.push_back(id.0);
+        }
+    }
+
+    /// Hands a frame to the kernel's buffer ring (status RESERVED); publish separately.
+    fn provide(&mut self, id: u32) {
+        let payload = self.frame_payload();
+        let addr = self
+            .region
+            .as_ptr()
+            .wrapping_add(id as usize * self.frame_size + FRAME_HDR_LEN);
+        self.set_status(id, FrameStatus::Reserved);
+        let Some(u) = self.uring.as_mut() else { return };
+        // SAFETY: the frame is inside `self.region`, which outlives the registration (Drop
+        // unregisters before the region goes); its status is RESERVED, so nothing in user
+        // space reads or writes it until the CQE with its id returns it.
+        unsafe { u.bufs.push(addr, payload as u32, id as u16) };
+        u.provided += 1;
+    }
+
+    /// Switches the producer to io_uring: a multishot `recv` on the socket picks frames from a
+    /// provided-buffer ring. On error the ring stays in `recvmmsg` mode and the error says why.
+    /// Datagrams larger than a frame cannot spill here: size frames for the largest datagram
+    /// (the caller clamps the nfqueue copy range).
+    pub fn enable_uring(&mut self) -> Result<(), String> {
+        if self.uring.is_some() {
+            return Ok(());
+        }
+        if self.count > 32768 {
+            return Err("more than 32768 frames: a buffer ring holds at most 32768".into());
+        }
+        let cq = (self.count * 2).clamp(256, 65536);
+        let ring = Ring::new(&crate::ring::RingConfig {
+            entries: 16,
+            cq_entries: Some(cq),
+            ..Default::default()
+        })
+        .map_err(|e| e.to_string())?;
+        let entries = (self.count as u16).next_power_of_two();
+        let bufs = NlBufRing::register(&ring, entries, 0)
+            .map_err(|e| format!("IORING_REGISTER_PBUF_RING: {e} (needs Linux 5.19)"))?;
+        self.uring = Some(UringRx {
+            ring,
+            bufs,
+            armed: false,
+            provided: 0,
+            bgid: 0,
+        });
+        let free: Vec<u32> = self.free.drain(..).collect();
+        for id in free {
+            self.provide(id);
+        }
+        if let Some(u) = self.uring.as_mut() {
+            u.bufs.publish();
+        }
+        Ok(())
+    }
+
+    /// Whether frames are filled by io_uring multishot receive.
+    pub fn is_uring(&self) -> bool {
+        self.uring.is_some()
+    }
+
+    fn fill_uring(&mut self, fd: &impl AsRawFd, wait: Duration) -> Result<Fill, FrameError> {
+        let mut fill = Fill::default();
+        let Some(u) = self.uring.as_mut() else {
+            return Ok(fill);
+        };
+        if !u.armed {
+            if u.provided == 0 {
+                // Every frame is ready or held: nothing to receive into.
+                self.stats.full += 1;
+                fill.full = true;
+                return Ok(fill);
+            }
+            let e = opcode::RecvMulti::new(types::Fd(fd.as_raw_fd()), u.bgid)
+                .build()
+                .user_data(RECV_UD);
+            // SAFETY: the receive writes only into buffers of the registered ring (frames in
+            // RESERVED state inside `self.region`, which outlives the request: Drop cancels it
+            // and waits for its last CQE first); the socket is the caller's and is passed to
+            // every fill.
+            unsafe { u.ring.push(&e) }?;
+            u.armed = true;
+        }
+        let before = u.ring.enters();
+        let ready_now = u.ring.ready();
+        if ready_now == 0 {
+            if wait.is_zero() {
+                u.ring.submit()?;
+            } else {
+                let t = (wait != Duration::MAX).then_some(wait);
+                u.ring.submit_and_wait(1, t)?;
+            }
+        }
+        let mut got: Vec<(u32, i32, u32)> = Vec::new();
+        u.ring.harvest(|c| {
+            if c.user_data() == RECV_UD {
+                got.push((
+                    cqueue::buffer_select(c.flags()).map_or(u32::MAX, u32::from),
+                    c.result(),
+                    c.flags(),
+                ));
+            }
+        })?;
+        self.stats.syscalls += u.ring.enters() - before;
+        let mut err = None;
+        for (bid, res, flags) in got {
+            let u = self.uring.as_mut().expect("uring mode");
+            if !cqueue::more(flags) {
+                u.armed = false;
+            }
+            if res < 0 {
+                if res == -libc::ENOBUFS {
+                    if u.provided == 0 {
+                        self.stats.full += 1;
+                        fill.full = true;
+                    } else {
+                        self.stats.overruns += 1;
+                        fill.overrun = true;
+                    }
+                } else if res != -libc::ECANCELED {
+                    err = Some(io::Error::from_raw_os_error(-res));
+                }
+                continue;
+            }
+            if bid == u32::MAX || bid >= self.count {
+                continue;
+            }
+            u.provided -= 1;
+            let len = res as u32;
+            if len as usize >= self.frame_payload() {
+                // A full frame may be a cut datagram: the parser will see a short message.
+                self.stats.truncated += 1;
+            }
+            self.seq = self.seq.wrapping_add(1);
+            self.set_hdr(
+                bid,
+                FrameHdr {
+                    status: FrameStatus::Valid as u32,
+                    len,
+                    flags: 0,
+                    seq: self.seq,
+                },
+            );
+            self.ready.push_back(bid);
+            self.stats.frames += 1;
+            fill.frames += 1;
+        }
+        if let Some(e) = err {
+            if fill.frames == 0 {
+                return Err(FrameError::Io(e));
+            }
+        }
+        Ok(fill)
     }
 
     /// Holds a frame (status SKIP): its bytes stay valid and the producer skips it until
@@ -392,6 +606,39 @@ impl FrameRing {
         // A COPY frame keeps its out-of-line buffer; its status word says SKIP.
         self.set_status(id.0, FrameStatus::Skip);
         self.held += 1;
+    }
+}
+
+impl Drop for FrameRing {
+    /// Cancels the multishot receive and waits for its last completion, then unregisters the
+    /// buffer ring, so the kernel never writes into frames after they are unmapped.
+    fn drop(&mut self) {
+        let Some(mut u) = self.uring.take() else {
+            return;
+        };
+        if u.armed {
+            let e = opcode::AsyncCancel::new(RECV_UD)
+                .build()
+                .user_data(CANCEL_UD);
+            // SAFETY: a cancel request references no memory.
+            if unsafe { u.ring.push(&e) }.is_ok() {
+                let deadline = std::time::Instant::now() + Duration::from_secs(1);
+                while u.armed && std::time::Instant::now() < deadline {
+                    let _ = u.ring.submit_and_wait(1, Some(Duration::from_millis(50)));
+                    let mut done = false;
+                    let _ = u.ring.harvest(|c| {
+                        if c.user_data() == RECV_UD && !cqueue::more(c.flags()) {
+                            done = true;
+                        }
+                    });
+                    if done {
+                        u.armed = false;
+                    }
+                }
+            }
+        }
+        let _ = u.bufs.unregister(&u.ring);
+        drop(u);
     }
 }
 

@@ -3,6 +3,7 @@
 #![allow(unsafe_code)]
 
 pub mod frames;
+pub mod nlbufring;
 
 use crate::sys::syscall;
 use std::io;

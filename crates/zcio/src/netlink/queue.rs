@@ -104,7 +104,15 @@ pub struct NfQueueConfig {
     pub rcvbuf: Option<(usize, bool)>,
     /// `NETLINK_NO_ENOBUFS`: do not report overruns (the kernel still drops).
     pub no_enobufs: bool,
+    /// Fill frames with an io_uring multishot recv (falls back to `recvmmsg`, recorded in
+    /// [`NfQueue::fallbacks`], when io_uring is unavailable or a datagram could exceed a
+    /// frame: copy range > frame size − 512).
+    pub uring: bool,
 }
+
+/// Bytes reserved in a frame for the netlink, nfgenmsg and attribute headers around the
+/// copied packet (conntrack and security-context attributes included).
+pub const FRAME_OVERHEAD: usize = 512;
 
 impl Default for NfQueueConfig {
     fn default() -> Self {
@@ -122,6 +130,7 @@ impl Default for NfQueueConfig {
             frames: 256,
             rcvbuf: Some((4 << 20, true)),
             no_enobufs: false,
+            uring: true,
         }
     }
 }
@@ -312,8 +321,28 @@ impl QueueSock {
             nl::set_no_enobufs(&fd, true).map_err(sock_err("NETLINK_NO_ENOBUFS"))?;
         }
         let _ = nl::set_ext_ack(&fd);
-        let ring = FrameRing::new(cfg.frame_size, cfg.frames, 70 << 10)
+        let mut ring = FrameRing::new(cfg.frame_size, cfg.frames, 70 << 10)
             .map_err(sock_err("mapping the frame ring"))?;
+        if cfg.uring {
+            let need = match cfg.copy {
+                CopyMode::Meta => FRAME_OVERHEAD,
+                CopyMode::Packet(r) => r as usize + FRAME_OVERHEAD,
+            };
+            if need > ring.frame_payload() {
+                fallbacks.push(Fallback::new(
+                    "io_uring multishot recv",
+                    "recvmmsg",
+                    format!(
+                        "copy range needs {need}-byte frames but frames hold {}: a provided \
+                         buffer cannot spill, so datagrams could be cut; lower the copy range \
+                         or raise frame_size",
+                        ring.frame_payload()
+                    ),
+                ));
+            } else if let Err(reason) = ring.enable_uring() {
+                fallbacks.push(Fallback::new("io_uring multishot recv", "recvmmsg", reason));
+            }
+        }
         let mut s = Self {
             fd,
             queue,
@@ -586,10 +615,14 @@ impl NfQueue {
         &self.fallbacks
     }
 
-    /// The receive path in use. Frames are filled by `recvmmsg`; the io_uring multishot path is
-    /// not wired in yet (see docs/design/netlink.md).
+    /// The receive path in use: `frame-ring+io_uring` (multishot recv into a provided-buffer
+    /// ring of frames) or `frame-ring+recvmmsg`.
     pub fn path(&self) -> &'static str {
-        "frame-ring+recvmmsg"
+        if self.socks.iter().all(|s| s.ring.is_uring()) && !self.socks.is_empty() {
+            "frame-ring+io_uring"
+        } else {
+            "frame-ring+recvmmsg"
+        }
     }
 
     /// The kernel's counters for the bound queues (see [`kernel_queue_stats`]).
@@ -608,31 +641,21 @@ impl NfQueue {
     where
         F: FnMut(&Packet<'_>) -> Decision,
     {
-        let mut n = self.process_ready(&mut f)?;
-        if n > 0 {
+        let wait = timeout.unwrap_or(Duration::MAX);
+        if self.socks.len() == 1 {
+            // One socket: the frame ring waits itself (one io_uring_enter, or poll + recvmmsg).
+            return self.process_ready(&mut f, wait);
+        }
+        let n = self.process_ready(&mut f, Duration::ZERO)?;
+        if n > 0 || wait.is_zero() {
             return Ok(n);
         }
-        let wait_ms = timeout
-            .map(|t| t.as_millis().min(i32::MAX as u128) as i32)
-            .unwrap_or(-1);
-        if wait_ms == 0 {
-            return Ok(0);
+        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+        self.stats.recv_syscalls += 1;
+        if self.poll(ms)? {
+            return self.process_ready(&mut f, Duration::ZERO);
         }
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            self.stats.recv_syscalls += 1;
-            let ready = self.poll(wait_ms)?;
-            if ready {
-                n = self.process_ready(&mut f)?;
-                if n > 0 {
-                    return Ok(n);
-                }
-            }
-            match deadline {
-                Some(d) if Instant::now() >= d => return Ok(0),
-                _ => {}
-            }
-        }
+        Ok(0)
     }
 
     fn poll(&self, ms: i32) -> Result<bool, NfqError> {
@@ -645,16 +668,17 @@ impl NfQueue {
         crate::sys::net::poll_many(&fds, libc::POLLIN, ms).map_err(sock_err("poll"))
     }
 
-    fn process_ready<F>(&mut self, f: &mut F) -> Result<usize, NfqError>
+    fn process_ready<F>(&mut self, f: &mut F, wait: Duration) -> Result<usize, NfqError>
     where
         F: FnMut(&Packet<'_>) -> Decision,
     {
+        let mut wait = wait;
         let batch = self.cfg.batch.max(1);
         let mut total = 0;
         for s in &mut self.socks {
             // Drain what the socket holds, flushing verdicts after each receive batch.
             loop {
-                let fill = match s.ring.fill(&s.fd, 64, false) {
+                let fill = match s.ring.fill(&s.fd, 64, std::mem::take(&mut wait)) {
                     Ok(f) => f,
                     // Report "all held" on the next call, after the caller saw these packets.
                     Err(FrameError::AllHeld(_)) if total > 0 => break,
@@ -861,9 +885,8 @@ impl Drop for NfQueue {
             let _ = self.verdict(r, Decision::Verdict(Verdict::Accept));
         }
         let _ = self.flush();
-        while let Ok(n) =
-            self.process_ready(&mut |_: &Packet<'_>| Decision::Verdict(Verdict::Accept))
-        {
+        let mut accept = |_: &Packet<'_>| Decision::Verdict(Verdict::Accept);
+        while let Ok(n) = self.process_ready(&mut accept, Duration::ZERO) {
             if n == 0 {
                 break;
             }

@@ -136,7 +136,7 @@ impl RouteSocket {
         let before = self.ring.stats();
         let mut st = DumpStats::default();
         loop {
-            let fill = self.ring.fill(&self.fd, 64, true)?;
+            let fill = self.ring.fill(&self.fd, 64, std::time::Duration::MAX)?;
             if fill.overrun {
                 return Err(DumpError::Overrun);
             }
