@@ -896,3 +896,103 @@ fn producer_skips_held_frames_and_fails_only_when_all_are_held() {
     })
     .unwrap();
 }
+
+#[test]
+fn socket_overrun_is_counted_not_silent() {
+    let Some(ns) = host("socket_overrun_is_counted_not_silent", 17) else {
+        return;
+    };
+    ns.run(|| {
+        for uring in [true, false] {
+            let mut q = NfQueue::open(NfQueueConfig {
+                rcvbuf: Some((4096, false)),
+                max_len: Some(10_000),
+                uring,
+                ..cfg(17)
+            })
+            .unwrap();
+            let mut udp = Udp::new();
+            // The consumer is stalled: the tiny receive buffer overflows.
+            for i in 0..300 {
+                udp.send(i, 64);
+            }
+            let mut handled = 0;
+            let end = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < end {
+                let n = q
+                    .process(Some(Duration::from_millis(20)), |_| Verdict::Accept.into())
+                    .unwrap();
+                handled += n;
+                if n == 0 && handled > 0 {
+                    break;
+                }
+            }
+            let st = q.stats();
+            let k = kernel_queue_stats().unwrap();
+            let k = k.iter().find(|k| k.queue == 17).unwrap().clone();
+            assert!(
+                st.overruns >= 1,
+                "uring={uring}: overrun not reported: {st:?}"
+            );
+            assert!(k.user_dropped > 0, "{k:?}");
+            // Everything the socket did deliver got a verdict and arrived.
+            assert_eq!(st.verdicts(), handled as u64);
+            udp.wait_for(handled);
+            assert_eq!(udp.got.len(), handled);
+            drop(q);
+            drop(udp);
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn queue_flags_are_accepted_by_the_kernel() {
+    let Some(ns) = host("queue_flags_are_accepted_by_the_kernel", 18) else {
+        return;
+    };
+    ns.run(|| {
+        // CONNTRACK needs the kernel's conntrack glue (nf_conntrack_netlink); without it the
+        // kernel says EOPNOTSUPP and zcio passes that on with a hint.
+        match NfQueue::open(NfQueueConfig {
+            conntrack: true,
+            ..cfg(18)
+        }) {
+            Ok(q) => drop(q),
+            Err(e) => {
+                let s = e.to_string();
+                assert!(
+                    s.contains("Operation not supported") && s.contains("CONNTRACK"),
+                    "{s}"
+                );
+            }
+        }
+        let mut q = NfQueue::open(NfQueueConfig {
+            fail_open: true,
+            gso: true,
+            uid_gid: true,
+            copy: zcio::netlink::CopyMode::Meta,
+            max_len: Some(77),
+            ..cfg(18)
+        })
+        .unwrap();
+        let k = kernel_queue_stats().unwrap();
+        let k = k.iter().find(|k| k.queue == 18).unwrap();
+        assert_eq!((k.copy_mode, k.copy_range), (NFQNL_COPY_META, 0));
+        let mut udp = Udp::new();
+        udp.send(5, 64);
+        let mut seen = vec![];
+        assert_eq!(
+            process_n(&mut q, 1, |p| {
+                seen.push((p.payload.is_none(), p.indev.is_some()));
+                Verdict::Accept.into()
+            }),
+            1
+        );
+        // Meta mode: no payload, but the metadata is there.
+        assert_eq!(seen, vec![(true, true)]);
+        udp.wait_for(1);
+        assert_eq!(udp.got, vec![5]);
+    })
+    .unwrap();
+}

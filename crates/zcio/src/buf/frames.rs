@@ -23,6 +23,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
+/// Frames lent to the kernel at a time in io_uring mode (the rest wait on a LIFO stack).
+const URING_WINDOW: u32 = 64;
 const RECV_UD: u64 = 1;
 const CANCEL_UD: u64 = 2;
 
@@ -301,8 +303,10 @@ impl FrameRing {
         let mut iov: [[libc::iovec; 2]; MAX_BATCH] = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+        // Most recently released frames first (the back of `free`): they are still in cache.
+        let top = self.free.len();
         for i in 0..n {
-            let id = self.free[i];
+            let id = self.free[top - 1 - i];
             ids[i] = id;
             let off = id as usize * self.frame_size + FRAME_HDR_LEN;
             iov[i][0] = libc::iovec {
@@ -390,7 +394,11 @@ impl FrameRing {
             );
             self.ready.push_back(id);
         }
-        self.free.drain(..got);
+        self.free.truncate(top - n);
+        // Frames not filled go back on top in their original order.
+        for i in (got..n).rev() {
+            self.free.push_back(ids[i]);
+        }
         self.stats.frames += got as u64;
         fill.frames = got;
         Ok(fill)
@@ -433,14 +441,31 @@ impl FrameRing {
             self.held -= 1;
         }
         self.copies[id.0 as usize] = None;
-        if self.uring.is_some() {
-            self.provide(id.0);
+        // In io_uring mode too the frame goes on the free stack; `fill` tops the kernel's
+        // buffer ring up from its top, so a small set of recently used (cached) frames cycles.
+        self.set_status(id.0, FrameStatus::Unused);
+        self.free.push_back(id.0);
+    }
+
+    /// Frames kept in the kernel's buffer ring in io_uring mode.
+    fn uring_window(&self) -> u32 {
+        self.count.min(URING_WINDOW)
+    }
+
+    fn top_up(&mut self) {
+        let window = self.uring_window();
+        let mut pushed = false;
+        while self.uring.as_ref().is_some_and(|u| u.provided < window) {
+            let Some(id) = self.free.pop_back() else {
+                break;
+            };
+            self.provide(id);
+            pushed = true;
+        }
+        if pushed {
             if let Some(u) = self.uring.as_mut() {
                 u.bufs.publish();
             }
-        } else {
-            self.set_status(id.0, FrameStatus::Unused);
-            self.free.push_back(id.0);
         }
     }
 
@@ -488,13 +513,7 @@ impl FrameRing {
             provided: 0,
             bgid: 0,
         });
-        let free: Vec<u32> = self.free.drain(..).collect();
-        for id in free {
-            self.provide(id);
-        }
-        if let Some(u) = self.uring.as_mut() {
-            u.bufs.publish();
-        }
+        self.top_up();
         Ok(())
     }
 
@@ -505,6 +524,7 @@ impl FrameRing {
 
     fn fill_uring(&mut self, fd: &impl AsRawFd, wait: Duration) -> Result<Fill, FrameError> {
         let mut fill = Fill::default();
+        self.top_up();
         let Some(u) = self.uring.as_mut() else {
             return Ok(fill);
         };
