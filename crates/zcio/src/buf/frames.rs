@@ -404,6 +404,38 @@ impl FrameRing {
         Ok(fill)
     }
 
+    /// Puts a datagram that was received some other way (e.g. while waiting for a config ACK)
+    /// into a free frame as if the producer had received it: VALID, or COPY when it does not
+    /// fit. Returns `false` when no frame is free.
+    pub fn inject(&mut self, data: &[u8]) -> bool {
+        let Some(id) = self.free.pop_back() else {
+            return false;
+        };
+        let payload = self.frame_payload();
+        let status = if data.len() > payload {
+            self.copies[id as usize] = Some(data.to_vec());
+            self.stats.copies += 1;
+            FrameStatus::Copy
+        } else {
+            let off = id as usize * self.frame_size + FRAME_HDR_LEN;
+            self.region.as_mut_slice()[off..off + data.len()].copy_from_slice(data);
+            FrameStatus::Valid
+        };
+        self.seq = self.seq.wrapping_add(1);
+        self.set_hdr(
+            id,
+            FrameHdr {
+                status: status as u32,
+                len: data.len() as u32,
+                flags: 0,
+                seq: self.seq,
+            },
+        );
+        self.ready.push_back(id);
+        self.stats.frames += 1;
+        true
+    }
+
     /// The next ready frame (VALID or COPY), in arrival order. The consumer must
     /// [`release`](Self::release) or [`hold`](Self::hold) it.
     pub fn pop_ready(&mut self) -> Option<FrameId> {

@@ -410,32 +410,46 @@ impl QueueSock {
             queue: self.queue,
             source: e,
         })?;
-        let mut buf = vec![0u8; 8192];
+        let mut buf = vec![0u8; 70 << 10];
         loop {
             let n = crate::sys::net::recv(&self.fd, &mut buf, 0).map_err(|e| NfqError::Send {
                 queue: self.queue,
                 source: e,
             })?;
+            let mut ack = None;
+            let mut other = false;
             for m in messages(&buf[..n]) {
                 let m = m.map_err(|e| NfqError::Parse {
                     queue: self.queue,
                     source: e,
                 })?;
                 if m.ty == nl::NLMSG_ERROR && m.seq == seq {
-                    let code = m.error_code().map_err(|e| NfqError::Parse {
+                    ack = Some(m.error_code().map_err(|e| NfqError::Parse {
                         queue: self.queue,
                         source: e,
-                    })?;
-                    if code == 0 {
-                        return Ok(());
-                    }
+                    })?);
+                } else {
+                    other = true;
+                }
+            }
+            if other {
+                // A packet queued between BIND and this ACK: keep it for `process`, so it
+                // gets a verdict like any other (never dropped on the floor here).
+                if !self.ring.inject(&buf[..n]) {
+                    return Err(NfqError::Frames(FrameError::AllHeld(self.ring.count())));
+                }
+            }
+            match ack {
+                Some(0) => return Ok(()),
+                Some(code) => {
                     return Err(NfqError::Config {
                         queue: self.queue,
                         what,
                         source: io::Error::from_raw_os_error(-code),
                         hint,
-                    });
+                    })
                 }
+                None => {}
             }
         }
     }

@@ -121,14 +121,16 @@ impl Suite for Nfq {
             }
         }
         // The two frame-ring producers against each other.
-        let count64: u64 = ctx.pick(10_000, 30_000, 60_000);
-        ctx.compare(
-            "udp 64B zcio producers",
-            ("zcio ring, recvmmsg fill", "zcio ring, io_uring fill"),
-            METRICS,
-            || run_once(&ns, Kind::ZcioRecvmmsg, 64, count64),
-            || run_once(&ns, Kind::Zcio, 64, count64),
-        )?;
+        for size in [64usize, 1400] {
+            let count: u64 = ctx.pick(10_000, 30_000, 60_000) / if size > 1000 { 2 } else { 1 };
+            ctx.compare(
+                &format!("udp {size}B zcio producers"),
+                ("zcio ring, recvmmsg fill", "zcio ring, io_uring fill"),
+                METRICS,
+                || run_once(&ns, Kind::ZcioRecvmmsg, size, count),
+                || run_once(&ns, Kind::Zcio, size, count),
+            )?;
+        }
         drop(ns);
         dump_case(ctx)
     }
