@@ -2,6 +2,7 @@
 
 mod event;
 mod loopback;
+mod nfq;
 mod notify;
 mod rx;
 mod tx;
@@ -16,5 +17,6 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(notify::Notify),
         Box::new(rx::Rx),
         Box::new(event::EventSuite),
+        Box::new(nfq::Nfq),
     ]
 }
