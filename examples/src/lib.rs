@@ -8,6 +8,8 @@
 
 pub mod loadgen;
 
+pub mod cli;
+
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
