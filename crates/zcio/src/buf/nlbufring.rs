@@ -5,32 +5,10 @@
 
 use super::Region;
 use crate::ring::Ring;
-use crate::sys::assert_layout;
 use std::io;
 use std::sync::atomic::{AtomicU16, Ordering};
 
-/// `struct io_uring_buf` (`linux/io_uring.h`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct IoUringBuf {
-    /// Buffer address.
-    pub addr: u64,
-    /// Buffer length.
-    pub len: u32,
-    /// Buffer id (the frame index).
-    pub bid: u16,
-    /// In entry 0: the ring tail, written by user space.
-    pub resv: u16,
-}
-assert_layout!(
-    IoUringBuf,
-    size = 16,
-    align = 8,
-    addr = 0,
-    len = 8,
-    bid = 12,
-    resv = 14
-);
+pub use super::bufring::IoUringBuf;
 
 /// A provided-buffer ring registered with one io_uring under group id `bgid`.
 #[derive(Debug)]
