@@ -15,6 +15,8 @@
 #![deny(missing_docs)]
 
 pub mod buf;
+#[cfg(not(loom))]
+pub mod event;
 pub mod probe;
 pub mod ring;
 pub mod stats;

@@ -2,6 +2,9 @@
 //! pages, unmapped on drop.
 #![allow(unsafe_code)]
 
+#[cfg(not(loom))]
+pub mod mpsc;
+
 use crate::sys::syscall;
 use std::io;
 use std::ptr::NonNull;

@@ -6,6 +6,7 @@
 //! else calls the safe wrappers here.
 #![allow(unsafe_code)]
 
+pub mod epoll;
 pub mod errqueue;
 pub mod net;
 pub mod nfqueue;
@@ -92,6 +93,14 @@ pub const IORING_CQE_F_BUFFER: u32 = 1 << 0;
 pub const IORING_CQE_F_BUF_MORE: u32 = 1 << 4;
 /// CQE flag: the socket had more data when the recv completed (Linux 5.19).
 pub const IORING_CQE_F_SOCK_NONEMPTY: u32 = 1 << 2;
+/// `POLL_ADD`/`POLL_REMOVE` `len` flag: multishot poll (Linux 5.13).
+pub const IORING_POLL_ADD_MULTI: u32 = 1 << 0;
+/// `POLL_REMOVE` `len` flag: replace the events of the matched poll (`POLL_UPDATE`, 5.13).
+pub const IORING_POLL_UPDATE_EVENTS: u32 = 1 << 1;
+/// `POLL_REMOVE` `len` flag: replace the user_data of the matched poll (5.13).
+pub const IORING_POLL_UPDATE_USER_DATA: u32 = 1 << 2;
+/// `POLL_ADD` `len` flag: level-triggered poll (Linux 5.18).
+pub const IORING_POLL_ADD_LEVEL: u32 = 1 << 3;
 /// `io_uring_sqring` flag: completions are waiting in the overflow list (Linux 5.5).
 pub const IORING_SQ_CQ_OVERFLOW: u32 = 1 << 1;
 

@@ -1,0 +1,460 @@
+//! Readiness events harvested from a ring without syscalls: the uepoll design (2019) with
+//! every epoll semantic, realised on io_uring.
+//!
+//! [`EventRing`] has epoll's interface — `add`/`modify`/`delete` an fd with an interest mask
+//! and a `u64` token, then collect [`Event`]s — with two backends ([`Backend`]):
+//!
+//! - **io_uring**: each fd gets a `POLL_ADD` (multishot for edge-triggered interest, one-shot
+//!   re-armed after each report for level-triggered, `ONESHOT` and `EXCLUSIVE` interest);
+//!   readiness arrives as CQEs in shared memory. [`EventRing::harvest`] copies what is
+//!   ready without a syscall; [`EventRing::wait`] enters the kernel only when nothing is
+//!   ready (or level-triggered fds need their re-check). Modify uses `POLL_UPDATE`, delete
+//!   `POLL_REMOVE`, timeouts `EXT_ARG`. The ring uses `DEFER_TASKRUN + SINGLE_ISSUER` when
+//!   the kernel allows it (so one `io_uring_enter` runs all pending wake-ups and posts them as
+//!   one batch), or `SQPOLL` on request.
+//! - **epoll**: the real thing, used when io_uring is unavailable; the reason is recorded as a
+//!   [`Fallback`].
+//!
+//! Both backends carry a multi-producer ring of **user-posted events** ([`Poster`]): any
+//! thread posts `(token, events)` without a syscall; the loop harvests them with fd events
+//! and is woken through an eventfd only when it sleeps.
+//!
+//! Contract differences with epoll (see `docs/design/event.md`): an armed io_uring poll holds
+//! a reference to the file, so closing a registered fd does not end its registration (nor the
+//! socket): call [`EventRing::delete`] (or [`EventRing::close`]) first. `harvest` never
+//! re-checks level-triggered fds (that needs the kernel); `wait` does.
+//!
+//! The API is C-friendly: raw fds, epoll bit values, `u64` tokens, `#[repr(C)]` events.
+
+mod epoll;
+#[doc(hidden)]
+pub mod scenarios;
+mod uring;
+
+use crate::buf::mpsc::{MpscRing, Pushed};
+use crate::ring::RingConfig;
+use crate::stats::{Counters, Fallback};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use crate::buf::mpsc::Full;
+
+/// Interest and result bits, with epoll's values (so a C shim passes `epoll_event.events`
+/// through unchanged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[repr(transparent)]
+pub struct Interest(pub u32);
+
+impl Interest {
+    /// Readable (`EPOLLIN`).
+    pub const IN: Interest = Interest(libc::EPOLLIN as u32);
+    /// Writable (`EPOLLOUT`).
+    pub const OUT: Interest = Interest(libc::EPOLLOUT as u32);
+    /// Urgent data (`EPOLLPRI`).
+    pub const PRI: Interest = Interest(libc::EPOLLPRI as u32);
+    /// Peer closed its writing half (`EPOLLRDHUP`).
+    pub const RDHUP: Interest = Interest(libc::EPOLLRDHUP as u32);
+    /// Error (`EPOLLERR`, always reported).
+    pub const ERR: Interest = Interest(libc::EPOLLERR as u32);
+    /// Hang-up (`EPOLLHUP`, always reported).
+    pub const HUP: Interest = Interest(libc::EPOLLHUP as u32);
+    /// Edge-triggered (`EPOLLET`); without it, level-triggered.
+    pub const ET: Interest = Interest(libc::EPOLLET as u32);
+    /// Disable after one report until [`EventRing::modify`] (`EPOLLONESHOT`).
+    pub const ONESHOT: Interest = Interest(libc::EPOLLONESHOT as u32);
+    /// Exclusive wake-up among several waiters on one fd (`EPOLLEXCLUSIVE`, ADD only).
+    pub const EXCLUSIVE: Interest = Interest(libc::EPOLLEXCLUSIVE as u32);
+
+    /// Readiness bits a poll can report (everything but the mode bits).
+    pub const READINESS: u32 = !(libc::EPOLLET as u32
+        | libc::EPOLLONESHOT as u32
+        | libc::EPOLLEXCLUSIVE as u32
+        | libc::EPOLLWAKEUP as u32);
+    /// Bits epoll accepts together with `EPOLLEXCLUSIVE` (`EPOLLEXCLUSIVE_OK_BITS`).
+    pub const EXCLUSIVE_OK: u32 = (libc::EPOLLIN
+        | libc::EPOLLOUT
+        | libc::EPOLLRDNORM
+        | libc::EPOLLRDBAND
+        | libc::EPOLLWRNORM
+        | libc::EPOLLWRBAND
+        | libc::EPOLLERR
+        | libc::EPOLLHUP
+        | libc::EPOLLWAKEUP
+        | libc::EPOLLET
+        | libc::EPOLLEXCLUSIVE) as u32;
+
+    /// The raw bits.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+    /// Whether all bits of `other` are set.
+    pub fn contains(self, other: Interest) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Interest {
+    type Output = Interest;
+    fn bitor(self, rhs: Interest) -> Interest {
+        Interest(self.0 | rhs.0)
+    }
+}
+
+/// One ready event: the epoll bits that are ready and the token given at registration (or
+/// posted by a [`Poster`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[repr(C)]
+pub struct Event {
+    /// Ready bits (`EPOLLIN`, …).
+    pub events: u32,
+    /// The registration's (or poster's) token.
+    pub token: u64,
+}
+
+/// Why `add`, `modify` or `delete` failed; each variant is the errno epoll returns for it.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    /// `EBADF`: the fd is not open.
+    #[error("fd {0} is not an open descriptor (EBADF)")]
+    BadFd(RawFd),
+    /// `EEXIST`: `add` of an fd already registered.
+    #[error("fd {0} is already registered; use modify (EEXIST)")]
+    Exists(RawFd),
+    /// `ENOENT`: `modify`/`delete` of an fd not registered.
+    #[error("fd {0} is not registered (ENOENT)")]
+    NotFound(RawFd),
+    /// `EPERM`: regular files and directories cannot be polled.
+    #[error("fd {0} cannot be polled: regular files and directories are always ready (EPERM)")]
+    NotPollable(RawFd),
+    /// `EINVAL`: an invalid combination (see the message).
+    #[error("invalid request: {0} (EINVAL)")]
+    Invalid(&'static str),
+    /// The kernel refused the submission or the epoll call.
+    #[error("submitting the registration failed: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl CtlError {
+    /// The errno epoll would have set.
+    pub fn errno(&self) -> i32 {
+        match self {
+            CtlError::BadFd(_) => libc::EBADF,
+            CtlError::Exists(_) => libc::EEXIST,
+            CtlError::NotFound(_) => libc::ENOENT,
+            CtlError::NotPollable(_) => libc::EPERM,
+            CtlError::Invalid(_) => libc::EINVAL,
+            CtlError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+
+    fn from_errno(e: io::Error, fd: RawFd, what: &'static str) -> Self {
+        match e.raw_os_error() {
+            Some(libc::EBADF) => CtlError::BadFd(fd),
+            Some(libc::EEXIST) => CtlError::Exists(fd),
+            Some(libc::ENOENT) => CtlError::NotFound(fd),
+            Some(libc::EPERM) => CtlError::NotPollable(fd),
+            Some(libc::EINVAL) => CtlError::Invalid(what),
+            _ => CtlError::Io(e),
+        }
+    }
+}
+
+/// Which backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Prefer {
+    /// io_uring, falling back to epoll (recorded) when unavailable.
+    #[default]
+    Auto,
+    /// io_uring only: fail when unavailable.
+    Uring,
+    /// epoll (the baseline).
+    Epoll,
+}
+
+/// Construction options.
+#[derive(Debug, Clone)]
+pub struct EventConfig {
+    /// Backend choice.
+    pub prefer: Prefer,
+    /// Ring set-up (default: DEFER_TASKRUN + SINGLE_ISSUER; set `sqpoll_idle_ms` for SQPOLL).
+    pub ring: RingConfig,
+    /// Capacity of the user-posted event ring.
+    pub user_capacity: usize,
+}
+
+impl Default for EventConfig {
+    fn default() -> Self {
+        Self {
+            prefer: Prefer::Auto,
+            ring: RingConfig {
+                entries: 1024,
+                cq_entries: Some(16384),
+                ..RingConfig::default()
+            },
+            user_capacity: 4096,
+        }
+    }
+}
+
+/// The backend behind an [`EventRing`]. Not boxed: one per loop, and the hot path should
+/// not chase a pointer.
+#[allow(clippy::large_enum_variant)]
+enum Backend {
+    Uring(uring::UringEvents),
+    Epoll(epoll::EpollEvents),
+}
+
+/// What both backends share: the user-posted ring and its wake-up eventfd.
+#[derive(Debug)]
+struct UserShared {
+    ring: MpscRing,
+    wake_fd: OwnedFd,
+    wakes: AtomicU64,
+}
+
+/// An epoll-equivalent event set whose events are harvested from shared memory.
+///
+/// Owned by one thread (with `SINGLE_ISSUER` the kernel holds the ring to its creator): create
+/// it on the thread that runs the loop.
+pub struct EventRing {
+    backend: Backend,
+    user: Arc<UserShared>,
+    fallbacks: Vec<Fallback>,
+    harvested: u64,
+    user_harvested: u64,
+}
+
+impl std::fmt::Debug for EventRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventRing")
+            .field("backend", &self.backend_name())
+            .field("fallbacks", &self.fallbacks)
+            .finish()
+    }
+}
+
+/// Posts user events to an [`EventRing`] from any thread, without a syscall unless the loop
+/// sleeps. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Poster {
+    user: Arc<UserShared>,
+}
+
+impl Poster {
+    /// Posts `(token, events)`; the loop sees it in its next `harvest`/`wait`.
+    pub fn post(&self, token: u64, events: u32) -> Result<(), Full> {
+        if self.user.ring.push(token, events)? == Pushed::WakeConsumer {
+            self.user.wakes.fetch_add(1, Ordering::Relaxed);
+            // An eventfd write cannot fail on a valid fd short of counter overflow (2^64-2
+            // writes); a failure here would only delay the loop until its timeout.
+            let _ = crate::sys::epoll::eventfd_write(self.user.wake_fd.as_raw_fd(), 1);
+        }
+        Ok(())
+    }
+
+    /// Wake-ups (eventfd writes) posters made so far, over all clones.
+    pub fn wakes(&self) -> u64 {
+        self.user.wakes.load(Ordering::Relaxed)
+    }
+}
+
+/// Per-object counters of an [`EventRing`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EventStats {
+    /// Events handed to the caller (fd and user-posted).
+    pub events: u64,
+    /// Of which user-posted.
+    pub user_events: u64,
+    /// All syscalls this object made (`io_uring_enter`, `epoll_wait`, `epoll_ctl`, `fstat`).
+    pub syscalls: u64,
+    /// Kernel entries made to wait for or collect events (`io_uring_enter` / `epoll_wait`).
+    pub wait_entries: u64,
+    /// Completions processed (io_uring backend).
+    pub cqes: u64,
+    /// Polls re-armed (level-triggered re-checks, ended multishots).
+    pub rearms: u64,
+    /// Poll completions with an error (e.g. `EBADF`: fd closed before submission).
+    pub poll_errors: u64,
+    /// Eventfd wake-ups by posters.
+    pub poster_wakes: u64,
+}
+
+impl EventRing {
+    /// An event ring with the default configuration (io_uring, epoll fallback).
+    pub fn new() -> io::Result<Self> {
+        Self::with_config(&EventConfig::default())
+    }
+
+    /// An event ring with `cfg`.
+    pub fn with_config(cfg: &EventConfig) -> io::Result<Self> {
+        let user = Arc::new(UserShared {
+            ring: MpscRing::new(cfg.user_capacity),
+            wake_fd: crate::sys::eventfd(0)?,
+            wakes: AtomicU64::new(0),
+        });
+        let wake = user.wake_fd.as_raw_fd();
+        let mut fallbacks = Vec::new();
+        let backend = match cfg.prefer {
+            Prefer::Epoll => Backend::Epoll(epoll::EpollEvents::new(wake)?),
+            Prefer::Uring | Prefer::Auto => match uring::UringEvents::new(&cfg.ring, wake) {
+                Ok(u) => Backend::Uring(u),
+                Err(uring::NewError::Unavailable(reason)) if cfg.prefer == Prefer::Auto => {
+                    fallbacks.push(Fallback::new("io_uring poll ring", "epoll", reason));
+                    Backend::Epoll(epoll::EpollEvents::new(wake)?)
+                }
+                Err(uring::NewError::Unavailable(reason)) => {
+                    return Err(io::Error::new(io::ErrorKind::Unsupported, reason))
+                }
+                Err(uring::NewError::Io(e)) => return Err(e),
+            },
+        };
+        Ok(Self {
+            backend,
+            user,
+            fallbacks,
+            harvested: 0,
+            user_harvested: 0,
+        })
+    }
+
+    /// `"io_uring"` or `"epoll"`.
+    pub fn backend_name(&self) -> &'static str {
+        match self.backend {
+            Backend::Uring(_) => "io_uring",
+            Backend::Epoll(_) => "epoll",
+        }
+    }
+
+    /// Fallbacks taken at construction, with reasons.
+    pub fn fallbacks(&self) -> &[Fallback] {
+        &self.fallbacks
+    }
+
+    /// The ring's set-up flags (io_uring backend), e.g. to see whether DEFER_TASKRUN was had.
+    pub fn setup_flags(&self) -> Vec<crate::ring::SetupFlag> {
+        match &self.backend {
+            Backend::Uring(u) => u.setup_flags().to_vec(),
+            Backend::Epoll(_) => Vec::new(),
+        }
+    }
+
+    /// Registers `fd` for `interest` (readiness bits plus ET/ONESHOT/EXCLUSIVE); events carry
+    /// `token`. Errors as `EPOLL_CTL_ADD`.
+    pub fn add(&mut self, fd: RawFd, interest: Interest, token: u64) -> Result<(), CtlError> {
+        match &mut self.backend {
+            Backend::Uring(u) => u.add(fd, interest.0, token),
+            Backend::Epoll(e) => e.add(fd, interest.0, token),
+        }
+    }
+
+    /// Changes the interest and token of a registered fd; re-enables a fired ONESHOT and
+    /// reports the fd again if it is ready. Errors as `EPOLL_CTL_MOD`.
+    pub fn modify(&mut self, fd: RawFd, interest: Interest, token: u64) -> Result<(), CtlError> {
+        match &mut self.backend {
+            Backend::Uring(u) => u.modify(fd, interest.0, token),
+            Backend::Epoll(e) => e.modify(fd, interest.0, token),
+        }
+    }
+
+    /// Unregisters `fd`; events of it not yet harvested are dropped. Errors as
+    /// `EPOLL_CTL_DEL`. The io_uring backend submits the cancellation with its next kernel
+    /// entry (the kernel keeps a reference to the file until then).
+    pub fn delete(&mut self, fd: RawFd) -> Result<(), CtlError> {
+        match &mut self.backend {
+            Backend::Uring(u) => u.delete(fd),
+            Backend::Epoll(e) => e.delete(fd),
+        }
+    }
+
+    /// Deletes `fd` if registered, makes the kernel drop its reference now, and closes it:
+    /// what `close(fd)` does to an epoll registration.
+    pub fn close(&mut self, fd: OwnedFd) -> io::Result<()> {
+        let raw = fd.as_raw_fd();
+        match &mut self.backend {
+            Backend::Uring(u) => {
+                let _ = u.delete(raw);
+                u.flush()?;
+            }
+            Backend::Epoll(e) => {
+                let _ = e.delete(raw);
+            }
+        }
+        drop(fd);
+        Ok(())
+    }
+
+    /// A handle other threads use to post events to this ring.
+    pub fn poster(&self) -> Poster {
+        Poster {
+            user: self.user.clone(),
+        }
+    }
+
+    /// Copies events that are already known to be ready into `out`, with no syscall (io_uring
+    /// backend; the epoll backend has to call `epoll_wait` with a zero timeout). Returns how
+    /// many were written.
+    pub fn harvest(&mut self, out: &mut [Event]) -> io::Result<usize> {
+        let n = match &mut self.backend {
+            Backend::Uring(u) => u.harvest(out)?,
+            Backend::Epoll(e) => e.wait(out, Some(Duration::ZERO), &self.user.ring, false)?,
+        };
+        let m = self.harvest_user(&mut out[n..]);
+        self.harvested += (n + m) as u64;
+        Ok(n + m)
+    }
+
+    /// Like `epoll_wait`: fills `out` with ready events, entering the kernel only when nothing
+    /// is ready (or level-triggered fds reported last time need their re-check). `timeout`
+    /// `None` blocks; returns 0 only when the timeout passed. `out` empty is `EINVAL`.
+    pub fn wait(&mut self, out: &mut [Event], timeout: Option<Duration>) -> io::Result<usize> {
+        if out.is_empty() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let n = match &mut self.backend {
+            Backend::Uring(u) => u.wait(out, timeout, &self.user.ring)?,
+            Backend::Epoll(e) => e.wait(out, timeout, &self.user.ring, true)?,
+        };
+        let m = self.harvest_user(&mut out[n..]);
+        self.harvested += (n + m) as u64;
+        Ok(n + m)
+    }
+
+    fn harvest_user(&mut self, out: &mut [Event]) -> usize {
+        if out.is_empty() {
+            return 0;
+        }
+        let mut i = 0;
+        let n = self.user.ring.pop_batch(out.len(), |token, events| {
+            out[i] = Event { events, token };
+            i += 1;
+        });
+        self.user_harvested += n as u64;
+        n
+    }
+
+    /// Counters: events, syscalls, wait entries, CQEs, re-arms.
+    pub fn stats(&self) -> EventStats {
+        let mut s = match &self.backend {
+            Backend::Uring(u) => u.stats(),
+            Backend::Epoll(e) => e.stats(),
+        };
+        s.events = self.harvested;
+        s.user_events = self.user_harvested;
+        s.poster_wakes = self.user.wakes.load(Ordering::Relaxed);
+        s
+    }
+
+    /// The common [`Counters`]: `ops` = events, `syscalls`, `notifications` = CQEs.
+    pub fn counters(&self) -> Counters {
+        let s = self.stats();
+        Counters {
+            ops: s.events,
+            syscalls: s.syscalls,
+            notifications: s.cqes,
+            ..Counters::default()
+        }
+    }
+}

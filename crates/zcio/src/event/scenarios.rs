@@ -1,0 +1,673 @@
+//! Equivalence scenarios: sequences of registrations, I/O and waits, as data, run against real
+//! epoll and against [`EventRing`](super::EventRing); both must produce the same trace (the
+//! result of every control call, and the set of `(token, events)` of every wait).
+//!
+//! Kept as plain data so other drivers (the C trace program of the epoll shim) can replay
+//! them. Every wait is non-blocking (timeout 0); loopback TCP steps are preceded by a
+//! [`Step::Settle`] that polls until the expected state is reached, so runs are
+//! deterministic.
+
+use crate::sys::epoll as ep;
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+/// What a slot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `UnixStream::pair`: the polled end and its peer.
+    Unix,
+    /// TCP over 127.0.0.1: the accepted end (polled) and the client end (peer).
+    Tcp,
+    /// A pipe: read end polled, write end as peer.
+    Pipe,
+    /// An eventfd: writes add 1 to the counter, reads reset it.
+    EventFd,
+    /// A regular file (epoll refuses it with EPERM).
+    File,
+}
+
+/// Interest bits used by the scenarios.
+pub mod bits {
+    /// EPOLLIN.
+    pub const IN: u32 = libc::EPOLLIN as u32;
+    /// EPOLLOUT.
+    pub const OUT: u32 = libc::EPOLLOUT as u32;
+    /// EPOLLPRI.
+    pub const PRI: u32 = libc::EPOLLPRI as u32;
+    /// EPOLLRDHUP.
+    pub const RDHUP: u32 = libc::EPOLLRDHUP as u32;
+    /// EPOLLHUP.
+    pub const HUP: u32 = libc::EPOLLHUP as u32;
+    /// EPOLLET.
+    pub const ET: u32 = libc::EPOLLET as u32;
+    /// EPOLLONESHOT.
+    pub const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
+    /// EPOLLEXCLUSIVE.
+    pub const EXCL: u32 = libc::EPOLLEXCLUSIVE as u32;
+}
+use bits::*;
+
+/// One step. Slots are small integers naming objects opened by [`Step::Open`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Opens an object into a slot.
+    Open(u16, Kind),
+    /// `add(fd, events, token)`.
+    Add(u16, u32, u64),
+    /// `modify(fd, events, token)`.
+    Mod(u16, u32, u64),
+    /// `delete(fd)`.
+    Del(u16),
+    /// `add` of descriptor −1 (EBADF).
+    AddBadFd,
+    /// Writes n bytes to the slot's peer (eventfd: adds 1 to the counter).
+    PeerWrite(u16, usize),
+    /// Reads up to n bytes from the polled end (eventfd: resets the counter).
+    Read(u16, usize),
+    /// Writes into the polled end until it would block (it stops being writable).
+    FillOwn(u16),
+    /// Reads everything the peer has (the polled end becomes writable again).
+    DrainPeer(u16),
+    /// `shutdown(peer, SHUT_WR)`: the polled end sees RDHUP.
+    PeerShutWr(u16),
+    /// Sends one byte of urgent data from the peer (TCP): the polled end sees PRI.
+    PeerOob(u16),
+    /// Closes the peer.
+    PeerClose(u16),
+    /// Closes the polled end (through the target: the event ring deletes it first).
+    Close(u16),
+    /// Polls the polled end until all of `events` are ready (≤ 2 s), for loopback TCP.
+    Settle(u16, u32),
+    /// A non-blocking wait for up to n events; records the set.
+    Wait(usize),
+    /// A wait with room for zero events (EINVAL).
+    WaitZero,
+    /// Opens `count` objects of a kind into slots `first..` and adds each with `events`
+    /// and token `token + i`.
+    Many(u16, u16, Kind, u32, u64),
+    /// Writes n bytes to the peer of every `every`-th slot of `first..first+count`.
+    ManyPeerWrite(u16, u16, u16, usize),
+}
+
+/// A named scenario.
+#[derive(Debug, Clone, Copy)]
+pub struct Scenario {
+    /// Name (says the behaviour).
+    pub name: &'static str,
+    /// Steps.
+    pub steps: &'static [Step],
+}
+
+use Kind::*;
+use Step::*;
+
+/// Every scenario.
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "level_triggered_readable_reported_until_drained",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN, 1),
+            Wait(8),
+            PeerWrite(0, 10),
+            Wait(8),
+            Wait(8),
+            Read(0, 5),
+            Wait(8),
+            Read(0, 100),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "edge_triggered_readable_once_per_write",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN | ET, 1),
+            Wait(8),
+            PeerWrite(0, 10),
+            Wait(8),
+            Wait(8),
+            PeerWrite(0, 10),
+            Wait(8),
+            Read(0, 100),
+            Wait(8),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "level_triggered_in_out_on_socket",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN | OUT, 7),
+            Wait(8),
+            PeerWrite(0, 3),
+            Wait(8),
+            FillOwn(0),
+            Wait(8),
+            DrainPeer(0),
+            Wait(8),
+            Read(0, 10),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "edge_triggered_writable_after_fill_and_drain",
+        steps: &[
+            Open(0, Unix),
+            Add(0, OUT | ET, 3),
+            Wait(8),
+            Wait(8),
+            FillOwn(0),
+            Wait(8),
+            DrainPeer(0),
+            Wait(8),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "half_close_reports_rdhup_unix",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN | RDHUP, 1),
+            Wait(8),
+            PeerShutWr(0),
+            Wait(8),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "half_close_reports_rdhup_tcp",
+        steps: &[
+            Open(0, Tcp),
+            Add(0, IN | RDHUP | ET, 1),
+            Open(1, Tcp),
+            Add(1, IN | RDHUP, 2),
+            Wait(8),
+            PeerWrite(0, 5),
+            Settle(0, IN),
+            Wait(8),
+            PeerShutWr(0),
+            PeerShutWr(1),
+            Settle(0, IN | RDHUP),
+            Settle(1, IN | RDHUP),
+            Wait(8),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "urgent_data_reports_pri_tcp",
+        steps: &[
+            Open(0, Tcp),
+            Add(0, PRI, 1),
+            Wait(8),
+            PeerOob(0),
+            Settle(0, PRI),
+            Wait(8),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "peer_close_reports_hup",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN | OUT | RDHUP, 1),
+            Wait(8),
+            PeerClose(0),
+            Wait(8),
+            Read(0, 10),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "pipe_reader_sees_in_then_hup",
+        steps: &[
+            Open(0, Pipe),
+            Add(0, IN, 1),
+            Wait(8),
+            PeerWrite(0, 4),
+            Wait(8),
+            PeerClose(0),
+            Wait(8),
+            Read(0, 100),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "eventfd_counter_level_and_edge",
+        steps: &[
+            Open(0, EventFd),
+            Add(0, IN, 1),
+            Open(1, EventFd),
+            Add(1, IN | ET, 2),
+            Wait(8),
+            PeerWrite(0, 1),
+            PeerWrite(1, 1),
+            Wait(8),
+            Wait(8),
+            PeerWrite(1, 1),
+            Wait(8),
+            Read(0, 8),
+            Read(1, 8),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "modify_changes_interest_and_token",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN, 1),
+            PeerWrite(0, 1),
+            Wait(8),
+            Mod(0, OUT, 2),
+            Wait(8),
+            Mod(0, IN | OUT, 3),
+            Wait(8),
+            Mod(0, IN | ET, 4),
+            Wait(8),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "modify_with_event_pending_reports_new_token",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN | ET, 1),
+            PeerWrite(0, 1),
+            Mod(0, IN | ET, 2),
+            Wait(8),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "delete_while_event_pending_drops_it",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN, 1),
+            Open(1, Unix),
+            Add(1, IN, 2),
+            PeerWrite(0, 1),
+            PeerWrite(1, 1),
+            Del(0),
+            Wait(8),
+            Del(0),
+            Mod(0, IN, 3),
+            Add(0, IN, 5),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "close_of_registered_fd_then_number_reuse",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN, 1),
+            PeerWrite(0, 1),
+            Close(0),
+            Wait(8),
+            Open(1, Unix),
+            Add(1, IN, 2),
+            PeerWrite(1, 1),
+            Wait(8),
+            Close(1),
+            Open(2, Pipe),
+            Add(2, IN | ET, 3),
+            PeerWrite(2, 1),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "oneshot_fires_once_until_rearmed",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN | ONESHOT, 1),
+            PeerWrite(0, 1),
+            Wait(8),
+            Wait(8),
+            PeerWrite(0, 1),
+            Wait(8),
+            Mod(0, IN | ONESHOT, 2),
+            Wait(8),
+            Wait(8),
+            Read(0, 10),
+            Mod(0, IN | ONESHOT | ET, 3),
+            Wait(8),
+            PeerWrite(0, 1),
+            Wait(8),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "exclusive_is_level_triggered_and_add_only",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN | EXCL, 1),
+            PeerWrite(0, 1),
+            Wait(8),
+            Wait(8),
+            Mod(0, IN, 2),
+            Open(1, Unix),
+            Add(1, IN | RDHUP | EXCL, 3),
+            Add(1, IN | ONESHOT | EXCL, 3),
+            Add(1, IN | EXCL | ET, 4),
+            PeerWrite(1, 1),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "errors_match_epoll_ctl",
+        steps: &[
+            AddBadFd,
+            Open(0, Unix),
+            Add(0, IN, 1),
+            Add(0, OUT, 2),
+            Open(1, Unix),
+            Del(1),
+            Mod(1, IN, 3),
+            Open(2, File),
+            Add(2, IN, 4),
+            Mod(2, IN, 4),
+            Del(2),
+            WaitZero,
+            Open(3, Unix),
+            Close(3),
+            Add(3, IN, 5),
+            Del(3),
+        ],
+    },
+    Scenario {
+        name: "many_fds_level_and_edge",
+        steps: &[
+            Many(0, 150, Unix, IN, 1000),
+            Many(150, 150, Pipe, IN | ET, 2000),
+            Wait(512),
+            ManyPeerWrite(0, 150, 2, 1),
+            ManyPeerWrite(150, 150, 3, 1),
+            Wait(512),
+            Wait(512),
+            ManyPeerWrite(150, 150, 5, 1),
+            Wait(512),
+        ],
+    },
+];
+
+/// What a target must do for the runner.
+pub trait Target {
+    /// `add`; `Err(errno)` on failure.
+    fn add(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), i32>;
+    /// `modify`.
+    fn modify(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), i32>;
+    /// `delete`.
+    fn delete(&mut self, fd: RawFd) -> Result<(), i32>;
+    /// Closes a (possibly registered) fd.
+    fn close(&mut self, fd: OwnedFd);
+    /// A non-blocking wait for up to `max` events.
+    fn wait(&mut self, max: usize) -> Result<Vec<(u64, u32)>, i32>;
+}
+
+/// One observation of a trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Obs {
+    /// A control call's result (0 or errno), by step index.
+    Ctl(usize, i32),
+    /// A wait's events as a set of `(token, events)`, by step index (or an errno).
+    Wait(usize, Result<BTreeSet<(u64, u32)>, i32>),
+}
+
+/// Real epoll, the reference.
+#[derive(Debug)]
+pub struct RawEpoll {
+    epfd: OwnedFd,
+}
+
+impl RawEpoll {
+    /// A new epoll instance.
+    pub fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            epfd: ep::create()?,
+        })
+    }
+}
+
+fn errno(e: std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+impl Target for RawEpoll {
+    fn add(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), i32> {
+        ep::ctl(
+            self.epfd.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            fd,
+            events,
+            token,
+        )
+        .map_err(errno)
+    }
+    fn modify(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), i32> {
+        ep::ctl(
+            self.epfd.as_raw_fd(),
+            libc::EPOLL_CTL_MOD,
+            fd,
+            events,
+            token,
+        )
+        .map_err(errno)
+    }
+    fn delete(&mut self, fd: RawFd) -> Result<(), i32> {
+        ep::ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, 0, 0).map_err(errno)
+    }
+    fn close(&mut self, fd: OwnedFd) {
+        drop(fd);
+    }
+    fn wait(&mut self, max: usize) -> Result<Vec<(u64, u32)>, i32> {
+        let mut buf = vec![ep::empty_event(); max.max(1)];
+        let n = if max == 0 {
+            // SAFETY-free path: epoll_wait with maxevents 0 is EINVAL; ask the kernel.
+            ep::wait(self.epfd.as_raw_fd(), &mut buf[..0], 0).map_err(errno)?
+        } else {
+            ep::wait(self.epfd.as_raw_fd(), &mut buf, 0).map_err(errno)?
+        };
+        Ok(buf[..n].iter().map(|e| (e.u64, e.events)).collect())
+    }
+}
+
+impl Target for super::EventRing {
+    fn add(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), i32> {
+        super::EventRing::add(self, fd, super::Interest(events), token).map_err(|e| e.errno())
+    }
+    fn modify(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), i32> {
+        super::EventRing::modify(self, fd, super::Interest(events), token).map_err(|e| e.errno())
+    }
+    fn delete(&mut self, fd: RawFd) -> Result<(), i32> {
+        super::EventRing::delete(self, fd).map_err(|e| e.errno())
+    }
+    fn close(&mut self, fd: OwnedFd) {
+        super::EventRing::close(self, fd).expect("event ring close");
+    }
+    fn wait(&mut self, max: usize) -> Result<Vec<(u64, u32)>, i32> {
+        let mut buf = vec![super::Event::default(); max];
+        let n = super::EventRing::wait(self, &mut buf, Some(std::time::Duration::ZERO))
+            .map_err(errno)?;
+        Ok(buf[..n].iter().map(|e| (e.token, e.events)).collect())
+    }
+}
+
+struct Obj {
+    own: Option<File>,
+    peer: Option<File>,
+    kind: Kind,
+}
+
+fn open(kind: Kind) -> std::io::Result<Obj> {
+    let (own, peer): (OwnedFd, Option<OwnedFd>) = match kind {
+        Unix => {
+            let (a, b) = std::os::unix::net::UnixStream::pair()?;
+            (a.into(), Some(b.into()))
+        }
+        Tcp => {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let c = std::net::TcpStream::connect(l.local_addr()?)?;
+            let (s, _) = l.accept()?;
+            (s.into(), Some(c.into()))
+        }
+        Pipe => {
+            let (r, w) = ep::pipe()?;
+            (r, Some(w))
+        }
+        EventFd => (crate::sys::eventfd(0)?, None),
+        File => (std::fs::File::open("/proc/self/exe")?.into(), None),
+    };
+    ep::set_nonblocking(own.as_raw_fd())?;
+    if let Some(p) = &peer {
+        ep::set_nonblocking(p.as_raw_fd())?;
+    }
+    Ok(Obj {
+        own: Some(own.into()),
+        peer: peer.map(File::from),
+        kind,
+    })
+}
+
+fn fd_of(objs: &[Option<Obj>], slot: u16) -> RawFd {
+    objs.get(slot as usize)
+        .and_then(|o| o.as_ref())
+        .and_then(|o| o.own.as_ref())
+        .map(|f| f.as_raw_fd())
+        .unwrap_or(-1)
+}
+
+fn obj(objs: &mut [Option<Obj>], slot: u16) -> &mut Obj {
+    objs[slot as usize].as_mut().expect("slot opened")
+}
+
+fn write_peer(o: &mut Obj, n: usize) -> std::io::Result<()> {
+    if o.kind == EventFd {
+        return ep::eventfd_write(o.own.as_ref().expect("open").as_raw_fd(), 1);
+    }
+    let data = vec![0x5a; n];
+    o.peer.as_mut().expect("peer").write_all(&data)
+}
+
+fn read_own(o: &mut Obj, n: usize) -> std::io::Result<()> {
+    let f = o.own.as_mut().expect("open");
+    if o.kind == EventFd {
+        ep::eventfd_read(f.as_raw_fd())?;
+        return Ok(());
+    }
+    let mut buf = vec![0; n];
+    match f.read(&mut buf) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn drain(f: &mut File) -> std::io::Result<()> {
+    let mut buf = vec![0; 64 << 10];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn fill(f: &mut File) -> std::io::Result<()> {
+    let buf = vec![0; 64 << 10];
+    loop {
+        match f.write(&buf) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Runs a scenario against a target and returns its trace. I/O failures of the scenario's
+/// own objects (not of the target) are returned as errors.
+pub fn run(s: &Scenario, t: &mut dyn Target) -> std::io::Result<Vec<Obs>> {
+    let mut objs: Vec<Option<Obj>> = Vec::new();
+    let mut trace = Vec::new();
+    let ensure = |objs: &mut Vec<Option<Obj>>, slot: usize| {
+        if objs.len() <= slot {
+            objs.resize_with(slot + 1, || None);
+        }
+    };
+    let ctl = |r: Result<(), i32>| r.err().unwrap_or(0);
+    for (i, step) in s.steps.iter().enumerate() {
+        match *step {
+            Open(slot, kind) => {
+                ensure(&mut objs, slot as usize);
+                objs[slot as usize] = Some(open(kind)?);
+            }
+            Add(slot, ev, tok) => {
+                let fd = fd_of(&objs, slot);
+                trace.push(Obs::Ctl(i, ctl(t.add(fd, ev, tok))));
+            }
+            Mod(slot, ev, tok) => {
+                let fd = fd_of(&objs, slot);
+                trace.push(Obs::Ctl(i, ctl(t.modify(fd, ev, tok))));
+            }
+            Del(slot) => {
+                let fd = fd_of(&objs, slot);
+                trace.push(Obs::Ctl(i, ctl(t.delete(fd))));
+            }
+            AddBadFd => trace.push(Obs::Ctl(i, ctl(t.add(-1, IN, 0)))),
+            PeerWrite(slot, n) => write_peer(obj(&mut objs, slot), n)?,
+            Read(slot, n) => read_own(obj(&mut objs, slot), n)?,
+            FillOwn(slot) => fill(obj(&mut objs, slot).own.as_mut().expect("open"))?,
+            DrainPeer(slot) => drain(obj(&mut objs, slot).peer.as_mut().expect("peer"))?,
+            PeerShutWr(slot) => {
+                let p = obj(&mut objs, slot).peer.as_ref().expect("peer");
+                ep::shutdown(p.as_raw_fd(), libc::SHUT_WR)?;
+            }
+            PeerOob(slot) => {
+                let p = obj(&mut objs, slot).peer.as_ref().expect("peer");
+                crate::sys::net::send(p, b"!", libc::MSG_OOB)?;
+            }
+            PeerClose(slot) => drop(obj(&mut objs, slot).peer.take()),
+            Close(slot) => {
+                // Later steps on the slot use fd -1 (EBADF), as with a closed number.
+                let o = obj(&mut objs, slot);
+                let f = o.own.take().expect("open");
+                t.close(f.into());
+            }
+            Settle(slot, ev) => {
+                let f = obj(&mut objs, slot).own.as_ref().expect("open");
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                loop {
+                    let got = crate::sys::net::poll_one(f, ev as i16, 100)? as u32;
+                    if got & ev == ev || std::time::Instant::now() > deadline {
+                        break;
+                    }
+                }
+            }
+            Wait(max) => trace.push(Obs::Wait(i, t.wait(max).map(|v| v.into_iter().collect()))),
+            WaitZero => trace.push(Obs::Wait(i, t.wait(0).map(|v| v.into_iter().collect()))),
+            Many(first, count, kind, ev, tok) => {
+                for k in 0..count {
+                    let slot = (first + k) as usize;
+                    ensure(&mut objs, slot);
+                    objs[slot] = Some(open(kind)?);
+                    let fd = fd_of(&objs, slot as u16);
+                    trace.push(Obs::Ctl(i, ctl(t.add(fd, ev, tok + u64::from(k)))));
+                }
+            }
+            ManyPeerWrite(first, count, every, n) => {
+                for k in (0..count).step_by(every.max(1) as usize) {
+                    write_peer(obj(&mut objs, first + k), n)?;
+                }
+            }
+        }
+    }
+    // Close everything through the target (the ring deletes registrations first).
+    for o in objs.iter_mut().flatten() {
+        if let Some(f) = o.own.take() {
+            t.close(f.into());
+        }
+    }
+    Ok(trace)
+}

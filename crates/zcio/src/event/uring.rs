@@ -1,0 +1,488 @@
+//! The io_uring backend: one poll request per registered fd, readiness harvested from the CQ.
+//!
+//! Poll kinds:
+//! - edge-triggered (`ET` without `ONESHOT`/`EXCLUSIVE`): multishot `POLL_ADD`; each wake-up
+//!   posts a CQE; re-armed at once when a CQE arrives without `F_MORE`.
+//! - level-triggered, `ONESHOT`, `EXCLUSIVE`: one-shot `POLL_ADD`. Level and exclusive polls
+//!   are re-armed after their event is handed out; the re-arm is submitted by the next `wait`,
+//!   and an fd still ready completes at once (the kernel polls it when arming), so it is
+//!   reported again — epoll's level contract. `ONESHOT` stays disarmed until `modify`.
+//!   (The kernel refuses `EPOLLEXCLUSIVE` on multishot polls.)
+//!
+//! user_data: `gen << 32 | fd` for polls (gen counts (re)registrations of the fd, so late
+//! CQEs of an old registration are recognised and dropped); bit 63 marks internal requests.
+
+use super::{CtlError, Event, Interest};
+use crate::buf::mpsc::MpscRing;
+use crate::ring::poll::PollUpdate;
+use crate::ring::{Ring, RingConfig, RingError, SetupFlag};
+use crate::sys::epoll::{identity, FdIdentity};
+use crate::sys::IORING_CQE_F_MORE;
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+const INTERNAL: u64 = 1 << 63;
+const UPDATE: u64 = 1 << 62;
+const WAKE_UD: u64 = u64::MAX;
+const GEN_MASK: u32 = (1 << 30) - 1;
+
+fn poll_ud(fd: RawFd, gen: u32) -> u64 {
+    (u64::from(gen) << 32) | u64::from(fd as u32)
+}
+
+pub(super) enum NewError {
+    Unavailable(String),
+    Io(io::Error),
+}
+
+#[derive(Debug)]
+struct Reg {
+    token: u64,
+    events: u32,
+    gen: u32,
+    ident: FdIdentity,
+    /// A poll with this gen is queued or live in the kernel.
+    armed: bool,
+    /// Mask waiting in the ready queue (0: not queued).
+    queued: u32,
+    /// ONESHOT fired; nothing is reported until modify.
+    disabled: bool,
+}
+
+impl Reg {
+    /// Multishot kernel poll: edge-triggered interest, and any interest with PRI (see
+    /// `kernel_mask`), never EXCLUSIVE (the kernel refuses it).
+    fn multishot(&self) -> bool {
+        if self.events & libc::EPOLLEXCLUSIVE as u32 != 0 {
+            return false;
+        }
+        let et =
+            self.events & libc::EPOLLET as u32 != 0 && self.events & libc::EPOLLONESHOT as u32 == 0;
+        et || self.has_pri()
+    }
+    fn has_pri(&self) -> bool {
+        self.events & libc::EPOLLPRI as u32 != 0
+    }
+    fn level(&self) -> bool {
+        self.events & (libc::EPOLLET | libc::EPOLLONESHOT) as u32 == 0
+    }
+    fn report_mask(&self) -> u32 {
+        (self.events & Interest::READINESS) | (libc::EPOLLERR | libc::EPOLLHUP) as u32
+    }
+    /// The mask given to the kernel. io_uring's poll wake-up filter ignores EPOLLPRI
+    /// (`IO_ASYNC_POLL_COMMON` is masked out of the events it matches), so a PRI-only poll
+    /// would never wake: PRI interest also asks for IN as a wake-up source, and results are
+    /// masked back to the caller's interest. A one-shot poll would then complete at once,
+    /// again and again, on plain data; PRI registrations are therefore multishot, with
+    /// level-triggered re-checks by POLL_UPDATE.
+    fn kernel_mask(&self) -> u32 {
+        let pri_wake = if self.has_pri() {
+            libc::EPOLLIN as u32
+        } else {
+            0
+        };
+        self.report_mask() | pri_wake | (self.events & libc::EPOLLEXCLUSIVE as u32)
+    }
+}
+
+pub(super) struct UringEvents {
+    ring: Ring,
+    regs: Vec<Option<Reg>>,
+    ready: VecDeque<(RawFd, u32)>,
+    wake_fd: RawFd,
+    wake_armed: bool,
+    ctl_syscalls: u64,
+    cqes: u64,
+    rearms: u64,
+    poll_errors: u64,
+}
+
+fn validate_exclusive(op_mod: bool, events: u32) -> Result<(), CtlError> {
+    if events & libc::EPOLLEXCLUSIVE as u32 != 0 {
+        if op_mod {
+            return Err(CtlError::Invalid("EPOLLEXCLUSIVE cannot be set by modify"));
+        }
+        if events & !Interest::EXCLUSIVE_OK != 0 {
+            return Err(CtlError::Invalid(
+                "EPOLLEXCLUSIVE allows only IN, OUT, ERR, HUP, ET (and RD/WR NORM/BAND, WAKEUP)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl UringEvents {
+    pub(super) fn new(cfg: &RingConfig, wake_fd: RawFd) -> Result<Self, NewError> {
+        let ring = match Ring::new(cfg) {
+            Ok(r) => r,
+            Err(RingError::Unavailable { reason, .. }) => {
+                return Err(NewError::Unavailable(reason))
+            }
+            Err(RingError::Setup(e)) => {
+                return Err(NewError::Unavailable(format!(
+                    "io_uring_setup failed with every flag set: {e}"
+                )))
+            }
+        };
+        let probe = ring.probe_opcodes().map_err(NewError::Io)?;
+        if !probe.is_supported(io_uring::opcode::PollAdd::CODE)
+            || !probe.is_supported(io_uring::opcode::PollRemove::CODE)
+        {
+            return Err(NewError::Unavailable(
+                "kernel io_uring lacks POLL_ADD/POLL_REMOVE".into(),
+            ));
+        }
+        let mut me = Self {
+            ring,
+            regs: Vec::new(),
+            ready: VecDeque::new(),
+            wake_fd,
+            wake_armed: false,
+            ctl_syscalls: 0,
+            cqes: 0,
+            rearms: 0,
+            poll_errors: 0,
+        };
+        me.arm_wake().map_err(NewError::Io)?;
+        me.ring.submit().map_err(NewError::Io)?;
+        Ok(me)
+    }
+
+    pub(super) fn setup_flags(&self) -> &[SetupFlag] {
+        self.ring.setup_flags()
+    }
+
+    fn arm_wake(&mut self) -> io::Result<()> {
+        self.wake_armed = true;
+        self.ring
+            .poll_add(self.wake_fd, libc::EPOLLIN as u32, true, WAKE_UD)
+    }
+
+    fn reg_mut(&mut self, fd: RawFd) -> Option<&mut Reg> {
+        if fd < 0 {
+            return None;
+        }
+        self.regs.get_mut(fd as usize).and_then(|r| r.as_mut())
+    }
+
+    /// The EBADF / EPERM / EINVAL checks epoll makes before looking the fd up.
+    fn check_fd(&mut self, fd: RawFd) -> Result<FdIdentity, CtlError> {
+        if fd < 0 {
+            return Err(CtlError::BadFd(fd));
+        }
+        self.ctl_syscalls += 1;
+        let id = identity(fd).map_err(|_| CtlError::BadFd(fd))?;
+        if id.is_unpollable() {
+            return Err(CtlError::NotPollable(fd));
+        }
+        if fd == self.ring.raw().as_raw_fd_compat() || fd == self.wake_fd {
+            return Err(CtlError::Invalid("fd is the event ring's own descriptor"));
+        }
+        Ok(id)
+    }
+
+    fn arm(&mut self, fd: RawFd) -> io::Result<()> {
+        let Some(r) = self.reg_mut(fd) else {
+            return Ok(());
+        };
+        r.armed = true;
+        let (mask, multi, ud) = (r.kernel_mask(), r.multishot(), poll_ud(fd, r.gen));
+        self.ring.poll_add(fd, mask, multi, ud)
+    }
+
+    /// Drops a stale registration (its fd was closed and the number reused).
+    fn forget(&mut self, fd: RawFd) -> io::Result<()> {
+        if let Some(r) = self.regs.get_mut(fd as usize).and_then(|r| r.take()) {
+            if r.armed {
+                // ASYNC_CANCEL rather than POLL_REMOVE: see `modify`.
+                self.ring.cancel(poll_ud(fd, r.gen), INTERNAL)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn add(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), CtlError> {
+        let id = self.check_fd(fd)?;
+        validate_exclusive(false, events)?;
+        let mut gen = 0;
+        if let Some(r) = self.reg_mut(fd) {
+            if r.ident == id {
+                return Err(CtlError::Exists(fd));
+            }
+            gen = (r.gen + 1) & GEN_MASK;
+            self.forget(fd)?;
+        }
+        let i = fd as usize;
+        if self.regs.len() <= i {
+            self.regs.resize_with(i + 1, || None);
+        }
+        self.regs[i] = Some(Reg {
+            token,
+            events,
+            gen,
+            ident: id,
+            armed: false,
+            queued: 0,
+            disabled: false,
+        });
+        self.arm(fd)?;
+        // Submit now: the kernel resolves the fd number at submission, as epoll_ctl does.
+        self.submit()?;
+        Ok(())
+    }
+
+    fn not_registered(&mut self, fd: RawFd, events: Option<u32>) -> CtlError {
+        match self.check_fd(fd) {
+            Err(e) => e,
+            Ok(_) => match events.map(|e| validate_exclusive(true, e)) {
+                Some(Err(e)) => e,
+                _ => CtlError::NotFound(fd),
+            },
+        }
+    }
+
+    pub(super) fn modify(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), CtlError> {
+        if self.reg_mut(fd).is_none() {
+            return Err(self.not_registered(fd, Some(events)));
+        }
+        validate_exclusive(true, events)?;
+        let r = self.reg_mut(fd).expect("checked");
+        if r.events & libc::EPOLLEXCLUSIVE as u32 != 0 {
+            return Err(CtlError::Invalid(
+                "a registration with EPOLLEXCLUSIVE cannot be modified",
+            ));
+        }
+        let old_ud = poll_ud(fd, r.gen);
+        let was_armed = r.armed;
+        r.gen = (r.gen + 1) & GEN_MASK;
+        r.events = events;
+        r.token = token;
+        r.queued = 0;
+        r.disabled = false;
+        // ASYNC_CANCEL + a fresh POLL_ADD (which polls the fd at once, as EPOLL_CTL_MOD
+        // does). Not POLL_UPDATE: it fails with -EALREADY while a wake-up of the old poll is
+        // pending (the kernel's poll ownership is taken), leaving the old poll armed under
+        // its old user_data; a cancel marks the poll cancelled even then.
+        if was_armed {
+            self.ring.cancel(old_ud, INTERNAL)?;
+        }
+        self.arm(fd)?;
+        self.submit()?;
+        Ok(())
+    }
+
+    pub(super) fn delete(&mut self, fd: RawFd) -> Result<(), CtlError> {
+        if self.reg_mut(fd).is_none() {
+            return Err(self.not_registered(fd, None));
+        }
+        self.forget(fd)?;
+        Ok(())
+    }
+
+    /// Submits queued requests now (one `io_uring_enter` if anything is queued) and runs
+    /// pending completion work, so cancelled polls drop their file references.
+    pub(super) fn flush(&mut self) -> io::Result<()> {
+        self.ring.submit_and_wait(1, Some(Duration::ZERO))?;
+        self.drain_cq()?;
+        Ok(())
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        self.ring.submit()?;
+        Ok(())
+    }
+
+    fn on_cqe(&mut self, ud: u64, res: i32, flags: u32) -> io::Result<()> {
+        self.cqes += 1;
+        let more = flags & IORING_CQE_F_MORE != 0;
+        if ud == WAKE_UD {
+            if !more {
+                self.arm_wake()?;
+            }
+            return Ok(());
+        }
+        if ud & INTERNAL != 0 {
+            if ud & UPDATE != 0 && res == -libc::ENOENT {
+                // The poll we updated had already finished: arm a new one.
+                let fd = (ud & 0xffff_ffff) as u32 as RawFd;
+                let gen = ((ud >> 32) as u32) & GEN_MASK;
+                if let Some(r) = self.reg_mut(fd) {
+                    if r.gen == gen && !r.disabled {
+                        self.arm(fd)?;
+                    }
+                }
+            } else if res < 0 && res != -libc::ENOENT && res != -libc::EALREADY {
+                self.poll_errors += 1;
+            }
+            return Ok(());
+        }
+        let fd = (ud & 0xffff_ffff) as u32 as RawFd;
+        let gen = (ud >> 32) as u32;
+        let ready = &mut self.ready;
+        let Some(r) = self.regs.get_mut(fd as usize).and_then(|r| r.as_mut()) else {
+            return Ok(());
+        };
+        if r.gen != gen {
+            return Ok(());
+        }
+        if !more {
+            r.armed = false;
+        }
+        if res < 0 {
+            if res == -libc::ECANCELED && !r.disabled {
+                self.rearms += 1;
+                return self.arm(fd);
+            }
+            self.poll_errors += 1;
+            return Ok(());
+        }
+        let mask = res as u32 & r.report_mask();
+        if mask != 0 && !r.disabled {
+            if r.queued == 0 {
+                ready.push_back((fd, gen));
+            }
+            // Latest state, with hang-ups and errors kept until reported.
+            let sticky = (libc::EPOLLERR | libc::EPOLLHUP | libc::EPOLLRDHUP) as u32;
+            r.queued = mask | (r.queued & sticky & r.report_mask());
+        }
+        let rearm_now = !r.armed && !r.disabled && (r.multishot() || mask == 0);
+        if rearm_now {
+            self.rearms += 1;
+            self.arm(fd)?;
+        }
+        Ok(())
+    }
+
+    fn drain_cq(&mut self) -> io::Result<()> {
+        let mut batch: Vec<(u64, i32, u32)> = Vec::new();
+        self.ring
+            .harvest(|c| batch.push((c.user_data(), c.result(), c.flags())))?;
+        for (ud, res, flags) in batch {
+            self.on_cqe(ud, res, flags)?;
+        }
+        Ok(())
+    }
+
+    fn emit(&mut self, out: &mut [Event]) -> io::Result<usize> {
+        let mut n = 0;
+        while n < out.len() {
+            let Some((fd, gen)) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(r) = self.regs.get_mut(fd as usize).and_then(|r| r.as_mut()) else {
+                continue;
+            };
+            if r.gen != gen || r.queued == 0 {
+                continue;
+            }
+            out[n] = Event {
+                events: r.queued,
+                token: r.token,
+            };
+            n += 1;
+            r.queued = 0;
+            if r.events & libc::EPOLLONESHOT as u32 != 0 {
+                r.disabled = true;
+            } else if r.level() && r.multishot() && r.armed {
+                // Level-triggered on a multishot poll: POLL_UPDATE re-polls the fd in place;
+                // still ready means a new CQE.
+                self.rearms += 1;
+                let ud = poll_ud(fd, r.gen);
+                let mask = r.kernel_mask();
+                self.ring.poll_update(
+                    PollUpdate {
+                        target: ud,
+                        events: Some(mask),
+                        new_user_data: None,
+                        multishot: true,
+                    },
+                    INTERNAL | UPDATE | ud,
+                )?;
+            } else if !r.armed && !r.multishot() {
+                // Level-triggered / exclusive: re-arm; the next wait submits it and an fd
+                // still ready completes at once.
+                self.rearms += 1;
+                self.arm(fd)?;
+            }
+        }
+        Ok(n)
+    }
+
+    pub(super) fn harvest(&mut self, out: &mut [Event]) -> io::Result<usize> {
+        self.drain_cq()?;
+        self.emit(out)
+    }
+
+    pub(super) fn wait(
+        &mut self,
+        out: &mut [Event],
+        timeout: Option<Duration>,
+        user: &MpscRing,
+    ) -> io::Result<usize> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            self.drain_cq()?;
+            let have = !self.ready.is_empty() || user.has_entries();
+            // Enter when nothing is ready, when re-arms/cancels are queued, or when the
+            // kernel flags wake-ups whose completions are deferred to our next entry
+            // (DEFER_TASKRUN + TASKRUN_FLAG): epoll would report those fds in this wait.
+            if !have || self.ring.pending() > 0 || self.ring.work_pending() {
+                let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                // With a zero timeout, ask for `out.len()` completions: the kernel runs up
+                // to max(20, want) deferred wake-ups per entry.
+                let want = out.len().saturating_sub(self.ready.len()).max(1);
+                if have || remaining == Some(Duration::ZERO) {
+                    self.ring.submit_and_wait(want, Some(Duration::ZERO))?;
+                } else if user.prepare_sleep() {
+                    let r = self.ring.submit_and_wait(1, remaining);
+                    user.end_sleep();
+                    r?;
+                } else {
+                    self.ring.submit_and_wait(want, Some(Duration::ZERO))?;
+                }
+                self.drain_cq()?;
+                // More deferred wake-ups than one entry runs: collect them while there is
+                // room in `out`.
+                while self.ready.len() < out.len() && self.ring.work_pending() {
+                    let want = out.len() - self.ready.len();
+                    self.ring.submit_and_wait(want, Some(Duration::ZERO))?;
+                    self.drain_cq()?;
+                }
+            }
+            let n = self.emit(out)?;
+            if n > 0 || user.has_entries() {
+                return Ok(n);
+            }
+            if let Some(d) = deadline {
+                if Instant::now() >= d {
+                    return Ok(0);
+                }
+            }
+        }
+    }
+
+    pub(super) fn stats(&self) -> super::EventStats {
+        super::EventStats {
+            syscalls: self.ring.enters() + self.ctl_syscalls,
+            wait_entries: self.ring.enters(),
+            cqes: self.cqes,
+            rearms: self.rearms,
+            poll_errors: self.poll_errors,
+            ..Default::default()
+        }
+    }
+}
+
+/// The ring's own descriptor.
+trait RawFdCompat {
+    fn as_raw_fd_compat(&self) -> RawFd;
+}
+impl<S: io_uring::squeue::EntryMarker, C: io_uring::cqueue::EntryMarker> RawFdCompat
+    for io_uring::IoUring<S, C>
+{
+    fn as_raw_fd_compat(&self) -> RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(self)
+    }
+}

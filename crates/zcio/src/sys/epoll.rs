@@ -1,0 +1,130 @@
+//! epoll, eventfd and fd-identity wrappers used by the `event` module (its epoll backend, its
+//! error checks, and its wake-up path).
+//!
+//! All functions take raw descriptors: the event API mirrors `epoll_ctl`, which names fds by
+//! number, and a C wrapper must be able to pass any number (including bad ones, to get EBADF).
+
+use super::{owned, syscall};
+use std::io;
+use std::os::fd::{OwnedFd, RawFd};
+
+/// `struct epoll_event` as the kernel lays it out (packed on x86-64).
+pub type EpollEvent = libc::epoll_event;
+
+#[cfg(target_arch = "x86_64")]
+super::assert_layout!(libc::epoll_event, size = 12, align = 1);
+#[cfg(not(target_arch = "x86_64"))]
+super::assert_layout!(libc::epoll_event, size = 16, align = 8);
+
+/// `epoll_create1(EPOLL_CLOEXEC)` (2.6.27).
+pub fn create() -> io::Result<OwnedFd> {
+    // SAFETY: integer argument only.
+    let fd = syscall!(epoll_create1(libc::EPOLL_CLOEXEC))?;
+    Ok(owned(fd))
+}
+
+/// `epoll_ctl(epfd, op, fd, {events, data})`.
+pub fn ctl(epfd: RawFd, op: i32, fd: RawFd, events: u32, data: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: data };
+    // SAFETY: `ev` lives for the call; the kernel copies it (DEL ignores it).
+    syscall!(epoll_ctl(epfd, op, fd, &mut ev)).map(drop)
+}
+
+/// `epoll_wait` into `out`; `timeout_ms` −1 blocks. Returns how many entries were filled.
+pub fn wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> io::Result<usize> {
+    let max = out.len().min(i32::MAX as usize) as i32;
+    // SAFETY: `out` is writable for `max` entries for the duration of the call.
+    let n = syscall!(epoll_wait(epfd, out.as_mut_ptr(), max, timeout_ms))?;
+    Ok(n as usize)
+}
+
+/// An empty event, for sizing buffers.
+pub fn empty_event() -> EpollEvent {
+    libc::epoll_event { events: 0, u64: 0 }
+}
+
+/// What `fstat` says about a descriptor: enough to tell a reused fd number from the file that
+/// was registered, and to refuse files that cannot be polled (as epoll does with EPERM).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdIdentity {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+    /// `st_mode & S_IFMT`.
+    pub kind: u32,
+}
+
+impl FdIdentity {
+    /// Regular files and directories: epoll refuses them with EPERM (they have no poll
+    /// method); io_uring would report them always ready.
+    pub fn is_unpollable(&self) -> bool {
+        self.kind == libc::S_IFREG || self.kind == libc::S_IFDIR
+    }
+}
+
+/// `fstat(fd)` reduced to [`FdIdentity`]. EBADF for a closed descriptor.
+pub fn identity(fd: RawFd) -> io::Result<FdIdentity> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is a writable stat buffer for the call.
+    syscall!(fstat(fd, st.as_mut_ptr()))?;
+    // SAFETY: fstat succeeded and filled the struct (and it was zeroed before).
+    let st = unsafe { st.assume_init() };
+    Ok(FdIdentity {
+        dev: st.st_dev,
+        ino: st.st_ino,
+        kind: st.st_mode & libc::S_IFMT,
+    })
+}
+
+/// Adds `v` to an eventfd counter (`write(2)` of 8 bytes).
+pub fn eventfd_write(fd: RawFd, v: u64) -> io::Result<()> {
+    let b = v.to_ne_bytes();
+    // SAFETY: `b` is 8 readable bytes alive for the call.
+    syscall!(write(fd, b.as_ptr().cast(), 8)).map(drop)
+}
+
+/// Reads and resets an eventfd counter; `Ok(0)` when it was zero (non-blocking fd).
+pub fn eventfd_read(fd: RawFd) -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    // SAFETY: `b` is 8 writable bytes alive for the call.
+    match syscall!(read(fd, b.as_mut_ptr().cast(), 8)) {
+        Ok(_) => Ok(u64::from_ne_bytes(b)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// `close(fd)` of a raw descriptor the caller owns (used by the event scenarios and the C
+/// shim, which name descriptors by number).
+pub fn close_raw(fd: RawFd) -> io::Result<()> {
+    // SAFETY: closing an integer descriptor has no memory effects; ownership is the caller's
+    // concern (documented above).
+    let rc = unsafe { libc::close(fd) };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `pipe2(O_NONBLOCK | O_CLOEXEC)`: `(read end, write end)`.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` is a writable array of two ints for the call.
+    syscall!(pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC))?;
+    Ok((owned(fds[0]), owned(fds[1])))
+}
+
+/// Sets `O_NONBLOCK` on a descriptor.
+pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl with integer arguments.
+    let fl = syscall!(fcntl(fd, libc::F_GETFL))?;
+    // SAFETY: as above.
+    syscall!(fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK)).map(drop)
+}
+
+/// `shutdown(fd, how)` on a raw socket descriptor.
+pub fn shutdown(fd: RawFd, how: i32) -> io::Result<()> {
+    // SAFETY: integer arguments only.
+    syscall!(shutdown(fd, how)).map(drop)
+}
