@@ -385,7 +385,21 @@ impl UringEvents {
             r.queued = 0;
             if r.events & libc::EPOLLONESHOT as u32 != 0 {
                 r.disabled = true;
-            } else if r.level() && r.multishot() && r.armed {
+            } else {
+                self.repoll(fd)?;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Level-triggered re-check of `fd` (after its event was handed out, or when a queued
+    /// event went stale): the kernel polls it again and reports it if still ready.
+    fn repoll(&mut self, fd: RawFd) -> io::Result<()> {
+        let Some(r) = self.regs.get_mut(fd as usize).and_then(|r| r.as_mut()) else {
+            return Ok(());
+        };
+        {
+            if r.level() && r.multishot() && r.armed {
                 // Level-triggered on a multishot poll: POLL_UPDATE re-polls the fd in place;
                 // still ready means a new CQE.
                 self.rearms += 1;
@@ -407,7 +421,24 @@ impl UringEvents {
                 self.arm(fd)?;
             }
         }
-        Ok(n)
+        Ok(())
+    }
+
+    /// Level-triggered events still queued from an earlier wait (more were ready than the
+    /// caller took) may be stale now: epoll re-polls at report time, so drop them and let
+    /// the kernel re-check (added in the capi branch for the epoll shim's trace equivalence).
+    fn requeue_stale_level(&mut self) -> io::Result<()> {
+        let carried: Vec<(RawFd, u32)> = self.ready.iter().copied().collect();
+        for (fd, gen) in carried {
+            let Some(r) = self.regs.get_mut(fd as usize).and_then(|r| r.as_mut()) else {
+                continue;
+            };
+            if r.gen == gen && r.queued != 0 && r.level() {
+                r.queued = 0;
+                self.repoll(fd)?;
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn harvest(&mut self, out: &mut [Event]) -> io::Result<usize> {
@@ -422,6 +453,7 @@ impl UringEvents {
         user: &MpscRing,
     ) -> io::Result<usize> {
         let deadline = timeout.map(|t| Instant::now() + t);
+        self.requeue_stale_level()?;
         loop {
             self.drain_cq()?;
             let have = !self.ready.is_empty() || user.has_entries();
