@@ -510,7 +510,8 @@ pub fn wait(
         }
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let ring = st.ring.as_mut().expect("ring mode");
-        let n = match ring.wait(&mut st.buf[..want], left) {
+        let r = ring.wait(&mut st.buf[..want], left);
+        let n = match r {
             Ok(n) => n,
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
                 real::set_errno(libc::EINTR);
