@@ -2,6 +2,7 @@
 
 mod bench;
 mod hosts;
+mod perf;
 mod probe;
 #[allow(dead_code)] // used by the perf and nfq subcommands as they land
 mod util;
@@ -37,6 +38,9 @@ enum Cmd {
         #[command(subcommand)]
         cmd: HostsCmd,
     },
+    /// Throughput tool for the send paths: `zcio perf server` and `zcio perf client`.
+    #[command(subcommand)]
+    Perf(perf::PerfCmd),
     /// Run benchmark suites (baseline and zcio alternating) and write results.json + report.html.
     Bench {
         /// Suites to run (default: all). `zcio bench --list` shows them.
@@ -85,6 +89,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Hosts {
             cmd: HostsCmd::Cleanup,
         } => hosts::cleanup(),
+        Cmd::Perf(p) => perf::run(p),
         Cmd::Bench {
             suites,
             quick,

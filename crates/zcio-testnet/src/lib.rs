@@ -19,6 +19,7 @@ use std::os::fd::AsRawFd;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+pub mod caps;
 pub mod seccomp;
 
 /// Name prefix of every namespace this crate creates.

@@ -21,6 +21,7 @@ pub mod probe;
 pub mod ring;
 pub mod stats;
 pub mod sys;
+pub mod tx;
 
 pub use ring::{Ring, RingConfig, RingError};
 pub use stats::{Counters, Fallback};

@@ -4,6 +4,7 @@
 
 #[cfg(not(loom))]
 pub mod mpsc;
+pub mod pool;
 
 use crate::sys::syscall;
 use std::io;

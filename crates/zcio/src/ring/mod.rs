@@ -11,6 +11,7 @@
 #![allow(unsafe_code)]
 
 pub mod poll;
+pub mod send;
 pub mod zcrx;
 
 use io_uring::{cqueue, squeue, IoUring};

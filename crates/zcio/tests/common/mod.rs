@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 #[allow(unused_imports)]
 pub use zcio_testnet::{can_make_hosts, skip};

@@ -1,11 +1,18 @@
 //! The registered suites, in the order `zcio bench` runs them.
 
 mod loopback;
+mod notify;
 mod shim;
+mod tx;
 
 use super::Suite;
 
 /// Every suite.
 pub fn all() -> Vec<Box<dyn Suite>> {
-    vec![Box::new(loopback::Loopback), Box::new(shim::Shim)]
+    vec![
+        Box::new(loopback::Loopback),
+        Box::new(tx::Tx),
+        Box::new(notify::Notify),
+        Box::new(shim::Shim),
+    ]
 }

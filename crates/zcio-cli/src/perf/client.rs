@@ -1,0 +1,288 @@
+//! The perf client: sends `size`-byte buffers through a [`Sender`] for a duration.
+
+use super::{parse_duration, parse_test_addr, pattern, ClientArgs};
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+use zcio::buf::pool::{Pool, PoolBuf};
+use zcio::stats::{Counters, Fallback};
+use zcio::tx::{Sender, SenderConfig, TxMode, TxStats};
+
+/// What to send.
+#[derive(Debug, Clone)]
+pub struct ClientOpts {
+    /// Send path.
+    pub mode: TxMode,
+    /// Bytes per send.
+    pub size: usize,
+    /// How long to send.
+    pub duration: Duration,
+    /// Sends in flight.
+    pub depth: usize,
+    /// MSG_ZEROCOPY reap interval.
+    pub notify_limit: usize,
+    /// Fill buffers with the stream pattern.
+    pub verify: bool,
+    /// Pin to this CPU.
+    pub cpu: Option<usize>,
+    /// Send an empty datagram at the end (UDP end marker for `zcio perf server`).
+    pub udp_end_marker: bool,
+    /// io_uring: requests queued per submitting `io_uring_enter`.
+    pub submit_batch: usize,
+    /// Call [`Sender::poll`] after every this many sends (0 = never; completions are then
+    /// collected only when the pool runs dry).
+    pub poll_every: usize,
+}
+
+impl ClientOpts {
+    /// Defaults for a mode and size.
+    pub fn new(mode: TxMode, size: usize, duration: Duration) -> Self {
+        Self {
+            mode,
+            size,
+            duration,
+            depth: 64,
+            notify_limit: 32,
+            verify: false,
+            cpu: None,
+            udp_end_marker: false,
+            submit_batch: 1,
+            poll_every: 0,
+        }
+    }
+}
+
+/// The client's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClientReport {
+    /// `tcp` or `udp`.
+    pub proto: &'static str,
+    /// Mode asked for.
+    pub mode: String,
+    /// Path in use at the end.
+    pub path: String,
+    /// Bytes per send.
+    pub size: usize,
+    /// Seconds spent sending (until every completion was in).
+    pub seconds: f64,
+    /// Bytes completed.
+    pub bytes: u64,
+    /// Sends completed.
+    pub sends: u64,
+    /// Sends that completed with an error.
+    pub errors: u64,
+    /// Gbit/s.
+    pub gbit_s: f64,
+    /// Sending thread CPU seconds.
+    pub cpu_s: f64,
+    /// Sending thread CPU seconds per GB (10^9 bytes).
+    pub cpu_s_per_gb: f64,
+    /// All syscalls per send.
+    pub syscalls_per_send: f64,
+    /// Syscalls made only to collect completions, per send.
+    pub notify_syscalls_per_send: f64,
+    /// Fraction of zero-copy-attempted bytes the kernel copied (None: nothing attempted).
+    pub copied_fraction: Option<f64>,
+    /// Counters.
+    pub counters: Counters,
+    /// Path counters.
+    pub stats: TxStats,
+    /// Fallbacks taken.
+    pub fallbacks: Vec<Fallback>,
+}
+
+/// Parses the CLI and runs the client against a server.
+pub fn run(a: ClientArgs) -> Result<()> {
+    let mode: TxMode = a.tx.parse().map_err(anyhow::Error::msg)?;
+    let size = crate::util::parse_size(&a.size).map_err(anyhow::Error::msg)?;
+    if size == 0 {
+        bail!("bad size '{}': must be at least 1 byte", a.size);
+    }
+    if size > 1 << 30 {
+        bail!("bad size '{}': at most 1G", a.size);
+    }
+    let duration = parse_duration(&a.duration)?;
+    if a.depth == 0 {
+        bail!("bad --depth 0: at least one send must be in flight");
+    }
+    let addr = parse_test_addr(&a.connect)?;
+    let mut opts = ClientOpts::new(mode, size, duration);
+    opts.depth = a.depth;
+    opts.notify_limit = a.notify_limit.max(1);
+    opts.verify = a.verify;
+    opts.cpu = a.cpu;
+    opts.udp_end_marker = a.udp;
+    opts.submit_batch = a.batch.max(1);
+    let sock = connect(addr, a.udp)?;
+    let rep = std::thread::spawn(move || drive(sock, &opts))
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender thread panicked"))??;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rep)?);
+    } else {
+        print_report(&rep);
+    }
+    if rep.errors > 0 {
+        bail!("{} sends failed", rep.errors);
+    }
+    Ok(())
+}
+
+/// Connects a TCP or UDP socket to `addr`.
+pub fn connect(addr: SocketAddr, udp: bool) -> Result<OwnedFd> {
+    if udp {
+        let bind: SocketAddr = if addr.is_ipv4() {
+            "0.0.0.0:0".parse()?
+        } else {
+            "[::]:0".parse()?
+        };
+        let s = UdpSocket::bind(bind).context("binding UDP socket")?;
+        s.connect(addr)
+            .with_context(|| format!("connecting UDP to {addr}"))?;
+        Ok(s.into())
+    } else {
+        let s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+        Ok(s.into())
+    }
+}
+
+fn print_report(r: &ClientReport) {
+    println!(
+        "{} {} (path {}) size {}: {:.2} Gbit/s, {:.3} CPU s/GB, {:.3} syscalls/send ({:.3} for notifications), COPIED {}, {} sends in {:.2} s",
+        r.proto,
+        r.mode,
+        r.path,
+        r.size,
+        r.gbit_s,
+        r.cpu_s_per_gb,
+        r.syscalls_per_send,
+        r.notify_syscalls_per_send,
+        r.copied_fraction
+            .map_or("n/a (no zero-copy attempted)".to_string(), |f| format!("{:.1}%", f * 100.0)),
+        r.sends,
+        r.seconds
+    );
+    for f in &r.fallbacks {
+        println!("fallback: {f}");
+    }
+}
+
+/// Sends on a connected socket for `opts.duration`; runs on the calling thread (create and
+/// drive the sender on the same thread).
+pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
+    if let Some(cpu) = opts.cpu {
+        zcio::sys::pin_thread(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
+    }
+    let pool = Pool::new(opts.size, opts.depth.max(1), false).context("allocating buffers")?;
+    let mut cfg = SenderConfig::new(opts.mode);
+    cfg.depth = opts.depth.max(1);
+    cfg.notify_limit = opts.notify_limit.max(1);
+    cfg.submit_batch = opts.submit_batch.max(1);
+    let mut tx = Sender::new(sock, &pool, cfg).context("setting up the sender")?;
+    let udp = !tx.is_stream();
+    let segment = tx.segment();
+    if !opts.verify {
+        // Constant content: fill every buffer once.
+        let mut all: Vec<PoolBuf> = std::iter::from_fn(|| pool.try_get()).collect();
+        for b in &mut all {
+            pattern::fill(b, 0);
+        }
+    }
+    let mut errors = 0u64;
+    let mut sends = 0u64;
+    let mut off = 0u64;
+    let cpu0 = zcio::sys::thread_cpu_time();
+    let t0 = Instant::now();
+    let end = t0 + opts.duration;
+    let mut since_poll = 0;
+    let reap = |tx: &mut Sender, errors: &mut u64| {
+        for (c, _buf) in tx.completions() {
+            if c.error.is_some() {
+                *errors += 1;
+            }
+        }
+    };
+    loop {
+        if sends % 64 == 0 && Instant::now() >= end {
+            break;
+        }
+        let Some(mut b) = pool.try_get() else {
+            tx.wait(Duration::from_millis(100))?;
+            reap(&mut tx, &mut errors);
+            continue;
+        };
+        b.set_len(opts.size);
+        if opts.verify {
+            fill_for(&mut b, off, udp, segment);
+        }
+        off += opts.size as u64;
+        tx.send(b);
+        sends += 1;
+        since_poll += 1;
+        if opts.poll_every > 0 && since_poll >= opts.poll_every {
+            since_poll = 0;
+            tx.poll()?;
+        }
+        if tx.ready() > 0 {
+            reap(&mut tx, &mut errors);
+        }
+        if errors > 0 {
+            break;
+        }
+    }
+    tx.flush(Duration::from_secs(30))?;
+    reap(&mut tx, &mut errors);
+    let seconds = t0.elapsed().as_secs_f64();
+    let cpu_s = (zcio::sys::thread_cpu_time() - cpu0).as_secs_f64();
+    if udp && opts.udp_end_marker {
+        if let Some(mut b) = pool.try_get() {
+            b.set_len(0);
+            tx.send(b);
+            tx.flush(Duration::from_secs(5))?;
+            reap(&mut tx, &mut errors);
+        }
+    }
+    let c = tx.counters().clone();
+    let st = tx.stats().clone();
+    let ops = sends.max(1) as f64;
+    Ok(ClientReport {
+        proto: if udp { "udp" } else { "tcp" },
+        mode: opts.mode.to_string(),
+        path: tx.path().to_string(),
+        size: opts.size,
+        seconds,
+        bytes: c.bytes,
+        sends,
+        errors,
+        gbit_s: c.bytes as f64 * 8.0 / seconds / 1e9,
+        cpu_s,
+        cpu_s_per_gb: if c.bytes == 0 {
+            f64::NAN
+        } else {
+            cpu_s / (c.bytes as f64 / 1e9)
+        },
+        syscalls_per_send: c.syscalls as f64 / ops,
+        notify_syscalls_per_send: st.notify_syscalls as f64 / ops,
+        copied_fraction: c.copied_fraction(),
+        counters: c,
+        stats: st,
+        fallbacks: tx.fallbacks().to_vec(),
+    })
+}
+
+/// Pattern for stream offset `off`; on UDP each datagram's first 8 bytes carry its offset.
+fn fill_for(b: &mut [u8], off: u64, udp: bool, segment: usize) {
+    pattern::fill(b, off);
+    if udp {
+        let seg = segment.min(b.len()).max(1);
+        let mut k = 0;
+        while k < b.len() {
+            if b.len() - k >= 8 {
+                b[k..k + 8].copy_from_slice(&(off + k as u64).to_le_bytes());
+            }
+            k += seg;
+        }
+    }
+}

@@ -1,0 +1,1155 @@
+//! Zero-copy send with completions: [`Sender`].
+//!
+//! A `Sender` owns a connected TCP socket or a connected UDP socket (IPv4 or IPv6) and sends
+//! [`PoolBuf`]s by one of four paths ([`Path`]):
+//!
+//! - `uring-zc`: io_uring `SEND_ZC` with `IORING_SEND_ZC_REPORT_USAGE` (Linux 6.0 / 6.2);
+//!   completions and notifications are CQEs, read without a syscall;
+//! - `uring-zc-fixed`: the same from a registered (fixed) pool, no page pinning per send;
+//! - `msg-zc`: `send(MSG_ZEROCOPY)` with `SO_ZEROCOPY` and the batched error-queue reaper;
+//! - `copy`: plain `send`.
+//!
+//! [`TxMode::Auto`] probes at construction (io_uring and `SEND_ZC`, then `SO_ZEROCOPY`) and,
+//! while sending, watches the completions: when they report that the kernel copied anyway
+//! (loopback, local delivery over veth), it switches the socket to copy send and re-probes
+//! now and then. Every path not taken is recorded as a [`Fallback`] with its reason.
+//!
+//! Ownership: [`Sender::send`] takes the buffer by value and returns a [`Ticket`]; the buffer
+//! comes back exactly once, with its [`Completion`], from [`Sender::next_completion`]. A buffer
+//! cannot be touched while the kernel may read it:
+//!
+//! ```compile_fail,E0382
+//! use zcio::buf::pool::PoolBuf;
+//! use zcio::tx::Sender;
+//! fn reuse(sender: &mut Sender, mut buf: PoolBuf) {
+//!     let _ticket = sender.send(buf);
+//!     buf[0] = 1; // error[E0382]: borrow of moved value: `buf`
+//! }
+//! ```
+//!
+//! ```no_run
+//! use std::net::TcpStream;
+//! use std::time::Duration;
+//! use zcio::buf::pool::Pool;
+//! use zcio::tx::{Sender, SenderConfig, TxMode};
+//! let pool = Pool::new(64 << 10, 32, false)?;
+//! let sock = TcpStream::connect("127.0.0.1:5001")?;
+//! let mut tx = Sender::new(sock, &pool, SenderConfig::new(TxMode::Auto))?;
+//! let mut buf = pool.try_get().unwrap();
+//! buf.fill(7);
+//! let ticket = tx.send(buf);
+//! tx.flush(Duration::from_secs(5))?;
+//! let (done, buf) = tx.next_completion().unwrap();
+//! assert_eq!(done.ticket, ticket);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod copy;
+mod msgzc;
+mod track;
+
+use crate::buf::pool::{Pool, PoolBuf};
+use crate::ring::send::{SendDone, SendRing};
+use crate::ring::{RingConfig, RingError};
+use crate::stats::{Counters, Fallback};
+use crate::sys::{self, net};
+use msgzc::{MsgDone, MsgZc};
+use serde::Serialize;
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Which send path to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TxMode {
+    /// Plain `send`.
+    Copy,
+    /// `MSG_ZEROCOPY` with the batched error-queue reaper.
+    MsgZc,
+    /// io_uring `SEND_ZC`.
+    UringZc,
+    /// io_uring `SEND_ZC` from a registered (fixed) pool.
+    UringZcFixed,
+    /// Probe, start zero-copy, switch to copy where completions say the kernel copies anyway.
+    Auto,
+}
+
+impl std::str::FromStr for TxMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "copy" => TxMode::Copy,
+            "msg-zc" => TxMode::MsgZc,
+            "uring-zc" => TxMode::UringZc,
+            "uring-zc-fixed" => TxMode::UringZcFixed,
+            "auto" => TxMode::Auto,
+            other => {
+                return Err(format!(
+                    "unknown tx mode '{other}' (use copy, msg-zc, uring-zc, uring-zc-fixed or auto)"
+                ))
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for TxMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TxMode::Copy => "copy",
+            TxMode::MsgZc => "msg-zc",
+            TxMode::UringZc => "uring-zc",
+            TxMode::UringZcFixed => "uring-zc-fixed",
+            TxMode::Auto => "auto",
+        })
+    }
+}
+
+/// The path a send actually took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Path {
+    /// Plain `send`.
+    Copy,
+    /// `MSG_ZEROCOPY`.
+    MsgZc,
+    /// io_uring `SEND_ZC`.
+    UringZc,
+    /// io_uring `SEND_ZC` with a fixed buffer.
+    UringZcFixed,
+}
+
+impl Path {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Copy => "copy",
+            Path::MsgZc => "msg-zc",
+            Path::UringZc => "uring-zc",
+            Path::UringZcFixed => "uring-zc-fixed",
+        }
+    }
+}
+
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Settings of a [`Sender`].
+#[derive(Debug, Clone)]
+pub struct SenderConfig {
+    /// Path to use.
+    pub mode: TxMode,
+    /// Most sends owned by the kernel at once; [`Sender::send`] waits for completions
+    /// beyond this (backpressure).
+    pub depth: usize,
+    /// `msg-zc`: reap the error queue (without blocking) after this many accepted calls.
+    pub notify_limit: usize,
+    /// io_uring: enter the kernel once this many requests are queued (1 = every send).
+    pub submit_batch: usize,
+    /// UDP: split writes larger than one datagram with `UDP_SEGMENT` (GSO). Without it a
+    /// buffer is one datagram (`MessageTooBig` above 64K; IP-fragmented, hence copied, above
+    /// the MTU).
+    pub udp_gso: bool,
+    /// `auto`: switch to copy after this many consecutive COPIED completions.
+    pub copied_streak: u32,
+    /// `auto`: after switching, try zero-copy again after this many copy sends (doubling
+    /// each time the probe is copied again, up to 64×).
+    pub reprobe_every: u64,
+}
+
+impl SenderConfig {
+    /// Defaults for `mode`.
+    pub fn new(mode: TxMode) -> Self {
+        Self {
+            mode,
+            depth: 64,
+            notify_limit: 32,
+            submit_batch: 1,
+            udp_gso: true,
+            copied_streak: 4,
+            reprobe_every: 4096,
+        }
+    }
+}
+
+impl Default for SenderConfig {
+    fn default() -> Self {
+        Self::new(TxMode::Auto)
+    }
+}
+
+/// Identifies one send; its [`Completion`] carries the same ticket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Ticket(pub u64);
+
+/// Whether the kernel sent a buffer without copying it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum ZcStatus {
+    /// Sent by copy (or nothing to send).
+    NotAttempted,
+    /// Every completion said zero-copy (`ee_code` 0 / notification without `ZC_COPIED`).
+    ZeroCopy,
+    /// Every completion said the kernel copied after all.
+    Copied,
+    /// Some parts zero-copy, some copied.
+    Mixed,
+}
+
+/// Why a send failed (all or part of its bytes were not accepted, or the connection failed
+/// while they were in flight).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The buffer is larger than one datagram and GSO is off.
+    #[error("message of {len} bytes is larger than the largest UDP datagram ({max} bytes): enable udp_gso or send smaller buffers (EMSGSIZE)")]
+    MessageTooBig {
+        /// Buffer length.
+        len: usize,
+        /// Largest payload.
+        max: usize,
+    },
+    /// The connection failed (reset, closed): data sent before may not have arrived.
+    #[error("connection failed while sending: {} (buffer returned; its data may not have arrived)", io::Error::from_raw_os_error(*errno))]
+    Connection {
+        /// errno (`ECONNRESET`, `EPIPE`, `ENOTCONN`, ...).
+        errno: i32,
+    },
+    /// Another error from the kernel.
+    #[error("send failed: {}", io::Error::from_raw_os_error(*errno))]
+    Os {
+        /// errno.
+        errno: i32,
+    },
+}
+
+impl SendError {
+    fn from_errno(errno: i32) -> Self {
+        match errno {
+            libc::ECONNRESET
+            | libc::EPIPE
+            | libc::ENOTCONN
+            | libc::ECONNABORTED
+            | libc::ETIMEDOUT
+            | libc::ECONNREFUSED => SendError::Connection { errno },
+            libc::EMSGSIZE => SendError::MessageTooBig { len: 0, max: 0 },
+            _ => SendError::Os { errno },
+        }
+    }
+}
+
+/// How one send ended. Each [`Sender::send`] produces exactly one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Completion {
+    /// The send's ticket.
+    pub ticket: Ticket,
+    /// Bytes the caller asked to send.
+    pub len: usize,
+    /// Bytes the kernel accepted.
+    pub bytes: usize,
+    /// Path taken.
+    pub path: Path,
+    /// Whether the kernel copied.
+    pub zerocopy: ZcStatus,
+    /// The error, if the send failed or its connection did while it was in flight.
+    #[serde(skip)]
+    pub error: Option<SendError>,
+}
+
+impl Completion {
+    /// `Ok(bytes)` or the error.
+    pub fn result(&self) -> Result<usize, &SendError> {
+        match &self.error {
+            None => Ok(self.bytes),
+            Some(e) => Err(e),
+        }
+    }
+}
+
+/// Errors creating or driving a [`Sender`].
+#[derive(Debug, thiserror::Error)]
+pub enum TxError {
+    /// The socket cannot be used (not connected, not TCP/UDP, ...).
+    #[error("{what}: {source}")]
+    Socket {
+        /// What was checked.
+        what: String,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Sends were still in flight when the wait ended.
+    #[error("{in_flight} sends still in flight after {waited:?}: the peer is not reading or the path is stalled")]
+    Timeout {
+        /// Sends not yet complete.
+        in_flight: usize,
+        /// How long was waited.
+        waited: Duration,
+    },
+    /// The io_uring failed.
+    #[error("io_uring: {0}")]
+    Ring(#[source] io::Error),
+}
+
+/// Per-path counters beyond [`Counters`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TxStats {
+    /// Syscalls made to send (send calls, io_uring_enter calls that submitted).
+    pub send_syscalls: u64,
+    /// Syscalls made only to collect completions (recvmsg on the error queue, poll,
+    /// io_uring_enter calls that only waited).
+    pub notify_syscalls: u64,
+    /// Sends completed by path: copy, msg-zc, uring-zc, uring-zc-fixed.
+    pub sends_by_path: [u64; 4],
+    /// Times a send waited because `depth` sends were in flight.
+    pub depth_waits: u64,
+    /// Times sending paused for completions to free kernel room: `ENOBUFS` from
+    /// `MSG_ZEROCOPY` (optmem_max) or `ENOBUFS`/`ENOMEM` results from `SEND_ZC`.
+    pub room_waits: u64,
+    /// Pieces sent by copy because zero-copy had no room even with nothing in flight.
+    pub room_copies: u64,
+    /// `auto`: switches from zero-copy to copy.
+    pub auto_switches_to_copy: u64,
+    /// `auto`: re-probes made, and how many found zero-copy working again.
+    pub auto_reprobes: u64,
+    /// `auto`: re-probes that switched back to zero-copy.
+    pub auto_switches_back: u64,
+    /// Completion sequence numbers that matched no send (should be 0).
+    pub unmatched_notifications: u64,
+    /// Non-zero-copy records read from the error queue (ICMP, local errors).
+    pub queued_errors: u64,
+}
+
+#[derive(Debug)]
+struct Meta {
+    len: usize,
+    path: Path,
+}
+
+#[derive(Debug, Default)]
+struct Auto {
+    zc: Option<Path>,
+    streak: u32,
+    in_copy: bool,
+    since_switch: u64,
+    interval: u64,
+    probe: Option<u64>,
+}
+
+/// A zero-copy sender on one connected TCP or UDP socket. See the [module docs](self).
+///
+/// Not for sharing between threads: with io_uring paths the ring belongs to the thread that
+/// created the sender (`SINGLE_ISSUER`), so create it on the thread that sends.
+pub struct Sender {
+    // Backends first: they are dropped (draining what is in flight) before the socket.
+    ring: Option<SendRing>,
+    msg: Option<MsgZc>,
+    sock: Arc<OwnedFd>,
+    stream: bool,
+    chunk: usize,
+    segment: usize,
+    max_datagram: usize,
+    cfg: SenderConfig,
+    path: Path,
+    auto: Auto,
+    next_ticket: u64,
+    meta: HashMap<u64, Meta>,
+    ready: VecDeque<(Completion, PoolBuf)>,
+    counters: Counters,
+    stats: TxStats,
+    fallbacks: Vec<Fallback>,
+    ring_enters_seen: u64,
+    ring_room_seen: u64,
+    msg_seen: msgzc::MsgStats,
+}
+
+impl std::fmt::Debug for Sender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender")
+            .field("path", &self.path)
+            .field("mode", &self.cfg.mode)
+            .field("in_flight", &self.in_flight())
+            .field("counters", &self.counters)
+            .finish()
+    }
+}
+
+fn sock_err(what: impl Into<String>, source: io::Error) -> TxError {
+    TxError::Socket {
+        what: what.into(),
+        source,
+    }
+}
+
+impl Sender {
+    /// Takes a connected socket (TCP stream or UDP; AF_INET or AF_INET6; other stream or
+    /// datagram sockets fall back to copy with a recorded reason) and sets up `cfg.mode`.
+    /// With [`TxMode::UringZcFixed`], `pool` is registered with the ring.
+    pub fn new(sock: impl Into<OwnedFd>, pool: &Pool, cfg: SenderConfig) -> Result<Self, TxError> {
+        let sock: OwnedFd = sock.into();
+        let ty = sys::getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_TYPE)
+            .map_err(|e| sock_err("getsockopt(SO_TYPE)", e))?;
+        let stream = match ty {
+            libc::SOCK_STREAM => true,
+            libc::SOCK_DGRAM => false,
+            other => {
+                return Err(sock_err(
+                    format!("socket type {other}"),
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "Sender needs a SOCK_STREAM or SOCK_DGRAM socket",
+                    ),
+                ))
+            }
+        };
+        let family = net::socket_family(&sock).ok();
+        let mut fallbacks = Vec::new();
+        // UDP: datagram size from the route MTU, GSO for larger writes.
+        let max_datagram = match family {
+            Some(net::Family::V6) => 65527,
+            _ => 65507,
+        };
+        let mut chunk = usize::MAX;
+        let mut segment = usize::MAX;
+        if !stream {
+            let payload = match family {
+                Some(net::Family::V4) => sys::getsockopt_int(&sock, libc::SOL_IP, libc::IP_MTU)
+                    .map(|m| (m as usize).saturating_sub(28)),
+                Some(net::Family::V6) => sys::getsockopt_int(&sock, libc::SOL_IPV6, libc::IPV6_MTU)
+                    .map(|m| (m as usize).saturating_sub(48)),
+                None => Ok(max_datagram),
+            }
+            .map_err(|e| sock_err("reading the path MTU (is the UDP socket connected?)", e))?
+            .clamp(1, max_datagram);
+            chunk = max_datagram;
+            segment = max_datagram;
+            if cfg.udp_gso && payload < max_datagram && family.is_some() {
+                match sys::setsockopt_int(&sock, sys::SOL_UDP, sys::UDP_SEGMENT, payload as i32) {
+                    // At most 64 segments per call (UDP_MAX_SEGMENTS on older kernels), and
+                    // the whole write must fit one IP packet's length field.
+                    Ok(()) => {
+                        chunk = (max_datagram / payload).min(64) * payload;
+                        segment = payload;
+                    }
+                    Err(e) => {
+                        chunk = payload;
+                        segment = payload;
+                        fallbacks.push(Fallback::new(
+                            "udp-gso",
+                            "one datagram per send call",
+                            format!("setsockopt(UDP_SEGMENT) failed: {e} (needs Linux 4.18)"),
+                        ));
+                    }
+                }
+            } else if !cfg.udp_gso {
+                chunk = usize::MAX;
+                segment = usize::MAX;
+            }
+        }
+        let sock = Arc::new(sock);
+        let mut s = Self {
+            ring: None,
+            msg: None,
+            sock,
+            stream,
+            chunk,
+            segment,
+            max_datagram,
+            cfg: cfg.clone(),
+            path: Path::Copy,
+            auto: Auto {
+                interval: cfg.reprobe_every.max(1),
+                ..Auto::default()
+            },
+            next_ticket: 0,
+            meta: HashMap::new(),
+            ready: VecDeque::new(),
+            counters: Counters::default(),
+            stats: TxStats::default(),
+            fallbacks,
+            ring_enters_seen: 0,
+            ring_room_seen: 0,
+            msg_seen: msgzc::MsgStats::default(),
+        };
+        s.path = s.setup(pool)?;
+        if cfg.mode == TxMode::Auto {
+            s.auto.zc = (s.path != Path::Copy).then_some(s.path);
+        }
+        Ok(s)
+    }
+
+    fn setup(&mut self, pool: &Pool) -> Result<Path, TxError> {
+        let want = self.cfg.mode;
+        if want == TxMode::Copy {
+            return Ok(Path::Copy);
+        }
+        let mut from = want.to_string();
+        if matches!(want, TxMode::UringZc | TxMode::UringZcFixed | TxMode::Auto) {
+            let ring_cfg = RingConfig {
+                entries: (self.cfg.depth.clamp(8, 4096) as u32).next_power_of_two(),
+                ..RingConfig::default()
+            };
+            match SendRing::new(self.sock.clone(), self.stream, self.chunk, &ring_cfg) {
+                Ok(mut ring) => match ring.supports_send_zc() {
+                    Ok(true) => {
+                        let mut path = Path::UringZc;
+                        if want == TxMode::UringZcFixed {
+                            match ring.register_pool(pool) {
+                                Ok(()) => path = Path::UringZcFixed,
+                                Err(e) => self.fallbacks.push(Fallback::new(
+                                    "uring-zc-fixed",
+                                    "uring-zc",
+                                    explain_register(&e, pool.region_len()),
+                                )),
+                            }
+                        }
+                        self.ring = Some(ring);
+                        return Ok(path);
+                    }
+                    Ok(false) => self.fallbacks.push(Fallback::new(
+                        from.clone(),
+                        "msg-zc",
+                        "kernel lacks IORING_OP_SEND_ZC (needs Linux 6.0)",
+                    )),
+                    Err(e) => self.fallbacks.push(Fallback::new(
+                        from.clone(),
+                        "msg-zc",
+                        format!("IORING_REGISTER_PROBE failed: {e}"),
+                    )),
+                },
+                Err(RingError::Unavailable { reason, .. }) => {
+                    self.fallbacks
+                        .push(Fallback::new(from.clone(), "msg-zc", reason));
+                }
+                Err(e) => self
+                    .fallbacks
+                    .push(Fallback::new(from.clone(), "msg-zc", e.to_string())),
+            }
+            from = "msg-zc".into();
+        }
+        match MsgZc::new(
+            self.sock.clone(),
+            self.stream,
+            self.chunk,
+            self.cfg.notify_limit,
+        ) {
+            Ok(m) => {
+                self.msg = Some(m);
+                Ok(Path::MsgZc)
+            }
+            Err(e) => {
+                self.fallbacks.push(Fallback::new(
+                    from,
+                    "copy",
+                    format!(
+                        "setsockopt(SO_ZEROCOPY) refused: {e}; MSG_ZEROCOPY needs a TCP or UDP \
+                         socket (AF_INET/AF_INET6) on Linux 4.14+ (UDP 5.0+)"
+                    ),
+                ));
+                Ok(Path::Copy)
+            }
+        }
+    }
+
+    /// The path new sends take now.
+    pub fn path(&self) -> Path {
+        self.path
+    }
+
+    /// The configured mode.
+    pub fn mode(&self) -> TxMode {
+        self.cfg.mode
+    }
+
+    /// Whether the socket is a stream (TCP).
+    pub fn is_stream(&self) -> bool {
+        self.stream
+    }
+
+    /// UDP: bytes per datagram write (a GSO batch when GSO is on); `usize::MAX` for TCP.
+    pub fn chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// UDP: payload bytes per datagram on the wire (the GSO segment size, or the whole write
+    /// without GSO: `usize::MAX`); `usize::MAX` for TCP.
+    pub fn segment(&self) -> usize {
+        self.segment
+    }
+
+    /// Every fallback taken, with its reason.
+    pub fn fallbacks(&self) -> &[Fallback] {
+        &self.fallbacks
+    }
+
+    /// Counters: bytes completed, sends, syscalls, notifications, zero-copy vs copied bytes.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Path-specific counters.
+    pub fn stats(&self) -> &TxStats {
+        &self.stats
+    }
+
+    /// The socket.
+    pub fn socket(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    /// Sends handed to the kernel whose completion has not been produced yet.
+    pub fn in_flight(&self) -> usize {
+        self.ring.as_ref().map_or(0, |r| r.in_flight())
+            + self.msg.as_ref().map_or(0, |m| m.in_flight())
+    }
+
+    /// Completions ready to be taken.
+    pub fn ready(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Sets `TCP_CORK` (TCP) or `UDP_CORK` (UDP): the kernel holds partial frames until
+    /// uncorked.
+    pub fn set_cork(&mut self, on: bool) -> Result<(), TxError> {
+        let (level, name) = if self.stream {
+            (libc::IPPROTO_TCP, libc::TCP_CORK)
+        } else {
+            (libc::IPPROTO_UDP, libc::UDP_CORK)
+        };
+        if !on {
+            // Uncorking flushes; queued io_uring requests must be in the socket first.
+            self.submit_all()?;
+        }
+        sys::setsockopt_int(&*self.sock, level, name, i32::from(on))
+            .map_err(|e| sock_err("setsockopt(CORK)", e))
+    }
+
+    /// Sends `buf[..buf.len()]`. The buffer comes back with its [`Completion`] from
+    /// [`Sender::next_completion`]. Never fails: errors are in the completion. Blocks for
+    /// completions when `depth` sends are in flight.
+    pub fn send(&mut self, buf: PoolBuf) -> Ticket {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.counters.ops += 1;
+        let len = buf.len();
+        if len == 0 {
+            // Nothing to lend: TCP needs no call, UDP sends an empty datagram.
+            let mut error = None;
+            if !self.stream {
+                self.ordered_for_copy();
+                let out = copy::send_all(&*self.sock, &[], 1);
+                self.syscalls_send(out.syscalls);
+                error = out.error.map(SendError::from_errno);
+            }
+            self.push_ready(
+                done(ticket, 0, 0, Path::Copy, ZcStatus::NotAttempted, error),
+                buf,
+            );
+            return Ticket(ticket);
+        }
+        if !self.stream && self.chunk == usize::MAX && len > self.max_datagram {
+            let e = SendError::MessageTooBig {
+                len,
+                max: self.max_datagram,
+            };
+            self.push_ready(
+                done(ticket, len, 0, Path::Copy, ZcStatus::NotAttempted, Some(e)),
+                buf,
+            );
+            return Ticket(ticket);
+        }
+        while self.in_flight() >= self.cfg.depth.max(1) {
+            self.stats.depth_waits += 1;
+            if self.wait_inner(Duration::from_millis(100)).is_err() {
+                break;
+            }
+        }
+        let path = self.route(ticket);
+        match path {
+            Path::Copy => {
+                self.ordered_for_copy();
+                let out = copy::send_all(&*self.sock, &buf, self.chunk);
+                self.syscalls_send(out.syscalls);
+                let error = out.error.map(SendError::from_errno);
+                self.push_ready(
+                    done(
+                        ticket,
+                        len,
+                        out.bytes,
+                        Path::Copy,
+                        ZcStatus::NotAttempted,
+                        error,
+                    ),
+                    buf,
+                );
+            }
+            Path::MsgZc => {
+                self.ordered_for_copy();
+                self.meta.insert(ticket, Meta { len, path });
+                let m = self.msg.as_mut().expect("msg-zc backend");
+                m.send(ticket, buf);
+                self.collect();
+            }
+            Path::UringZc | Path::UringZcFixed => {
+                self.meta.insert(ticket, Meta { len, path });
+                let r = self.ring.as_mut().expect("ring backend");
+                r.send(ticket, buf);
+                if r.staged() >= self.cfg.submit_batch.max(1) {
+                    let res = r.submit();
+                    self.account_ring(true);
+                    if let Err(e) = res {
+                        self.ring_failed(e);
+                    }
+                }
+                self.collect();
+            }
+        }
+        Ticket(ticket)
+    }
+
+    /// Makes progress without blocking: submits queued io_uring requests, reaps ready
+    /// completions. Returns the number of completions ready.
+    pub fn poll(&mut self) -> Result<usize, TxError> {
+        if let Some(r) = self.ring.as_mut() {
+            // Submit only what is queued; completions already posted are read without a
+            // syscall (notifications of earlier sends ride on the next submitting enter).
+            let res = if r.staged() > 0 {
+                r.submit()
+            } else {
+                r.harvest_ready()
+            };
+            self.account_ring(true);
+            res.map_err(TxError::Ring)?;
+        }
+        if let Some(m) = self.msg.as_mut() {
+            if m.in_flight() > 0 {
+                m.reap();
+            }
+        }
+        self.collect();
+        Ok(self.ready.len())
+    }
+
+    /// Blocks until at least one completion is ready, nothing is in flight, or `timeout`
+    /// passes. Returns the number of completions ready.
+    pub fn wait(&mut self, timeout: Duration) -> Result<usize, TxError> {
+        let end = Instant::now() + timeout;
+        self.poll()?;
+        while self.ready.is_empty() && self.in_flight() > 0 {
+            let now = Instant::now();
+            if now >= end {
+                break;
+            }
+            self.wait_inner(end - now)?;
+        }
+        Ok(self.ready.len())
+    }
+
+    /// Waits until every send has completed (their completions are then ready).
+    pub fn flush(&mut self, timeout: Duration) -> Result<(), TxError> {
+        let t0 = Instant::now();
+        let end = t0 + timeout;
+        self.poll()?;
+        while self.in_flight() > 0 {
+            let now = Instant::now();
+            if now >= end {
+                return Err(TxError::Timeout {
+                    in_flight: self.in_flight(),
+                    waited: t0.elapsed(),
+                });
+            }
+            self.wait_inner((end - now).min(Duration::from_millis(100)))?;
+        }
+        Ok(())
+    }
+
+    /// Takes the next completion and its buffer.
+    pub fn next_completion(&mut self) -> Option<(Completion, PoolBuf)> {
+        self.ready.pop_front()
+    }
+
+    /// Takes every ready completion.
+    pub fn completions(&mut self) -> impl Iterator<Item = (Completion, PoolBuf)> + '_ {
+        self.ready.drain(..)
+    }
+
+    fn wait_inner(&mut self, timeout: Duration) -> Result<(), TxError> {
+        if let Some(r) = self.ring.as_mut() {
+            if r.in_flight() > 0 {
+                let sub = r.staged() > 0;
+                let res = r.wait(Some(timeout.min(Duration::from_millis(100))));
+                self.account_ring(sub);
+                if let Err(e) = res {
+                    self.ring_failed(e);
+                }
+            }
+        }
+        if let Some(m) = self.msg.as_mut() {
+            if m.in_flight() > 0 {
+                m.wait(timeout.min(Duration::from_millis(100)));
+            }
+        }
+        self.collect();
+        Ok(())
+    }
+
+    fn submit_all(&mut self) -> Result<(), TxError> {
+        while let Some(r) = self.ring.as_mut() {
+            if r.staged() == 0 {
+                break;
+            }
+            let res = if r.results_pending() {
+                r.wait(Some(Duration::from_millis(100)))
+            } else {
+                r.submit()
+            };
+            self.account_ring(true);
+            res.map_err(TxError::Ring)?;
+            self.collect();
+        }
+        Ok(())
+    }
+
+    /// Before a copy or MSG_ZEROCOPY send on a stream, everything queued on the ring must be
+    /// in the socket (results in), or the bytes would go out of order.
+    fn ordered_for_copy(&mut self) {
+        if !self.stream {
+            return;
+        }
+        loop {
+            let Some(r) = self.ring.as_mut() else { return };
+            if r.staged() == 0 && !r.results_pending() {
+                return;
+            }
+            let res = r.wait(Some(Duration::from_millis(100)));
+            self.account_ring(true);
+            if let Err(e) = res {
+                self.ring_failed(e);
+                return;
+            }
+            self.collect();
+        }
+    }
+
+    fn route(&mut self, ticket: u64) -> Path {
+        if self.cfg.mode != TxMode::Auto || !self.auto.in_copy {
+            return self.path;
+        }
+        let Some(zc) = self.auto.zc else {
+            return Path::Copy;
+        };
+        self.auto.since_switch += 1;
+        if self.auto.probe.is_none() && self.auto.since_switch >= self.auto.interval {
+            self.auto.since_switch = 0;
+            self.auto.probe = Some(ticket);
+            self.stats.auto_reprobes += 1;
+            return zc;
+        }
+        Path::Copy
+    }
+
+    fn observe(&mut self, ticket: u64, status: ZcStatus) {
+        if self.cfg.mode != TxMode::Auto {
+            return;
+        }
+        if self.auto.probe == Some(ticket) {
+            self.auto.probe = None;
+            if status == ZcStatus::ZeroCopy {
+                self.auto.in_copy = false;
+                self.auto.streak = 0;
+                self.auto.interval = self.cfg.reprobe_every.max(1);
+                self.path = self.auto.zc.unwrap_or(Path::Copy);
+                self.stats.auto_switches_back += 1;
+            } else {
+                self.auto.interval =
+                    (self.auto.interval * 2).min(self.cfg.reprobe_every.max(1) * 64);
+            }
+            return;
+        }
+        if self.auto.in_copy {
+            return;
+        }
+        match status {
+            ZcStatus::Copied | ZcStatus::Mixed => {
+                self.auto.streak += 1;
+                if self.auto.streak >= self.cfg.copied_streak.max(1) {
+                    self.auto.in_copy = true;
+                    self.auto.since_switch = 0;
+                    self.stats.auto_switches_to_copy += 1;
+                    if self.stats.auto_switches_to_copy == 1 {
+                        let from = self.auto.zc.map_or("zero-copy", Path::name);
+                        let reason = format!(
+                            "{} zero-copy completions in a row came back COPIED: this path copies \
+                             anyway (loopback or local delivery), so zero-copy only adds \
+                             notification cost; sending by copy, re-probing every {} sends",
+                            self.auto.streak, self.auto.interval
+                        );
+                        self.fallbacks.push(Fallback::new(from, "copy", reason));
+                    }
+                    self.path = Path::Copy;
+                }
+            }
+            ZcStatus::ZeroCopy => self.auto.streak = 0,
+            ZcStatus::NotAttempted => {}
+        }
+    }
+
+    fn syscalls_send(&mut self, n: u64) {
+        self.counters.syscalls += n;
+        self.stats.send_syscalls += n;
+    }
+
+    /// Counts the ring's new `io_uring_enter` calls; `submitting` says whether requests were
+    /// queued (the enter submitted sends) or not (it only collected completions).
+    fn account_ring(&mut self, submitting: bool) {
+        if let Some(r) = &self.ring {
+            let w = r.stats().room_waits;
+            self.stats.room_waits += w - self.ring_room_seen;
+            self.ring_room_seen = w;
+            let e = r.enters();
+            let d = e - self.ring_enters_seen;
+            self.ring_enters_seen = e;
+            self.counters.syscalls += d;
+            if submitting {
+                self.stats.send_syscalls += d;
+            } else {
+                self.stats.notify_syscalls += d;
+            }
+        }
+    }
+
+    fn ring_failed(&mut self, e: io::Error) {
+        // io_uring_enter itself failed: nothing more can be submitted on this ring.
+        self.fallbacks.push(Fallback::new(
+            self.path.name(),
+            "copy",
+            format!("io_uring_enter failed: {e}"),
+        ));
+        self.path = Path::Copy;
+        self.auto.zc = None;
+    }
+
+    fn push_ready(&mut self, c: Completion, buf: PoolBuf) {
+        let Completion {
+            ticket,
+            len,
+            bytes,
+            path,
+            zerocopy,
+            error,
+        } = c;
+        self.counters.bytes += bytes as u64;
+        let i = match path {
+            Path::Copy => 0,
+            Path::MsgZc => 1,
+            Path::UringZc => 2,
+            Path::UringZcFixed => 3,
+        };
+        self.stats.sends_by_path[i] += 1;
+        let error = match error {
+            Some(SendError::MessageTooBig { .. }) => Some(SendError::MessageTooBig {
+                len,
+                max: self.max_datagram,
+            }),
+            e => e,
+        };
+        self.ready.push_back((
+            Completion {
+                ticket,
+                len,
+                bytes,
+                path,
+                zerocopy,
+                error,
+            },
+            buf,
+        ));
+    }
+
+    fn collect(&mut self) {
+        if let Some(r) = self.ring.as_mut() {
+            if let Some(errno) = r.gave_up() {
+                self.retire_ring(errno);
+            }
+        }
+        while let Some(d) = self.ring.as_mut().and_then(|r| r.next_done()) {
+            self.finish_ring(d);
+        }
+        let mut dones = Vec::new();
+        if let Some(m) = self.msg.as_mut() {
+            while let Some(d) = m.next_done() {
+                dones.push(d);
+            }
+        }
+        for d in dones {
+            self.finish_msg(d);
+        }
+        if let Some(m) = &self.msg {
+            let s = &m.stats;
+            let ds = s.send_calls - self.msg_seen.send_calls;
+            let dn = s.notify_calls - self.msg_seen.notify_calls;
+            self.counters.syscalls += ds + dn;
+            self.stats.send_syscalls += ds;
+            self.stats.notify_syscalls += dn;
+            self.stats.room_waits += s.enobufs_waits - self.msg_seen.enobufs_waits;
+            self.stats.room_copies += s.enobufs_copies - self.msg_seen.enobufs_copies;
+            self.stats.unmatched_notifications = s.unknown_ids;
+            self.stats.queued_errors = s.queued_errors;
+            self.msg_seen = s.clone();
+        }
+    }
+
+    fn retire_ring(&mut self, errno: i32) {
+        let Some(mut ring) = self.ring.take() else {
+            return;
+        };
+        let _ = ring.drain(Duration::from_secs(5));
+        let mut all = Vec::new();
+        while let Some(d) = ring.next_done() {
+            all.push(d);
+        }
+        all.sort_by_key(|d| d.tag);
+        let reason = match errno {
+            libc::EOPNOTSUPP => "SEND_ZC refused by this socket (EOPNOTSUPP): zero-copy needs a \
+                                 TCP or UDP socket"
+                .to_string(),
+            e => format!(
+                "SEND_ZC found no room ({}) with nothing in flight: RLIMIT_MEMLOCK or \
+                 optmem_max is below one send; sending by copy",
+                io::Error::from_raw_os_error(e)
+            ),
+        };
+        self.fallbacks
+            .push(Fallback::new(self.path.name(), "copy", reason));
+        if ring.in_flight() == 0 {
+            let d = ring.enters() - self.ring_enters_seen;
+            self.counters.syscalls += d;
+            self.stats.notify_syscalls += d;
+            self.ring_enters_seen = 0;
+            self.ring_room_seen = 0;
+            drop(ring);
+        } else {
+            self.ring = Some(ring);
+        }
+        self.path = Path::Copy;
+        self.auto.zc = None;
+        for d in all {
+            self.finish_ring(d);
+        }
+    }
+
+    fn finish_ring(&mut self, d: SendDone) {
+        let meta = self.meta.remove(&d.tag).unwrap_or(Meta {
+            len: d.buf.len(),
+            path: Path::UringZc,
+        });
+        let mut bytes = d.bytes;
+        let mut error = d.error.map(SendError::from_errno);
+        for &(off, len) in &d.unsent {
+            let out = copy::send_all(&*self.sock, &d.buf[off..off + len], self.chunk);
+            self.syscalls_send(out.syscalls);
+            self.stats.room_copies += 1;
+            bytes += out.bytes;
+            if let Some(e) = out.error {
+                error.get_or_insert(SendError::from_errno(e));
+            }
+        }
+        self.counters.notifications += u64::from(d.notifs_zerocopy + d.notifs_copied);
+        let status = status_of(d.notifs_zerocopy, d.notifs_copied);
+        self.count_zc(status, d.bytes);
+        self.observe(d.tag, status);
+        self.push_ready(
+            done(d.tag, meta.len, bytes, meta.path, status, error),
+            d.buf,
+        );
+    }
+
+    fn finish_msg(&mut self, d: MsgDone) {
+        let meta = self.meta.remove(&d.tag).unwrap_or(Meta {
+            len: d.buf.len(),
+            path: Path::MsgZc,
+        });
+        self.counters.notifications += u64::from(d.ranges_zc + d.ranges_copied);
+        let status = status_of(d.ranges_zc, d.ranges_copied);
+        self.count_zc(status, d.zc_bytes);
+        self.observe(d.tag, status);
+        let error = d.error.map(SendError::from_errno);
+        self.push_ready(
+            done(
+                d.tag,
+                meta.len,
+                d.zc_bytes + d.copy_bytes,
+                meta.path,
+                status,
+                error,
+            ),
+            d.buf,
+        );
+    }
+
+    fn count_zc(&mut self, status: ZcStatus, bytes: usize) {
+        match status {
+            ZcStatus::ZeroCopy => self.counters.zerocopy_bytes += bytes as u64,
+            ZcStatus::Copied | ZcStatus::Mixed => self.counters.copied_bytes += bytes as u64,
+            ZcStatus::NotAttempted => {}
+        }
+    }
+}
+
+fn done(
+    ticket: u64,
+    len: usize,
+    bytes: usize,
+    path: Path,
+    zerocopy: ZcStatus,
+    error: Option<SendError>,
+) -> Completion {
+    Completion {
+        ticket: Ticket(ticket),
+        len,
+        bytes,
+        path,
+        zerocopy,
+        error,
+    }
+}
+
+fn status_of(zc: u32, copied: u32) -> ZcStatus {
+    match (zc, copied) {
+        (0, 0) => ZcStatus::NotAttempted,
+        (_, 0) => ZcStatus::ZeroCopy,
+        (0, _) => ZcStatus::Copied,
+        _ => ZcStatus::Mixed,
+    }
+}
+
+fn explain_register(e: &io::Error, len: usize) -> String {
+    match e.raw_os_error() {
+        Some(libc::ENOMEM) => {
+            let lim = sys::getrlimit(libc::RLIMIT_MEMLOCK)
+                .ok()
+                .and_then(|(soft, _)| soft)
+                .map_or("unlimited".to_string(), |v| format!("{v} bytes"));
+            format!(
+                "registering {len} bytes of fixed buffers failed with ENOMEM: RLIMIT_MEMLOCK \
+                 ({lim}) is exhausted; raise it (ulimit -l) or grant CAP_IPC_LOCK"
+            )
+        }
+        _ => format!("IORING_REGISTER_BUFFERS failed: {e}"),
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        if self.in_flight() > 0 {
+            let _ = self.flush(Duration::from_secs(2));
+        }
+    }
+}
+
+impl AsRawFd for Sender {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+}

@@ -1,0 +1,633 @@
+//! `tx::Sender` on real sockets: every send completes exactly once on every path, buffers
+//! come back, COPIED is reported where the kernel copies, backpressure loses nothing.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::unix::net::UnixStream;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use zcio::buf::pool::{Pool, PoolBuf};
+use zcio::tx::{Completion, Path, SendError, Sender, SenderConfig, Ticket, TxMode, ZcStatus};
+use zcio_testnet::{Pair, Sink};
+
+const MODES: [TxMode; 5] = [
+    TxMode::Copy,
+    TxMode::MsgZc,
+    TxMode::UringZc,
+    TxMode::UringZcFixed,
+    TxMode::Auto,
+];
+/// 0, 1, below a TCP/IP header (40), 64K, 1M.
+const SIZES: [usize; 5] = [0, 1, 40, 64 << 10, 1 << 20];
+
+/// Collects completions, failing on any ticket seen twice.
+#[derive(Default)]
+struct Book {
+    done: HashMap<Ticket, Completion>,
+}
+
+impl Book {
+    fn take(&mut self, tx: &mut Sender) {
+        for (c, buf) in tx.completions() {
+            assert_eq!(
+                c.len,
+                buf.len(),
+                "buffer of {c:?} came back with another length"
+            );
+            let t = c.ticket;
+            assert!(
+                self.done.insert(t, c).is_none(),
+                "ticket {t:?} completed twice"
+            );
+        }
+    }
+    fn get(&mut self, pool: &Pool, tx: &mut Sender) -> PoolBuf {
+        loop {
+            if let Some(b) = pool.try_get() {
+                return b;
+            }
+            tx.wait(Duration::from_secs(1)).unwrap();
+            self.take(tx);
+        }
+    }
+    fn finish(&mut self, tx: &mut Sender, tickets: &[Ticket]) {
+        tx.flush(Duration::from_secs(20)).unwrap();
+        self.take(tx);
+        assert_eq!(
+            self.done.len(),
+            tickets.len(),
+            "completions: {:?}",
+            self.done.keys()
+        );
+        for t in tickets {
+            assert!(self.done.contains_key(t), "{t:?} never completed");
+        }
+    }
+}
+
+/// Reads a TCP stream to EOF checking the offset pattern; returns the byte count.
+fn pattern_reader(l: TcpListener) -> JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 256 << 10];
+        let mut off = 0u64;
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                return off;
+            }
+            if let Err(bad) = common::check_pattern(&buf[..n], off) {
+                panic!("stream corrupt at offset {bad}");
+            }
+            off += n as u64;
+        }
+    })
+}
+
+fn cfg(mode: TxMode) -> SenderConfig {
+    let mut c = SenderConfig::new(mode);
+    c.depth = 8;
+    c
+}
+
+/// Sends `sizes` × `reps` on a TCP connection to `addr`'s listener; checks exactly-once,
+/// full bytes, buffers back, and the stream intact at the receiver.
+fn tcp_case(mode: TxMode, bind: &str, sizes: &[usize], reps: usize, cork: bool) {
+    let l = TcpListener::bind(bind).unwrap();
+    let rx = pattern_reader(l.try_clone().unwrap());
+    let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let pool = Pool::new(1 << 20, 6, false).unwrap();
+    let mut tx = Sender::new(sock, &pool, cfg(mode)).unwrap();
+    if cork {
+        tx.set_cork(true).unwrap();
+    }
+    let mut book = Book::default();
+    let mut tickets = vec![];
+    let mut off = 0u64;
+    for _ in 0..reps {
+        for &size in sizes {
+            let mut b = book.get(&pool, &mut tx);
+            b.set_len(size);
+            common::fill_pattern(&mut b, off);
+            off += size as u64;
+            tickets.push(tx.send(b));
+            book.take(&mut tx);
+        }
+    }
+    if cork {
+        tx.set_cork(false).unwrap();
+    }
+    book.finish(&mut tx, &tickets);
+    for c in book.done.values() {
+        assert_eq!(c.result(), Ok(c.len), "{mode}: {c:?}");
+    }
+    assert_eq!(
+        pool.available(),
+        pool.count(),
+        "{mode}: a buffer was not returned"
+    );
+    assert_eq!(tx.counters().bytes, off);
+    // Closing the socket ends the stream; the receiver checks every byte.
+    drop(tx);
+    assert_eq!(rx.join().unwrap(), off, "{mode}: receiver byte count");
+}
+
+#[test]
+fn every_tcp_send_completes_exactly_once_on_every_path_v4_and_v6() {
+    for mode in MODES {
+        for bind in ["127.0.0.1:0", "[::1]:0"] {
+            tcp_case(mode, bind, &SIZES, 2, false);
+        }
+    }
+}
+
+#[test]
+fn corked_tcp_sends_complete_exactly_once_after_uncork() {
+    for mode in MODES {
+        tcp_case(mode, "127.0.0.1:0", &[1, 40, 0, 1000, 64 << 10, 1], 4, true);
+    }
+}
+
+/// Sends `sizes` on a connected UDP socket; returns the completions in ticket order.
+fn udp_sends(
+    sock: UdpSocket,
+    mode: TxMode,
+    sizes: &[usize],
+    gso: bool,
+) -> (Vec<Completion>, Vec<zcio::Fallback>) {
+    let pool = Pool::new(1 << 20, 4, false).unwrap();
+    let mut c = cfg(mode);
+    c.udp_gso = gso;
+    let mut tx = Sender::new(sock, &pool, c).unwrap();
+    let mut book = Book::default();
+    let mut tickets = vec![];
+    for &size in sizes {
+        let mut b = book.get(&pool, &mut tx);
+        b.set_len(size);
+        common::fill_pattern(&mut b, 0);
+        tickets.push(tx.send(b));
+        book.take(&mut tx);
+    }
+    book.finish(&mut tx, &tickets);
+    assert_eq!(
+        pool.available(),
+        pool.count(),
+        "{mode}: a buffer was not returned"
+    );
+    let mut v: Vec<Completion> = book.done.into_values().collect();
+    v.sort_by_key(|c| c.ticket);
+    (v, tx.fallbacks().to_vec())
+}
+
+#[test]
+fn every_udp_send_completes_exactly_once_on_every_path_v4_and_v6() {
+    for mode in MODES {
+        for bind in ["127.0.0.1:0", "[::1]:0"] {
+            let rx = UdpSocket::bind(bind).unwrap();
+            let s = UdpSocket::bind(bind).unwrap();
+            s.connect(rx.local_addr().unwrap()).unwrap();
+            let (done, _) = udp_sends(s, mode, &SIZES, true);
+            assert_eq!(done.len(), SIZES.len());
+            for (c, &size) in done.iter().zip(&SIZES) {
+                assert_eq!(c.len, size);
+                assert_eq!(c.result(), Ok(size), "{mode} {bind}: {c:?}");
+            }
+            // The receiver got at least the small datagrams (loopback, nothing else queued).
+            rx.set_nonblocking(true).unwrap();
+            let mut got = vec![];
+            let mut buf = vec![0u8; 65536];
+            while let Ok(n) = rx.recv(&mut buf) {
+                got.push(n);
+            }
+            assert!(got.starts_with(&[0, 1, 40]), "{mode}: datagrams {got:?}");
+        }
+    }
+}
+
+#[test]
+fn loopback_completions_are_reported_copied() {
+    for mode in [TxMode::MsgZc, TxMode::UringZc, TxMode::UringZcFixed] {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let rx = pattern_reader(l.try_clone().unwrap());
+        let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let pool = Pool::new(64 << 10, 4, false).unwrap();
+        let mut tx = Sender::new(sock, &pool, cfg(mode)).unwrap();
+        let mut book = Book::default();
+        let mut tickets = vec![];
+        for i in 0..16u64 {
+            let mut b = book.get(&pool, &mut tx);
+            common::fill_pattern(&mut b, i * (64 << 10));
+            tickets.push(tx.send(b));
+        }
+        book.finish(&mut tx, &tickets);
+        assert!(
+            book.done.values().all(|c| c.zerocopy == ZcStatus::Copied),
+            "{mode}: {:?}",
+            book.done.values().map(|c| c.zerocopy).collect::<Vec<_>>()
+        );
+        assert_eq!(tx.counters().copied_fraction(), Some(1.0));
+        drop(tx);
+        assert_eq!(rx.join().unwrap(), 16 << 16);
+    }
+}
+
+#[test]
+fn sink_completions_are_zero_copy_v4_and_v6() {
+    if !common::can_make_hosts("sink_completions_are_zero_copy_v4_and_v6") {
+        return;
+    }
+    let sink = Sink::new("txzc").unwrap();
+    for mode in [
+        TxMode::MsgZc,
+        TxMode::UringZc,
+        TxMode::UringZcFixed,
+        TxMode::Auto,
+    ] {
+        for (src, dst) in [
+            (
+                SocketAddr::from((sink.src4, 0)),
+                SocketAddr::from((sink.dst4, 9)),
+            ),
+            (
+                SocketAddr::from((sink.src6, 0)),
+                SocketAddr::from((sink.dst6, 9)),
+            ),
+        ] {
+            let (done, fallbacks) = sink
+                .host
+                .run(move || {
+                    let s = UdpSocket::bind(src).unwrap();
+                    s.connect(dst).unwrap();
+                    let mut sizes = SIZES.to_vec();
+                    sizes.extend([64 << 10; 8]);
+                    udp_sends(s, mode, &sizes, true)
+                })
+                .unwrap();
+            assert!(fallbacks.is_empty(), "{mode}: {fallbacks:?}");
+            for c in &done {
+                assert_eq!(c.result(), Ok(c.len), "{mode} {dst}: {c:?}");
+                if c.len >= 64 << 10 {
+                    assert_eq!(c.zerocopy, ZcStatus::ZeroCopy, "{mode} {dst}: {c:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn auto_switches_to_copy_where_completions_are_copied_and_says_why() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rx = pattern_reader(l.try_clone().unwrap());
+    let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let pool = Pool::new(64 << 10, 8, false).unwrap();
+    let mut c = cfg(TxMode::Auto);
+    c.reprobe_every = 50;
+    let mut tx = Sender::new(sock, &pool, c).unwrap();
+    let zc_path = tx.path();
+    assert_ne!(
+        zc_path,
+        Path::Copy,
+        "auto found no zero-copy path: {:?}",
+        tx.fallbacks()
+    );
+    let mut book = Book::default();
+    let mut tickets = vec![];
+    for i in 0..300u64 {
+        let mut b = book.get(&pool, &mut tx);
+        common::fill_pattern(&mut b, i * (64 << 10));
+        tickets.push(tx.send(b));
+        book.take(&mut tx);
+    }
+    book.finish(&mut tx, &tickets);
+    assert_eq!(tx.path(), Path::Copy);
+    let f = &tx.fallbacks()[0];
+    assert_eq!(f.to, "copy");
+    assert!(f.reason.contains("COPIED"), "{f}");
+    assert!(tx.stats().auto_reprobes >= 1, "{:?}", tx.stats());
+    assert!(tx.stats().sends_by_path[0] > 200, "{:?}", tx.stats());
+    drop(tx);
+    assert_eq!(rx.join().unwrap(), 300 << 16);
+}
+
+#[test]
+fn enobufs_is_backpressure_and_loses_no_byte() {
+    if !common::can_make_hosts("enobufs_is_backpressure_and_loses_no_byte") {
+        return;
+    }
+    let pair = Pair::new("enobufs").unwrap();
+    // optmem_max is per network namespace on this kernel: starve only the sender's.
+    let out = pair
+        .a
+        .command("sh")
+        .args([
+            "-c",
+            "echo 1024 > /proc/sys/net/core/optmem_max && cat /proc/sys/net/core/optmem_max",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1024");
+    let dst = SocketAddr::from((pair.b4, 7000));
+    let l = pair.b.run(move || TcpListener::bind(dst).unwrap()).unwrap();
+    let rx = pattern_reader(l);
+    let (stats, total) = pair
+        .a
+        .run(move || {
+            let sock = TcpStream::connect(dst).unwrap();
+            let pool = Pool::new(16 << 10, 32, false).unwrap();
+            let mut c = cfg(TxMode::MsgZc);
+            c.depth = 32;
+            c.notify_limit = 64;
+            let mut tx = Sender::new(sock, &pool, c).unwrap();
+            let mut book = Book::default();
+            let mut tickets = vec![];
+            let mut off = 0u64;
+            for _ in 0..2000 {
+                let mut b = book.get(&pool, &mut tx);
+                common::fill_pattern(&mut b, off);
+                off += b.len() as u64;
+                tickets.push(tx.send(b));
+                book.take(&mut tx);
+            }
+            book.finish(&mut tx, &tickets);
+            for c in book.done.values() {
+                assert_eq!(c.result(), Ok(c.len), "{c:?}");
+            }
+            assert_eq!(pool.available(), pool.count());
+            (tx.stats().clone(), off)
+        })
+        .unwrap();
+    assert!(stats.room_waits > 0, "ENOBUFS never hit: {stats:?}");
+    assert_eq!(rx.join().unwrap(), total);
+}
+
+#[test]
+fn peer_reset_returns_every_buffer_with_an_error() {
+    for mode in [
+        TxMode::Copy,
+        TxMode::MsgZc,
+        TxMode::UringZc,
+        TxMode::UringZcFixed,
+    ] {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = vec![0u8; 64 << 10];
+            let mut got = 0;
+            while got < 1 << 20 {
+                got += s.read(&mut buf).unwrap();
+            }
+            // Closing with unread data sends a reset.
+            std::thread::sleep(Duration::from_millis(20));
+            drop(s);
+        });
+        let sock = TcpStream::connect(addr).unwrap();
+        let pool = Pool::new(64 << 10, 16, false).unwrap();
+        let mut c = cfg(mode);
+        c.depth = 16;
+        let mut tx = Sender::new(sock, &pool, c).unwrap();
+        let mut book = Book::default();
+        let mut tickets = vec![];
+        for _ in 0..4000 {
+            let b = book.get(&pool, &mut tx);
+            tickets.push(tx.send(b));
+            book.take(&mut tx);
+            if book.done.values().any(|c| c.error.is_some()) {
+                break;
+            }
+        }
+        book.finish(&mut tx, &tickets);
+        peer.join().unwrap();
+        let errors: Vec<&SendError> = book
+            .done
+            .values()
+            .filter_map(|c| c.error.as_ref())
+            .collect();
+        assert!(!errors.is_empty(), "{mode}: no send saw the reset");
+        assert!(
+            errors
+                .iter()
+                .all(|e| matches!(e, SendError::Connection { .. })),
+            "{mode}: {errors:?}"
+        );
+        assert_eq!(pool.available(), pool.count(), "{mode}: buffers leaked");
+        // Sends after the failure complete at once, with the error.
+        let b = pool.try_get().unwrap();
+        let t = tx.send(b);
+        tx.flush(Duration::from_secs(5)).unwrap();
+        let (c, _) = tx.next_completion().unwrap();
+        assert_eq!(c.ticket, t);
+        assert!(c.error.is_some(), "{mode}: {c:?}");
+    }
+}
+
+#[test]
+fn oversized_datagram_without_gso_is_a_clear_error() {
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for mode in MODES {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.connect(rx.local_addr().unwrap()).unwrap();
+        let (done, _) = udp_sends(s, mode, &[100 << 10, 1000], false);
+        let e = done[0].error.clone().expect("EMSGSIZE");
+        assert_eq!(
+            e,
+            SendError::MessageTooBig {
+                len: 100 << 10,
+                max: 65507
+            }
+        );
+        assert!(e.to_string().contains("EMSGSIZE"), "{e}");
+        assert_eq!(done[1].result(), Ok(1000));
+    }
+}
+
+#[test]
+fn unix_socket_refuses_zero_copy_and_falls_back_with_a_reason() {
+    for mode in [TxMode::MsgZc, TxMode::UringZc, TxMode::Auto] {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let pool = Pool::new(4096, 4, false).unwrap();
+        let mut tx = Sender::new(a, &pool, cfg(mode)).unwrap();
+        let mut book = Book::default();
+        let mut tickets = vec![];
+        let reader = std::thread::spawn(move || {
+            let mut v = vec![];
+            b.read_to_end(&mut v).unwrap();
+            v
+        });
+        let mut off = 0;
+        for _ in 0..8 {
+            let mut buf = book.get(&pool, &mut tx);
+            common::fill_pattern(&mut buf, off);
+            off += 4096;
+            tickets.push(tx.send(buf));
+            book.take(&mut tx);
+        }
+        book.finish(&mut tx, &tickets);
+        assert_eq!(tx.path(), Path::Copy, "{mode}");
+        let reasons: Vec<String> = tx.fallbacks().iter().map(|f| f.reason.clone()).collect();
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("SO_ZEROCOPY") || r.contains("EOPNOTSUPP")),
+            "{mode}: {reasons:?}"
+        );
+        assert!(book.done.values().all(|c| c.result() == Ok(4096)));
+        drop(tx);
+        let v = reader.join().unwrap();
+        assert_eq!(v.len() as u64, off);
+        common::check_pattern(&v, 0).unwrap();
+    }
+}
+
+#[test]
+fn memlock_exhausted_fixed_buffers_fall_back_with_a_reason() {
+    let test = "memlock_exhausted_fixed_buffers_fall_back_with_a_reason";
+    let Ok((Some(limit), _)) = zcio::sys::getrlimit(libc::RLIMIT_MEMLOCK) else {
+        common::skip(test, "RLIMIT_MEMLOCK is unlimited here");
+        return;
+    };
+    let res = std::thread::spawn(move || {
+        // Without CAP_IPC_LOCK the ring accounts registered buffers against RLIMIT_MEMLOCK.
+        zcio_testnet::caps::drop_effective_in_this_thread(zcio_testnet::caps::CAP_IPC_LOCK)
+            .unwrap();
+        let slot = 1 << 20;
+        let count = (limit as usize / slot + 2).min(4096);
+        let pool = Pool::new(slot, count, false).unwrap();
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.connect(rx.local_addr().unwrap()).unwrap();
+        let mut tx = Sender::new(s, &pool, cfg(TxMode::UringZcFixed)).unwrap();
+        let path = tx.path();
+        let fallbacks = tx.fallbacks().to_vec();
+        let mut b = pool.try_get().unwrap();
+        b.set_len(1000);
+        let t = tx.send(b);
+        tx.flush(Duration::from_secs(5)).unwrap();
+        let (c, _) = tx.next_completion().unwrap();
+        (path, fallbacks, t, c)
+    })
+    .join()
+    .unwrap();
+    let (path, fallbacks, t, c) = res;
+    assert_eq!(path, Path::UringZc, "{fallbacks:?}");
+    assert_eq!(fallbacks.len(), 1, "{fallbacks:?}");
+    assert_eq!(fallbacks[0].from, "uring-zc-fixed");
+    assert!(
+        fallbacks[0].reason.contains("RLIMIT_MEMLOCK"),
+        "{}",
+        fallbacks[0]
+    );
+    assert_eq!(c.ticket, t);
+    assert_eq!(c.result(), Ok(1000));
+}
+
+#[test]
+fn tiny_send_buffer_and_slow_reader_keep_the_stream_in_order() {
+    for mode in [TxMode::MsgZc, TxMode::UringZc, TxMode::UringZcFixed] {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let rx = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = vec![0u8; 3000];
+            let mut off = 0u64;
+            loop {
+                let n = s.read(&mut buf).unwrap();
+                if n == 0 {
+                    return off;
+                }
+                common::check_pattern(&buf[..n], off)
+                    .unwrap_or_else(|bad| panic!("{mode}: stream corrupt at offset {bad}"));
+                off += n as u64;
+                if off % 7 == 0 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        });
+        let sock = TcpStream::connect(addr).unwrap();
+        zcio::sys::setsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUF, 4096).unwrap();
+        let pool = Pool::new(48 << 10, 16, false).unwrap();
+        let mut c = cfg(mode);
+        c.depth = 16;
+        c.submit_batch = 4;
+        let mut tx = Sender::new(sock, &pool, c).unwrap();
+        let mut book = Book::default();
+        let mut tickets = vec![];
+        let mut off = 0u64;
+        for i in 0..120usize {
+            let mut b = book.get(&pool, &mut tx);
+            b.set_len(1 + (i * 7919) % (48 << 10));
+            common::fill_pattern(&mut b, off);
+            off += b.len() as u64;
+            tickets.push(tx.send(b));
+            book.take(&mut tx);
+        }
+        book.finish(&mut tx, &tickets);
+        assert!(book.done.values().all(|c| c.result() == Ok(c.len)));
+        assert_eq!(pool.available(), pool.count());
+        drop(tx);
+        assert_eq!(rx.join().unwrap(), off, "{mode}");
+    }
+}
+
+#[test]
+fn memlock_limit_on_pinned_pages_is_backpressure_for_send_zc() {
+    let test = "memlock_limit_on_pinned_pages_is_backpressure_for_send_zc";
+    let Ok((Some(limit), _)) = zcio::sys::getrlimit(libc::RLIMIT_MEMLOCK) else {
+        common::skip(test, "RLIMIT_MEMLOCK is unlimited here");
+        return;
+    };
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let rx = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut off = 0u64;
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                return off;
+            }
+            common::check_pattern(&buf[..n], off)
+                .unwrap_or_else(|bad| panic!("stream corrupt at offset {bad}"));
+            off += n as u64;
+        }
+    });
+    let (stats, total, fallbacks) = std::thread::spawn(move || {
+        // Without CAP_IPC_LOCK, SEND_ZC accounts the pages it pins against RLIMIT_MEMLOCK.
+        zcio_testnet::caps::drop_effective_in_this_thread(zcio_testnet::caps::CAP_IPC_LOCK)
+            .unwrap();
+        let slot = 1 << 20;
+        let count = (2 * limit as usize / slot).clamp(4, 64);
+        let pool = Pool::new(slot, count, false).unwrap();
+        let sock = TcpStream::connect(addr).unwrap();
+        let mut c = cfg(TxMode::UringZc);
+        c.depth = count;
+        c.submit_batch = count;
+        let mut tx = Sender::new(sock, &pool, c).unwrap();
+        let mut book = Book::default();
+        let mut tickets = vec![];
+        let mut off = 0u64;
+        for _ in 0..3 * count {
+            let mut b = book.get(&pool, &mut tx);
+            common::fill_pattern(&mut b, off);
+            off += b.len() as u64;
+            tickets.push(tx.send(b));
+            book.take(&mut tx);
+        }
+        book.finish(&mut tx, &tickets);
+        assert!(book.done.values().all(|c| c.result() == Ok(c.len)));
+        assert_eq!(pool.available(), pool.count());
+        (tx.stats().clone(), off, tx.fallbacks().to_vec())
+    })
+    .join()
+    .unwrap();
+    assert_eq!(rx.join().unwrap(), total);
+    assert!(
+        stats.room_waits > 0 || !fallbacks.is_empty(),
+        "the memlock limit was never reached: {stats:?}"
+    );
+    eprintln!("room waits {}, fallbacks {fallbacks:?}", stats.room_waits);
+}
