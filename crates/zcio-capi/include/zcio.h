@@ -29,6 +29,57 @@
 #define ZCIO_EVENT_PREFER_EPOLL 2
 
 /*
+ Plain `send`.
+ */
+#define ZCIO_TX_COPY 0
+
+/*
+ `MSG_ZEROCOPY` with the batched error-queue reaper.
+ */
+#define ZCIO_TX_MSG_ZC 1
+
+/*
+ io_uring `SEND_ZC`.
+ */
+#define ZCIO_TX_URING_ZC 2
+
+/*
+ io_uring `SEND_ZC` from the registered (fixed) pool.
+ */
+#define ZCIO_TX_URING_ZC_FIXED 3
+
+/*
+ Probe, start zero-copy, switch to copy where the kernel copies anyway.
+ */
+#define ZCIO_TX_AUTO 4
+
+/*
+ Completion `zerocopy` value: sent by copy.
+ */
+#define ZCIO_ZC_NOT_ATTEMPTED 0
+
+/*
+ Completion `zerocopy` value: every part went zero-copy.
+ */
+#define ZCIO_ZC_ZEROCOPY 1
+
+/*
+ Completion `zerocopy` value: the kernel copied after all.
+ */
+#define ZCIO_ZC_COPIED 2
+
+/*
+ Completion `zerocopy` value: some parts zero-copy, some copied.
+ */
+#define ZCIO_ZC_MIXED 3
+
+/*
+ One buffer from a pool, owned by the caller until handed to `zcio_sender_send` (which
+ takes it) or `zcio_buf_free` (which returns it to its pool). Opaque.
+ */
+typedef struct zcio_buf zcio_buf;
+
+/*
  A handle that posts user events to one event ring from any thread. Opaque.
  */
 typedef struct zcio_event_poster zcio_event_poster;
@@ -38,6 +89,16 @@ typedef struct zcio_event_poster zcio_event_poster;
  64-bit token), with ready events harvested from shared memory. Opaque.
  */
 typedef struct zcio_event_ring zcio_event_ring;
+
+/*
+ A pool of page-aligned send buffers. Opaque.
+ */
+typedef struct zcio_pool zcio_pool;
+
+/*
+ A sender owning one connected TCP or UDP socket. Opaque; one thread at a time.
+ */
+typedef struct zcio_sender zcio_sender;
 
 /*
  One ready event: epoll bits (`EPOLLIN`, ...) and the registration's or poster's token.
@@ -90,6 +151,36 @@ typedef struct zcio_event_stats {
    */
   uint64_t poster_wakes;
 } zcio_event_stats;
+
+/*
+ The result of one `zcio_sender_send`.
+ */
+typedef struct zcio_tx_completion {
+  /*
+   The ticket `zcio_sender_send` returned.
+   */
+  uint64_t ticket;
+  /*
+   Bytes the buffer held.
+   */
+  uintptr_t len;
+  /*
+   Bytes the kernel accepted.
+   */
+  uintptr_t bytes;
+  /*
+   `ZCIO_TX_*` path the send took.
+   */
+  uint32_t path;
+  /*
+   `ZCIO_ZC_*`.
+   */
+  uint32_t zerocopy;
+  /*
+   0, or `-errno` when the send failed (the data may not have arrived).
+   */
+  int error;
+} zcio_tx_completion;
 
 #ifdef __cplusplus
 extern "C" {
@@ -176,6 +267,95 @@ int zcio_event_poster_post(const struct zcio_event_poster *p, uint64_t token, ui
  Frees a poster (NULL is ignored).
  */
 void zcio_event_poster_free(struct zcio_event_poster *p);
+
+/*
+ Creates a pool of `count` buffers of `slot_size` bytes into `*out`. Returns 0 or `-errno`.
+ */
+int zcio_pool_new(struct zcio_pool **out, uintptr_t slot_size, uintptr_t count);
+
+/*
+ Frees a pool handle (NULL is ignored). Buffers still out keep the memory alive until
+ they come back.
+ */
+void zcio_pool_free(struct zcio_pool *p);
+
+/*
+ Takes a free buffer (length 0) into `*out`; `-EAGAIN` when every buffer is out.
+ */
+int zcio_pool_get(const struct zcio_pool *p, struct zcio_buf **out);
+
+/*
+ The buffer's memory (`zcio_buf_capacity` bytes, writable while the caller owns it).
+ */
+void *zcio_buf_data(struct zcio_buf *b);
+
+/*
+ The buffer's capacity in bytes.
+ */
+uintptr_t zcio_buf_capacity(const struct zcio_buf *b);
+
+/*
+ Sets how many bytes of the buffer are to be sent. `-EINVAL` beyond the capacity.
+ */
+int zcio_buf_set_len(struct zcio_buf *b, uintptr_t len);
+
+/*
+ The buffer's length (bytes to send, or bytes sent for a returned buffer).
+ */
+uintptr_t zcio_buf_len(const struct zcio_buf *b);
+
+/*
+ Returns a buffer to its pool (NULL is ignored).
+ */
+void zcio_buf_free(struct zcio_buf *b);
+
+/*
+ Creates a sender for the connected TCP/UDP socket `fd` (ownership passes to the sender,
+ which closes it) sending from `pool`, in `mode` (`ZCIO_TX_*`). Returns 0 or `-errno`
+ (`fd` is closed on failure too).
+ */
+int zcio_sender_new(struct zcio_sender **out, int fd, const struct zcio_pool *pool, uint32_t mode);
+
+/*
+ Frees a sender and closes its socket (NULL is ignored). Sends in flight are waited for
+ by the library so no buffer is released while the kernel reads it.
+ */
+void zcio_sender_free(struct zcio_sender *s);
+
+/*
+ Sends `buf` (taken: the handle is invalid afterwards; the buffer comes back with its
+ completion). Writes the ticket to `*ticket` if non-NULL. Returns 0 or `-EINVAL`.
+ */
+int zcio_sender_send(struct zcio_sender *s, struct zcio_buf *buf, uint64_t *ticket);
+
+/*
+ Collects finished sends without blocking; returns how many completions are ready.
+ */
+int zcio_sender_poll(struct zcio_sender *s);
+
+/*
+ Waits up to `timeout_ms` for at least one completion; returns how many are ready.
+ */
+int zcio_sender_wait(struct zcio_sender *s, int timeout_ms);
+
+/*
+ Waits until every send has completed (`-ETIMEDOUT` after `timeout_ms`).
+ */
+int zcio_sender_flush(struct zcio_sender *s, int timeout_ms);
+
+/*
+ Takes the oldest ready completion into `*out` and its buffer into `*buf` (the caller owns
+ it again: reuse it or `zcio_buf_free` it). Returns 1, or 0 when none is ready.
+ */
+int zcio_sender_next_completion(struct zcio_sender *s,
+                                struct zcio_tx_completion *out,
+                                struct zcio_buf **buf);
+
+/*
+ The path the sender currently takes, as a static string (`"copy"`, `"msg-zc"`,
+ `"uring-zc"`, `"uring-zc-fixed"`); NULL for a NULL handle.
+ */
+const char *zcio_sender_path(const struct zcio_sender *s);
 
 #ifdef __cplusplus
 }  // extern "C"

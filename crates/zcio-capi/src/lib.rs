@@ -10,6 +10,10 @@
 #![allow(non_camel_case_types)]
 #![warn(missing_docs)]
 
+mod tx;
+
+pub use tx::*;
+
 use libc::{c_char, c_int};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -66,11 +70,11 @@ pub struct zcio_event_stats {
     pub poster_wakes: u64,
 }
 
-fn guard(f: impl FnOnce() -> c_int) -> c_int {
+pub(crate) fn guard(f: impl FnOnce() -> c_int) -> c_int {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(-libc::ENOTRECOVERABLE)
 }
 
-fn neg(e: &std::io::Error) -> c_int {
+pub(crate) fn neg(e: &std::io::Error) -> c_int {
     -e.raw_os_error().unwrap_or(libc::EIO)
 }
 

@@ -115,6 +115,28 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
         "{out}"
     );
 
+    // The sender example (zero-copy send over loopback, every byte checked).
+    let tx_exe = p.join("sender");
+    run(Command::new("cc")
+        .args([
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&tx_exe)
+        .arg(root.join("crates/zcio-capi/examples/c/sender.c"))
+        .args(&flags)
+        .arg(&rpath)
+        .arg("-lpthread"));
+    let out = run(&mut Command::new(&tx_exe));
+    assert!(
+        out.contains("completions 16") && out.ends_with("ok\n"),
+        "{out}"
+    );
+
     // C, static.
     let static_flags = run(Command::new("pkg-config")
         .args(["--static", "--libs-only-other", "--libs-only-l", "zcio"])
