@@ -23,8 +23,13 @@ use zcio::sys::epoll as ep;
 pub enum LoopKind {
     /// `epoll_wait` + `epoll_ctl` directly (the baseline).
     Epoll,
-    /// zcio's [`EventRing`] (io_uring poll ring; falls back to epoll with a reason).
+    /// zcio's [`EventRing`] (io_uring poll ring with DEFER_TASKRUN + SINGLE_ISSUER; falls
+    /// back to epoll with a reason).
     Ring,
+    /// [`EventRing`] with COOP_TASKRUN instead of DEFER_TASKRUN: wake-ups are posted to the
+    /// CQ whenever the loop thread enters the kernel for any syscall (its reads and writes),
+    /// so under load `wait` often finds events in memory without `io_uring_enter`.
+    RingCoop,
 }
 
 /// Edge- or level-triggered registrations (same for both loops).
@@ -128,12 +133,17 @@ pub struct RingLoop {
 }
 
 impl RingLoop {
-    /// A ring with the default configuration (io_uring, DEFER_TASKRUN, epoll fallback).
-    pub fn new() -> io::Result<Self> {
-        let ring = EventRing::with_config(&EventConfig {
+    /// A ring with the default configuration (io_uring, DEFER_TASKRUN, epoll fallback), or
+    /// with COOP_TASKRUN instead of DEFER_TASKRUN (`coop`).
+    pub fn new(coop: bool) -> io::Result<Self> {
+        let mut cfg = EventConfig {
             prefer: Prefer::Auto,
             ..EventConfig::default()
-        })?;
+        };
+        if coop {
+            cfg.ring.defer_taskrun = false;
+        }
+        let ring = EventRing::with_config(&cfg)?;
         for f in ring.fallbacks() {
             eprintln!("zcio fallback: {f}");
         }
@@ -163,7 +173,18 @@ impl EventLoop for RingLoop {
         (s.syscalls, s.wait_entries)
     }
     fn describe(&self) -> String {
-        format!("EventRing ({})", self.ring.backend_name())
+        let flags: Vec<&str> = self
+            .ring
+            .setup_flags()
+            .iter()
+            .filter(|f| f.granted)
+            .map(|f| f.name)
+            .collect();
+        format!(
+            "EventRing ({} {})",
+            self.ring.backend_name(),
+            flags.join("+")
+        )
     }
 }
 
@@ -171,7 +192,8 @@ impl EventLoop for RingLoop {
 pub fn make_loop(kind: LoopKind) -> io::Result<Box<dyn EventLoop>> {
     Ok(match kind {
         LoopKind::Epoll => Box::new(EpollLoop::new()?),
-        LoopKind::Ring => Box::new(RingLoop::new()?),
+        LoopKind::Ring => Box::new(RingLoop::new(false)?),
+        LoopKind::RingCoop => Box::new(RingLoop::new(true)?),
     })
 }
 
@@ -252,6 +274,8 @@ pub struct ServerStats {
     pub wait_entries: u64,
     /// Waits that returned events.
     pub waits: u64,
+    /// CPU seconds of the server thread.
+    pub cpu_s: f64,
 }
 
 const LISTENER: u64 = u64::MAX;
@@ -275,6 +299,7 @@ pub fn serve(
     let mut events = vec![Event::default(); 512];
     let mut buf = vec![0u8; 16 << 10];
     let mut st = ServerStats::default();
+    let cpu0 = zcio::sys::thread_cpu_time();
     while !stop.load(Ordering::Relaxed) {
         let n = lp.wait(&mut events, Some(Duration::from_millis(50)))?;
         if n > 0 {
@@ -371,6 +396,7 @@ pub fn serve(
     let (sys, waits) = lp.entries();
     st.loop_syscalls = sys;
     st.wait_entries = waits;
+    st.cpu_s = (zcio::sys::thread_cpu_time() - cpu0).as_secs_f64();
     Ok(st)
 }
 

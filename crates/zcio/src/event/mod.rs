@@ -2,7 +2,7 @@
 //! every epoll semantic, realised on io_uring.
 //!
 //! [`EventRing`] has epoll's interface — `add`/`modify`/`delete` an fd with an interest mask
-//! and a `u64` token, then collect [`Event`]s — with two backends ([`Backend`]):
+//! and a `u64` token, then collect [`Event`]s — with two backends:
 //!
 //! - **io_uring**: each fd gets a `POLL_ADD` (multishot for edge-triggered interest, one-shot
 //!   re-armed after each report for level-triggered, `ONESHOT` and `EXCLUSIVE` interest);

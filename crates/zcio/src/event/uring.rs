@@ -460,35 +460,36 @@ impl UringEvents {
             // Enter when nothing is ready, when re-arms/cancels are queued, or when the
             // kernel flags wake-ups whose completions are deferred to our next entry
             // (DEFER_TASKRUN + TASKRUN_FLAG): epoll would report those fds in this wait.
-            if !have || self.ring.pending() > 0 || self.ring.work_pending() {
+            let work = self.ring.work_pending();
+            if !have || work || self.ring.pending() > 0 {
                 let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-                // With a zero timeout, ask for `out.len()` completions: the kernel runs up
-                // to max(20, want) deferred wake-ups per entry.
+                // Block only when nothing is ready or pending. Otherwise enter with a zero
+                // timeout asking for `out.len()` completions: the kernel runs up to
+                // max(20, want) deferred wake-ups per entry, so one entry collects them all.
                 let want = out.len().saturating_sub(self.ready.len()).max(1);
-                if have || remaining == Some(Duration::ZERO) {
-                    self.ring.submit_and_wait(want, Some(Duration::ZERO))?;
-                } else if user.prepare_sleep() {
+                let block = !have && !work && remaining != Some(Duration::ZERO);
+                if block && user.prepare_sleep() {
                     let r = self.ring.submit_and_wait(1, remaining);
                     user.end_sleep();
                     r?;
+                    self.drain_cq()?;
                 } else {
                     self.ring.submit_and_wait(want, Some(Duration::ZERO))?;
-                }
-                self.drain_cq()?;
-                // More deferred wake-ups than one entry runs: collect them while there is
-                // room in `out`.
-                // Bounded (capi branch): the kernel can keep the TASKRUN flag set while
-                // wake-ups keep arriving and an entry yields no completion; looping until
-                // it clears made one wait spin through 150 000 entries under nginx load.
-                let mut rounds = 0;
-                while self.ready.len() < out.len() && self.ring.work_pending() && rounds < 4 {
-                    let want = out.len() - self.ready.len();
-                    let before = self.cqes;
-                    self.ring.submit_and_wait(want, Some(Duration::ZERO))?;
                     self.drain_cq()?;
-                    rounds += 1;
-                    if self.cqes == before {
-                        break;
+                    // More deferred wake-ups than one entry ran: collect them while there
+                    // is room in `out` (epoll would report them all in this wait).
+                    // Bounded, and only while entries make progress: the flag can be set
+                    // again at once by wake-ups that keep arriving.
+                    let mut rounds = 0;
+                    while self.ready.len() < out.len() && rounds < 4 && self.ring.work_pending() {
+                        let before = self.cqes;
+                        let want = out.len() - self.ready.len();
+                        self.ring.submit_and_wait(want, Some(Duration::ZERO))?;
+                        self.drain_cq()?;
+                        rounds += 1;
+                        if self.cqes == before {
+                            break;
+                        }
                     }
                 }
             }

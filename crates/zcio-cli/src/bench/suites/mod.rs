@@ -1,5 +1,6 @@
 //! The registered suites, in the order `zcio bench` runs them.
 
+mod event;
 mod loopback;
 mod notify;
 mod shim;
@@ -13,6 +14,7 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(loopback::Loopback),
         Box::new(tx::Tx),
         Box::new(notify::Notify),
+        Box::new(event::EventSuite),
         Box::new(shim::Shim),
     ]
 }
