@@ -153,7 +153,7 @@ fn run_once(
                 let mut o = ClientOpts::new(mode, SIZE, dur);
                 o.cpu = Some(score);
                 o.notify_limit = limit;
-                o.depth = 64;
+                o.depth = if udp { 64 } else { 256 };
                 o.poll_every = limit;
                 o.submit_batch = 4;
                 from_report(&drive(sock, &o)?)
@@ -225,7 +225,8 @@ impl Suite for Notify {
             size_label(SIZE)
         ));
         ctx.note(
-            "zcio sides: 64 sends in flight from a pool; the reaper reaps every `limit` sends; \
+            "zcio sides: sends in flight from a pool (64 on UDP, 256 on TCP, where completions \
+             wait for ACKs); the reaper reaps every `limit` sends; \
              the io_uring side harvests its CQ every `limit` sends (no syscall) and queues 4 \
              sends per io_uring_enter",
         );
