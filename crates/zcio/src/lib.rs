@@ -19,6 +19,7 @@ pub mod buf;
 pub mod event;
 pub mod probe;
 pub mod ring;
+pub mod rx;
 pub mod stats;
 pub mod sys;
 pub mod tx;

@@ -2,9 +2,11 @@
 //! pages, unmapped on drop.
 #![allow(unsafe_code)]
 
+pub mod bufring;
 #[cfg(not(loom))]
 pub mod mpsc;
 pub mod pool;
+pub mod refill;
 
 use crate::sys::syscall;
 use std::io;

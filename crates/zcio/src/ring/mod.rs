@@ -11,6 +11,7 @@
 #![allow(unsafe_code)]
 
 pub mod poll;
+pub mod recv;
 pub mod send;
 pub mod zcrx;
 
@@ -333,6 +334,31 @@ impl<C: cqueue::EntryMarker> Ring<C> {
     /// then returns `Ok` with whatever is ready).
     pub fn submit_and_wait(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<usize> {
         self.enter(want, timeout)
+    }
+
+    /// Submits and waits for `want` completions, but once `min_wait` has passed returns as soon
+    /// as at least one is ready (`min_wait_usec`, `IORING_FEAT_MIN_TIMEOUT`, Linux 6.12): this
+    /// lets completions accumulate into batches without holding back a lone one for long.
+    /// `timeout` bounds the whole wait. On kernels without the feature, behaves like
+    /// [`Ring::submit_and_wait`] with `want` = 1.
+    pub fn submit_and_wait_batch(
+        &mut self,
+        want: usize,
+        min_wait: Duration,
+        timeout: Duration,
+    ) -> io::Result<usize> {
+        if !self.ring.params().is_feature_min_timeout() || want <= 1 || min_wait.is_zero() {
+            return self.enter(1, Some(timeout));
+        }
+        self.enters += 1;
+        let ts = io_uring::types::Timespec::from(timeout);
+        let args = io_uring::types::SubmitArgs::new()
+            .timespec(&ts)
+            .min_wait_usec(min_wait.as_micros().min(u32::MAX as u128) as u32);
+        match self.ring.submitter().submit_with_args(want, &args) {
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) => Ok(0),
+            other => other,
+        }
     }
 
     fn enter(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<usize> {

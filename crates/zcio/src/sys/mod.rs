@@ -10,6 +10,7 @@ pub mod epoll;
 pub mod errqueue;
 pub mod net;
 pub mod nfqueue;
+pub mod poller;
 pub mod zcrx;
 
 use std::io;

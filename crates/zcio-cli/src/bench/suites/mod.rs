@@ -3,6 +3,7 @@
 mod event;
 mod loopback;
 mod notify;
+mod rx;
 mod shim;
 mod tx;
 
@@ -13,6 +14,7 @@ pub fn all() -> Vec<Box<dyn Suite>> {
     vec![
         Box::new(loopback::Loopback),
         Box::new(tx::Tx),
+        Box::new(rx::Rx),
         Box::new(notify::Notify),
         Box::new(event::EventSuite),
         Box::new(shim::Shim),

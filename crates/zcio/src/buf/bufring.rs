@@ -1,0 +1,506 @@
+//! Provided-buffer rings (`IORING_REGISTER_PBUF_RING`, Linux 5.19): a ring of
+//! `struct io_uring_buf {addr, len, bid, resv}` entries from which the kernel picks a buffer
+//! for each receive, and which user space refills by writing entries at the tail and
+//! publishing the tail (the `resv` field of entry 0) with release ordering.
+//!
+//! The ring memory is allocated by the kernel and mmap'd (`IOU_PBUF_RING_MMAP`, 6.4) where the
+//! kernel has it, else it is a user [`Region`]; which one is recorded. With
+//! `IOU_PBUF_RING_INC` (6.12) the kernel consumes a buffer incrementally: each completion
+//! uses the next part of the buffer and `IORING_CQE_F_BUF_MORE` says the kernel still holds the
+//! rest.
+//!
+//! Ownership: a buffer id is either in the ring (the kernel may write into it) or lent to the
+//! application as a [`BufLease`] (read-only, returned to the ring when the last lease of it
+//! drops). Leases are only created from completions by [`BufRing::lease_from_cqe`], which is
+//! `unsafe` because its arguments must come from a real completion of this ring.
+
+use super::Region;
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+/// `IOU_PBUF_RING_MMAP` (6.4): the kernel allocates the ring; user space mmaps it.
+pub const IOU_PBUF_RING_MMAP: u16 = 1;
+/// `IOU_PBUF_RING_INC` (6.12): buffers are consumed incrementally.
+pub const IOU_PBUF_RING_INC: u16 = 2;
+/// `IORING_OFF_PBUF_RING`: mmap offset of kernel-allocated buffer rings.
+pub const IORING_OFF_PBUF_RING: u64 = 0x8000_0000;
+/// `IORING_OFF_PBUF_SHIFT`: the buffer group id sits above this bit in the mmap offset.
+pub const IORING_OFF_PBUF_SHIFT: u32 = 16;
+/// `IORING_CQE_BUFFER_SHIFT`: a CQE's buffer id is in `flags >> 16`.
+pub const IORING_CQE_BUFFER_SHIFT: u32 = 16;
+
+/// `struct io_uring_buf`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IoUringBuf {
+    /// Buffer address.
+    pub addr: u64,
+    /// Buffer length.
+    pub len: u32,
+    /// Buffer id, returned in the CQE.
+    pub bid: u16,
+    /// Unused in entries other than 0; entry 0's is the ring tail.
+    pub resv: u16,
+}
+crate::sys::assert_layout!(
+    IoUringBuf,
+    size = 16,
+    align = 8,
+    addr = 0,
+    len = 8,
+    bid = 12,
+    resv = 14
+);
+
+/// How to build a buffer ring.
+#[derive(Debug, Clone)]
+pub struct BufRingConfig {
+    /// Buffer group id.
+    pub bgid: u16,
+    /// Number of buffers (and ring entries); a power of two ≤ 32768.
+    pub entries: u16,
+    /// Size of each buffer in bytes.
+    pub buf_size: u32,
+    /// Ask for incremental consumption (`IOU_PBUF_RING_INC`).
+    pub incremental: bool,
+    /// Put the buffers on huge pages if possible.
+    pub huge_pages: bool,
+    /// Buffers kept in the ring at once (the rest wait, most recently returned on top, in a
+    /// user-space stack); [`BufRing::grow`] raises it. Keeping few buffers in rotation keeps
+    /// them in the CPU cache. 0 = all.
+    pub hot: u16,
+}
+
+enum RingMem {
+    Kernel { ptr: *mut IoUringBuf, len: usize },
+    User(Region),
+}
+
+impl RingMem {
+    fn ptr(&self) -> *mut IoUringBuf {
+        match self {
+            RingMem::Kernel { ptr, .. } => *ptr,
+            RingMem::User(r) => r.as_ptr().cast(),
+        }
+    }
+}
+
+impl Drop for RingMem {
+    fn drop(&mut self) {
+        if let RingMem::Kernel { ptr, len } = self {
+            // SAFETY: the mapping was created in `register` with this address and length.
+            unsafe { libc::munmap(ptr.cast(), *len) };
+        }
+    }
+}
+
+/// A registered provided-buffer ring with its buffers.
+pub struct BufRing {
+    mem: RingMem,
+    bufs: Region,
+    entries: u16,
+    buf_size: u32,
+    bgid: u16,
+    incremental: bool,
+    kernel_allocated: bool,
+    fallback: Option<String>,
+    /// Next tail value to publish (free-running u16, as the kernel reads it).
+    tail: Cell<u16>,
+    /// Per buffer id: ring position it was last published at (for bundles).
+    pos: RefCell<Vec<u16>>,
+    /// Per buffer id: bytes the kernel has consumed (incremental mode).
+    consumed: RefCell<Vec<u32>>,
+    /// Per buffer id: leases alive.
+    refs: RefCell<Vec<u32>>,
+    /// Per buffer id: the kernel is done with it (no `F_BUF_MORE` seen).
+    done: RefCell<Vec<bool>>,
+    lent: Cell<u32>,
+    recycled: Cell<u64>,
+    /// Free buffers not in the ring, most recently returned last (LIFO).
+    stack: RefCell<Vec<u16>>,
+    /// Ring slots written / seen consumed (from completions), free-running.
+    written: Cell<u64>,
+    seen: Cell<u64>,
+    /// Wanted ring occupancy.
+    hot: Cell<u16>,
+    /// A completion consumed the last buffer in the ring.
+    ran_dry: Cell<bool>,
+}
+
+impl std::fmt::Debug for BufRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufRing")
+            .field("bgid", &self.bgid)
+            .field("entries", &self.entries)
+            .field("buf_size", &self.buf_size)
+            .field("incremental", &self.incremental)
+            .field("kernel_allocated", &self.kernel_allocated)
+            .field("lent", &self.lent.get())
+            .finish()
+    }
+}
+
+impl BufRing {
+    /// Registers a buffer ring with the io_uring whose descriptor is `ring_fd`, using
+    /// `register(ring_addr, entries, bgid, flags)` for the `IORING_REGISTER_PBUF_RING` call.
+    /// Tries a kernel-allocated ring first, then user memory. Every buffer starts in the ring.
+    ///
+    /// The returned ring must be dropped after the io_uring stops using it: unregister it, or
+    /// drop it after the io_uring (whose teardown releases the group).
+    pub fn register(
+        ring_fd: i32,
+        cfg: &BufRingConfig,
+        mut register: impl FnMut(u64, u16, u16, u16) -> io::Result<()>,
+    ) -> io::Result<Self> {
+        if !cfg.entries.is_power_of_two() || cfg.entries > 32768 || cfg.buf_size == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "buffer ring entries must be a power of two ≤ 32768 and buffers non-empty",
+            ));
+        }
+        let inc = if cfg.incremental {
+            IOU_PBUF_RING_INC
+        } else {
+            0
+        };
+        let ring_len = cfg.entries as usize * std::mem::size_of::<IoUringBuf>();
+        let mut fallback = None;
+        let mem = match register(0, cfg.entries, cfg.bgid, IOU_PBUF_RING_MMAP | inc) {
+            Ok(()) => {
+                let off = IORING_OFF_PBUF_RING | (u64::from(cfg.bgid) << IORING_OFF_PBUF_SHIFT);
+                // SAFETY: maps the kernel's ring for this group; the result is checked.
+                let p = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        ring_len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED | libc::MAP_POPULATE,
+                        ring_fd,
+                        off as libc::off_t,
+                    )
+                };
+                if p == libc::MAP_FAILED {
+                    return Err(io::Error::last_os_error());
+                }
+                RingMem::Kernel {
+                    ptr: p.cast(),
+                    len: ring_len,
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && inc == 0 => {
+                fallback = Some(format!(
+                    "kernel-allocated buffer ring (IOU_PBUF_RING_MMAP, 6.4) refused ({e}); ring \
+                     in user memory"
+                ));
+                let r = Region::new(ring_len, false)?;
+                register(r.as_ptr() as u64, cfg.entries, cfg.bgid, inc)?;
+                RingMem::User(r)
+            }
+            Err(e) => return Err(e),
+        };
+        let kernel_allocated = matches!(mem, RingMem::Kernel { .. });
+        let bufs = Region::new(cfg.entries as usize * cfg.buf_size as usize, cfg.huge_pages)?;
+        let n = cfg.entries as usize;
+        let me = Self {
+            mem,
+            bufs,
+            entries: cfg.entries,
+            buf_size: cfg.buf_size,
+            bgid: cfg.bgid,
+            incremental: cfg.incremental,
+            kernel_allocated,
+            fallback,
+            tail: Cell::new(0),
+            pos: RefCell::new(vec![0; n]),
+            consumed: RefCell::new(vec![0; n]),
+            refs: RefCell::new(vec![0; n]),
+            done: RefCell::new(vec![false; n]),
+            lent: Cell::new(0),
+            recycled: Cell::new(0),
+            stack: RefCell::new((0..cfg.entries).rev().collect()),
+            written: Cell::new(0),
+            seen: Cell::new(0),
+            ran_dry: Cell::new(false),
+            hot: Cell::new(if cfg.hot == 0 {
+                cfg.entries
+            } else {
+                cfg.hot.min(cfg.entries)
+            }),
+        };
+        me.top_up();
+        Ok(me)
+    }
+
+    fn tail_atomic(&self) -> &AtomicU16 {
+        // SAFETY: entry 0's `resv` field is the ring tail, 2-byte aligned (offset 14 of an
+        // 8-aligned struct); the ring mapping lives as long as `self`; the kernel only reads
+        // it, and AtomicU16 has the layout of u16.
+        unsafe { &*(std::ptr::addr_of_mut!((*self.mem.ptr()).resv) as *const AtomicU16) }
+    }
+
+    /// Writes buffer `bid` into the slot at the local tail (not yet visible to the kernel).
+    fn write_entry(&self, bid: u16) {
+        let t = self.tail.get();
+        let slot = (t & (self.entries - 1)) as usize;
+        let addr = self.bufs.as_ptr() as u64 + u64::from(bid) * u64::from(self.buf_size);
+        // SAFETY: `slot` < entries, inside the ring mapping. The slot at the tail is not in
+        // the kernel's [head, tail) window: at most `entries - 1` buffers are in the ring when
+        // one is being returned, so the kernel does not read it until the tail is published.
+        // Field-wise writes keep entry 0's `resv` (the tail) untouched.
+        unsafe {
+            let e = self.mem.ptr().add(slot);
+            std::ptr::addr_of_mut!((*e).addr).write_volatile(addr);
+            std::ptr::addr_of_mut!((*e).len).write_volatile(self.buf_size);
+            std::ptr::addr_of_mut!((*e).bid).write_volatile(bid);
+        }
+        self.pos.borrow_mut()[bid as usize] = t;
+        self.consumed.borrow_mut()[bid as usize] = 0;
+        self.done.borrow_mut()[bid as usize] = false;
+        self.tail.set(t.wrapping_add(1));
+        self.written.set(self.written.get() + 1);
+        self.recycled.set(self.recycled.get() + 1);
+    }
+
+    /// Buffers in the ring now (as far as completions tell: with `DEFER_TASKRUN` the kernel
+    /// consumes only inside `io_uring_enter`, and every consumption is harvested after it).
+    pub fn in_ring(&self) -> u64 {
+        self.written.get() - self.seen.get()
+    }
+
+    /// Moves free buffers (most recently returned first) into the ring until it holds the
+    /// wanted number, and publishes the tail once.
+    pub fn top_up(&self) {
+        let want = u64::from(self.hot.get());
+        let mut wrote = false;
+        while self.in_ring() < want {
+            let Some(bid) = self.stack.borrow_mut().pop() else {
+                break;
+            };
+            self.write_entry(bid);
+            wrote = true;
+        }
+        if wrote {
+            self.publish();
+        }
+    }
+
+    /// Whether a completion emptied the ring since the last call (and clears it).
+    pub fn take_ran_dry(&self) -> bool {
+        self.ran_dry.replace(false)
+    }
+
+    /// Doubles the ring occupancy (the ring ran dry) and tops up.
+    pub fn grow(&self) {
+        self.hot
+            .set(self.hot.get().saturating_mul(2).min(self.entries));
+        self.top_up();
+    }
+
+    /// Halves the ring occupancy, not below `min` (buffers already in the ring stay there
+    /// until consumed).
+    pub fn shrink(&self, min: u16) {
+        let h = self.hot.get();
+        self.hot.set((h / 2).max(min.min(h)));
+    }
+
+    /// Wanted ring occupancy now.
+    pub fn hot(&self) -> u16 {
+        self.hot.get()
+    }
+
+    /// Makes every written entry visible to the kernel (store-release of the tail).
+    fn publish(&self) {
+        self.tail_atomic().store(self.tail.get(), Ordering::Release);
+    }
+
+    /// Turns one buffer-select completion (`res` > 0 bytes, `flags`) into leases, calling `f`
+    /// for each buffer it covers in order (several for a bundle).
+    ///
+    /// # Safety
+    ///
+    /// `res` and `flags` must be those of a completion harvested from the io_uring this ring
+    /// is registered with, for a request that selected from this group, each completion
+    /// passed exactly once: the kernel has then finished writing the bytes described, and the
+    /// buffers are no longer in the ring.
+    pub unsafe fn lease_from_cqe(
+        self: &Rc<Self>,
+        res: i32,
+        flags: u32,
+        mut f: impl FnMut(BufLease),
+    ) -> io::Result<()> {
+        if res <= 0 || flags & crate::sys::IORING_CQE_F_BUFFER == 0 {
+            return Ok(());
+        }
+        let first = (flags >> IORING_CQE_BUFFER_SHIFT) as u16;
+        if first >= self.entries {
+            return Err(io::Error::other(format!(
+                "completion names buffer {first} of a {}-buffer ring",
+                self.entries
+            )));
+        }
+        let mut left = res as u32;
+        if self.incremental {
+            let off = self.consumed.borrow()[first as usize];
+            if off + left > self.buf_size {
+                return Err(io::Error::other(
+                    "incremental completion overruns its buffer",
+                ));
+            }
+            self.consumed.borrow_mut()[first as usize] = off + left;
+            let kernel_done = flags & crate::sys::IORING_CQE_F_BUF_MORE == 0;
+            if kernel_done {
+                self.seen.set(self.seen.get() + 1);
+                if self.in_ring() == 0 {
+                    self.ran_dry.set(true);
+                }
+            }
+            f(self.lease(first, off, left, kernel_done));
+            return Ok(());
+        }
+        // Whole buffers, consecutive in ring order from `first` (a bundle covers several).
+        let start = self.pos.borrow()[first as usize];
+        let mut k: u16 = 0;
+        while left > 0 {
+            let slot = (start.wrapping_add(k) & (self.entries - 1)) as usize;
+            let bid = if k == 0 {
+                first
+            } else {
+                // SAFETY: `slot` < entries; the kernel consumed this slot (it is part of the
+                // bundle) and user space has not rewritten it: slots are reused in order and
+                // only after their completion has been seen.
+                unsafe { std::ptr::addr_of!((*self.mem.ptr().add(slot)).bid).read_volatile() }
+            };
+            if bid >= self.entries {
+                return Err(io::Error::other("bundle names an unknown buffer"));
+            }
+            let n = left.min(self.buf_size);
+            self.seen.set(self.seen.get() + 1);
+            if self.in_ring() == 0 {
+                self.ran_dry.set(true);
+            }
+            f(self.lease(bid, 0, n, true));
+            left -= n;
+            k += 1;
+        }
+        Ok(())
+    }
+
+    fn lease(self: &Rc<Self>, bid: u16, off: u32, len: u32, kernel_done: bool) -> BufLease {
+        let i = bid as usize;
+        {
+            let mut refs = self.refs.borrow_mut();
+            if refs[i] == 0 {
+                self.lent.set(self.lent.get() + 1);
+            }
+            refs[i] += 1;
+        }
+        if kernel_done {
+            self.done.borrow_mut()[i] = true;
+        }
+        BufLease {
+            ring: Rc::clone(self),
+            bid,
+            off,
+            len,
+        }
+    }
+
+    fn release(&self, bid: u16) {
+        let i = bid as usize;
+        let last = {
+            let mut refs = self.refs.borrow_mut();
+            refs[i] -= 1;
+            refs[i] == 0
+        };
+        if last {
+            self.lent.set(self.lent.get() - 1);
+            if self.done.borrow()[i] {
+                self.stack.borrow_mut().push(bid);
+                self.top_up();
+            }
+        }
+    }
+
+    /// Buffer group id.
+    pub fn bgid(&self) -> u16 {
+        self.bgid
+    }
+    /// Number of buffers.
+    pub fn entries(&self) -> u16 {
+        self.entries
+    }
+    /// Size of each buffer.
+    pub fn buf_size(&self) -> u32 {
+        self.buf_size
+    }
+    /// Whether buffers are consumed incrementally.
+    pub fn incremental(&self) -> bool {
+        self.incremental
+    }
+    /// Whether the ring memory was allocated by the kernel.
+    pub fn kernel_allocated(&self) -> bool {
+        self.kernel_allocated
+    }
+    /// Why the ring is in user memory, when a kernel-allocated one was refused.
+    pub fn fallback(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+    /// Buffers currently lent to the application (at least one lease alive).
+    pub fn lent(&self) -> u32 {
+        self.lent.get()
+    }
+    /// Buffers put into the ring so far (initial fill included).
+    pub fn recycled(&self) -> u64 {
+        self.recycled.get()
+    }
+}
+
+/// A received byte range in a provided buffer, lent to the application. Returns the buffer to
+/// the ring when the last lease of it drops.
+pub struct BufLease {
+    ring: Rc<BufRing>,
+    bid: u16,
+    off: u32,
+    len: u32,
+}
+
+impl BufLease {
+    /// The buffer id.
+    pub fn bid(&self) -> u16 {
+        self.bid
+    }
+    /// Offset of the data within its buffer.
+    pub fn offset(&self) -> u32 {
+        self.off
+    }
+}
+
+impl std::fmt::Debug for BufLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufLease")
+            .field("bid", &self.bid)
+            .field("off", &self.off)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for BufLease {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let start = self.bid as usize * self.ring.buf_size as usize + self.off as usize;
+        // SAFETY: the range lies inside buffer `bid` (checked in `lease_from_cqe`), which the
+        // kernel finished writing before posting the completion and will not write again
+        // while a lease of it lives (the buffer is out of the ring; in incremental mode the
+        // kernel only writes beyond the consumed offset).
+        unsafe { std::slice::from_raw_parts(self.ring.bufs.as_ptr().add(start), self.len as usize) }
+    }
+}
+
+impl Drop for BufLease {
+    fn drop(&mut self) {
+        self.ring.release(self.bid);
+    }
+}

@@ -1,0 +1,534 @@
+//! Receive with as few copies and syscalls as the host allows: one [`Receiver`] over three
+//! backends, best first:
+//!
+//! - **zcrx** (Linux 6.15): an rx queue of the NIC is bound to user memory; `RECV_ZC`
+//!   completions (CQE32) name ranges of that memory; ranges go back through the refill ring
+//!   when the application drops its [`RxChunk`]. Needs a NIC with header split and flow
+//!   steering (see [`zcrx::check_interface`]).
+//! - **bufring** (5.19+): multishot `RECV` selecting from a provided-buffer ring, with bundles
+//!   (6.10) or incremental consumption (6.12); one `io_uring_enter` harvests many receives.
+//! - **plain**: level-triggered epoll and `recv(2)`.
+//!
+//! Chunks come in stream order per connection; many connections share one ring; a server
+//! hands its listener over and gets [`RxEvent::Accepted`] from a multishot accept. A consumer
+//! that holds chunks gets backpressure: when every buffer is lent, receives stay disarmed
+//! (the kernel's socket buffer fills and TCP slows the sender) until chunks come back.
+//! Nothing is dropped.
+//!
+//! ```
+//! use std::io::Write;
+//! use std::time::Duration;
+//! use zcio::rx::{Receiver, RxConfig, RxEvent, RxMode};
+//!
+//! let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+//! let addr = listener.local_addr()?;
+//! let mut rx = Receiver::listen(listener, &RxConfig::with_mode(RxMode::Auto))?;
+//! std::thread::spawn(move || std::net::TcpStream::connect(addr)?.write_all(b"hello"));
+//! let (mut got, mut done) = (Vec::new(), false);
+//! while !done {
+//!     rx.poll(Duration::from_secs(1), &mut |ev| match ev {
+//!         RxEvent::Accepted(_) => {}
+//!         RxEvent::Data(chunk) => got.extend_from_slice(&chunk), // chunk dropped: returned
+//!         RxEvent::Closed(_, _) => done = true,
+//!     })?;
+//! }
+//! assert_eq!(got, b"hello");
+//! println!("{} ({:?})", rx.describe(), rx.fallbacks());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod plain;
+mod uring;
+pub mod zcrx;
+
+use crate::ring::recv::Lease;
+use crate::ring::zcrx::IfqError;
+use crate::ring::RingError;
+use crate::stats::Fallback;
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+/// Which backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum RxMode {
+    /// epoll + `recv(2)`.
+    Plain,
+    /// Multishot receive into a provided-buffer ring.
+    BufRing,
+    /// io_uring zero-copy receive.
+    Zcrx,
+    /// The best that works here: zcrx, else bufring, else plain; each step down recorded as
+    /// a [`Fallback`].
+    Auto,
+}
+
+impl std::str::FromStr for RxMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "plain" => Ok(Self::Plain),
+            "bufring" => Ok(Self::BufRing),
+            "zcrx" => Ok(Self::Zcrx),
+            "auto" => Ok(Self::Auto),
+            _ => Err(format!("unknown rx mode {s:?} (plain|bufring|zcrx|auto)")),
+        }
+    }
+}
+
+/// The path that delivered a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum RxPath {
+    /// Copied by `recv(2)` into a user buffer.
+    Plain,
+    /// Copied by the kernel into a provided buffer, delivered by a multishot receive.
+    BufRing,
+    /// Written by the NIC into the zcrx area; no copy.
+    Zcrx,
+}
+
+impl RxPath {
+    /// Short name: `plain`, `bufring`, `zcrx`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RxPath::Plain => "plain",
+            RxPath::BufRing => "bufring",
+            RxPath::Zcrx => "zcrx",
+        }
+    }
+}
+
+/// Where zcrx binds: an interface rx queue.
+#[derive(Debug, Clone)]
+pub struct ZcrxTarget {
+    /// Interface name.
+    pub iface: String,
+    /// Rx queue index (flows must be steered to it).
+    pub queue: u32,
+    /// Area size in bytes.
+    pub area_len: usize,
+    /// Refill ring entries.
+    pub rq_entries: u32,
+    /// Put the area on huge pages if possible.
+    pub huge_pages: bool,
+}
+
+impl ZcrxTarget {
+    /// A target with default sizes (16 MiB area on huge pages, 4096 refill entries).
+    pub fn new(iface: &str, queue: u32) -> Self {
+        Self {
+            iface: iface.to_string(),
+            queue,
+            area_len: 16 << 20,
+            rq_entries: 4096,
+            huge_pages: true,
+        }
+    }
+}
+
+/// Receiver settings. [`RxConfig::default`] is the measured best for bulk TCP here (see
+/// `docs/design/rx.md`).
+#[derive(Debug, Clone)]
+pub struct RxConfig {
+    /// Backend choice.
+    pub mode: RxMode,
+    /// Bytes per buffer (bufring and plain).
+    pub buf_size: u32,
+    /// Buffers in the ring (a power of two); also the plain backend's limit of buffers lent.
+    pub buffers: u16,
+    /// Bytes of buffers kept in the ring at once (at least 2 buffers); the other buffers wait
+    /// in a stack and the most recently returned is reused first, so the kernel copies into
+    /// cache-warm memory. The rest serve as slack for chunks the application holds and for
+    /// sustained demand (the rotation doubles when the ring runs dry in two waits in a row and
+    /// shrinks back after 64 quiet waits). 0 = all buffers in the ring (FIFO rotation).
+    pub hot_bytes: usize,
+    /// Use receive bundles where the kernel has them (`None`: yes if available).
+    pub bundle: Option<bool>,
+    /// Incremental buffer consumption (`IOU_PBUF_RING_INC`); not combined with bundles.
+    pub incremental: bool,
+    /// Completions to gather per wait (with `min_wait`); 1 = return on the first.
+    pub batch: usize,
+    /// How long a wait may hold a first completion back while gathering `batch`.
+    pub min_wait: Duration,
+    /// zcrx interface queue; with [`RxMode::Auto`] and `None`, loopback listeners try `lo`.
+    pub zcrx: Option<ZcrxTarget>,
+    /// Buffers on huge pages if possible.
+    pub huge_pages: bool,
+    /// Ask for `IORING_SETUP_DEFER_TASKRUN` (receives run only when the receiver enters the
+    /// kernel, in its own context); off = `COOP_TASKRUN` only.
+    pub defer_taskrun: bool,
+}
+
+impl Default for RxConfig {
+    fn default() -> Self {
+        Self {
+            mode: RxMode::Auto,
+            buf_size: 64 << 10,
+            buffers: 256,
+            hot_bytes: 1 << 20,
+            bundle: None,
+            incremental: false,
+            batch: 32,
+            min_wait: Duration::from_micros(200),
+            zcrx: None,
+            huge_pages: false,
+            defer_taskrun: true,
+        }
+    }
+}
+
+impl RxConfig {
+    /// Default settings with `mode`.
+    pub fn with_mode(mode: RxMode) -> Self {
+        Self {
+            mode,
+            ..Self::default()
+        }
+    }
+
+    /// Return from a wait on the first completion (no batching): lowest latency, more
+    /// `io_uring_enter` calls when data trickles in.
+    pub fn low_latency(mut self) -> Self {
+        self.batch = 1;
+        self.min_wait = Duration::ZERO;
+        self
+    }
+}
+
+/// A connection handled by a [`Receiver`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId {
+    idx: u32,
+    gen: u32,
+}
+
+impl ConnId {
+    /// Slot index (small, reused after close).
+    pub fn index(self) -> usize {
+        self.idx as usize
+    }
+    fn tag(self) -> u64 {
+        (u64::from(self.gen) << 32) | u64::from(self.idx)
+    }
+    fn from_tag(tag: u64) -> Self {
+        Self {
+            idx: tag as u32,
+            gen: (tag >> 32) as u32,
+        }
+    }
+}
+
+impl std::fmt::Display for ConnId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "conn#{}.{}", self.idx, self.gen)
+    }
+}
+
+pub(crate) enum ChunkData {
+    Plain(plain::PlainBuf),
+    Lease(Lease),
+}
+
+/// Received bytes, borrowed from the receiver's memory; the memory goes back (to the buffer
+/// ring, the refill ring or the buffer pool) when the chunk is dropped.
+pub struct RxChunk {
+    conn: ConnId,
+    path: RxPath,
+    data: ChunkData,
+}
+
+impl RxChunk {
+    /// The connection the bytes came from.
+    pub fn conn(&self) -> ConnId {
+        self.conn
+    }
+    /// The path that delivered them.
+    pub fn path(&self) -> RxPath {
+        self.path
+    }
+}
+
+impl std::ops::Deref for RxChunk {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.data {
+            ChunkData::Plain(b) => b,
+            ChunkData::Lease(l) => l,
+        }
+    }
+}
+
+impl std::fmt::Debug for RxChunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxChunk")
+            .field("conn", &self.conn)
+            .field("path", &self.path)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+/// What a [`Receiver`] reports.
+#[derive(Debug)]
+pub enum RxEvent {
+    /// A connection accepted from the listener.
+    Accepted(ConnId),
+    /// Bytes, in stream order for their connection.
+    Data(RxChunk),
+    /// The connection ended: `None` at end of stream, else the error (e.g. a reset). The
+    /// receiver has closed its socket; the id may be reused.
+    Closed(ConnId, Option<io::Error>),
+}
+
+/// Receiver counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RxCounters {
+    /// Payload bytes delivered.
+    pub bytes: u64,
+    /// Chunks delivered.
+    pub chunks: u64,
+    /// System calls made: ring enters + recv calls + epoll calls.
+    pub syscalls: u64,
+    /// `io_uring_enter` calls.
+    pub ring_enters: u64,
+    /// `recv(2)` calls (plain).
+    pub recv_calls: u64,
+    /// `epoll_wait`/`epoll_ctl` calls (plain).
+    pub epoll_calls: u64,
+    /// Multishot requests re-armed after they ended (ENOBUFS, termination, accept end).
+    pub rearms: u64,
+    /// Of those, after the buffer ring ran dry (ENOBUFS).
+    pub enobufs: u64,
+    /// Waits after which the ring had run dry (bufring; a bundle or receive ended for lack of
+    /// buffers in rotation).
+    pub ring_dry: u64,
+    /// Times the receiver held a connection back because every buffer was lent.
+    pub backpressure_waits: u64,
+    /// Bytes delivered without a copy (zcrx).
+    pub zerocopy_bytes: u64,
+    /// Bytes zcrx delivered by copy fallback. The kernel does not flag these per completion
+    /// (as of 6.18), so this stays 0 and cannot tell copied from zero-copy zcrx bytes.
+    pub copy_fallback_bytes: u64,
+    /// Connections accepted.
+    pub accepted: u64,
+}
+
+/// Why a receiver could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RxError {
+    /// io_uring is unavailable or refused set-up.
+    #[error("receiver ring: {0}")]
+    Ring(#[from] RingError),
+    /// zcrx registration failed.
+    #[error(transparent)]
+    Zcrx(#[from] IfqError),
+    /// zcrx was asked for without an interface queue.
+    #[error("zcrx needs an interface rx queue: set RxConfig::zcrx")]
+    NoZcrxTarget,
+    /// Registering the provided-buffer ring failed.
+    #[error("registering the provided-buffer ring failed: {0}")]
+    BufRing(#[source] io::Error),
+    /// Other set-up I/O.
+    #[error("receiver set-up: {0}")]
+    Io(#[from] io::Error),
+}
+
+pub(crate) trait Backend {
+    fn path(&self) -> RxPath;
+    fn describe(&self) -> String;
+    fn add(&mut self, stream: TcpStream, c: &mut RxCounters) -> io::Result<ConnId>;
+    fn listen(&mut self, l: TcpListener) -> io::Result<()>;
+    fn close(&mut self, conn: ConnId, c: &mut RxCounters);
+    fn open(&self) -> usize;
+    fn poll(
+        &mut self,
+        timeout: Duration,
+        c: &mut RxCounters,
+        f: &mut dyn FnMut(RxEvent),
+    ) -> io::Result<usize>;
+}
+
+/// Receives from many TCP connections through one backend; see the module docs.
+pub struct Receiver {
+    backend: Box<dyn Backend>,
+    counters: RxCounters,
+    fallbacks: Vec<Fallback>,
+    queue: VecDeque<RxEvent>,
+}
+
+impl std::fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receiver")
+            .field("backend", &self.backend.describe())
+            .field("counters", &self.counters)
+            .field("fallbacks", &self.fallbacks)
+            .finish()
+    }
+}
+
+impl Receiver {
+    /// Builds a receiver (connections are added with [`Receiver::add`]).
+    pub fn new(cfg: &RxConfig) -> Result<Self, RxError> {
+        Self::build(cfg, None)
+    }
+
+    /// Builds a receiver that accepts connections from `listener` (multishot accept on the
+    /// ring backends) and receives from them.
+    pub fn listen(listener: TcpListener, cfg: &RxConfig) -> Result<Self, RxError> {
+        let local = listener.local_addr()?.ip();
+        let mut r = Self::build(cfg, Some(local))?;
+        r.backend.listen(listener)?;
+        Ok(r)
+    }
+
+    fn build(cfg: &RxConfig, local: Option<IpAddr>) -> Result<Self, RxError> {
+        let mut fallbacks = Vec::new();
+        let backend: Box<dyn Backend> = match cfg.mode {
+            RxMode::Plain => Box::new(plain::PlainRx::new(cfg)?),
+            RxMode::BufRing => Box::new(uring::RingRx::bufring(cfg, &mut fallbacks)?),
+            RxMode::Zcrx => {
+                let t = cfg.zcrx.clone().ok_or(RxError::NoZcrxTarget)?;
+                Box::new(uring::RingRx::zcrx(cfg, &t)?)
+            }
+            RxMode::Auto => {
+                let target = cfg.zcrx.clone().or_else(|| match local {
+                    Some(ip) if ip.is_loopback() => Some(ZcrxTarget::new("lo", 0)),
+                    _ => None,
+                });
+                let zc = match &target {
+                    Some(t) => uring::RingRx::zcrx(cfg, t).map_err(|e| e.to_string()),
+                    None => Err(
+                        "no zcrx interface queue configured (RxConfig::zcrx), and the \
+                                 listener is not on loopback"
+                            .to_string(),
+                    ),
+                };
+                match zc {
+                    Ok(b) => Box::new(b),
+                    Err(reason) => {
+                        fallbacks.push(Fallback::new("zcrx", "bufring", reason));
+                        match uring::RingRx::bufring(cfg, &mut fallbacks) {
+                            Ok(b) => Box::new(b),
+                            Err(e) => {
+                                fallbacks.push(Fallback::new("bufring", "plain", e.to_string()));
+                                Box::new(plain::PlainRx::new(cfg)?)
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        Ok(Self {
+            backend,
+            counters: RxCounters::default(),
+            fallbacks,
+            queue: VecDeque::new(),
+        })
+    }
+
+    /// Hands a connected stream to the receiver.
+    pub fn add(&mut self, stream: TcpStream) -> io::Result<ConnId> {
+        self.backend.add(stream, &mut self.counters)
+    }
+
+    /// Stops receiving on `conn` and closes it. Chunks already delivered stay valid.
+    pub fn close(&mut self, conn: ConnId) {
+        self.backend.close(conn, &mut self.counters)
+    }
+
+    /// Waits up to `timeout` for events and passes each to `f`. Returns the number of events.
+    pub fn poll(&mut self, timeout: Duration, f: &mut dyn FnMut(RxEvent)) -> io::Result<usize> {
+        let mut n = 0;
+        while let Some(ev) = self.queue.pop_front() {
+            f(ev);
+            n += 1;
+        }
+        if n > 0 {
+            return Ok(n);
+        }
+        self.backend.poll(timeout, &mut self.counters, f)
+    }
+
+    /// The next event, waiting up to `timeout`; `None` when nothing happened in time.
+    pub fn next_event(&mut self, timeout: Duration) -> io::Result<Option<RxEvent>> {
+        if self.queue.is_empty() {
+            let q = &mut self.queue;
+            self.backend
+                .poll(timeout, &mut self.counters, &mut |ev| q.push_back(ev))?;
+        }
+        Ok(self.queue.pop_front())
+    }
+
+    /// The backend's path.
+    pub fn path(&self) -> RxPath {
+        self.backend.path()
+    }
+    /// A one-line description of the backend and its settings.
+    pub fn describe(&self) -> String {
+        self.backend.describe()
+    }
+    /// Counters so far.
+    pub fn counters(&self) -> &RxCounters {
+        &self.counters
+    }
+    /// Fallbacks taken while choosing and running the backend.
+    pub fn fallbacks(&self) -> &[Fallback] {
+        &self.fallbacks
+    }
+    /// Connections open.
+    pub fn open_connections(&self) -> usize {
+        self.backend.open()
+    }
+}
+
+/// Connection slots with generation counters, so a stale id never names a new connection.
+pub(crate) struct Slab<T> {
+    slots: Vec<(u32, Option<T>)>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl<T> Slab<T> {
+    pub(crate) fn new() -> Self {
+        Self {
+            slots: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+        }
+    }
+    pub(crate) fn insert(&mut self, v: T) -> ConnId {
+        self.len += 1;
+        if let Some(idx) = self.free.pop() {
+            let s = &mut self.slots[idx as usize];
+            s.0 = s.0.wrapping_add(1) & 0x0fff_ffff;
+            s.1 = Some(v);
+            ConnId { idx, gen: s.0 }
+        } else {
+            self.slots.push((0, Some(v)));
+            ConnId {
+                idx: self.slots.len() as u32 - 1,
+                gen: 0,
+            }
+        }
+    }
+    pub(crate) fn get_mut(&mut self, id: ConnId) -> Option<&mut T> {
+        match self.slots.get_mut(id.idx as usize) {
+            Some((g, Some(v))) if *g == id.gen => Some(v),
+            _ => None,
+        }
+    }
+    pub(crate) fn remove(&mut self, id: ConnId) -> Option<T> {
+        match self.slots.get_mut(id.idx as usize) {
+            Some((g, slot)) if *g == id.gen && slot.is_some() => {
+                self.free.push(id.idx);
+                self.len -= 1;
+                slot.take()
+            }
+            _ => None,
+        }
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}

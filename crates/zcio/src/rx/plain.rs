@@ -1,0 +1,231 @@
+//! The plain backend: level-triggered epoll and `recv(2)` into pooled buffers.
+
+use super::{Backend, ChunkData, ConnId, RxChunk, RxConfig, RxCounters, RxEvent, RxPath, Slab};
+use crate::sys::net;
+use crate::sys::poller::Poller;
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::net::{TcpListener, TcpStream};
+use std::rc::Rc;
+use std::time::Duration;
+
+const LISTENER: u64 = u64::MAX;
+/// Reads per connection per poll, so one busy connection cannot starve the others.
+const READS_PER_TURN: usize = 16;
+
+struct Pool {
+    free: RefCell<Vec<Box<[u8]>>>,
+    out: Cell<usize>,
+    max: usize,
+    size: usize,
+}
+
+impl Pool {
+    fn take(&self) -> Option<Box<[u8]>> {
+        if self.out.get() >= self.max {
+            return None;
+        }
+        self.out.set(self.out.get() + 1);
+        Some(
+            self.free
+                .borrow_mut()
+                .pop()
+                .unwrap_or_else(|| vec![0u8; self.size].into_boxed_slice()),
+        )
+    }
+    fn give(&self, b: Box<[u8]>) {
+        self.out.set(self.out.get() - 1);
+        self.free.borrow_mut().push(b);
+    }
+}
+
+/// A pool buffer holding received bytes.
+pub(crate) struct PlainBuf {
+    buf: Option<Box<[u8]>>,
+    len: usize,
+    pool: Rc<Pool>,
+}
+
+impl std::ops::Deref for PlainBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.buf {
+            Some(b) => &b[..self.len],
+            None => &[],
+        }
+    }
+}
+
+impl Drop for PlainBuf {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            self.pool.give(b);
+        }
+    }
+}
+
+pub(crate) struct PlainRx {
+    poller: Poller,
+    listener: Option<TcpListener>,
+    conns: Slab<TcpStream>,
+    pool: Rc<Pool>,
+    ready: Vec<(u64, u32)>,
+}
+
+impl PlainRx {
+    pub(crate) fn new(cfg: &RxConfig) -> io::Result<Self> {
+        Ok(Self {
+            poller: Poller::new(256)?,
+            listener: None,
+            conns: Slab::new(),
+            pool: Rc::new(Pool {
+                free: RefCell::new(Vec::new()),
+                out: Cell::new(0),
+                max: usize::from(cfg.buffers).max(1),
+                size: cfg.buf_size.max(1) as usize,
+            }),
+            ready: Vec::new(),
+        })
+    }
+
+    fn register(&mut self, s: TcpStream, c: &mut RxCounters) -> io::Result<ConnId> {
+        s.set_nonblocking(true)?;
+        let id = self.conns.insert(s);
+        let s = self.conns.get_mut(id).expect("just inserted");
+        c.epoll_calls += 1;
+        c.syscalls += 1;
+        if let Err(e) = self.poller.add(s, id.tag(), libc::EPOLLIN as u32) {
+            self.conns.remove(id);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    fn drop_conn(&mut self, id: ConnId, c: &mut RxCounters) {
+        if let Some(s) = self.conns.remove(id) {
+            c.epoll_calls += 1;
+            c.syscalls += 1;
+            let _ = self.poller.delete(&s);
+        }
+    }
+}
+
+impl Backend for PlainRx {
+    fn path(&self) -> RxPath {
+        RxPath::Plain
+    }
+    fn describe(&self) -> String {
+        format!(
+            "plain: epoll + recv into {} x {} B pooled buffers",
+            self.pool.max, self.pool.size
+        )
+    }
+    fn add(&mut self, stream: TcpStream, c: &mut RxCounters) -> io::Result<ConnId> {
+        self.register(stream, c)
+    }
+    fn listen(&mut self, l: TcpListener) -> io::Result<()> {
+        l.set_nonblocking(true)?;
+        self.poller.add(&l, LISTENER, libc::EPOLLIN as u32)?;
+        self.listener = Some(l);
+        Ok(())
+    }
+    fn close(&mut self, conn: ConnId, c: &mut RxCounters) {
+        self.drop_conn(conn, c);
+    }
+    fn open(&self) -> usize {
+        self.conns.len()
+    }
+
+    fn poll(
+        &mut self,
+        timeout: Duration,
+        c: &mut RxCounters,
+        f: &mut dyn FnMut(RxEvent),
+    ) -> io::Result<usize> {
+        if self.pool.out.get() >= self.pool.max {
+            // Every buffer is lent: read nothing until chunks come back (backpressure).
+            c.backpressure_waits += 1;
+            return Ok(0);
+        }
+        let ready = &mut self.ready;
+        ready.clear();
+        c.epoll_calls += 1;
+        c.syscalls += 1;
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        self.poller.wait(ms, |t, e| ready.push((t, e)))?;
+        let mut events = 0;
+        let ready = std::mem::take(&mut self.ready);
+        for &(token, _) in &ready {
+            if token == LISTENER {
+                while let Some(l) = &self.listener {
+                    c.syscalls += 1;
+                    match l.accept() {
+                        Ok((s, _)) => {
+                            let id = self.register(s, c)?;
+                            c.accepted += 1;
+                            f(RxEvent::Accepted(id));
+                            events += 1;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                continue;
+            }
+            let id = ConnId::from_tag(token);
+            for _ in 0..READS_PER_TURN {
+                let Some(s) = self.conns.get_mut(id) else {
+                    break;
+                };
+                let Some(mut buf) = self.pool.take() else {
+                    c.backpressure_waits += 1;
+                    break;
+                };
+                c.recv_calls += 1;
+                c.syscalls += 1;
+                match net::recv(s, &mut buf, 0) {
+                    Ok(0) => {
+                        self.pool.give(buf);
+                        self.drop_conn(id, c);
+                        f(RxEvent::Closed(id, None));
+                        events += 1;
+                        break;
+                    }
+                    Ok(n) => {
+                        let full = n == buf.len();
+                        c.bytes += n as u64;
+                        c.chunks += 1;
+                        f(RxEvent::Data(RxChunk {
+                            conn: id,
+                            path: RxPath::Plain,
+                            data: ChunkData::Plain(PlainBuf {
+                                buf: Some(buf),
+                                len: n,
+                                pool: Rc::clone(&self.pool),
+                            }),
+                        }));
+                        events += 1;
+                        if !full {
+                            // Short read: the socket is drained (level-triggered epoll
+                            // reports it again if more arrived meanwhile).
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.pool.give(buf);
+                        break;
+                    }
+                    Err(e) => {
+                        self.pool.give(buf);
+                        self.drop_conn(id, c);
+                        f(RxEvent::Closed(id, Some(e)));
+                        events += 1;
+                        break;
+                    }
+                }
+            }
+        }
+        self.ready = ready;
+        Ok(events)
+    }
+}

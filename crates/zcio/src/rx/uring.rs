@@ -1,0 +1,455 @@
+//! The ring backends: multishot `RECV` with a provided-buffer ring, and multishot `RECV_ZC`
+//! over a zcrx queue. Both accept with a multishot `ACCEPT`.
+
+use super::{
+    Backend, ChunkData, ConnId, RxChunk, RxConfig, RxCounters, RxError, RxEvent, RxPath, Slab,
+    ZcrxTarget,
+};
+use crate::buf::bufring::{BufRing, BufRingConfig};
+use crate::buf::refill::ZcrxArea;
+use crate::ring::recv::{Completion, Cqe, Lease, RecvRing, MAX_TAG};
+use crate::ring::RingConfig;
+use crate::stats::Fallback;
+use io_uring::cqueue;
+use std::io;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+use std::time::Duration;
+
+const LISTENER: u64 = MAX_TAG;
+
+struct RConn {
+    fd: Rc<OwnedFd>,
+    closing: bool,
+}
+
+pub(crate) struct RingRx<C: Cqe> {
+    rr: RecvRing<C>,
+    bufs: Option<Rc<BufRing>>,
+    zarea: Option<Rc<ZcrxArea>>,
+    zc: bool,
+    bundle: bool,
+    conns: Slab<RConn>,
+    listener: Option<Rc<OwnedFd>>,
+    /// Connections whose receive ended with ENOBUFS, with the ring's recycle count then.
+    waiting: Vec<(ConnId, u64)>,
+    batch: usize,
+    min_wait: Duration,
+    defer: bool,
+    hot_min: u16,
+    dry_streak: u32,
+    quiet: u32,
+    enters_seen: u64,
+    scratch: Vec<Completion>,
+    desc: String,
+}
+
+fn ring_config(cfg: &RxConfig) -> RingConfig {
+    RingConfig {
+        entries: 256,
+        cq_entries: Some((u32::from(cfg.buffers) * 2).max(4096)),
+        defer_taskrun: cfg.defer_taskrun,
+        ..RingConfig::default()
+    }
+}
+
+fn note_flags<C: Cqe>(rr: &RecvRing<C>, fallbacks: &mut Vec<Fallback>) {
+    for f in rr.ring().setup_flags() {
+        if f.requested && !f.granted {
+            fallbacks.push(Fallback::new(
+                format!("ring with {}", f.name),
+                format!("ring without {}", f.name),
+                f.reason.clone().unwrap_or_default(),
+            ));
+        }
+    }
+}
+
+impl RingRx<cqueue::Entry> {
+    pub(crate) fn bufring(cfg: &RxConfig, fallbacks: &mut Vec<Fallback>) -> Result<Self, RxError> {
+        let mut rr = RecvRing::<cqueue::Entry>::new(&ring_config(cfg))?;
+        note_flags(&rr, fallbacks);
+        let mut bundle = cfg.bundle.unwrap_or(true) && !cfg.incremental;
+        if bundle && !rr.has_bundles() {
+            fallbacks.push(Fallback::new(
+                "recv bundles",
+                "one buffer per completion",
+                "kernel lacks IORING_FEAT_RECVSEND_BUNDLE (Linux 6.10)",
+            ));
+            bundle = false;
+        }
+        let mut bcfg = BufRingConfig {
+            bgid: 0,
+            entries: cfg.buffers,
+            buf_size: cfg.buf_size,
+            incremental: cfg.incremental,
+            huge_pages: cfg.huge_pages,
+            hot: if cfg.hot_bytes == 0 {
+                0
+            } else {
+                (cfg.hot_bytes / cfg.buf_size.max(1) as usize).clamp(2, usize::from(u16::MAX))
+                    as u16
+            },
+        };
+        let bufs = match rr.register_bufs(&bcfg) {
+            Ok(b) => b,
+            Err(e) if bcfg.incremental && e.raw_os_error() == Some(libc::EINVAL) => {
+                fallbacks.push(Fallback::new(
+                    "incremental buffer consumption",
+                    "whole buffers",
+                    format!("IOU_PBUF_RING_INC refused ({e}); needs Linux 6.12"),
+                ));
+                bcfg.incremental = false;
+                rr.register_bufs(&bcfg).map_err(RxError::BufRing)?
+            }
+            Err(e) => return Err(RxError::BufRing(e)),
+        };
+        if let Some(why) = bufs.fallback() {
+            fallbacks.push(Fallback::new(
+                "kernel-allocated buffer ring",
+                "buffer ring in user memory",
+                why,
+            ));
+        }
+        let desc = format!(
+            "bufring: multishot recv{}{}, {} x {} B buffers ({} in rotation, {} ring), batch {} / min-wait {:?}{}",
+            if bundle { " + bundles" } else { "" },
+            if bufs.incremental() {
+                " + incremental consumption"
+            } else {
+                ""
+            },
+            bufs.entries(),
+            bufs.buf_size(),
+            bufs.hot(),
+            if bufs.kernel_allocated() {
+                "kernel-allocated"
+            } else {
+                "user-memory"
+            },
+            cfg.batch,
+            cfg.min_wait,
+            if rr.ring().has_flag("DEFER_TASKRUN") {
+                ", DEFER_TASKRUN"
+            } else {
+                ", no DEFER_TASKRUN"
+            },
+        );
+        Ok(Self::with(rr, Some(bufs), false, bundle, cfg, desc))
+    }
+}
+
+impl RingRx<cqueue::Entry32> {
+    pub(crate) fn zcrx(cfg: &RxConfig, t: &ZcrxTarget) -> Result<Self, RxError> {
+        let mut rr = RecvRing::<cqueue::Entry32>::new(&ring_config(cfg))?;
+        for need in ["SINGLE_ISSUER", "DEFER_TASKRUN"] {
+            if !rr.ring().has_flag(need) {
+                return Err(RxError::Io(io::Error::other(format!(
+                    "zcrx needs a ring with {need}, which this kernel refused"
+                ))));
+            }
+        }
+        let area = rr.register_zcrx(&t.iface, t.queue, t.area_len, t.rq_entries, t.huge_pages)?;
+        let desc = format!(
+            "zcrx: {} rx queue {}, {} B area, {} refill entries",
+            t.iface,
+            t.queue,
+            t.area_len,
+            area.refill().entries()
+        );
+        let mut me = Self::with(rr, None, true, false, cfg, desc);
+        me.zarea = Some(area);
+        Ok(me)
+    }
+}
+
+impl<C: Cqe> RingRx<C> {
+    fn with(
+        rr: RecvRing<C>,
+        bufs: Option<Rc<BufRing>>,
+        zc: bool,
+        bundle: bool,
+        cfg: &RxConfig,
+        desc: String,
+    ) -> Self {
+        let defer = rr.ring().has_flag("DEFER_TASKRUN");
+        let hot_min = match &bufs {
+            Some(b) if b.hot() < b.entries() => b.hot(),
+            _ => 0,
+        };
+        Self {
+            rr,
+            bufs,
+            zarea: None,
+            zc,
+            bundle,
+            conns: Slab::new(),
+            listener: None,
+            waiting: Vec::new(),
+            batch: cfg.batch.max(1),
+            min_wait: cfg.min_wait,
+            defer,
+            hot_min,
+            dry_streak: 0,
+            quiet: 0,
+            enters_seen: 0,
+            scratch: Vec::new(),
+            desc,
+        }
+    }
+
+    fn arm(&mut self, id: ConnId) -> io::Result<()> {
+        let Some(conn) = self.conns.get_mut(id) else {
+            return Ok(());
+        };
+        let fd = Rc::clone(&conn.fd);
+        if self.zc {
+            self.rr.recv_zc(fd, id.tag())
+        } else {
+            self.rr.recv_multi(fd, id.tag(), self.bundle)
+        }
+    }
+
+    /// Re-arms connections that ran out of buffers once some came back.
+    fn rearm_waiting(&mut self, c: &mut RxCounters) -> io::Result<()> {
+        if self.waiting.is_empty() {
+            return Ok(());
+        }
+        let (recycled, lent) = match &self.bufs {
+            Some(b) => (b.recycled(), b.lent()),
+            None => (u64::MAX, 0),
+        };
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let (id, at) = self.waiting[i];
+            if recycled > at || lent == 0 {
+                self.waiting.swap_remove(i);
+                self.arm(id)?;
+                c.rearms += 1;
+            } else {
+                i += 1;
+            }
+        }
+        if !self.waiting.is_empty() {
+            c.backpressure_waits += 1;
+        }
+        Ok(())
+    }
+
+    fn handle(
+        &mut self,
+        comp: Completion,
+        c: &mut RxCounters,
+        f: &mut dyn FnMut(RxEvent),
+    ) -> io::Result<usize> {
+        match comp {
+            Completion::Data { tag, lease } => {
+                let id = ConnId::from_tag(tag);
+                match self.conns.get_mut(id) {
+                    Some(conn) if !conn.closing => {
+                        let path = match &lease {
+                            Lease::Buf(_) => RxPath::BufRing,
+                            Lease::Zcrx(_) => RxPath::Zcrx,
+                        };
+                        c.bytes += lease.len() as u64;
+                        c.chunks += 1;
+                        if path == RxPath::Zcrx {
+                            c.zerocopy_bytes += lease.len() as u64;
+                        }
+                        f(RxEvent::Data(RxChunk {
+                            conn: id,
+                            path,
+                            data: ChunkData::Lease(lease),
+                        }));
+                        Ok(1)
+                    }
+                    // Closed by the application: the bytes go straight back.
+                    _ => Ok(0),
+                }
+            }
+            Completion::Accepted { fd, .. } => {
+                let id = self.conns.insert(RConn {
+                    fd: Rc::new(fd),
+                    closing: false,
+                });
+                self.arm(id)?;
+                c.accepted += 1;
+                f(RxEvent::Accepted(id));
+                Ok(1)
+            }
+            Completion::Error { tag, errno } => {
+                tracing::debug!(tag, errno, "non-final error completion");
+                Ok(0)
+            }
+            Completion::Ended { tag, res } if tag == LISTENER => {
+                if res != -libc::ECANCELED {
+                    if let Some(l) = &self.listener {
+                        self.rr.accept_multi(Rc::clone(l), LISTENER)?;
+                        c.rearms += 1;
+                    }
+                }
+                Ok(0)
+            }
+            Completion::Ended { tag, res } => {
+                let id = ConnId::from_tag(tag);
+                let Some(conn) = self.conns.get_mut(id) else {
+                    return Ok(0);
+                };
+                if conn.closing {
+                    self.conns.remove(id);
+                    return Ok(0);
+                }
+                if res > 0 {
+                    // Terminated with data: a bundle that emptied the ring, or a full CQ. The
+                    // data came just before; arm again, the socket keeps the rest.
+                    self.arm(id)?;
+                    c.rearms += 1;
+                    Ok(0)
+                } else if res == -libc::ENOBUFS {
+                    c.enobufs += 1;
+                    let at = self.bufs.as_ref().map_or(0, |b| b.recycled());
+                    self.waiting.push((id, at));
+                    if let Some(b) = &self.bufs {
+                        // Free buffers (if any) go in now; the rest come as chunks drop.
+                        b.top_up();
+                    }
+                    Ok(0)
+                } else {
+                    self.conns.remove(id);
+                    let err = (res < 0).then(|| io::Error::from_raw_os_error(-res));
+                    f(RxEvent::Closed(id, err));
+                    Ok(1)
+                }
+            }
+        }
+    }
+
+    fn drain_ready(&mut self, c: &mut RxCounters, f: &mut dyn FnMut(RxEvent)) -> io::Result<usize> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let res = self.rr.harvest(|comp| scratch.push(comp));
+        let mut events = 0;
+        let mut out = Ok(());
+        for comp in scratch.drain(..) {
+            match self.handle(comp, c, f) {
+                Ok(n) => events += n,
+                Err(e) => {
+                    out = Err(e);
+                }
+            }
+        }
+        self.scratch = scratch;
+        res?;
+        out?;
+        Ok(events)
+    }
+
+    /// Keeps the number of buffers in rotation near what one wait consumes: grows (doubles)
+    /// when the ring ran dry in two waits in a row (sustained demand, e.g. a receiver that
+    /// shares its core with the sender finds large backlogs), shrinks back towards the
+    /// configured size after 64 waits without running dry. Isolated bursts (the receiver was
+    /// preempted) only cost a re-arm.
+    fn size_rotation(&mut self, c: &mut RxCounters) {
+        let Some(b) = &self.bufs else { return };
+        if self.hot_min == 0 {
+            return;
+        }
+        if b.take_ran_dry() {
+            c.ring_dry += 1;
+            self.quiet = 0;
+            self.dry_streak += 1;
+            if self.dry_streak >= 2 {
+                self.dry_streak = 0;
+                b.grow();
+            }
+        } else {
+            self.dry_streak = 0;
+            self.quiet += 1;
+            if self.quiet >= 64 {
+                self.quiet = 0;
+                b.shrink(self.hot_min);
+            }
+        }
+    }
+
+    fn account(&mut self, c: &mut RxCounters) {
+        let e = self.rr.enters();
+        c.ring_enters += e - self.enters_seen;
+        c.syscalls += e - self.enters_seen;
+        self.enters_seen = e;
+    }
+}
+
+impl<C: Cqe> Backend for RingRx<C> {
+    fn path(&self) -> RxPath {
+        if self.zc {
+            RxPath::Zcrx
+        } else {
+            RxPath::BufRing
+        }
+    }
+    fn describe(&self) -> String {
+        self.desc.clone()
+    }
+    fn add(&mut self, stream: TcpStream, c: &mut RxCounters) -> io::Result<ConnId> {
+        let id = self.conns.insert(RConn {
+            fd: Rc::new(OwnedFd::from(stream)),
+            closing: false,
+        });
+        if let Err(e) = self.arm(id) {
+            self.conns.remove(id);
+            return Err(e);
+        }
+        self.rr.submit()?;
+        self.account(c);
+        Ok(id)
+    }
+    fn listen(&mut self, l: TcpListener) -> io::Result<()> {
+        let fd = Rc::new(OwnedFd::from(l));
+        self.rr.accept_multi(Rc::clone(&fd), LISTENER)?;
+        self.listener = Some(fd);
+        self.rr.submit()
+    }
+    fn close(&mut self, conn: ConnId, c: &mut RxCounters) {
+        self.waiting.retain(|(id, _)| *id != conn);
+        if self.rr.is_armed(conn.tag()) {
+            if let Some(cn) = self.conns.get_mut(conn) {
+                cn.closing = true;
+            }
+            let _ = self.rr.cancel(conn.tag());
+            let _ = self.rr.submit();
+            self.account(c);
+        } else {
+            self.conns.remove(conn);
+        }
+    }
+    fn open(&self) -> usize {
+        self.conns.len()
+    }
+
+    fn poll(
+        &mut self,
+        timeout: Duration,
+        c: &mut RxCounters,
+        f: &mut dyn FnMut(RxEvent),
+    ) -> io::Result<usize> {
+        self.rearm_waiting(c)?;
+        if let Some(z) = &self.zarea {
+            // Returns that found the refill ring full go out now that the kernel had time.
+            z.refill().flush();
+        }
+        let mut n = self.drain_ready(c, f)?;
+        if n == 0 {
+            self.rr.wait(self.batch, self.min_wait, timeout)?;
+            n = self.drain_ready(c, f)?;
+            self.size_rotation(c);
+        } else if !self.defer && self.rr.pending() > 0 {
+            // Without DEFER_TASKRUN completions can appear without an enter; submit re-arms
+            // now so no connection waits behind busy ones. With it, they go in with the next
+            // wait's enter (nothing could run before it anyway).
+            self.rr.submit()?;
+        }
+        self.account(c);
+        Ok(n)
+    }
+}
