@@ -29,6 +29,37 @@
 #define ZCIO_EVENT_PREFER_EPOLL 2
 
 /*
+ epoll + `recv(2)`.
+ */
+#define ZCIO_RX_PLAIN 0
+
+/*
+ Multishot receive into a provided-buffer ring.
+ */
+#define ZCIO_RX_BUFRING 1
+
+/*
+ The best that works here (bufring, else plain; the fallback is recorded). zcrx needs an
+ interface queue, which the C API does not take yet.
+ */
+#define ZCIO_RX_AUTO 3
+
+/*
+ Event kind: a connection was accepted from the listener.
+ */
+#define ZCIO_RX_ACCEPTED 1
+
+/*
+ Event kind: bytes arrived (`chunk`, `data`, `len`).
+ */
+#define ZCIO_RX_DATA 2
+
+/*
+ Event kind: the connection ended (`error` 0 at end of stream, else `-errno`).
+ */
+#define ZCIO_RX_CLOSED 3
+
+/*
  Plain `send`.
  */
 #define ZCIO_TX_COPY 0
@@ -96,6 +127,16 @@ typedef struct zcio_event_ring zcio_event_ring;
 typedef struct zcio_pool zcio_pool;
 
 /*
+ A receiver of many TCP connections. Opaque; one thread at a time.
+ */
+typedef struct zcio_receiver zcio_receiver;
+
+/*
+ Received bytes, borrowed; `zcio_rx_chunk_free` gives the memory back. Opaque.
+ */
+typedef struct zcio_rx_chunk zcio_rx_chunk;
+
+/*
  A sender owning one connected TCP or UDP socket. Opaque; one thread at a time.
  */
 typedef struct zcio_sender zcio_sender;
@@ -151,6 +192,36 @@ typedef struct zcio_event_stats {
    */
   uint64_t poster_wakes;
 } zcio_event_stats;
+
+/*
+ One receiver event.
+ */
+typedef struct zcio_rx_event {
+  /*
+   `ZCIO_RX_ACCEPTED`, `ZCIO_RX_DATA` or `ZCIO_RX_CLOSED`.
+   */
+  uint32_t kind;
+  /*
+   `ZCIO_RX_CLOSED`: 0 at end of stream, else `-errno`.
+   */
+  int error;
+  /*
+   The connection (ids are never reused by this handle).
+   */
+  uint64_t conn;
+  /*
+   `ZCIO_RX_DATA`: the chunk, owned by the caller until `zcio_rx_chunk_free`.
+   */
+  struct zcio_rx_chunk *chunk;
+  /*
+   `ZCIO_RX_DATA`: the bytes (valid until the chunk is freed).
+   */
+  const void *data;
+  /*
+   `ZCIO_RX_DATA`: how many.
+   */
+  uintptr_t len;
+} zcio_rx_event;
 
 /*
  The result of one `zcio_sender_send`.
@@ -267,6 +338,50 @@ int zcio_event_poster_post(const struct zcio_event_poster *p, uint64_t token, ui
  Frees a poster (NULL is ignored).
  */
 void zcio_event_poster_free(struct zcio_event_poster *p);
+
+/*
+ Creates a receiver without a listener (`mode`: `ZCIO_RX_PLAIN`, `_BUFRING`, `_AUTO`);
+ connections are added with `zcio_receiver_add`.
+ */
+int zcio_receiver_new(struct zcio_receiver **out, uint32_t mode);
+
+/*
+ Creates a receiver that accepts from the listening TCP socket `listen_fd` (ownership
+ passes to the receiver) and receives from every accepted connection.
+ */
+int zcio_receiver_listen(struct zcio_receiver **out, int listen_fd, uint32_t mode);
+
+/*
+ Frees a receiver and closes its sockets (NULL is ignored). Chunks already handed out stay
+ valid until freed.
+ */
+void zcio_receiver_free(struct zcio_receiver *r);
+
+/*
+ Hands the connected TCP socket `fd` to the receiver (ownership passes); writes its id.
+ */
+int zcio_receiver_add(struct zcio_receiver *r, int fd, uint64_t *conn);
+
+/*
+ Stops receiving on `conn` and closes it (`-ENOENT` for an unknown id).
+ */
+int zcio_receiver_close(struct zcio_receiver *r, uint64_t conn);
+
+/*
+ Waits up to `timeout_ms` for the next event: returns 1 with `*out` filled, 0 on timeout,
+ or `-errno`.
+ */
+int zcio_receiver_next_event(struct zcio_receiver *r, struct zcio_rx_event *out, int timeout_ms);
+
+/*
+ Gives a chunk's memory back to the receiver (NULL is ignored).
+ */
+void zcio_rx_chunk_free(struct zcio_rx_chunk *c);
+
+/*
+ The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`).
+ */
+const char *zcio_receiver_path(const struct zcio_receiver *r);
 
 /*
  Creates a pool of `count` buffers of `slot_size` bytes into `*out`. Returns 0 or `-errno`.

@@ -10,8 +10,10 @@
 #![allow(non_camel_case_types)]
 #![warn(missing_docs)]
 
+mod rx;
 mod tx;
 
+pub use rx::*;
 pub use tx::*;
 
 use libc::{c_char, c_int};

@@ -137,6 +137,28 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
         "{out}"
     );
 
+    // The receiver example (accept + receive over loopback, every byte checked).
+    let rx_exe = p.join("receiver");
+    run(Command::new("cc")
+        .args([
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&rx_exe)
+        .arg(root.join("crates/zcio-capi/examples/c/receiver.c"))
+        .args(&flags)
+        .arg(&rpath)
+        .arg("-lpthread"));
+    let out = run(&mut Command::new(&rx_exe));
+    assert!(
+        out.contains("bytes 1048576") && out.ends_with("ok\n"),
+        "{out}"
+    );
+
     // C, static.
     let static_flags = run(Command::new("pkg-config")
         .args(["--static", "--libs-only-other", "--libs-only-l", "zcio"])
