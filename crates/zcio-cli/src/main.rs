@@ -2,6 +2,8 @@
 
 mod bench;
 mod hosts;
+mod nfq;
+mod nldump;
 mod perf;
 mod probe;
 #[allow(dead_code)] // used by the perf and nfq subcommands as they land
@@ -58,6 +60,19 @@ enum Cmd {
         #[arg(long)]
         list: bool,
     },
+    /// NFQUEUE filter daemon: accept all, drop by protocol/port, count; batch verdicts.
+    Nfq(nfq::NfqArgs),
+    /// Netlink tools.
+    Netlink {
+        #[command(subcommand)]
+        cmd: NetlinkCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum NetlinkCmd {
+    /// Dump routes, links, neighbours or addresses through the frame ring.
+    Dump(nldump::DumpArgs),
 }
 
 #[derive(Subcommand)]
@@ -90,6 +105,10 @@ fn run(cli: Cli) -> Result<()> {
             cmd: HostsCmd::Cleanup,
         } => hosts::cleanup(),
         Cmd::Perf(p) => perf::run(p),
+        Cmd::Nfq(a) => nfq::run(a),
+        Cmd::Netlink {
+            cmd: NetlinkCmd::Dump(a),
+        } => nldump::run(a),
         Cmd::Bench {
             suites,
             quick,

@@ -20,6 +20,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub mod caps;
+pub mod routes;
 pub mod seccomp;
 
 /// Name prefix of every namespace this crate creates.

@@ -17,6 +17,7 @@
 pub mod buf;
 #[cfg(not(loom))]
 pub mod event;
+pub mod netlink;
 pub mod probe;
 pub mod ring;
 pub mod rx;

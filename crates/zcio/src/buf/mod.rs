@@ -3,8 +3,10 @@
 #![allow(unsafe_code)]
 
 pub mod bufring;
+pub mod frames;
 #[cfg(not(loom))]
 pub mod mpsc;
+pub mod nlbufring;
 pub mod pool;
 pub mod refill;
 

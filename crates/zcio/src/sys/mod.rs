@@ -9,8 +9,10 @@
 pub mod epoll;
 pub mod errqueue;
 pub mod net;
+pub mod netlink;
 pub mod nfqueue;
 pub mod poller;
+pub mod signal;
 pub mod zcrx;
 
 use std::io;

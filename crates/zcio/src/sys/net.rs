@@ -141,3 +141,18 @@ pub fn ethtool_driver(iface: &str) -> io::Result<(String, String)> {
     };
     Ok((s(&info.driver), s(&info.bus_info)))
 }
+
+/// `poll(2)` on several descriptors for the same events; true if any is ready.
+pub fn poll_many(fds: &[&impl AsRawFd], events: i16, timeout_ms: i32) -> io::Result<bool> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|f| libc::pollfd {
+            fd: f.as_raw_fd(),
+            events,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `p` is a valid array of `p.len()` pollfds for the call.
+    let n = syscall!(poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms))?;
+    Ok(n > 0)
+}

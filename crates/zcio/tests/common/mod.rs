@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unused_imports)]
 
-#[allow(unused_imports)]
+#[allow(unused_imports)] // not every test file skips by hand
 pub use zcio_testnet::{can_make_hosts, skip};
 
 /// A deterministic byte pattern: byte `i` of a stream is `pattern_byte(i)`.

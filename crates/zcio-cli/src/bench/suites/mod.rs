@@ -2,6 +2,7 @@
 
 mod event;
 mod loopback;
+mod nfq;
 mod notify;
 mod rx;
 mod shim;
@@ -17,6 +18,7 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(rx::Rx),
         Box::new(notify::Notify),
         Box::new(event::EventSuite),
+        Box::new(nfq::Nfq),
         Box::new(shim::Shim),
     ]
 }

@@ -1,0 +1,238 @@
+//! `zcio nfq`: a small NFQUEUE filter daemon on `zcio::netlink::NfQueue`.
+//!
+//! Accepts everything except what the rules drop (UDP/TCP destination ports, IP protocols),
+//! prints stats periodically, and on SIGINT/SIGTERM decides every pending packet and unbinds.
+
+use anyhow::{bail, Context, Result};
+use std::time::{Duration, Instant};
+use zcio::netlink::{CopyMode, Decision, NfQueue, NfQueueConfig, Packet, Verdict};
+
+/// Options of `zcio nfq`.
+#[derive(Debug, clap::Args)]
+pub struct NfqArgs {
+    /// Queue number or range `N-M` (one socket per queue; pair with `--queue-balance N:M`).
+    #[arg(long)]
+    pub queue: String,
+    /// Verdicts are flushed after this many decided packets (and after every receive batch).
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Accept packets when the queue is full instead of dropping them.
+    #[arg(long)]
+    pub fail_open: bool,
+    /// Drop UDP packets to this destination port (repeatable).
+    #[arg(long = "drop-udp-port")]
+    pub drop_udp_port: Vec<u16>,
+    /// Drop TCP packets to this destination port (repeatable).
+    #[arg(long = "drop-tcp-port")]
+    pub drop_tcp_port: Vec<u16>,
+    /// Drop this IP protocol number (repeatable; 1 = ICMP, 58 = ICMPv6).
+    #[arg(long = "drop-proto")]
+    pub drop_proto: Vec<u8>,
+    /// Count packets per protocol and print the table on exit.
+    #[arg(long)]
+    pub count: bool,
+    /// Bytes of each packet copied to user space (headers suffice for the rules).
+    #[arg(long, default_value_t = 128)]
+    pub copy_range: u32,
+    /// Maximum queue length in the kernel.
+    #[arg(long)]
+    pub max_len: Option<u32>,
+    /// Receive GSO packets unsegmented.
+    #[arg(long)]
+    pub gso: bool,
+    /// Seconds between stats lines (0: none).
+    #[arg(long, default_value_t = 1.0)]
+    pub stats_interval: f64,
+    /// Exit after this many seconds (for scripts and tests).
+    #[arg(long)]
+    pub duration: Option<f64>,
+}
+
+fn parse_range(s: &str) -> Result<(u16, u16)> {
+    let (a, b) = match s.split_once('-') {
+        Some((a, b)) => (a, b),
+        None => (s, s),
+    };
+    let a: u16 = a
+        .trim()
+        .parse()
+        .with_context(|| format!("queue number {a:?}"))?;
+    let b: u16 = b
+        .trim()
+        .parse()
+        .with_context(|| format!("queue number {b:?}"))?;
+    if b < a {
+        bail!("queue range {s} is empty");
+    }
+    Ok((a, b))
+}
+
+/// `(protocol, destination port)` of an IPv4/IPv6 packet, when the headers are present.
+fn classify(p: &[u8]) -> Option<(u8, Option<u16>)> {
+    let v = p.first()? >> 4;
+    let (proto, l4) = match v {
+        4 => {
+            let ihl = usize::from(p[0] & 0xf) * 4;
+            (*p.get(9)?, p.get(ihl..)?)
+        }
+        6 => (*p.get(6)?, p.get(40..)?),
+        _ => return None,
+    };
+    let port = match proto {
+        6 | 17 if l4.len() >= 4 => Some(u16::from_be_bytes([l4[2], l4[3]])),
+        _ => None,
+    };
+    Some((proto, port))
+}
+
+struct Rules {
+    udp: Vec<u16>,
+    tcp: Vec<u16>,
+    proto: Vec<u8>,
+}
+
+impl Rules {
+    fn decide(&self, p: &Packet<'_>) -> Verdict {
+        let Some((proto, port)) = p.payload.and_then(classify) else {
+            return Verdict::Accept;
+        };
+        if self.proto.contains(&proto) {
+            return Verdict::Drop;
+        }
+        match (proto, port) {
+            (17, Some(port)) if self.udp.contains(&port) => Verdict::Drop,
+            (6, Some(port)) if self.tcp.contains(&port) => Verdict::Drop,
+            _ => Verdict::Accept,
+        }
+    }
+}
+
+/// Runs the daemon.
+pub fn run(a: NfqArgs) -> Result<()> {
+    let (first, last) = parse_range(&a.queue)?;
+    let sigfd = zcio::sys::signal::block_to_fd(&[libc::SIGINT, libc::SIGTERM])
+        .context("blocking SIGINT/SIGTERM")?;
+    let cfg = NfQueueConfig {
+        first,
+        last,
+        copy: CopyMode::Packet(a.copy_range),
+        max_len: a.max_len,
+        fail_open: a.fail_open,
+        gso: a.gso,
+        batch: a.batch,
+        ..NfQueueConfig::default()
+    };
+    let mut q = NfQueue::open(cfg).context("binding the queue")?;
+    for f in q.fallbacks() {
+        eprintln!("zcio nfq: fallback {f}");
+    }
+    eprintln!(
+        "zcio nfq: bound queue(s) {:?}, path {}, batch {}, copy range {}{}",
+        q.queues(),
+        q.path(),
+        a.batch,
+        a.copy_range,
+        if a.fail_open { ", fail-open" } else { "" }
+    );
+    let rules = Rules {
+        udp: a.drop_udp_port.clone(),
+        tcp: a.drop_tcp_port.clone(),
+        proto: a.drop_proto.clone(),
+    };
+    let mut per_proto = std::collections::BTreeMap::<u8, (u64, u64)>::new();
+    let start = Instant::now();
+    let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
+    let interval = (a.stats_interval > 0.0).then(|| Duration::from_secs_f64(a.stats_interval));
+    let mut next_stats = interval.map(|i| start + i);
+    let mut last = (Instant::now(), 0u64);
+    let signal = loop {
+        q.process(Some(Duration::from_millis(100)), |p| {
+            let v = rules.decide(p);
+            if a.count {
+                let proto = p.payload.and_then(classify).map_or(255, |c| c.0);
+                let e = per_proto.entry(proto).or_default();
+                if v == Verdict::Drop {
+                    e.1 += 1;
+                } else {
+                    e.0 += 1;
+                }
+            }
+            Decision::Verdict(v)
+        })?;
+        if let Some(s) = zcio::sys::signal::read_signal(&sigfd)? {
+            break Some(s);
+        }
+        let now = Instant::now();
+        if end.is_some_and(|e| now >= e) {
+            break None;
+        }
+        if let (Some(t), Some(i)) = (next_stats, interval) {
+            if now >= t {
+                let st = q.stats();
+                let pps = (st.received - last.1) as f64 / (now - last.0).as_secs_f64();
+                last = (now, st.received);
+                let k: Vec<String> = q
+                    .kernel_stats()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|k| {
+                        format!(
+                            "q{}: waiting {} queue_dropped {} user_dropped {}",
+                            k.queue, k.waiting, k.queue_dropped, k.user_dropped
+                        )
+                    })
+                    .collect();
+                eprintln!(
+                    "rx {} ({pps:.0}/s) accept {} drop {} batches {} singles {} held {} overruns {} | {}",
+                    st.received,
+                    st.accepted,
+                    st.dropped,
+                    st.batches,
+                    st.singles,
+                    st.held,
+                    st.overruns,
+                    k.join("; ")
+                );
+                next_stats = Some(t + i);
+            }
+        }
+    };
+    let (st, left) = q
+        .close(Verdict::Accept, Duration::from_secs(2))
+        .context("shutting down")?;
+    match signal {
+        Some(s) => eprintln!("zcio nfq: signal {s}: decided every pending packet, unbound"),
+        None => eprintln!("zcio nfq: duration reached: decided every pending packet, unbound"),
+    }
+    println!("{}", serde_json::to_string(&st)?);
+    if left > 0 {
+        eprintln!("zcio nfq: {left} packet(s) arrived in the kernel queue during unbind and were dropped by it");
+    }
+    if a.count {
+        for (proto, (acc, drop)) in per_proto {
+            println!("proto {proto:>3}: accepted {acc} dropped {drop}");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_ranges_parse() {
+        assert_eq!(parse_range("3").unwrap(), (3, 3));
+        assert_eq!(parse_range("2-5").unwrap(), (2, 5));
+        assert!(parse_range("5-2").is_err());
+    }
+
+    #[test]
+    fn udp_destination_port_is_classified() {
+        let mut p = vec![0u8; 28];
+        p[0] = 0x45;
+        p[9] = 17;
+        p[22..24].copy_from_slice(&53u16.to_be_bytes());
+        assert_eq!(classify(&p), Some((17, Some(53))));
+    }
+}

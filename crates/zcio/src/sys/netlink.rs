@@ -1,0 +1,228 @@
+//! AF_NETLINK sockets: creation, binding, options and the constants of `linux/netlink.h` and
+//! `linux/rtnetlink.h` that zcio uses. Batched receive into frames is in `buf::frames`.
+
+use super::{getsockopt_int, owned, setsockopt_int, syscall};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// Netlink protocol: routing (2.2).
+pub const NETLINK_ROUTE: i32 = 0;
+/// Netlink protocol: netfilter (2.6.14); see also `sys::nfqueue::NETLINK_NETFILTER`.
+pub const NETLINK_NETFILTER: i32 = super::nfqueue::NETLINK_NETFILTER;
+/// `SOL_NETLINK` socket level (2.6.14).
+pub const SOL_NETLINK: i32 = 270;
+/// Socket option: do not report receive-buffer overruns with ENOBUFS (2.6.30).
+pub const NETLINK_NO_ENOBUFS: i32 = 5;
+/// Socket option: only `NLMSG_ERROR` header on ACKs (4.3).
+pub const NETLINK_CAP_ACK: i32 = 10;
+/// Socket option: extended ACK with error messages (4.12).
+pub const NETLINK_EXT_ACK: i32 = 11;
+/// `SO_RCVBUFFORCE`: set the receive buffer past `rmem_max` (2.6.14, needs CAP_NET_ADMIN).
+pub const SO_RCVBUFFORCE: i32 = 33;
+
+/// Length of `struct nlmsghdr`.
+pub const NLMSG_HDRLEN: usize = 16;
+/// Length of `struct nlattr`.
+pub const NLA_HDRLEN: usize = 4;
+/// Netlink alignment.
+pub const NLMSG_ALIGNTO: usize = 4;
+/// Message type: no-op.
+pub const NLMSG_NOOP: u16 = 1;
+/// Message type: error or ACK (`struct nlmsgerr`).
+pub const NLMSG_ERROR: u16 = 2;
+/// Message type: end of a multipart dump.
+pub const NLMSG_DONE: u16 = 3;
+/// Message type: data lost (overrun).
+pub const NLMSG_OVERRUN: u16 = 4;
+/// Flag: request.
+pub const NLM_F_REQUEST: u16 = 0x1;
+/// Flag: part of a multipart message.
+pub const NLM_F_MULTI: u16 = 0x2;
+/// Flag: ACK wanted.
+pub const NLM_F_ACK: u16 = 0x4;
+/// Flag: dump (`NLM_F_ROOT | NLM_F_MATCH`).
+pub const NLM_F_DUMP: u16 = 0x300;
+/// Flag: the dump was interrupted and is inconsistent (3.1).
+pub const NLM_F_DUMP_INTR: u16 = 0x10;
+/// Attribute type flag: nested.
+pub const NLA_F_NESTED: u16 = 1 << 15;
+/// Attribute type flag: payload in network byte order.
+pub const NLA_F_NET_BYTEORDER: u16 = 1 << 14;
+/// Mask of the attribute type proper.
+pub const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | NLA_F_NET_BYTEORDER);
+
+/// rtnetlink: new link / dump links.
+pub const RTM_GETLINK: u16 = 18;
+/// rtnetlink: link message.
+pub const RTM_NEWLINK: u16 = 16;
+/// rtnetlink: dump addresses.
+pub const RTM_GETADDR: u16 = 22;
+/// rtnetlink: address message.
+pub const RTM_NEWADDR: u16 = 20;
+/// rtnetlink: dump routes.
+pub const RTM_GETROUTE: u16 = 26;
+/// rtnetlink: route message.
+pub const RTM_NEWROUTE: u16 = 24;
+/// rtnetlink: dump neighbours.
+pub const RTM_GETNEIGH: u16 = 30;
+/// rtnetlink: neighbour message.
+pub const RTM_NEWNEIGH: u16 = 28;
+
+/// Opens a netlink socket of `protocol` (close-on-exec, blocking).
+pub fn socket(protocol: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain integer arguments.
+    let fd = syscall!(socket(
+        libc::AF_NETLINK,
+        libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+        protocol
+    ))?;
+    Ok(owned(fd))
+}
+
+fn sockaddr(pid: u32, groups: u32) -> libc::sockaddr_nl {
+    // SAFETY: an all-zero sockaddr_nl is valid.
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as u16;
+    sa.nl_pid = pid;
+    sa.nl_groups = groups;
+    sa
+}
+
+/// Binds to port id `pid` (0: the kernel picks one) and multicast `groups`.
+pub fn bind(fd: &impl AsRawFd, pid: u32, groups: u32) -> io::Result<()> {
+    let sa = sockaddr(pid, groups);
+    let len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+    let ptr = &sa as *const libc::sockaddr_nl as *const libc::sockaddr;
+    // SAFETY: `ptr`/`len` describe `sa`, which lives for the call.
+    syscall!(bind(fd.as_raw_fd(), ptr, len)).map(drop)
+}
+
+/// The port id the kernel assigned (`getsockname`).
+pub fn port_id(fd: &impl AsRawFd) -> io::Result<u32> {
+    let mut sa = sockaddr(0, 0);
+    let mut len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+    let ptr = &mut sa as *mut libc::sockaddr_nl as *mut libc::sockaddr;
+    // SAFETY: `ptr`/`len` describe `sa`, which lives for the call.
+    syscall!(getsockname(fd.as_raw_fd(), ptr, &mut len))?;
+    Ok(sa.nl_pid)
+}
+
+/// Sends one datagram (one or more netlink messages back to back) to the kernel.
+pub fn send_to_kernel(fd: &impl AsRawFd, buf: &[u8]) -> io::Result<usize> {
+    let sa = sockaddr(0, 0);
+    let len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+    let ptr = &sa as *const libc::sockaddr_nl as *const libc::sockaddr;
+    // SAFETY: `buf` and `sa` are borrowed for the call; the lengths match.
+    syscall!(sendto(
+        fd.as_raw_fd(),
+        buf.as_ptr().cast(),
+        buf.len(),
+        0,
+        ptr,
+        len
+    ))
+    .map(|n| n as usize)
+}
+
+/// `NETLINK_NO_ENOBUFS`: the kernel stops reporting overruns (it still drops).
+pub fn set_no_enobufs(fd: &impl AsRawFd, on: bool) -> io::Result<()> {
+    setsockopt_int(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, on as i32)
+}
+
+/// `NETLINK_EXT_ACK` and `NETLINK_CAP_ACK`: short ACKs with error strings.
+pub fn set_ext_ack(fd: &impl AsRawFd) -> io::Result<()> {
+    setsockopt_int(fd, SOL_NETLINK, NETLINK_CAP_ACK, 1)?;
+    setsockopt_int(fd, SOL_NETLINK, NETLINK_EXT_ACK, 1)
+}
+
+/// Sets the receive buffer; with `force`, `SO_RCVBUFFORCE` (past `rmem_max`, needs
+/// CAP_NET_ADMIN). Returns the size the kernel reports afterwards (it doubles the request).
+pub fn set_rcvbuf(fd: &impl AsRawFd, bytes: usize, force: bool) -> io::Result<usize> {
+    let v = bytes.min(i32::MAX as usize / 2) as i32;
+    let name = if force {
+        SO_RCVBUFFORCE
+    } else {
+        libc::SO_RCVBUF
+    };
+    setsockopt_int(fd, libc::SOL_SOCKET, name, v)?;
+    Ok(getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)? as usize)
+}
+
+/// Preallocated buffers for `recvmmsg(2)`, one datagram per buffer, set up once so that each
+/// receive is one syscall and no allocation (what a careful libmnl/libnetfilter_queue user
+/// writes). Used by baselines and simple consumers; the frame ring has its own in
+/// `buf::frames`.
+pub struct RecvBatch {
+    bufs: Vec<Vec<u8>>,
+    // Boxed so the addresses `msgs` point at stay put when the struct moves.
+    iov: Box<[libc::iovec]>,
+    msgs: Box<[libc::mmsghdr]>,
+    got: usize,
+}
+
+impl std::fmt::Debug for RecvBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBatch")
+            .field("n", &self.bufs.len())
+            .field("got", &self.got)
+            .finish()
+    }
+}
+
+// SAFETY: the raw pointers point only into buffers this value owns.
+unsafe impl Send for RecvBatch {}
+
+impl RecvBatch {
+    /// `n` buffers of `size` bytes.
+    pub fn new(n: usize, size: usize) -> Self {
+        let mut bufs: Vec<Vec<u8>> = (0..n.max(1)).map(|_| vec![0u8; size]).collect();
+        let mut iov: Box<[libc::iovec]> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: an all-zero mmsghdr is a valid plain C value.
+        let mut msgs: Box<[libc::mmsghdr]> = (0..bufs.len())
+            .map(|_| unsafe { std::mem::zeroed() })
+            .collect();
+        for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        Self {
+            bufs,
+            iov,
+            msgs,
+            got: 0,
+        }
+    }
+
+    /// One `recvmmsg` with `flags` (`MSG_DONTWAIT`, `MSG_WAITFORONE`); returns how many
+    /// datagrams arrived (`EAGAIN` is an error).
+    pub fn recv(&mut self, fd: &impl AsRawFd, flags: i32) -> io::Result<usize> {
+        self.got = 0;
+        let _ = &self.iov;
+        // SAFETY: `msgs` point at `iov`, which point at `bufs`; all owned by `self`, borrowed
+        // mutably for the call, and at fixed heap addresses.
+        let got = syscall!(recvmmsg(
+            fd.as_raw_fd(),
+            self.msgs.as_mut_ptr(),
+            self.msgs.len() as u32,
+            flags,
+            std::ptr::null_mut()
+        ))? as usize;
+        self.got = got;
+        Ok(got)
+    }
+
+    /// Datagram `i` of the last receive.
+    pub fn get(&self, i: usize) -> &[u8] {
+        if i >= self.got {
+            return &[];
+        }
+        let len = (self.msgs[i].msg_len as usize).min(self.bufs[i].len());
+        &self.bufs[i][..len]
+    }
+}
