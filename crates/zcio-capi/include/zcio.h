@@ -29,6 +29,26 @@
 #define ZCIO_EVENT_PREFER_EPOLL 2
 
 /*
+ Verdict: drop the packet (`NF_DROP`).
+ */
+#define ZCIO_NF_DROP 0
+
+/*
+ Verdict: let it continue (`NF_ACCEPT`).
+ */
+#define ZCIO_NF_ACCEPT 1
+
+/*
+ Verdict: send it to queue `n` (`NF_QUEUE | n << 16`).
+ */
+#define ZCIO_NF_QUEUE 3
+
+/*
+ Verdict: re-run the hook (`NF_REPEAT`).
+ */
+#define ZCIO_NF_REPEAT 4
+
+/*
  epoll + `recv(2)`.
  */
 #define ZCIO_RX_PLAIN 0
@@ -122,6 +142,11 @@ typedef struct zcio_event_poster zcio_event_poster;
 typedef struct zcio_event_ring zcio_event_ring;
 
 /*
+ An NFQUEUE consumer bound to a range of queues. Opaque; one thread at a time.
+ */
+typedef struct zcio_nfqueue zcio_nfqueue;
+
+/*
  A pool of page-aligned send buffers. Opaque.
  */
 typedef struct zcio_pool zcio_pool;
@@ -192,6 +217,73 @@ typedef struct zcio_event_stats {
    */
   uint64_t poster_wakes;
 } zcio_event_stats;
+
+/*
+ One queued packet, valid during the callback only.
+ */
+typedef struct zcio_nfq_packet {
+  /*
+   Packet id (per queue).
+   */
+  uint32_t id;
+  /*
+   The queue it came from.
+   */
+  uint16_t queue;
+  /*
+   Link-layer protocol (`ETH_P_IP`, ...), host order.
+   */
+  uint16_t hw_protocol;
+  /*
+   Netfilter hook.
+   */
+  uint8_t hook;
+  /*
+   Address family.
+   */
+  uint8_t family;
+  /*
+   Whether `mark` is set.
+   */
+  uint8_t has_mark;
+  /*
+   The packet's mark.
+   */
+  uint32_t mark;
+  /*
+   The packet (network header onwards), or NULL.
+   */
+  const void *payload;
+  /*
+   Its length.
+   */
+  uintptr_t payload_len;
+} zcio_nfq_packet;
+
+/*
+ The callback's decision.
+ */
+typedef struct zcio_nfq_verdict {
+  /*
+   `ZCIO_NF_*` (for `ZCIO_NF_QUEUE`, the target queue in bits 16..31).
+   */
+  uint32_t verdict;
+  /*
+   Non-zero: also set the packet's mark to `mark`.
+   */
+  uint32_t set_mark;
+  /*
+   The new mark.
+   */
+  uint32_t mark;
+} zcio_nfq_verdict;
+
+/*
+ Decides one packet: fill `*verdict` (pre-set to accept) and return 0.
+ */
+typedef int (*zcio_nfq_callback)(const struct zcio_nfq_packet *pkt,
+                                 struct zcio_nfq_verdict *verdict,
+                                 void *user);
 
 /*
  One receiver event.
@@ -338,6 +430,29 @@ int zcio_event_poster_post(const struct zcio_event_poster *p, uint64_t token, ui
  Frees a poster (NULL is ignored).
  */
 void zcio_event_poster_free(struct zcio_event_poster *p);
+
+/*
+ Binds queues `first..=last` (copy mode: whole packets) into `*out`. Needs CAP_NET_ADMIN.
+ Returns 0 or `-errno`.
+ */
+int zcio_nfqueue_open(struct zcio_nfqueue **out, uint16_t first, uint16_t last);
+
+/*
+ Unbinds and frees (NULL is ignored).
+ */
+void zcio_nfqueue_free(struct zcio_nfqueue *q);
+
+/*
+ Receives what is ready on every queue (waiting up to `timeout_ms`, -1: forever), calls
+ `cb` for each packet in id order, and sends the verdicts in batches. Returns the number of
+ packets handled or `-errno`.
+ */
+int zcio_nfqueue_process(struct zcio_nfqueue *q, int timeout_ms, zcio_nfq_callback cb, void *user);
+
+/*
+ How the queue receives: `"frame-ring+io_uring"` or `"frame-ring+recvmmsg"` (static).
+ */
+const char *zcio_nfqueue_path(const struct zcio_nfqueue *q);
 
 /*
  Creates a receiver without a listener (`mode`: `ZCIO_RX_PLAIN`, `_BUFRING`, `_AUTO`);

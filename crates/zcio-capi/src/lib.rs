@@ -10,9 +10,11 @@
 #![allow(non_camel_case_types)]
 #![warn(missing_docs)]
 
+mod nfq;
 mod rx;
 mod tx;
 
+pub use nfq::*;
 pub use rx::*;
 pub use tx::*;
 

@@ -21,6 +21,27 @@ fn tool(name: &str) -> bool {
     ok
 }
 
+/// Root with unshare, ip and iptables (as in CI); otherwise SKIP (a failure under
+/// ZCIO_REQUIRE_PRIV=1).
+fn privileged(what: &str) -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0"));
+    let why = if !root {
+        "needs root (a network namespace and an iptables rule)".to_string()
+    } else if let Some(t) = ["unshare", "ip", "iptables"].into_iter().find(|t| !tool(t)) {
+        format!("{t} missing")
+    } else {
+        return true;
+    };
+    if std::env::var("ZCIO_REQUIRE_PRIV").as_deref() == Ok("1") {
+        panic!("{what}: {why}");
+    }
+    println!("SKIP {what}: {why}");
+    false
+}
+
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     let text = format!(
@@ -158,6 +179,34 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
         out.contains("bytes 1048576") && out.ends_with("ok\n"),
         "{out}"
     );
+
+    // The NFQUEUE example, in a fresh network namespace with an NFQUEUE rule on loopback.
+    let nfq_exe = p.join("nfqueue");
+    run(Command::new("cc")
+        .args([
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&nfq_exe)
+        .arg(root.join("crates/zcio-capi/examples/c/nfqueue.c"))
+        .args(&flags)
+        .arg(&rpath));
+    if privileged("nfqueue example") {
+        let script = format!(
+            "ip link set lo up && iptables -A OUTPUT -o lo -p udp --dport 9999 -j NFQUEUE \
+             --queue-num 41 && {} 41",
+            nfq_exe.display()
+        );
+        let out = run(Command::new("unshare").args(["--net", "sh", "-c", &script]));
+        assert!(
+            out.contains("accepted 10, dropped 10, arrived 10") && out.ends_with("ok\n"),
+            "{out}"
+        );
+    }
 
     // C, static.
     let static_flags = run(Command::new("pkg-config")
