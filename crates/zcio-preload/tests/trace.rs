@@ -74,3 +74,30 @@ fn trace_is_identical_with_and_without_the_shim() {
         "{log}"
     );
 }
+
+#[test]
+fn trace_is_identical_when_io_uring_is_unavailable() {
+    let dir = TempDir::new("trace-nouring");
+    let Some(exe) = build_trace(&dir) else { return };
+    let (native, _) = run(&exe, &Preload::default());
+    let pre = Preload {
+        shim: Some(shim_path()),
+        stats: None,
+        log: true,
+    };
+    // io_uring_setup fails with ENOSYS in a thread made for it, and in the program it spawns
+    // (seccomp filters are inherited): every instance must fall back to the real epoll.
+    let (shimmed, log) = std::thread::spawn(move || {
+        zcio_testnet::seccomp::deny_syscall_in_this_thread(libc::SYS_io_uring_setup, libc::ENOSYS)
+            .expect("install seccomp filter");
+        run(&exe, &pre)
+    })
+    .join()
+    .expect("trace thread");
+    assert_eq!(native, shimmed, "traces differ; shim log:\n{log}");
+    assert!(log.contains("event ring unavailable"), "shim log:\n{log}");
+    assert!(
+        !log.contains("served by the event ring"),
+        "shim log:\n{log}"
+    );
+}
