@@ -155,10 +155,11 @@ unsafe impl Send for State {}
 /// ring cannot be set up (then the program simply uses its real epoll fd; logged).
 pub fn create(epfd: libc::c_int) -> Option<()> {
     let slot = fd_slot(epfd)?;
-    let cfg = EventConfig {
+    let mut cfg = EventConfig {
         prefer: Prefer::Uring,
         ..EventConfig::default()
     };
+    cfg.ring.defer_taskrun = crate::report::DEFER_TASKRUN.load(Ordering::Relaxed);
     let ring = match EventRing::with_config(&cfg) {
         Ok(r) => r,
         Err(e) => {

@@ -10,6 +10,9 @@ use std::sync::OnceLock;
 pub static LOG: AtomicBool = AtomicBool::new(false);
 /// `ZCIO_EPOLL=off` (or `0`): pass everything to libc.
 pub static DISABLED: AtomicBool = AtomicBool::new(false);
+/// `ZCIO_EPOLL_TASKRUN=coop` clears this: completions then run on any kernel exit of the
+/// thread (so a wait can find them in shared memory) instead of only when it enters the ring.
+pub static DEFER_TASKRUN: AtomicBool = AtomicBool::new(true);
 /// `ZCIO_EPOLL_STATS=path`.
 pub static STATS_PATH: OnceLock<CString> = OnceLock::new();
 
@@ -87,6 +90,9 @@ pub fn read_env() {
     LOG.store(on("ZCIO_EPOLL_LOG").unwrap_or(false), Ordering::Relaxed);
     if let Ok(v) = std::env::var("ZCIO_EPOLL") {
         DISABLED.store(v == "off" || v == "0", Ordering::Relaxed);
+    }
+    if let Ok(v) = std::env::var("ZCIO_EPOLL_TASKRUN") {
+        DEFER_TASKRUN.store(v != "coop", Ordering::Relaxed);
     }
     if let Ok(p) = std::env::var("ZCIO_EPOLL_STATS") {
         if let Ok(c) = CString::new(p) {
