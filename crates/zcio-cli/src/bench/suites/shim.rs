@@ -35,7 +35,7 @@ impl Suite for Shim {
     }
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
         let shim = find_shim().map_err(|e| ctx.skip(e.to_string()))?;
-        let secs = ctx.pick(2, 5, 10);
+        let secs = ctx.pick(2, 3, 10);
         ctx.note(format!(
             "the shim: {}; no data is copied differently: the shim changes only how readiness \
              reaches the program (COPIED fraction not applicable)",
@@ -75,7 +75,7 @@ impl Suite for Shim {
         if let (Some(redis), Some(rb)) = (which("redis-server"), which("redis-benchmark")) {
             let native = Server::redis(&redis, None)?;
             let shimmed = Server::redis(&redis, Some(&Shimmed(&shim, &[])))?;
-            let n = ctx.pick(40_000, 100_000, 200_000);
+            let n = ctx.pick(40_000, 80_000, 200_000);
             ctx.compare(
                 "redis GET, redis-benchmark 32 conns",
                 ("native epoll", "libzcio_epoll.so"),
