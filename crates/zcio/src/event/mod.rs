@@ -218,7 +218,9 @@ struct UserShared {
 /// An epoll-equivalent event set whose events are harvested from shared memory.
 ///
 /// Owned by one thread (with `SINGLE_ISSUER` the kernel holds the ring to its creator): create
-/// it on the thread that runs the loop.
+/// it on the thread that runs the loop. Where several threads must wait on one set (an epoll
+/// fd shared by threads, as a C shim may see), use `RingConfig { single_issuer: false,
+/// defer_taskrun: false, .. }` and serialise calls.
 pub struct EventRing {
     backend: Backend,
     user: Arc<UserShared>,
@@ -384,6 +386,17 @@ impl EventRing {
         }
         drop(fd);
         Ok(())
+    }
+
+    /// Submits queued re-arms and cancellations now and runs pending completion work (one
+    /// `io_uring_enter`; nothing on the epoll backend). After `delete(fd)` + `flush()` the
+    /// kernel holds no reference to the fd's file, so a following `close(fd)` closes it at
+    /// once (what a C shim intercepting `close` needs).
+    pub fn flush(&mut self) -> io::Result<()> {
+        match &mut self.backend {
+            Backend::Uring(u) => u.flush(),
+            Backend::Epoll(_) => Ok(()),
+        }
     }
 
     /// A handle other threads use to post events to this ring.

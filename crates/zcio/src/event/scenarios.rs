@@ -298,6 +298,24 @@ pub const SCENARIOS: &[Scenario] = &[
         ],
     },
     Scenario {
+        name: "delete_then_re_add_with_wake_up_in_flight",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN | ET, 1),
+            PeerWrite(0, 1),
+            Del(0),
+            Add(0, OUT | ET, 2),
+            Wait(8),
+            Wait(8),
+            Del(0),
+            Add(0, IN | ET, 3),
+            Wait(8),
+            PeerWrite(0, 1),
+            Wait(8),
+            Wait(8),
+        ],
+    },
+    Scenario {
         name: "close_of_registered_fd_then_number_reuse",
         steps: &[
             Open(0, Unix),

@@ -27,6 +27,8 @@ const INTERNAL: u64 = 1 << 63;
 const UPDATE: u64 = 1 << 62;
 const WAKE_UD: u64 = u64::MAX;
 const GEN_MASK: u32 = (1 << 30) - 1;
+/// Spin iterations before sleeping once user-posted events have been seen.
+const USER_SPIN: u32 = 256;
 
 fn poll_ud(fd: RawFd, gen: u32) -> u64 {
     (u64::from(gen) << 32) | u64::from(fd as u32)
@@ -92,6 +94,11 @@ impl Reg {
 pub(super) struct UringEvents {
     ring: Ring,
     regs: Vec<Option<Reg>>,
+    /// Last generation used per fd number, kept across `delete`, so completions of a deleted
+    /// registration still in flight never match a later one on the same number.
+    gens: Vec<u32>,
+    /// User-posted events were seen: spin briefly before sleeping.
+    user_seen: bool,
     ready: VecDeque<(RawFd, u32)>,
     wake_fd: RawFd,
     wake_armed: bool,
@@ -142,6 +149,8 @@ impl UringEvents {
         let mut me = Self {
             ring,
             regs: Vec::new(),
+            gens: Vec::new(),
+            user_seen: false,
             ready: VecDeque::new(),
             wake_fd,
             wake_armed: false,
@@ -164,6 +173,12 @@ impl UringEvents {
         self.wake_armed = true;
         self.ring
             .poll_add(self.wake_fd, libc::EPOLLIN as u32, true, WAKE_UD)
+    }
+
+    fn next_gen(&mut self, fd: RawFd) -> u32 {
+        let g = &mut self.gens[fd as usize];
+        *g = (*g + 1) & GEN_MASK;
+        *g
     }
 
     fn reg_mut(&mut self, fd: RawFd) -> Option<&mut Reg> {
@@ -212,18 +227,18 @@ impl UringEvents {
     pub(super) fn add(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), CtlError> {
         let id = self.check_fd(fd)?;
         validate_exclusive(false, events)?;
-        let mut gen = 0;
         if let Some(r) = self.reg_mut(fd) {
             if r.ident == id {
                 return Err(CtlError::Exists(fd));
             }
-            gen = (r.gen + 1) & GEN_MASK;
             self.forget(fd)?;
         }
         let i = fd as usize;
         if self.regs.len() <= i {
             self.regs.resize_with(i + 1, || None);
+            self.gens.resize(i + 1, 0);
         }
+        let gen = self.next_gen(fd);
         self.regs[i] = Some(Reg {
             token,
             events,
@@ -263,7 +278,9 @@ impl UringEvents {
         }
         let old_ud = poll_ud(fd, r.gen);
         let was_armed = r.armed;
-        r.gen = (r.gen + 1) & GEN_MASK;
+        let gen = self.next_gen(fd);
+        let r = self.reg_mut(fd).expect("checked");
+        r.gen = gen;
         r.events = events;
         r.token = token;
         r.queued = 0;
@@ -456,35 +473,53 @@ impl UringEvents {
         self.epoch += 1;
         loop {
             self.drain_cq()?;
-            let have = !self.ready.is_empty() || user.has_entries();
+            let user_has = user.has_entries();
+            self.user_seen |= user_has;
+            let have = !self.ready.is_empty() || user_has;
             // Enter when nothing is ready, when re-arms/cancels are queued, or when the
             // kernel flags wake-ups whose completions are deferred to our next entry
             // (DEFER_TASKRUN + TASKRUN_FLAG): epoll would report those fds in this wait.
             let work = self.ring.work_pending();
             if !have || work || self.ring.pending() > 0 {
                 let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-                // Block only when nothing is ready or pending. Otherwise enter with a zero
-                // timeout asking for `out.len()` completions: the kernel runs up to
-                // max(20, want) deferred wake-ups per entry, so one entry collects them all.
-                let want = out.len().saturating_sub(self.ready.len()).max(1);
-                let block = !have && !work && remaining != Some(Duration::ZERO);
+                // Block only when nothing is ready or pending.
+                let mut block = !have && !work && remaining != Some(Duration::ZERO);
+                if block && self.user_seen {
+                    // Posters are active: spin briefly (≈1 µs) before paying a sleep and an
+                    // eventfd wake-up on each side.
+                    for _ in 0..USER_SPIN {
+                        if user.has_entries() {
+                            block = false;
+                            break;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    if !block {
+                        continue;
+                    }
+                }
                 if block && user.prepare_sleep() {
                     let r = self.ring.submit_and_wait(1, remaining);
                     user.end_sleep();
                     r?;
                     self.drain_cq()?;
                 } else {
-                    self.ring.submit_and_wait(want, Some(Duration::ZERO))?;
+                    // Non-blocking: GETEVENTS without a timer (a zero EXT_ARG timeout with
+                    // want > ready would arm an hrtimer and sleep until it fires).
+                    self.ring.get_events()?;
                     self.drain_cq()?;
-                    // More deferred wake-ups than one entry ran: collect them while there
-                    // is room in `out` (epoll would report them all in this wait).
+                    // One entry runs at most 20 deferred wake-ups: collect the rest while
+                    // there is room in `out` (epoll would report them all in this wait).
                     // Bounded, and only while entries make progress: the flag can be set
                     // again at once by wake-ups that keep arriving.
                     let mut rounds = 0;
-                    while self.ready.len() < out.len() && rounds < 4 && self.ring.work_pending() {
+                    let max_rounds = out.len() / 16 + 2;
+                    while self.ready.len() < out.len()
+                        && rounds < max_rounds
+                        && self.ring.work_pending()
+                    {
                         let before = self.cqes;
-                        let want = out.len() - self.ready.len();
-                        self.ring.submit_and_wait(want, Some(Duration::ZERO))?;
+                        self.ring.get_events()?;
                         self.drain_cq()?;
                         rounds += 1;
                         if self.cqes == before {

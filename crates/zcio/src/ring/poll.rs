@@ -129,6 +129,41 @@ impl<C: cqueue::EntryMarker> Ring<C> {
         sq.taskrun()
     }
 
+    /// Submits what is queued and runs the kernel's deferred completion work without waiting
+    /// and without a timer: `io_uring_enter(to_submit, 0, GETEVENTS)`. Unlike
+    /// `submit_and_wait(n, Some(0))`, which arms an hrtimer and sleeps until it fires when
+    /// fewer than `n` completions are ready, this returns at once; with `DEFER_TASKRUN` one
+    /// call runs at most 20 deferred wake-ups (`IO_LOCAL_TW_DEFAULT_MAX`), so callers loop
+    /// while [`Ring::work_pending`] says more are queued. With SQPOLL it falls back to
+    /// `submit_and_wait(1, Some(0))`.
+    pub fn get_events(&mut self) -> io::Result<()> {
+        if self.sqpoll {
+            self.submit_and_wait(1, Some(std::time::Duration::ZERO))?;
+            return Ok(());
+        }
+        let pending = {
+            let mut sq = self.ring.submission();
+            sq.sync();
+            sq.len()
+        };
+        self.enters += 1;
+        // SAFETY: queued entries were pushed through `push`, whose contract covers the memory
+        // they reference; no argument struct is passed.
+        let r = unsafe {
+            self.ring.submitter().enter::<libc::sigset_t>(
+                pending as u32,
+                0,
+                io_uring::EnterFlags::GETEVENTS.bits(),
+                None,
+            )
+        };
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::ETIME)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Queues an `ASYNC_CANCEL` of the request with user_data `target`.
     pub fn cancel(&mut self, target: u64, user_data: u64) -> io::Result<()> {
         let e = opcode::AsyncCancel::new(target)
