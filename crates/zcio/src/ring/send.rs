@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Longest chain submitted at once on a stream socket.
-const MAX_CHAIN: usize = 64;
+const MAX_CHAIN: usize = 256;
 /// Longest single request (the SQE length field is 32 bits).
 const MAX_REQ: usize = 1 << 30;
 
@@ -312,6 +312,13 @@ impl SendRing {
         self.pump()?;
         self.enter_submit()?;
         self.harvest()?;
+        if self.chain_pending > 0 && self.task_work_pending() {
+            // A chain member met a full socket buffer and was retried from poll: under
+            // DEFER_TASKRUN that retry is task work that runs only when we enter with
+            // GETEVENTS. Run it now rather than when the caller next waits.
+            self.enter_getevents()?;
+            self.harvest()?;
+        }
         if !self.staged.is_empty() && self.chain_pending == 0 {
             // The previous chain ended during this enter: start the next one.
             self.pump()?;
@@ -332,10 +339,21 @@ impl SendRing {
     /// GETEVENTS, so every submitting enter also posts them, and collecting them needs no
     /// syscall of its own. No syscall when nothing is queued.
     fn enter_submit(&mut self) -> io::Result<()> {
-        let pending = self.ring.pending();
-        if pending == 0 {
+        if self.ring.pending() == 0 {
             return Ok(());
         }
+        self.enter_getevents()
+    }
+
+    /// Whether the kernel flagged deferred task work (`IORING_SQ_TASKRUN`).
+    fn task_work_pending(&self) -> bool {
+        // SAFETY: only the shared flags word is read; this thread is the ring's only user.
+        unsafe { self.ring.raw().submission_shared() }.taskrun()
+    }
+
+    /// One `io_uring_enter(pending, 0, GETEVENTS)`.
+    fn enter_getevents(&mut self) -> io::Result<()> {
+        let pending = self.ring.pending();
         self.own_enters += 1;
         // SAFETY: no argument pointer is passed; the entries submitted are the ones `push`
         // queued, whose buffer contract `push` upholds.
