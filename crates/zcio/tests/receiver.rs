@@ -573,3 +573,56 @@ fn auto_mode_falls_back_to_plain_when_io_uring_is_denied() {
     });
     t.join().unwrap();
 }
+
+/// The zcrx completion → chunk → refill entry path, over memory laid out as the kernel lays
+/// it out (head at 0, tail at 4, RQEs at 64). The kernel side of the protocol (consuming RQEs
+/// and advancing the head) is exercised in `buf::refill`'s unit tests.
+#[test]
+fn zcrx_completions_decode_into_area_ranges_and_return_through_the_refill_ring() {
+    use std::rc::Rc;
+    use zcio::buf::refill::{RefillRing, ZcrxArea};
+    use zcio::buf::Region;
+    use zcio::sys::zcrx::IORING_ZCRX_AREA_SHIFT;
+    let entries = 4;
+    let refill = RefillRing::new(
+        Region::new(zcio::ring::zcrx::refill_region_len(entries), false).unwrap(),
+        0,
+        4,
+        64,
+        entries,
+    )
+    .unwrap();
+    let token = 2u64 << IORING_ZCRX_AREA_SHIFT;
+    let mut area_mem = Region::new(64 << 10, false).unwrap();
+    area_mem.as_mut_slice()[8192..8192 + 5].copy_from_slice(b"hello");
+    let area = Rc::new(ZcrxArea::new(area_mem, refill, token));
+    assert_eq!(area.area_id(), 2);
+    // SAFETY (test): the values stand for RECV_ZC completions of this area.
+    let chunk = unsafe { area.lease_from_cqe(5, token | 8192) }.unwrap();
+    assert_eq!(&*chunk, b"hello");
+    assert_eq!(
+        area.refill().tail(),
+        0,
+        "nothing returned while the chunk lives"
+    );
+    drop(chunk);
+    assert_eq!(area.refill().tail(), 1);
+    assert_eq!(area.refill().rqe(0), (token | 8192, 5));
+    // Fill the ring: the kernel has consumed nothing, so the fifth return waits, in order.
+    let leases: Vec<_> = (1..=4u64)
+        // SAFETY (test): as above.
+        .map(|i| unsafe { area.lease_from_cqe(100, token | (i * 4096)) }.unwrap())
+        .collect();
+    drop(leases);
+    assert_eq!(area.refill().tail(), 4);
+    assert_eq!(area.refill().pending(), 1);
+    assert_eq!(area.refill().rqe(3), (token | (3 * 4096), 100));
+    // A completion for another area, or past the end, is refused.
+    // SAFETY (test): decoding only.
+    unsafe {
+        assert!(area
+            .lease_from_cqe(5, (1u64 << IORING_ZCRX_AREA_SHIFT) | 8192)
+            .is_err());
+        assert!(area.lease_from_cqe(4096, token | (63 << 10)).is_err());
+    }
+}

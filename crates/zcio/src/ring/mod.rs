@@ -356,9 +356,16 @@ impl<C: cqueue::EntryMarker> Ring<C> {
             .timespec(&ts)
             .min_wait_usec(min_wait.as_micros().min(u32::MAX as u128) as u32);
         match self.ring.submitter().submit_with_args(want, &args) {
-            Err(e) if e.raw_os_error() == Some(libc::ETIME) => Ok(0),
+            // Timed out, or a signal cut the wait short: the caller harvests what is there.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME) | Some(libc::EINTR)) => Ok(0),
             other => other,
         }
+    }
+
+    /// Whether [`Ring::submit_and_wait_batch`] can hold completions back for a minimum wait
+    /// (`IORING_FEAT_MIN_TIMEOUT`, Linux 6.12).
+    pub fn has_min_wait(&self) -> bool {
+        self.ring.params().is_feature_min_timeout()
     }
 
     fn enter(&mut self, want: usize, timeout: Option<Duration>) -> io::Result<usize> {

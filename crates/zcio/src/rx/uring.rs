@@ -40,6 +40,8 @@ pub(crate) struct RingRx<C: Cqe> {
     hot_min: u16,
     dry_streak: u32,
     quiet: u32,
+    urgent: bool,
+    terminated: bool,
     enters_seen: u64,
     scratch: Vec<Completion>,
     desc: String,
@@ -70,6 +72,13 @@ impl RingRx<cqueue::Entry> {
     pub(crate) fn bufring(cfg: &RxConfig, fallbacks: &mut Vec<Fallback>) -> Result<Self, RxError> {
         let mut rr = RecvRing::<cqueue::Entry>::new(&ring_config(cfg))?;
         note_flags(&rr, fallbacks);
+        if cfg.batch > 1 && !cfg.min_wait.is_zero() && !rr.ring().has_min_wait() {
+            fallbacks.push(Fallback::new(
+                "batched waits (min-wait)",
+                "return on the first completion",
+                "kernel lacks IORING_FEAT_MIN_TIMEOUT (Linux 6.12)",
+            ));
+        }
         let mut bundle = cfg.bundle.unwrap_or(true) && !cfg.incremental;
         if bundle && !rr.has_bundles() {
             fallbacks.push(Fallback::new(
@@ -193,6 +202,8 @@ impl<C: Cqe> RingRx<C> {
             hot_min,
             dry_streak: 0,
             quiet: 0,
+            urgent: false,
+            terminated: false,
             enters_seen: 0,
             scratch: Vec::new(),
             desc,
@@ -301,8 +312,11 @@ impl<C: Cqe> RingRx<C> {
                     return Ok(0);
                 }
                 if res > 0 {
-                    // Terminated with data: a bundle that emptied the ring, or a full CQ. The
-                    // data came just before; arm again, the socket keeps the rest.
+                    // Terminated with data: a bundle that took every buffer left in the ring
+                    // (the kernel ends the multishot then, even when it used fewer than it
+                    // took), or a full CQ. The data came just before; arm again, the socket
+                    // keeps the rest. It counts as the ring running dry.
+                    self.terminated = true;
                     self.arm(id)?;
                     c.rearms += 1;
                     Ok(0)
@@ -349,13 +363,12 @@ impl<C: Cqe> RingRx<C> {
     /// shares its core with the sender finds large backlogs), shrinks back towards the
     /// configured size after 64 waits without running dry. Isolated bursts (the receiver was
     /// preempted) only cost a re-arm.
-    fn size_rotation(&mut self, c: &mut RxCounters) {
+    fn size_rotation(&mut self, dry: bool) {
         let Some(b) = &self.bufs else { return };
         if self.hot_min == 0 {
             return;
         }
-        if b.take_ran_dry() {
-            c.ring_dry += 1;
+        if dry {
             self.quiet = 0;
             self.dry_streak += 1;
             if self.dry_streak >= 2 {
@@ -440,9 +453,21 @@ impl<C: Cqe> Backend for RingRx<C> {
         }
         let mut n = self.drain_ready(c, f)?;
         if n == 0 {
-            self.rr.wait(self.batch, self.min_wait, timeout)?;
+            if self.urgent {
+                // Data is known to be waiting (the ring ran dry or a receive was just
+                // re-armed): do not hold it back for the min-wait.
+                self.rr.wait(1, Duration::ZERO, timeout)?;
+            } else {
+                self.rr.wait(self.batch, self.min_wait, timeout)?;
+            }
             n = self.drain_ready(c, f)?;
-            self.size_rotation(c);
+            let dry = self.bufs.as_ref().is_some_and(|b| b.take_ran_dry())
+                | std::mem::take(&mut self.terminated);
+            if dry {
+                c.ring_dry += 1;
+            }
+            self.size_rotation(dry);
+            self.urgent = dry || self.rr.pending() > 0;
         } else if !self.defer && self.rr.pending() > 0 {
             // Without DEFER_TASKRUN completions can appear without an enter; submit re-arms
             // now so no connection waits behind busy ones. With it, they go in with the next

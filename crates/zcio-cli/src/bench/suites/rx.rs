@@ -34,8 +34,17 @@ const RECV_BUF: usize = 64 << 10;
 const WRITE: usize = 256 << 10;
 
 /// The receiver configuration the suite measures as "zcio".
+/// `ZCIO_RX_MIN_WAIT_US` and `ZCIO_RX_HOT_KB` override the defaults (for exploring).
 pub fn zcio_config() -> RxConfig {
-    RxConfig::with_mode(RxMode::BufRing)
+    let mut c = RxConfig::with_mode(RxMode::BufRing);
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    if let Some(us) = env("ZCIO_RX_MIN_WAIT_US") {
+        c.min_wait = Duration::from_micros(us);
+    }
+    if let Some(kb) = env("ZCIO_RX_HOT_KB") {
+        c.hot_bytes = kb as usize * 1024;
+    }
+    c
 }
 
 fn variants() -> Vec<(&'static str, bool, RxConfig)> {
@@ -402,10 +411,12 @@ fn receive_zcio(l: TcpListener, cfg: &RxConfig, ready: impl FnOnce()) -> Result<
         cpu,
         end: Instant::now(),
         note: Some(format!(
-            "{}; re-arms {} (ENOBUFS {})",
+            "{}; re-arms {} (ENOBUFS {}), ring ran dry {} times, {} enters",
             rx.describe(),
             c.rearms,
-            c.enobufs
+            c.enobufs,
+            c.ring_dry,
+            c.ring_enters
         )),
     })
 }
