@@ -32,6 +32,9 @@ pub struct DumpArgs {
     /// Print only the count and the cost (messages, datagrams, syscalls).
     #[arg(long)]
     pub count: bool,
+    /// Fill frames with io_uring multishot recv instead of recvmmsg.
+    #[arg(long)]
+    pub uring: bool,
 }
 
 fn family(f: Option<u8>, default: u8) -> u8 {
@@ -66,6 +69,11 @@ pub fn dump_routes(
 /// Runs the subcommand.
 pub fn run(a: DumpArgs) -> Result<()> {
     let mut sock = RouteSocket::new(64, 8 << 20).context("opening the rtnetlink socket")?;
+    if a.uring && !sock.use_uring() {
+        if let Some(f) = sock.fallback() {
+            eprintln!("zcio netlink dump: fallback {f}");
+        }
+    }
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
     let mut text = String::with_capacity(1 << 20);
@@ -91,10 +99,11 @@ pub fn run(a: DumpArgs) -> Result<()> {
     }
     w.flush()?;
     eprintln!(
-        "{n} objects; {} messages in {} datagrams ({} bytes), {} receive syscalls, {} COPY frames{}",
+        "{n} objects; {} messages in {} datagrams ({} bytes) via {}, {} receive syscalls, {} COPY frames{}",
         st.messages,
         st.datagrams,
         st.bytes,
+        sock.path(),
         st.frames.syscalls,
         st.frames.copies,
         if st.interrupted {

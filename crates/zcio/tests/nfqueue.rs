@@ -996,3 +996,48 @@ fn queue_flags_are_accepted_by_the_kernel() {
     })
     .unwrap();
 }
+
+#[test]
+fn no_enobufs_hides_overruns_from_the_socket_but_not_from_the_kernel_counters() {
+    let Some(ns) = host(
+        "no_enobufs_hides_overruns_from_the_socket_but_not_from_the_kernel_counters",
+        19,
+    ) else {
+        return;
+    };
+    ns.run(|| {
+        let mut q = NfQueue::open(NfQueueConfig {
+            rcvbuf: Some((4096, false)),
+            max_len: Some(10_000),
+            no_enobufs: true,
+            ..cfg(19)
+        })
+        .unwrap();
+        let mut udp = Udp::new();
+        for i in 0..300 {
+            udp.send(i, 64);
+        }
+        let mut handled = 0;
+        loop {
+            let n = q
+                .process(Some(Duration::from_millis(20)), |_| Verdict::Accept.into())
+                .unwrap();
+            handled += n;
+            if n == 0 {
+                break;
+            }
+        }
+        assert!(handled > 0 && handled < 300, "{handled}");
+        assert_eq!(
+            q.stats().overruns,
+            0,
+            "NETLINK_NO_ENOBUFS: the socket reports nothing"
+        );
+        let k = kernel_queue_stats().unwrap();
+        let k = k.iter().find(|k| k.queue == 19).unwrap();
+        assert_eq!(k.user_dropped, 300 - handled as u64, "{k:?}");
+        udp.wait_for(handled);
+        assert_eq!(udp.got.len(), handled);
+    })
+    .unwrap();
+}

@@ -27,6 +27,8 @@ use std::time::Duration;
 const URING_WINDOW: u32 = 64;
 const RECV_UD: u64 = 1;
 const CANCEL_UD: u64 = 2;
+/// Send completions: `SEND_UD | slot << 8`.
+const SEND_UD: u64 = 3;
 
 /// The io_uring producer: a multishot recv into a provided-buffer ring of frames.
 #[derive(Debug)]
@@ -37,6 +39,12 @@ struct UringRx {
     /// Frames currently in the kernel's buffer ring.
     provided: u32,
     bgid: u16,
+    /// Send buffers owned by the kernel until their CQE (index = slot in the user data).
+    sends: Vec<Option<Vec<u8>>>,
+    /// Send buffers back from the kernel, for reuse.
+    spare: Vec<Vec<u8>>,
+    /// The first failed send since the caller last asked.
+    send_err: Option<io::Error>,
 }
 
 /// Header at the start of every frame (the layout of the old `struct nl_mmap_hdr` minus
@@ -404,6 +412,38 @@ impl FrameRing {
         Ok(fill)
     }
 
+    /// Puts a datagram that was received some other way (e.g. while waiting for a config ACK)
+    /// into a free frame as if the producer had received it: VALID, or COPY when it does not
+    /// fit. Returns `false` when no frame is free.
+    pub fn inject(&mut self, data: &[u8]) -> bool {
+        let Some(id) = self.free.pop_back() else {
+            return false;
+        };
+        let payload = self.frame_payload();
+        let status = if data.len() > payload {
+            self.copies[id as usize] = Some(data.to_vec());
+            self.stats.copies += 1;
+            FrameStatus::Copy
+        } else {
+            let off = id as usize * self.frame_size + FRAME_HDR_LEN;
+            self.region.as_mut_slice()[off..off + data.len()].copy_from_slice(data);
+            FrameStatus::Valid
+        };
+        self.seq = self.seq.wrapping_add(1);
+        self.set_hdr(
+            id,
+            FrameHdr {
+                status: status as u32,
+                len: data.len() as u32,
+                flags: 0,
+                seq: self.seq,
+            },
+        );
+        self.ready.push_back(id);
+        self.stats.frames += 1;
+        true
+    }
+
     /// The next ready frame (VALID or COPY), in arrival order. The consumer must
     /// [`release`](Self::release) or [`hold`](Self::hold) it.
     pub fn pop_ready(&mut self) -> Option<FrameId> {
@@ -512,9 +552,64 @@ impl FrameRing {
             armed: false,
             provided: 0,
             bgid: 0,
+            sends: Vec::new(),
+            spare: Vec::new(),
+            send_err: None,
         });
         self.top_up();
         Ok(())
+    }
+
+    /// In io_uring mode: queues `buf` (whole netlink messages for the kernel) as a send on
+    /// `fd`. The ring owns the buffer until its completion; the send is submitted with the
+    /// next ring entry (the next fill) or by [`FrameRing::submit_sends`]. Outside io_uring
+    /// mode the buffer comes back as `Err`.
+    pub fn queue_send(&mut self, fd: &impl AsRawFd, buf: Vec<u8>) -> Result<(), Vec<u8>> {
+        let Some(u) = self.uring.as_mut() else {
+            return Err(buf);
+        };
+        let slot = match u.sends.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                u.sends.push(None);
+                u.sends.len() - 1
+            }
+        };
+        let e = opcode::Send::new(types::Fd(fd.as_raw_fd()), buf.as_ptr(), buf.len() as u32)
+            .build()
+            .user_data(SEND_UD | (slot as u64) << 8);
+        // SAFETY: `buf` is moved into `u.sends[slot]` below and stays there (heap storage
+        // unmoved, never touched) until the CQE with this slot is harvested.
+        if unsafe { u.ring.push(&e) }.is_err() {
+            return Err(buf);
+        }
+        u.sends[slot] = Some(buf);
+        Ok(())
+    }
+
+    /// Submits queued sends now (no syscall when none are queued).
+    pub fn submit_sends(&mut self) -> io::Result<()> {
+        if let Some(u) = self.uring.as_mut() {
+            if u.ring.pending() > 0 {
+                let before = u.ring.enters();
+                u.ring.submit()?;
+                self.stats.syscalls += u.ring.enters() - before;
+            }
+        }
+        Ok(())
+    }
+
+    /// An empty buffer for the next send (recycled from completed sends when possible).
+    pub fn spare_send_buf(&mut self) -> Vec<u8> {
+        self.uring
+            .as_mut()
+            .and_then(|u| u.spare.pop())
+            .unwrap_or_else(|| Vec::with_capacity(4096))
+    }
+
+    /// The first send that failed since the last call, if any.
+    pub fn take_send_error(&mut self) -> Option<io::Error> {
+        self.uring.as_mut().and_then(|u| u.send_err.take())
     }
 
     /// Whether frames are filled by io_uring multishot receive.
@@ -523,6 +618,25 @@ impl FrameRing {
     }
 
     fn fill_uring(&mut self, fd: &impl AsRawFd, wait: Duration) -> Result<Fill, FrameError> {
+        let deadline = (wait != Duration::MAX).then(|| std::time::Instant::now() + wait);
+        let mut w = wait;
+        loop {
+            let f = self.fill_uring_once(fd, w)?;
+            if f.frames > 0 || f.full || f.overrun || wait.is_zero() {
+                return Ok(f);
+            }
+            // Only other completions (verdict sends) ended the wait: keep waiting for data.
+            if let Some(d) = deadline {
+                let now = std::time::Instant::now();
+                if now >= d {
+                    return Ok(f);
+                }
+                w = d - now;
+            }
+        }
+    }
+
+    fn fill_uring_once(&mut self, fd: &impl AsRawFd, wait: Duration) -> Result<Fill, FrameError> {
         let mut fill = Fill::default();
         self.top_up();
         let Some(u) = self.uring.as_mut() else {
@@ -556,6 +670,7 @@ impl FrameRing {
             }
         }
         let mut got: Vec<(u32, i32, u32)> = Vec::new();
+        let mut sent: Vec<(usize, i32)> = Vec::new();
         u.ring.harvest(|c| {
             if c.user_data() == RECV_UD {
                 got.push((
@@ -563,8 +678,24 @@ impl FrameRing {
                     c.result(),
                     c.flags(),
                 ));
+            } else if c.user_data() & 0xff == SEND_UD {
+                sent.push(((c.user_data() >> 8) as usize, c.result()));
             }
         })?;
+        for (slot, res) in sent {
+            if let Some(mut b) = u.sends.get_mut(slot).and_then(Option::take) {
+                if res < 0 && u.send_err.is_none() {
+                    u.send_err = Some(io::Error::from_raw_os_error(-res));
+                } else if res >= 0 && (res as usize) < b.len() && u.send_err.is_none() {
+                    u.send_err = Some(io::Error::other(format!(
+                        "short netlink send: {res} of {} bytes",
+                        b.len()
+                    )));
+                }
+                b.clear();
+                u.spare.push(b);
+            }
+        }
         self.stats.syscalls += u.ring.enters() - before;
         let mut err = None;
         for (bid, res, flags) in got {

@@ -190,6 +190,8 @@ pub struct NfqStats {
     pub overruns: u64,
     /// `sendto` calls for verdicts.
     pub send_syscalls: u64,
+    /// Verdict datagrams sent through io_uring (submitted with the next receive wait).
+    pub ring_sends: u64,
     /// Receive syscalls (`recvmmsg`, `poll`).
     pub recv_syscalls: u64,
     /// Error replies from the kernel (e.g. a verdict for an unknown id).
@@ -410,32 +412,46 @@ impl QueueSock {
             queue: self.queue,
             source: e,
         })?;
-        let mut buf = vec![0u8; 8192];
+        let mut buf = vec![0u8; 70 << 10];
         loop {
             let n = crate::sys::net::recv(&self.fd, &mut buf, 0).map_err(|e| NfqError::Send {
                 queue: self.queue,
                 source: e,
             })?;
+            let mut ack = None;
+            let mut other = false;
             for m in messages(&buf[..n]) {
                 let m = m.map_err(|e| NfqError::Parse {
                     queue: self.queue,
                     source: e,
                 })?;
                 if m.ty == nl::NLMSG_ERROR && m.seq == seq {
-                    let code = m.error_code().map_err(|e| NfqError::Parse {
+                    ack = Some(m.error_code().map_err(|e| NfqError::Parse {
                         queue: self.queue,
                         source: e,
-                    })?;
-                    if code == 0 {
-                        return Ok(());
-                    }
+                    })?);
+                } else {
+                    other = true;
+                }
+            }
+            if other {
+                // A packet queued between BIND and this ACK: keep it for `process`, so it
+                // gets a verdict like any other (never dropped on the floor here).
+                if !self.ring.inject(&buf[..n]) {
+                    return Err(NfqError::Frames(FrameError::AllHeld(self.ring.count())));
+                }
+            }
+            match ack {
+                Some(0) => return Ok(()),
+                Some(code) => {
                     return Err(NfqError::Config {
                         queue: self.queue,
                         what,
                         source: io::Error::from_raw_os_error(-code),
                         hint,
-                    });
+                    })
                 }
+                None => {}
             }
         }
     }
@@ -539,6 +555,18 @@ impl QueueSock {
         if self.out.is_empty() {
             return Ok(());
         }
+        if self.ring.is_uring() && self.out.len() <= 200 << 10 {
+            // Through the ring: goes out with the next ring entry (the next fill), so a
+            // receive-process-verdict cycle costs one syscall.
+            let buf = std::mem::replace(&mut self.out, self.ring.spare_send_buf());
+            match self.ring.queue_send(&self.fd, buf) {
+                Ok(()) => {
+                    stats.ring_sends += 1;
+                    return Ok(());
+                }
+                Err(buf) => self.out = buf,
+            }
+        }
         stats.send_syscalls += 1;
         let mut off = 0;
         // One datagram normally; split only past the socket's send buffer.
@@ -549,6 +577,20 @@ impl QueueSock {
                 source: e,
             })?;
             off = end;
+        }
+        Ok(())
+    }
+}
+
+impl QueueSock {
+    /// Submits verdicts queued on the ring and reports a failed earlier one.
+    fn submit_sends(&mut self) -> Result<(), NfqError> {
+        let queue = self.queue;
+        self.ring
+            .submit_sends()
+            .map_err(|e| NfqError::Send { queue, source: e })?;
+        if let Some(e) = self.ring.take_send_error() {
+            return Err(NfqError::Send { queue, source: e });
         }
         Ok(())
     }
@@ -741,6 +783,9 @@ impl NfQueue {
                     break;
                 }
             }
+            // Verdicts queued on the ring usually went out with the last fill's enter; make
+            // sure none waits for the next call.
+            s.submit_sends()?;
         }
         Ok(total)
     }
@@ -820,6 +865,7 @@ impl NfQueue {
     pub fn flush(&mut self) -> Result<(), NfqError> {
         for s in &mut self.socks {
             s.flush(&mut self.stats)?;
+            s.submit_sends()?;
         }
         Ok(())
     }

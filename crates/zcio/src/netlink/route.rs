@@ -83,9 +83,10 @@ pub struct DumpStats {
 /// A rtnetlink socket with a frame ring for dumps.
 #[derive(Debug)]
 pub struct RouteSocket {
-    fd: OwnedFd,
     ring: FrameRing,
+    fd: OwnedFd,
     seq: u32,
+    fallback: Option<crate::stats::Fallback>,
 }
 
 impl RouteSocket {
@@ -109,7 +110,43 @@ impl RouteSocket {
                 what: "mapping the frame ring",
                 source: e,
             })?;
-        Ok(Self { fd, ring, seq: 0 })
+        Ok(Self {
+            fd,
+            ring,
+            seq: 0,
+            fallback: None,
+        })
+    }
+
+    /// Fills frames with an io_uring multishot recv instead of `recvmmsg` (dump datagrams are
+    /// at most 32 KiB, so they always fit a frame). On failure the socket keeps `recvmmsg` and
+    /// [`RouteSocket::fallback`] says why.
+    pub fn use_uring(&mut self) -> bool {
+        match self.ring.enable_uring() {
+            Ok(()) => true,
+            Err(reason) => {
+                self.fallback = Some(crate::stats::Fallback::new(
+                    "io_uring multishot recv",
+                    "recvmmsg",
+                    reason,
+                ));
+                false
+            }
+        }
+    }
+
+    /// The fallback taken by [`RouteSocket::use_uring`], if any.
+    pub fn fallback(&self) -> Option<&crate::stats::Fallback> {
+        self.fallback.as_ref()
+    }
+
+    /// `frame-ring+io_uring` or `frame-ring+recvmmsg`.
+    pub fn path(&self) -> &'static str {
+        if self.ring.is_uring() {
+            "frame-ring+io_uring"
+        } else {
+            "frame-ring+recvmmsg"
+        }
     }
 
     /// Dumps `kind` for `family` (`AF_UNSPEC` = 0 for all), calling `f` with each object
