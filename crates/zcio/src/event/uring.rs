@@ -49,6 +49,8 @@ struct Reg {
     armed: bool,
     /// Mask waiting in the ready queue (0: not queued).
     queued: u32,
+    /// `UringEvents::epoch` when `queued` was last set (capi branch: stale level events).
+    queued_epoch: u64,
     /// ONESHOT fired; nothing is reported until modify.
     disabled: bool,
 }
@@ -104,6 +106,9 @@ pub(super) struct UringEvents {
     cqes: u64,
     rearms: u64,
     poll_errors: u64,
+    /// Counts `wait` calls (capi branch): a level-triggered event queued in an earlier call
+    /// and not yet handed out may be stale, and is re-polled instead of reported.
+    epoch: u64,
 }
 
 fn validate_exclusive(op_mod: bool, events: u32) -> Result<(), CtlError> {
@@ -152,6 +157,7 @@ impl UringEvents {
             ctl_syscalls: 0,
             cqes: 0,
             rearms: 0,
+            epoch: 0,
             poll_errors: 0,
         };
         me.arm_wake().map_err(NewError::Io)?;
@@ -240,6 +246,7 @@ impl UringEvents {
             ident: id,
             armed: false,
             queued: 0,
+            queued_epoch: 0,
             disabled: false,
         });
         self.arm(fd)?;
@@ -337,6 +344,7 @@ impl UringEvents {
         }
         let fd = (ud & 0xffff_ffff) as u32 as RawFd;
         let gen = (ud >> 32) as u32;
+        let epoch = self.epoch;
         let ready = &mut self.ready;
         let Some(r) = self.regs.get_mut(fd as usize).and_then(|r| r.as_mut()) else {
             return Ok(());
@@ -363,6 +371,7 @@ impl UringEvents {
             // Latest state, with hang-ups and errors kept until reported.
             let sticky = (libc::EPOLLERR | libc::EPOLLHUP | libc::EPOLLRDHUP) as u32;
             r.queued = mask | (r.queued & sticky & r.report_mask());
+            r.queued_epoch = epoch;
         }
         let rearm_now = !r.armed && !r.disabled && (r.multishot() || mask == 0);
         if rearm_now {
@@ -394,6 +403,14 @@ impl UringEvents {
             if r.gen != gen || r.queued == 0 {
                 continue;
             }
+            if r.level() && r.queued_epoch < self.epoch {
+                // Queued during an earlier wait and not taken then (more were ready than
+                // that caller's maxevents): the fd may have been drained since. epoll
+                // re-polls level-triggered items when reporting them; so do we.
+                r.queued = 0;
+                self.repoll(fd)?;
+                continue;
+            }
             out[n] = Event {
                 events: r.queued,
                 token: r.token,
@@ -402,7 +419,21 @@ impl UringEvents {
             r.queued = 0;
             if r.events & libc::EPOLLONESHOT as u32 != 0 {
                 r.disabled = true;
-            } else if r.level() && r.multishot() && r.armed {
+            } else {
+                self.repoll(fd)?;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Level-triggered re-check of `fd` (after its event was handed out, or when a queued
+    /// event went stale): the kernel polls it again and reports it if still ready.
+    fn repoll(&mut self, fd: RawFd) -> io::Result<()> {
+        let Some(r) = self.regs.get_mut(fd as usize).and_then(|r| r.as_mut()) else {
+            return Ok(());
+        };
+        {
+            if r.level() && r.multishot() && r.armed {
                 // Level-triggered on a multishot poll: POLL_UPDATE re-polls the fd in place;
                 // still ready means a new CQE.
                 self.rearms += 1;
@@ -424,7 +455,7 @@ impl UringEvents {
                 self.arm(fd)?;
             }
         }
-        Ok(n)
+        Ok(())
     }
 
     pub(super) fn harvest(&mut self, out: &mut [Event]) -> io::Result<usize> {
@@ -439,6 +470,7 @@ impl UringEvents {
         user: &MpscRing,
     ) -> io::Result<usize> {
         let deadline = timeout.map(|t| Instant::now() + t);
+        self.epoch += 1;
         loop {
             self.drain_cq()?;
             let user_has = user.has_entries();

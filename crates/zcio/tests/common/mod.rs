@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code, unused_imports)]
+#![allow(dead_code)]
 
 #[allow(unused_imports)] // not every test file skips by hand
 pub use zcio_testnet::{can_make_hosts, skip};

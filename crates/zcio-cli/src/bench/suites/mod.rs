@@ -5,6 +5,7 @@ mod loopback;
 mod nfq;
 mod notify;
 mod rx;
+mod shim;
 mod tx;
 
 use super::Suite;
@@ -18,5 +19,6 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(rx::Rx),
         Box::new(event::EventSuite),
         Box::new(nfq::Nfq),
+        Box::new(shim::Shim),
     ]
 }

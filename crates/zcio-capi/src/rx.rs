@@ -1,0 +1,276 @@
+//! Receive (`zcio::rx::Receiver`) for C: chunks are borrowed from the receiver's memory
+//! (buffer ring, zcrx area or pool) and go back when the caller frees them.
+
+use crate::{guard, neg};
+use libc::{c_char, c_int, c_void};
+use std::collections::HashMap;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+use zcio_core::rx::{ConnId, Receiver, RxChunk, RxConfig, RxError, RxEvent, RxMode, RxPath};
+
+/// epoll + `recv(2)`.
+pub const ZCIO_RX_PLAIN: u32 = 0;
+/// Multishot receive into a provided-buffer ring.
+pub const ZCIO_RX_BUFRING: u32 = 1;
+/// The best that works here (bufring, else plain; the fallback is recorded). zcrx needs an
+/// interface queue, which the C API does not take yet.
+pub const ZCIO_RX_AUTO: u32 = 3;
+
+/// Event kind: a connection was accepted from the listener.
+pub const ZCIO_RX_ACCEPTED: u32 = 1;
+/// Event kind: bytes arrived (`chunk`, `data`, `len`).
+pub const ZCIO_RX_DATA: u32 = 2;
+/// Event kind: the connection ended (`error` 0 at end of stream, else `-errno`).
+pub const ZCIO_RX_CLOSED: u32 = 3;
+
+/// A receiver of many TCP connections. Opaque; one thread at a time.
+pub struct zcio_receiver {
+    rx: Receiver,
+    ids: HashMap<ConnId, u64>,
+    conns: HashMap<u64, ConnId>,
+    next_id: u64,
+}
+
+/// Received bytes, borrowed; `zcio_rx_chunk_free` gives the memory back. Opaque.
+pub struct zcio_rx_chunk {
+    chunk: RxChunk,
+}
+
+/// One receiver event.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zcio_rx_event {
+    /// `ZCIO_RX_ACCEPTED`, `ZCIO_RX_DATA` or `ZCIO_RX_CLOSED`.
+    pub kind: u32,
+    /// `ZCIO_RX_CLOSED`: 0 at end of stream, else `-errno`.
+    pub error: c_int,
+    /// The connection (ids are never reused by this handle).
+    pub conn: u64,
+    /// `ZCIO_RX_DATA`: the chunk, owned by the caller until `zcio_rx_chunk_free`.
+    pub chunk: *mut zcio_rx_chunk,
+    /// `ZCIO_RX_DATA`: the bytes (valid until the chunk is freed).
+    pub data: *const c_void,
+    /// `ZCIO_RX_DATA`: how many.
+    pub len: usize,
+}
+
+fn rx_errno(e: &RxError) -> c_int {
+    match e {
+        RxError::Ring(_) | RxError::NoZcrxTarget => -libc::EOPNOTSUPP,
+        RxError::Zcrx(_) => -libc::EOPNOTSUPP,
+        RxError::BufRing(e) | RxError::Io(e) => neg(e),
+    }
+}
+
+fn config(mode: u32) -> Option<RxConfig> {
+    let mode = match mode {
+        ZCIO_RX_PLAIN => RxMode::Plain,
+        ZCIO_RX_BUFRING => RxMode::BufRing,
+        ZCIO_RX_AUTO => RxMode::Auto,
+        _ => return None,
+    };
+    Some(RxConfig::with_mode(mode))
+}
+
+fn boxed(out: *mut *mut zcio_receiver, rx: Receiver) -> c_int {
+    let r = zcio_receiver {
+        rx,
+        ids: HashMap::new(),
+        conns: HashMap::new(),
+        next_id: 1,
+    };
+    // SAFETY: `out` is non-null (checked by the callers).
+    unsafe { *out = Box::into_raw(Box::new(r)) };
+    0
+}
+
+/// Creates a receiver without a listener (`mode`: `ZCIO_RX_PLAIN`, `_BUFRING`, `_AUTO`);
+/// connections are added with `zcio_receiver_add`.
+#[no_mangle]
+pub extern "C" fn zcio_receiver_new(out: *mut *mut zcio_receiver, mode: u32) -> c_int {
+    if out.is_null() {
+        return -libc::EINVAL;
+    }
+    let Some(cfg) = config(mode) else {
+        return -libc::EINVAL;
+    };
+    guard(|| match Receiver::new(&cfg) {
+        Ok(rx) => boxed(out, rx),
+        Err(e) => rx_errno(&e),
+    })
+}
+
+/// Creates a receiver that accepts from the listening TCP socket `listen_fd` (ownership
+/// passes to the receiver) and receives from every accepted connection.
+#[no_mangle]
+pub extern "C" fn zcio_receiver_listen(
+    out: *mut *mut zcio_receiver,
+    listen_fd: c_int,
+    mode: u32,
+) -> c_int {
+    if out.is_null() || listen_fd < 0 {
+        return -libc::EINVAL;
+    }
+    let Some(cfg) = config(mode) else {
+        return -libc::EINVAL;
+    };
+    guard(|| {
+        // SAFETY: the caller hands over ownership of the listening socket.
+        let l = TcpListener::from(unsafe { OwnedFd::from_raw_fd(listen_fd) });
+        match Receiver::listen(l, &cfg) {
+            Ok(rx) => boxed(out, rx),
+            Err(e) => rx_errno(&e),
+        }
+    })
+}
+
+/// Frees a receiver and closes its sockets (NULL is ignored). Chunks already handed out stay
+/// valid until freed.
+#[no_mangle]
+pub extern "C" fn zcio_receiver_free(r: *mut zcio_receiver) {
+    if !r.is_null() {
+        // SAFETY: `r` came from zcio_receiver_new/listen and is freed once.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(r) })));
+    }
+}
+
+fn with_rx(r: *mut zcio_receiver, f: impl FnOnce(&mut zcio_receiver) -> c_int) -> c_int {
+    if r.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: `r` is a live receiver handle used by one thread at a time.
+    let rx = unsafe { &mut *r };
+    guard(|| f(rx))
+}
+
+impl zcio_receiver {
+    fn id(&mut self, c: ConnId) -> u64 {
+        if let Some(&id) = self.ids.get(&c) {
+            return id;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.ids.insert(c, id);
+        self.conns.insert(id, c);
+        id
+    }
+    fn forget(&mut self, id: u64) {
+        if let Some(c) = self.conns.remove(&id) {
+            self.ids.remove(&c);
+        }
+    }
+}
+
+/// Hands the connected TCP socket `fd` to the receiver (ownership passes); writes its id.
+#[no_mangle]
+pub extern "C" fn zcio_receiver_add(r: *mut zcio_receiver, fd: c_int, conn: *mut u64) -> c_int {
+    if fd < 0 {
+        return -libc::EBADF;
+    }
+    with_rx(r, |rx| {
+        // SAFETY: the caller hands over ownership of the connected socket.
+        let s = TcpStream::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        match rx.rx.add(s) {
+            Ok(c) => {
+                let id = rx.id(c);
+                if !conn.is_null() {
+                    // SAFETY: non-null output pointer.
+                    unsafe { *conn = id };
+                }
+                0
+            }
+            Err(e) => neg(&e),
+        }
+    })
+}
+
+/// Stops receiving on `conn` and closes it (`-ENOENT` for an unknown id).
+#[no_mangle]
+pub extern "C" fn zcio_receiver_close(r: *mut zcio_receiver, conn: u64) -> c_int {
+    with_rx(r, |rx| match rx.conns.get(&conn).copied() {
+        Some(c) => {
+            rx.rx.close(c);
+            rx.forget(conn);
+            0
+        }
+        None => -libc::ENOENT,
+    })
+}
+
+/// Waits up to `timeout_ms` for the next event: returns 1 with `*out` filled, 0 on timeout,
+/// or `-errno`.
+#[no_mangle]
+pub extern "C" fn zcio_receiver_next_event(
+    r: *mut zcio_receiver,
+    out: *mut zcio_rx_event,
+    timeout_ms: c_int,
+) -> c_int {
+    if out.is_null() {
+        return -libc::EINVAL;
+    }
+    let timeout = Duration::from_millis(timeout_ms.max(0) as u64);
+    with_rx(r, |rx| {
+        let ev = match rx.rx.next_event(timeout) {
+            Ok(Some(ev)) => ev,
+            Ok(None) => return 0,
+            Err(e) => return neg(&e),
+        };
+        let mut e = zcio_rx_event {
+            kind: 0,
+            error: 0,
+            conn: 0,
+            chunk: std::ptr::null_mut(),
+            data: std::ptr::null(),
+            len: 0,
+        };
+        match ev {
+            RxEvent::Accepted(c) => {
+                e.kind = ZCIO_RX_ACCEPTED;
+                e.conn = rx.id(c);
+            }
+            RxEvent::Data(chunk) => {
+                e.kind = ZCIO_RX_DATA;
+                e.conn = rx.id(chunk.conn());
+                e.len = chunk.len();
+                let b = Box::into_raw(Box::new(zcio_rx_chunk { chunk }));
+                // SAFETY: `b` was just created; the bytes live as long as the chunk.
+                e.data = unsafe { (*b).chunk.as_ptr().cast() };
+                e.chunk = b;
+            }
+            RxEvent::Closed(c, err) => {
+                e.kind = ZCIO_RX_CLOSED;
+                e.conn = rx.id(c);
+                e.error = err.map_or(0, |x| neg(&x));
+                rx.forget(e.conn);
+            }
+        }
+        // SAFETY: `out` is non-null.
+        unsafe { *out = e };
+        1
+    })
+}
+
+/// Gives a chunk's memory back to the receiver (NULL is ignored).
+#[no_mangle]
+pub extern "C" fn zcio_rx_chunk_free(c: *mut zcio_rx_chunk) {
+    if !c.is_null() {
+        // SAFETY: `c` came from zcio_receiver_next_event and is freed once.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(c) })));
+    }
+}
+
+/// The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`).
+#[no_mangle]
+pub extern "C" fn zcio_receiver_path(r: *const zcio_receiver) -> *const c_char {
+    if r.is_null() {
+        return std::ptr::null();
+    }
+    // SAFETY: `r` is a live receiver handle.
+    match unsafe { (*r).rx.path() } {
+        RxPath::Plain => c"plain".as_ptr(),
+        RxPath::BufRing => c"bufring".as_ptr(),
+        RxPath::Zcrx => c"zcrx".as_ptr(),
+    }
+}

@@ -1,0 +1,244 @@
+//! Installs libzcio with `scripts/install-capi` into a temp prefix, then compiles the C
+//! example and a C++ program against the INSTALLED header and library (pkg-config), links
+//! them shared and static, and runs them. Also checks the soname and symbol versions.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn tool(name: &str) -> bool {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        let why = format!("{name} is not installed (scripts/deps installs it)");
+        if std::env::var("ZCIO_REQUIRE_PRIV").as_deref() == Ok("1") {
+            panic!("{why}");
+        }
+        println!("SKIP: {why}");
+    }
+    ok
+}
+
+/// Root with unshare, ip and iptables (as in CI); otherwise SKIP (a failure under
+/// ZCIO_REQUIRE_PRIV=1).
+fn privileged(what: &str) -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0"));
+    let why = if !root {
+        "needs root (a network namespace and an iptables rule)".to_string()
+    } else if let Some(t) = ["unshare", "ip", "iptables"].into_iter().find(|t| !tool(t)) {
+        format!("{t} missing")
+    } else {
+        return true;
+    };
+    if std::env::var("ZCIO_REQUIRE_PRIV").as_deref() == Ok("1") {
+        panic!("{what}: {why}");
+    }
+    println!("SKIP {what}: {why}");
+    false
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{text}",
+        out.status
+    );
+    text
+}
+
+fn built_dir() -> PathBuf {
+    // target/<profile>/deps/link-xxxx → target/<profile>, where cargo put libzcio.a.
+    let exe = std::env::current_exe().expect("exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
+}
+
+struct Prefix(PathBuf);
+impl Drop for Prefix {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn c_and_cpp_programs_link_against_the_installed_library() {
+    if !(tool("cc") && tool("c++") && tool("pkg-config") && tool("readelf")) {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let prefix = Prefix(std::env::temp_dir().join(format!("zcio-capi-{}", std::process::id())));
+    let p = &prefix.0;
+    run(Command::new(root.join("scripts/install-capi"))
+        .arg(p)
+        .env("ZCIO_CAPI_FROM", built_dir()));
+
+    let lib = p.join("lib/libzcio.so.0");
+    let dynamic = run(Command::new("readelf").arg("-d").arg(&lib));
+    assert!(
+        dynamic.contains("Library soname: [libzcio.so.0]"),
+        "{dynamic}"
+    );
+    let syms = run(Command::new("readelf").args(["--dyn-syms", "-W"]).arg(&lib));
+    let exported: Vec<&str> = syms
+        .lines()
+        .filter(|l| l.contains(" GLOBAL ") && !l.contains(" UND "))
+        .filter_map(|l| l.split_whitespace().last())
+        .collect();
+    assert!(!exported.is_empty(), "{syms}");
+    for s in &exported {
+        assert!(
+            s.starts_with("zcio_") && s.ends_with("@@ZCIO_0.1") || *s == "ZCIO_0.1",
+            "unexpected export {s}"
+        );
+    }
+
+    let pc = p.join("lib/pkgconfig");
+    let flags = run(Command::new("pkg-config")
+        .args(["--cflags", "--libs", "zcio"])
+        .env("PKG_CONFIG_PATH", &pc));
+    let flags: Vec<&str> = flags.split_whitespace().collect();
+    let rpath = format!("-Wl,-rpath,{}", p.join("lib").display());
+    let example = root.join("crates/zcio-capi/examples/c/event_ring.c");
+    let cpp = root.join("crates/zcio-capi/tests/c/link_test.cpp");
+
+    // C, shared.
+    let c_exe = p.join("event_ring");
+    run(Command::new("cc")
+        .args([
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&c_exe)
+        .arg(&example)
+        .args(&flags)
+        .arg(&rpath)
+        .arg("-lpthread"));
+    let out = run(&mut Command::new(&c_exe));
+    assert!(
+        out.contains("user event token=99") && out.ends_with("ok\n"),
+        "{out}"
+    );
+
+    // The sender example (zero-copy send over loopback, every byte checked).
+    let tx_exe = p.join("sender");
+    run(Command::new("cc")
+        .args([
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&tx_exe)
+        .arg(root.join("crates/zcio-capi/examples/c/sender.c"))
+        .args(&flags)
+        .arg(&rpath)
+        .arg("-lpthread"));
+    let out = run(&mut Command::new(&tx_exe));
+    assert!(
+        out.contains("completions 16") && out.ends_with("ok\n"),
+        "{out}"
+    );
+
+    // The receiver example (accept + receive over loopback, every byte checked).
+    let rx_exe = p.join("receiver");
+    run(Command::new("cc")
+        .args([
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&rx_exe)
+        .arg(root.join("crates/zcio-capi/examples/c/receiver.c"))
+        .args(&flags)
+        .arg(&rpath)
+        .arg("-lpthread"));
+    let out = run(&mut Command::new(&rx_exe));
+    assert!(
+        out.contains("bytes 1048576") && out.ends_with("ok\n"),
+        "{out}"
+    );
+
+    // The NFQUEUE example, in a fresh network namespace with an NFQUEUE rule on loopback.
+    let nfq_exe = p.join("nfqueue");
+    run(Command::new("cc")
+        .args([
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&nfq_exe)
+        .arg(root.join("crates/zcio-capi/examples/c/nfqueue.c"))
+        .args(&flags)
+        .arg(&rpath));
+    if privileged("nfqueue example") {
+        let script = format!(
+            "ip link set lo up && iptables -A OUTPUT -o lo -p udp --dport 9999 -j NFQUEUE \
+             --queue-num 41 && {} 41",
+            nfq_exe.display()
+        );
+        let out = run(Command::new("unshare").args(["--net", "sh", "-c", &script]));
+        assert!(
+            out.contains("accepted 10, dropped 10, arrived 10") && out.ends_with("ok\n"),
+            "{out}"
+        );
+    }
+
+    // C, static.
+    let static_flags = run(Command::new("pkg-config")
+        .args(["--static", "--libs-only-other", "--libs-only-l", "zcio"])
+        .env("PKG_CONFIG_PATH", &pc));
+    let c_static = p.join("event_ring_static");
+    let mut cmd = Command::new("cc");
+    cmd.args(["-std=c11", "-D_GNU_SOURCE", "-o"])
+        .arg(&c_static)
+        .arg(&example)
+        .arg(format!("-I{}", p.join("include").display()))
+        .arg(p.join("lib/libzcio.a"));
+    for f in static_flags.split_whitespace().filter(|f| *f != "-lzcio") {
+        cmd.arg(f);
+    }
+    run(&mut cmd);
+    let needed = run(Command::new("readelf").arg("-d").arg(&c_static));
+    assert!(
+        !needed.contains("libzcio"),
+        "static binary needs libzcio.so:\n{needed}"
+    );
+    let out = run(&mut Command::new(&c_static));
+    assert!(out.ends_with("ok\n"), "{out}");
+
+    // C++, shared.
+    let cpp_exe = p.join("link_test");
+    run(Command::new("c++")
+        .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&cpp_exe)
+        .arg(&cpp)
+        .args(&flags)
+        .arg(&rpath));
+    let out = run(&mut Command::new(&cpp_exe));
+    assert!(out.contains("c++ ok"), "{out}");
+}

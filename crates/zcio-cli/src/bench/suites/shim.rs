@@ -1,0 +1,414 @@
+//! `shim`: unmodified nginx (+ wrk) and redis-server (+ redis-benchmark) on loopback, native
+//! vs under `LD_PRELOAD=libzcio_epoll.so` (epoll served by the event ring), alternating runs
+//! against two servers started side by side: req/s, p99 latency, server CPU per request.
+//!
+//! The shim is found next to the `zcio` binary (`target/release/libzcio_epoll.so`; built by
+//! `scripts/bench`). Loopback request rates drift run to run: the rounds alternate.
+
+use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
+use anyhow::{anyhow, bail, Context, Result};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The suite.
+pub struct Shim;
+
+const METRICS: &[MetricDef] = &[
+    MetricDef::new("req_per_s", "req/s", Better::Higher),
+    MetricDef::new("p99_latency", "ms", Better::Lower),
+    MetricDef::new("server_cpu_per_req", "us", Better::Lower),
+];
+
+impl Suite for Shim {
+    fn name(&self) -> &'static str {
+        "shim"
+    }
+    fn about(&self) -> &'static str {
+        "unmodified nginx+wrk and redis-server+redis-benchmark on loopback: native epoll vs LD_PRELOAD libzcio_epoll.so (event ring)"
+    }
+    fn chart_metric(&self) -> &'static str {
+        "req_per_s"
+    }
+    fn run(&self, ctx: &mut Ctx) -> Result<()> {
+        let shim = find_shim().map_err(|e| ctx.skip(e.to_string()))?;
+        let secs = ctx.pick(2, 3, 10);
+        ctx.note(format!(
+            "the shim: {}; no data is copied differently: the shim changes only how readiness \
+             reaches the program (COPIED fraction not applicable)",
+            shim.display()
+        ));
+        let mut ran = false;
+        if let (Some(nginx), Some(wrk)) = (which("nginx"), which("wrk")) {
+            let body = vec![b'x'; 1024];
+            // DEFER_TASKRUN (default): wake-ups are run when the loop enters the ring, so
+            // about every wait enters. COOP_TASKRUN: they run on any kernel exit of the
+            // worker (its recv/writev), so most waits find events in shared memory.
+            for (label, env) in [
+                ("", &[][..]),
+                (
+                    ", shim with COOP_TASKRUN",
+                    &[("ZCIO_EPOLL_TASKRUN", "coop")][..],
+                ),
+            ] {
+                let native = Server::nginx(&nginx, &body, None)?;
+                let shimmed = Server::nginx(&nginx, &body, Some(&Shimmed(&shim, env)))?;
+                ctx.compare(
+                    &format!("nginx 1 worker, 1 KiB file, wrk 1 thread 32 conns{label}"),
+                    ("native epoll", "libzcio_epoll.so"),
+                    METRICS,
+                    || wrk_run(&wrk, &native, secs),
+                    || wrk_run(&wrk, &shimmed, secs),
+                )?;
+                drop(native);
+                if let Some(st) = shimmed.finish()? {
+                    ctx.note(format!("nginx under the shim{label}, per process: {st}"));
+                }
+            }
+            ran = true;
+        } else {
+            ctx.note("nginx or wrk missing (scripts/deps installs them): nginx case skipped");
+        }
+        if let (Some(redis), Some(rb)) = (which("redis-server"), which("redis-benchmark")) {
+            let native = Server::redis(&redis, None)?;
+            let shimmed = Server::redis(&redis, Some(&Shimmed(&shim, &[])))?;
+            let n = ctx.pick(40_000, 80_000, 200_000);
+            ctx.compare(
+                "redis GET, redis-benchmark 32 conns",
+                ("native epoll", "libzcio_epoll.so"),
+                METRICS,
+                || redis_run(&rb, &native, n),
+                || redis_run(&rb, &shimmed, n),
+            )?;
+            drop(native);
+            if let Some(st) = shimmed.finish()? {
+                ctx.note(format!("redis under the shim: {st}"));
+            }
+            ran = true;
+        } else {
+            ctx.note("redis-server or redis-benchmark missing: redis case skipped");
+        }
+        if !ran {
+            return Err(ctx.skip("neither nginx+wrk nor redis-server+redis-benchmark installed"));
+        }
+        Ok(())
+    }
+}
+
+fn find_shim() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().context("zcio binary has no directory")?;
+    let p = dir.join("libzcio_epoll.so");
+    if p.exists() {
+        Ok(p)
+    } else {
+        bail!(
+            "{} not built (cargo build --release -p zcio-preload; scripts/bench does it)",
+            p.display()
+        )
+    }
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/usr/sbin", "/sbin"])
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file());
+    found
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The shim and extra environment for it.
+struct Shimmed<'a>(&'a Path, &'a [(&'a str, &'a str)]);
+
+/// A server in its own process group and temp dir; killed with its group on drop.
+struct Server {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+    shim: bool,
+}
+
+impl Server {
+    fn spawn(mut cmd: Command, port: u16, dir: PathBuf, shim: Option<&Shimmed>) -> Result<Self> {
+        if let Some(Shimmed(s, env)) = shim {
+            for (k, v) in *env {
+                cmd.env(k, v);
+            }
+            let stats = dir.join("stats");
+            std::fs::write(&stats, "")?;
+            std::fs::set_permissions(&stats, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
+            cmd.env("LD_PRELOAD", s).env("ZCIO_EPOLL_STATS", &stats);
+        }
+        let log = std::fs::File::create(dir.join("out.log"))?;
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0);
+        let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+        let s = Server {
+            child,
+            port,
+            dir,
+            shim: shim.is_some(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                bail!(
+                    "server on port {port} did not start: see {}",
+                    s.dir.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        Ok(s)
+    }
+
+    fn nginx(nginx: &Path, body: &[u8], shim: Option<&Shimmed>) -> Result<Self> {
+        let dir = tempdir("nginx")?;
+        std::fs::create_dir_all(dir.join("www/tmp"))?;
+        std::fs::write(dir.join("www/file"), body)?;
+        Command::new("chmod")
+            .args(["-R", "a+rX"])
+            .arg(&dir)
+            .status()?;
+        let port = free_port()?;
+        let d = dir.display();
+        let conf = format!(
+            "daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/nginx.pid;\n\
+             error_log {d}/error.log warn;\nevents {{ worker_connections 4096; }}\n\
+             http {{\n access_log off;\n sendfile on;\n tcp_nopush on;\n keepalive_requests 100000000;\n\
+             client_body_temp_path {d}/www/tmp;\n proxy_temp_path {d}/www/tmp;\n\
+             fastcgi_temp_path {d}/www/tmp;\n uwsgi_temp_path {d}/www/tmp;\n scgi_temp_path {d}/www/tmp;\n\
+             server {{ listen 127.0.0.1:{port}; root {d}/www; location / {{ }} }}\n}}\n"
+        );
+        std::fs::write(dir.join("nginx.conf"), conf)?;
+        let mut cmd = Command::new(nginx);
+        cmd.arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(dir.join("nginx.conf"));
+        cmd.arg("-e").arg(dir.join("error.log"));
+        Self::spawn(cmd, port, dir, shim)
+    }
+
+    fn redis(redis: &Path, shim: Option<&Shimmed>) -> Result<Self> {
+        let dir = tempdir("redis")?;
+        let port = free_port()?;
+        let mut cmd = Command::new(redis);
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&dir);
+        Self::spawn(cmd, port, dir, shim)
+    }
+
+    /// CPU seconds (user + system) of the server and its children (nginx workers).
+    fn cpu_secs(&self) -> f64 {
+        let pid = self.child.id();
+        let mut total = proc_cpu(pid);
+        if let Ok(rd) = std::fs::read_dir("/proc") {
+            for e in rd.flatten() {
+                let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+                    continue;
+                };
+                if proc_ppid(p) == Some(pid) {
+                    total += proc_cpu(p);
+                }
+            }
+        }
+        total
+    }
+
+    /// Stops the server; for the shimmed one, returns what the shim wrote at exit and fails
+    /// when it served no wait from the ring (it fell back: the comparison would be void).
+    fn finish(mut self) -> Result<Option<String>> {
+        self.stop();
+        if !self.shim {
+            return Ok(None);
+        }
+        let stats = std::fs::read_to_string(self.dir.join("stats")).unwrap_or_default();
+        let waits: u64 = stats
+            .split_whitespace()
+            .filter_map(|kv| kv.strip_prefix("ring_waits="))
+            .filter_map(|v| v.parse::<u64>().ok())
+            .sum();
+        if waits == 0 {
+            bail!("the shim served no wait from the event ring: {stats}");
+        }
+        Ok(Some(stats.trim().replace('\n', "; ")))
+    }
+
+    fn stop(&mut self) {
+        let pid = self.child.id() as i32;
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        kill(pid, libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        kill(-pid, libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Signals a process (or, with a negative pid, a process group) through kill(1), which keeps
+/// the CLI free of unsafe code.
+fn kill(pid: i32, sig: i32) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg("--")
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn tempdir(tag: &str) -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!(
+        "zcio-bench-{tag}-{}-{}",
+        std::process::id(),
+        free_port()?
+    ));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+fn proc_stat_fields(pid: u32) -> Option<Vec<String>> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+fn proc_ppid(pid: u32) -> Option<u32> {
+    proc_stat_fields(pid)?.get(1)?.parse().ok()
+}
+
+fn proc_cpu(pid: u32) -> f64 {
+    // Fields after the command: state(0) ppid(1) ... utime(11) stime(12), in clock ticks.
+    let Some(f) = proc_stat_fields(pid) else {
+        return 0.0;
+    };
+    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (t(11) + t(12)) / 100.0
+}
+
+fn wrk_run(wrk: &Path, s: &Server, secs: u64) -> Result<Sample> {
+    // A warm-up request so the worker is running.
+    let mut c = TcpStream::connect(("127.0.0.1", s.port))?;
+    c.write_all(b"GET /file HTTP/1.0\r\n\r\n")?;
+    let mut sink = Vec::new();
+    c.read_to_end(&mut sink)?;
+    let cpu0 = s.cpu_secs();
+    let out = Command::new(wrk)
+        .args(["-t1", "-c32", "--latency"])
+        .arg(format!("-d{secs}s"))
+        .arg(format!("http://127.0.0.1:{}/file", s.port))
+        .output()
+        .context("running wrk")?;
+    let cpu = s.cpu_secs() - cpu0;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "wrk failed: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let rps: f64 = field_after(&text, "Requests/sec:").ok_or_else(|| anyhow!("wrk: {text}"))?;
+    let p99 = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("99%"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(parse_ms)
+        .ok_or_else(|| anyhow!("wrk p99 missing: {text}"))?;
+    let reqs = text
+        .lines()
+        .find(|l| l.contains("requests in"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(rps * secs as f64);
+    let errors = text
+        .lines()
+        .any(|l| l.contains("Non-2xx") || l.contains("Socket errors"));
+    let mut sm = Sample::default();
+    sm.set("req_per_s", rps)
+        .set("p99_latency", p99)
+        .set("server_cpu_per_req", cpu / reqs.max(1.0) * 1e6);
+    if errors {
+        sm.note("wrk reported errors (see its output)");
+    }
+    Ok(sm)
+}
+
+fn field_after<T: std::str::FromStr>(text: &str, key: &str) -> Option<T> {
+    let i = text.find(key)? + key.len();
+    text[i..].split_whitespace().next()?.parse().ok()
+}
+
+fn parse_ms(v: &str) -> Option<f64> {
+    let num = |s: &str| s.parse::<f64>().ok();
+    if let Some(x) = v.strip_suffix("us") {
+        num(x).map(|x| x / 1000.0)
+    } else if let Some(x) = v.strip_suffix("ms") {
+        num(x)
+    } else if let Some(x) = v.strip_suffix('s') {
+        num(x).map(|x| x * 1000.0)
+    } else {
+        None
+    }
+}
+
+fn redis_run(rb: &Path, s: &Server, n: u64) -> Result<Sample> {
+    let cpu0 = s.cpu_secs();
+    let out = Command::new(rb)
+        .args(["-h", "127.0.0.1", "-p", &s.port.to_string()])
+        .args(["-c", "32", "-t", "get", "--csv"])
+        .args(["-n", &n.to_string()])
+        .output()
+        .context("running redis-benchmark")?;
+    let cpu = s.cpu_secs() - cpu0;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("redis-benchmark failed: {text}");
+    }
+    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",
+    // "p99_latency_ms","max_latency_ms"
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("\"GET\""))
+        .ok_or_else(|| anyhow!("redis-benchmark csv: {text}"))?;
+    let f: Vec<f64> = row
+        .split(',')
+        .skip(1)
+        .filter_map(|x| x.trim_matches('"').parse().ok())
+        .collect();
+    if f.len() < 6 {
+        bail!("redis-benchmark csv row: {row}");
+    }
+    let mut sm = Sample::default();
+    sm.set("req_per_s", f[0])
+        .set("p99_latency", f[5])
+        .set("server_cpu_per_req", cpu / n as f64 * 1e6);
+    Ok(sm)
+}

@@ -1,0 +1,603 @@
+//! Epoll instances served by an event ring, the fd tables, and the fallback to the real epoll.
+//!
+//! Every instance keeps the real epoll fd the program was given (so the number is real, `fcntl`
+//! works on it, and a fallback has somewhere to go). While in ring mode its interest list lives
+//! in a [`zcio::event::EventRing`]; [`to_real`] replays it into the real epoll fd and drops the
+//! ring, after which every call goes to libc.
+//!
+//! Ring mode serves only the thread that created the instance, in the process that created it
+//! (the ring is created with `SINGLE_ISSUER`): a call from another thread or a forked child
+//! converts the instance first. A thread blocked in a ring wait holds the instance lock; a
+//! second thread that needs the lock posts a user event to the ring to wake it.
+
+use crate::real;
+use crate::report::{bump, log, STATS};
+use std::cell::{Cell, UnsafeCell};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+use zcio::event::{CtlError, Event, EventConfig, EventRing, Interest, Poster, Prefer};
+
+/// Fds tracked in [`FDS`]; an instance or registration beyond it uses the real epoll.
+pub const MAXFD: usize = 1 << 18;
+/// [`FDS`] bit: the fd is a shim epoll instance.
+const F_EPOLL: u32 = 1 << 31;
+/// [`FDS`] mask: in how many ring-mode instances the fd is registered.
+const F_REGS: u32 = 0xffff;
+
+/// Per-fd flags, read without locks by `close`, `dup2`, `poll`.
+static FDS: [AtomicU32; MAXFD] = [const { AtomicU32::new(0) }; MAXFD];
+/// Incremented in the child after `fork`.
+pub static FORK_GEN: AtomicU64 = AtomicU64::new(0);
+/// Ring-mode instances alive (lets `poll`/`select` skip their scan when zero).
+pub static RING_LIVE: AtomicU64 = AtomicU64::new(0);
+/// The process that last logged "served by the event ring" (once per process).
+static LOGGED_PID: AtomicU64 = AtomicU64::new(0);
+static NEXT_TID: AtomicU64 = AtomicU64::new(1);
+/// Token of the user event that wakes a ring wait so another thread can take the lock.
+const WAKE: u64 = u64::MAX;
+
+thread_local! {
+    static TID: Cell<u64> = const { Cell::new(0) };
+}
+
+fn tid() -> u64 {
+    TID.with(|t| {
+        if t.get() == 0 {
+            t.set(NEXT_TID.fetch_add(1, Ordering::Relaxed));
+        }
+        t.get()
+    })
+}
+
+fn fd_slot(fd: libc::c_int) -> Option<&'static AtomicU32> {
+    usize::try_from(fd).ok().and_then(|i| FDS.get(i))
+}
+
+/// Whether `fd` is a shim epoll instance.
+pub fn is_instance(fd: libc::c_int) -> bool {
+    fd_slot(fd).is_some_and(|s| s.load(Ordering::Relaxed) & F_EPOLL != 0)
+}
+
+/// Whether `fd` is registered in a ring-mode instance.
+pub fn is_registered(fd: libc::c_int) -> bool {
+    fd_slot(fd).is_some_and(|s| s.load(Ordering::Relaxed) & F_REGS != 0)
+}
+
+/// The instance table: a spin lock (held for a few instructions; taken around `fork` so the
+/// child never inherits it locked) over `epfd → instance`.
+struct Table {
+    lock: AtomicBool,
+    slots: UnsafeCell<Vec<Option<Arc<Instance>>>>,
+}
+
+// SAFETY: `slots` is only touched with `lock` held (see `with`).
+unsafe impl Sync for Table {}
+
+static TABLE: Table = Table {
+    lock: AtomicBool::new(false),
+    slots: UnsafeCell::new(Vec::new()),
+};
+
+/// Takes the table lock (atfork prepare).
+pub fn table_lock() {
+    while TABLE
+        .lock
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+}
+
+/// Releases the table lock (atfork parent and child).
+pub fn table_unlock() {
+    TABLE.lock.store(false, Ordering::Release);
+}
+
+fn with_table<R>(f: impl FnOnce(&mut Vec<Option<Arc<Instance>>>) -> R) -> R {
+    table_lock();
+    // SAFETY: the lock is held, so this is the only reference to the slots.
+    let r = f(unsafe { &mut *TABLE.slots.get() });
+    table_unlock();
+    r
+}
+
+/// The instance behind `epfd`, if the shim created it.
+pub fn lookup(epfd: libc::c_int) -> Option<Arc<Instance>> {
+    if !is_instance(epfd) {
+        return None;
+    }
+    with_table(|t| t.get(epfd as usize).cloned().flatten())
+}
+
+fn all_instances() -> Vec<Arc<Instance>> {
+    with_table(|t| t.iter().flatten().cloned().collect())
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Reg {
+    events: u32,
+    data: u64,
+    /// ONESHOT fired and not re-armed.
+    disabled: bool,
+}
+
+/// What the lock protects.
+pub struct State {
+    ring: Option<EventRing>,
+    /// A ring whose instance fell back, kept (with no polls) until the epoll fd is closed:
+    /// dropping a ring makes the kernel queue exit work on this thread as a signal-like
+    /// notification, which would turn the program's next `epoll_wait` into a spurious EINTR.
+    dormant: Option<EventRing>,
+    regs: Vec<Option<Reg>>,
+    buf: Vec<Event>,
+}
+
+/// One epoll instance.
+pub struct Instance {
+    epfd: libc::c_int,
+    owner: u64,
+    fork_gen: u64,
+    ring_mode: AtomicBool,
+    contenders: AtomicU32,
+    poster: Poster,
+    state: Mutex<State>,
+}
+
+// SAFETY: the ring inside `state` is only used with the mutex held, and only by the owner
+// thread while in ring mode (other threads convert the instance first, which drops the ring
+// under the lock); an io_uring instance may be dropped (closed and unmapped) from any thread.
+unsafe impl Send for State {}
+
+/// Creates the instance for a new real epoll fd; `None` when the fd is out of range or the
+/// ring cannot be set up (then the program simply uses its real epoll fd; logged).
+pub fn create(epfd: libc::c_int) -> Option<()> {
+    let slot = fd_slot(epfd)?;
+    let mut cfg = EventConfig {
+        prefer: Prefer::Uring,
+        ..EventConfig::default()
+    };
+    cfg.ring.defer_taskrun = crate::report::DEFER_TASKRUN.load(Ordering::Relaxed);
+    let ring = match EventRing::with_config(&cfg) {
+        Ok(r) => r,
+        Err(e) => {
+            bump(&STATS.fallbacks, 1);
+            log(format_args!(
+                "epoll fd {epfd}: event ring unavailable ({e}); using the real epoll"
+            ));
+            return None;
+        }
+    };
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u64;
+    if LOGGED_PID.swap(pid, Ordering::Relaxed) != pid {
+        log(format_args!(
+            "epoll fd {epfd} served by the event ring ({})",
+            ring.backend_name()
+        ));
+    }
+    let inst = Arc::new(Instance {
+        epfd,
+        owner: tid(),
+        fork_gen: FORK_GEN.load(Ordering::Relaxed),
+        ring_mode: AtomicBool::new(true),
+        contenders: AtomicU32::new(0),
+        poster: ring.poster(),
+        state: Mutex::new(State {
+            ring: Some(ring),
+            dormant: None,
+            regs: Vec::new(),
+            buf: Vec::new(),
+        }),
+    });
+    bump(&STATS.ring_instances, 1);
+    RING_LIVE.fetch_add(1, Ordering::Relaxed);
+    let old = with_table(|t| {
+        if t.len() <= epfd as usize {
+            t.resize(epfd as usize + 1, None);
+        }
+        slot.fetch_or(F_EPOLL, Ordering::Relaxed);
+        t[epfd as usize].replace(inst)
+    });
+    // A stale entry (its fd was closed behind the shim's back) is retired.
+    if let Some(old) = old {
+        retire(&old);
+    }
+    Some(())
+}
+
+/// Removes `epfd`'s instance (on close or when dup2 replaces it); the real fd is the caller's.
+pub fn remove(epfd: libc::c_int) {
+    let Some(slot) = fd_slot(epfd) else { return };
+    let inst = with_table(|t| {
+        slot.fetch_and(!F_EPOLL, Ordering::Relaxed);
+        t.get_mut(epfd as usize).and_then(Option::take)
+    });
+    if let Some(inst) = inst {
+        retire(&inst);
+    }
+}
+
+/// Drops an instance's ring and its registrations' fd counts, without replaying them.
+fn retire(inst: &Instance) {
+    if let Some(mut st) = lock_any(inst) {
+        if let Some(ring) = st.ring.take() {
+            forget_regs(&mut st);
+            finish_ring(inst, ring);
+        }
+        drop(st.dormant.take());
+    } else {
+        inst.ring_mode.store(false, Ordering::Relaxed);
+    }
+}
+
+fn forget_regs(st: &mut State) {
+    for (fd, r) in st.regs.iter_mut().enumerate() {
+        if r.take().is_some() {
+            FDS[fd].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn finish_ring(inst: &Instance, ring: EventRing) {
+    inst.ring_mode.store(false, Ordering::Relaxed);
+    RING_LIVE.fetch_sub(1, Ordering::Relaxed);
+    bump(&STATS.ring_enters, ring.stats().wait_entries);
+    drop(ring);
+}
+
+/// Like [`finish_ring`], but cancels the polls now and keeps the ring until the instance goes.
+fn park_ring(inst: &Instance, st: &mut State, mut ring: EventRing) {
+    for (fd, r) in st.regs.iter().enumerate() {
+        if r.is_some() {
+            let _ = ring.delete(fd as libc::c_int);
+        }
+    }
+    // A zero-timeout wait submits the cancellations and runs their completions, so the
+    // kernel drops its file references now.
+    let mut scratch = [Event::default(); 16];
+    let _ = ring.wait(&mut scratch, Some(Duration::ZERO));
+    inst.ring_mode.store(false, Ordering::Relaxed);
+    RING_LIVE.fetch_sub(1, Ordering::Relaxed);
+    bump(&STATS.ring_enters, ring.stats().wait_entries);
+    st.dormant = Some(ring);
+}
+
+/// Enter counts of the rings still alive (for the exit stats).
+pub fn live_enters() -> u64 {
+    all_instances()
+        .iter()
+        .filter_map(|i| i.state.try_lock().ok())
+        .filter_map(|s| s.ring.as_ref().map(|r| r.stats().wait_entries))
+        .sum()
+}
+
+/// Locks from any thread: wakes a ring wait that holds the lock.
+fn lock_any(inst: &Instance) -> Option<MutexGuard<'_, State>> {
+    inst.contenders.fetch_add(1, Ordering::AcqRel);
+    let g = match inst.state.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => {
+            // The holder may be asleep in the ring: wake it (a full ring wakes it anyway).
+            let _ = inst.poster.post(WAKE, 0);
+            Some(inst.state.lock().unwrap_or_else(|p| p.into_inner()))
+        }
+    };
+    inst.contenders.fetch_sub(1, Ordering::AcqRel);
+    g
+}
+
+/// Replays the interest list into the real epoll fd and retires the ring (logged once).
+/// `forked`: this is a child process; the ring is the parent's and must not be touched.
+fn to_real(inst: &Instance, st: &mut State, why: &str) {
+    to_real_in(inst, st, why, false)
+}
+
+fn to_real_in(inst: &Instance, st: &mut State, why: &str, forked: bool) {
+    let Some(ring) = st.ring.take() else { return };
+    let mut replayed = 0;
+    for (fd, r) in st.regs.iter().enumerate() {
+        let Some(r) = r else { continue };
+        // A fired ONESHOT stays disabled: no readiness bits (epoll adds ERR|HUP itself).
+        let events = if r.disabled {
+            libc::EPOLLONESHOT as u32
+        } else {
+            r.events
+        };
+        let mut ev = libc::epoll_event {
+            events,
+            u64: r.data,
+        };
+        let fd = fd as libc::c_int;
+        if real::epoll_ctl(inst.epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) != 0
+            && real::errno() == libc::EEXIST
+        {
+            // A forked child replaying into the epoll it shares with its parent.
+            real::epoll_ctl(inst.epfd, libc::EPOLL_CTL_MOD, fd, &mut ev);
+        }
+        replayed += 1;
+    }
+    if forked {
+        // Only this process's reference to the parent's ring goes; nothing is submitted.
+        finish_ring(inst, ring);
+    } else {
+        park_ring(inst, st, ring);
+    }
+    forget_regs(st);
+    bump(&STATS.fallbacks, 1);
+    log(format_args!(
+        "epoll fd {}: falling back to the real epoll ({why}); {replayed} registrations replayed",
+        inst.epfd
+    ));
+}
+
+/// Converts `epfd`'s instance to the real epoll (nesting, poll/select on it, dup).
+pub fn convert(epfd: libc::c_int, why: &str) {
+    if let Some(inst) = lookup(epfd) {
+        if inst.ring_mode.load(Ordering::Relaxed) {
+            if let Some(mut st) = lock_any(&inst) {
+                to_real(&inst, &mut st, why);
+            }
+        }
+    }
+}
+
+/// Access to an instance for one call: the ring (owner thread, ring mode) or the real epoll.
+enum Access<'a> {
+    Ring(MutexGuard<'a, State>),
+    Real,
+}
+
+fn access(inst: &Instance) -> Access<'_> {
+    if !inst.ring_mode.load(Ordering::Relaxed) {
+        return Access::Real;
+    }
+    if inst.fork_gen != FORK_GEN.load(Ordering::Relaxed) {
+        // A forked child: the ring belongs to the parent. Replay into the (shared) real epoll.
+        match inst.state.try_lock() {
+            Ok(mut st) => to_real_in(inst, &mut st, "used in a forked child", true),
+            Err(_) => {
+                inst.ring_mode.store(false, Ordering::Relaxed);
+                log(format_args!(
+                    "epoll fd {}: forked while another thread used it; registrations lost",
+                    inst.epfd
+                ));
+            }
+        }
+        return Access::Real;
+    }
+    if tid() != inst.owner {
+        if let Some(mut st) = lock_any(inst) {
+            to_real(inst, &mut st, "used from a second thread");
+        }
+        return Access::Real;
+    }
+    while inst.contenders.load(Ordering::Acquire) > 0 {
+        std::thread::yield_now();
+    }
+    let st = inst.state.lock().unwrap_or_else(|p| p.into_inner());
+    if st.ring.is_some() {
+        Access::Ring(st)
+    } else {
+        Access::Real
+    }
+}
+
+fn ctl_errno(e: &CtlError) -> Option<libc::c_int> {
+    match e {
+        CtlError::Io(_) => None,
+        e => Some(e.errno()),
+    }
+}
+
+/// `epoll_ctl` on a shim instance.
+pub fn ctl(
+    inst: &Instance,
+    op: libc::c_int,
+    fd: libc::c_int,
+    ev: *mut libc::epoll_event,
+) -> libc::c_int {
+    let known = matches!(
+        op,
+        libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL
+    );
+    if !known || (op != libc::EPOLL_CTL_DEL && ev.is_null()) || fd < 0 || fd == inst.epfd {
+        // The kernel's answer (EINVAL, EFAULT, EBADF) does not depend on the interest list.
+        return real::epoll_ctl(inst.epfd, op, fd, ev);
+    }
+    if fd as usize >= MAXFD {
+        convert(inst.epfd, "fd beyond the shim's table");
+        return real::epoll_ctl(inst.epfd, op, fd, ev);
+    }
+    if is_instance(fd) && op != libc::EPOLL_CTL_DEL {
+        // The inner instance must be a real epoll for its readiness to be seen.
+        convert(fd, "nested in another epoll set");
+    }
+    let mut st = match access(inst) {
+        Access::Real => return real::epoll_ctl(inst.epfd, op, fd, ev),
+        Access::Ring(st) => st,
+    };
+    let (events, data) = if ev.is_null() {
+        (0, 0)
+    } else {
+        // SAFETY: `ev` is non-null and points to the caller's epoll_event (packed: read
+        // unaligned copies of its fields).
+        let e = unsafe { std::ptr::read_unaligned(ev) };
+        (e.events & !(libc::EPOLLWAKEUP as u32), e.u64)
+    };
+    let st = &mut *st;
+    let ring = st.ring.as_mut().expect("ring mode");
+    let r = match op {
+        libc::EPOLL_CTL_ADD => ring.add(fd, Interest(events), fd as u64),
+        libc::EPOLL_CTL_MOD => ring.modify(fd, Interest(events), fd as u64),
+        _ => ring.delete(fd),
+    };
+    match r {
+        Ok(()) => {
+            bump(&STATS.ring_ctls, 1);
+            let i = fd as usize;
+            if st.regs.len() <= i {
+                st.regs.resize(i + 1, None);
+            }
+            let reg = Reg {
+                events,
+                data,
+                disabled: false,
+            };
+            match op {
+                libc::EPOLL_CTL_ADD => {
+                    if st.regs[i].replace(reg).is_none() {
+                        FDS[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                libc::EPOLL_CTL_MOD => st.regs[i] = Some(reg),
+                _ => {
+                    if st.regs[i].take().is_some() {
+                        FDS[i].fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            0
+        }
+        Err(e) => match ctl_errno(&e) {
+            Some(errno) => {
+                real::set_errno(errno);
+                -1
+            }
+            None => {
+                to_real(inst, st, &format!("epoll_ctl failed in the ring: {e}"));
+                real::epoll_ctl(inst.epfd, op, fd, ev)
+            }
+        },
+    }
+}
+
+/// The milliseconds left until `deadline` for a real epoll_wait (rounded up).
+fn remaining_ms(deadline: Option<Instant>) -> libc::c_int {
+    match deadline {
+        None => -1,
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            let ms = left.as_nanos().div_ceil(1_000_000);
+            ms.min(i32::MAX as u128) as libc::c_int
+        }
+    }
+}
+
+/// The epoll_wait family on a shim instance (`sigmask` already dealt with by the caller).
+pub fn wait(
+    inst: &Instance,
+    out: *mut libc::epoll_event,
+    max: libc::c_int,
+    timeout: Option<Duration>,
+) -> libc::c_int {
+    let start = Instant::now();
+    let deadline = timeout.map(|t| start + t);
+    loop {
+        let mut guard = match access(inst) {
+            Access::Real => {
+                bump(&STATS.real_waits, 1);
+                return real::epoll_wait(inst.epfd, out, max, remaining_ms(deadline));
+            }
+            Access::Ring(st) => st,
+        };
+        let st = &mut *guard;
+        let want = (max as usize).min(4096);
+        if st.buf.len() < want {
+            st.buf.resize(want, Event::default());
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let ring = st.ring.as_mut().expect("ring mode");
+        let r = ring.wait(&mut st.buf[..want], left);
+        let n = match r {
+            Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+                real::set_errno(libc::EINTR);
+                return -1;
+            }
+            Err(e) => {
+                to_real(inst, st, &format!("waiting on the ring failed: {e}"));
+                continue;
+            }
+        };
+        let mut k = 0usize;
+        let mut woken = false;
+        for ev in &st.buf[..n] {
+            if ev.token == WAKE {
+                woken = true;
+                continue;
+            }
+            let fd = ev.token as usize;
+            let Some(Some(reg)) = st.regs.get_mut(fd) else {
+                continue;
+            };
+            if reg.disabled {
+                continue;
+            }
+            if reg.events & libc::EPOLLONESHOT as u32 != 0 {
+                reg.disabled = true;
+            }
+            let e = libc::epoll_event {
+                events: ev.events,
+                u64: reg.data,
+            };
+            // SAFETY: k < n ≤ max: the caller's array holds `max` entries.
+            unsafe { out.add(k).write_unaligned(e) };
+            k += 1;
+        }
+        bump(&STATS.ring_waits, 1);
+        bump(&STATS.ring_events, k as u64);
+        if k > 0 || (n == 0 && !woken) {
+            return k as libc::c_int;
+        }
+        // Only a wake-up (or stale events): give the lock away and wait for the rest.
+        drop(guard);
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return 0;
+        }
+    }
+}
+
+/// Bookkeeping for `close(fd)` (or an fd replaced by `dup2`) of a registered fd: each
+/// ring-mode instance cancels its poll before the fd goes, as closing the last reference
+/// ends an epoll registration. Returns the result of the real close (`do_close`) or 0.
+pub fn close_registered(fd: libc::c_int, do_close: bool) -> libc::c_int {
+    let mut closed = !do_close;
+    for inst in all_instances() {
+        if closed && !is_registered(fd) {
+            break;
+        }
+        let mut st = match access(&inst) {
+            Access::Ring(st) => st,
+            Access::Real => continue,
+        };
+        let st = &mut *st;
+        let i = fd as usize;
+        if st.regs.get(i).map_or(true, Option::is_none) {
+            continue;
+        }
+        st.regs[i] = None;
+        FDS[i].fetch_sub(1, Ordering::Relaxed);
+        bump(&STATS.ring_closes, 1);
+        let ring = st.ring.as_mut().expect("ring mode");
+        if !closed && !is_registered(fd) {
+            // SAFETY: the program hands this fd to close(); the ring closes it once, after
+            // cancelling the poll, through the real close (the shim's guard is set).
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            let _ = ring.close(owned);
+            closed = true;
+        } else {
+            let _ = ring.delete(fd);
+            // Submit the cancellation now, so the kernel drops its reference.
+            let _ = ring.harvest(&mut []);
+        }
+    }
+    if closed {
+        0
+    } else {
+        real::close(fd)
+    }
+}

@@ -1,0 +1,139 @@
+//! Settings (read once, in the constructor: nginx workers clear their environment), the
+//! `ZCIO_EPOLL_LOG=1` log on stderr, and the `ZCIO_EPOLL_STATS=path` file written at exit.
+
+use std::ffi::CString;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// `ZCIO_EPOLL_LOG=1`.
+pub static LOG: AtomicBool = AtomicBool::new(false);
+/// `ZCIO_EPOLL=off` (or `0`): pass everything to libc.
+pub static DISABLED: AtomicBool = AtomicBool::new(false);
+/// `ZCIO_EPOLL_TASKRUN=coop` clears this: completions then run on any kernel exit of the
+/// thread (so a wait can find them in shared memory) instead of only when it enters the ring.
+pub static DEFER_TASKRUN: AtomicBool = AtomicBool::new(true);
+/// `ZCIO_EPOLL_STATS=path`.
+pub static STATS_PATH: OnceLock<CString> = OnceLock::new();
+
+/// Process-wide counters (per process: a forked child starts from the parent's values and
+/// writes its own line).
+#[derive(Debug)]
+pub struct Stats {
+    /// Epoll instances served by an event ring.
+    pub ring_instances: AtomicU64,
+    /// Instances that fell back to the real epoll (at creation or later).
+    pub fallbacks: AtomicU64,
+    /// `epoll_wait`-family calls answered from an event ring.
+    pub ring_waits: AtomicU64,
+    /// Events those calls returned.
+    pub ring_events: AtomicU64,
+    /// Kernel entries the event rings made (`io_uring_enter`), over finished rings.
+    pub ring_enters: AtomicU64,
+    /// `epoll_ctl` calls served by an event ring.
+    pub ring_ctls: AtomicU64,
+    /// Registered fds whose close the shim handled (poll cancelled before the close).
+    pub ring_closes: AtomicU64,
+    /// Wait calls on shim instances passed to the real epoll (fallen-back instances).
+    pub real_waits: AtomicU64,
+}
+
+/// The counters.
+pub static STATS: Stats = Stats {
+    ring_instances: AtomicU64::new(0),
+    fallbacks: AtomicU64::new(0),
+    ring_waits: AtomicU64::new(0),
+    ring_events: AtomicU64::new(0),
+    ring_enters: AtomicU64::new(0),
+    ring_ctls: AtomicU64::new(0),
+    ring_closes: AtomicU64::new(0),
+    real_waits: AtomicU64::new(0),
+};
+
+pub fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+pub fn logging() -> bool {
+    LOG.load(Ordering::Relaxed)
+}
+
+/// Writes one log line to stderr (only with `ZCIO_EPOLL_LOG=1`).
+pub fn log(args: std::fmt::Arguments<'_>) {
+    if !logging() {
+        return;
+    }
+    let mut s = String::with_capacity(128);
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let _ = writeln!(s, "zcio-epoll[{pid}]: {args}");
+    write_all(2, s.as_bytes());
+}
+
+fn write_all(fd: libc::c_int, mut b: &[u8]) {
+    while !b.is_empty() {
+        // SAFETY: `b` is a valid readable slice for the call.
+        let n = unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) };
+        if n <= 0 {
+            if n < 0 && crate::real::errno() == libc::EINTR {
+                continue;
+            }
+            return;
+        }
+        b = &b[n as usize..];
+    }
+}
+
+/// Reads the settings from the environment.
+pub fn read_env() {
+    let on = |k: &str| std::env::var(k).map(|v| v == "1" || v == "on" || v == "yes");
+    LOG.store(on("ZCIO_EPOLL_LOG").unwrap_or(false), Ordering::Relaxed);
+    if let Ok(v) = std::env::var("ZCIO_EPOLL") {
+        DISABLED.store(v == "off" || v == "0", Ordering::Relaxed);
+    }
+    if let Ok(v) = std::env::var("ZCIO_EPOLL_TASKRUN") {
+        DEFER_TASKRUN.store(v != "coop", Ordering::Relaxed);
+    }
+    if let Ok(p) = std::env::var("ZCIO_EPOLL_STATS") {
+        if let Ok(c) = CString::new(p) {
+            let _ = STATS_PATH.set(c);
+        }
+    }
+}
+
+/// The stats line: `pid=.. ring_instances=.. ...`.
+pub fn line(live_enters: u64) -> String {
+    let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    format!(
+        "pid={pid} ring_instances={} fallbacks={} ring_waits={} ring_events={} ring_enters={} \
+         ring_ctls={} ring_closes={} real_waits={}\n",
+        g(&STATS.ring_instances),
+        g(&STATS.fallbacks),
+        g(&STATS.ring_waits),
+        g(&STATS.ring_events),
+        g(&STATS.ring_enters) + live_enters,
+        g(&STATS.ring_ctls),
+        g(&STATS.ring_closes),
+        g(&STATS.real_waits),
+    )
+}
+
+/// Appends the stats line to `ZCIO_EPOLL_STATS` (called at exit).
+pub fn write_stats(live_enters: u64) {
+    let Some(path) = STATS_PATH.get() else { return };
+    let l = line(live_enters);
+    // SAFETY: `path` is NUL-terminated; flags and mode are plain integers.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
+            0o644,
+        )
+    };
+    if fd >= 0 {
+        write_all(fd, l.as_bytes());
+        crate::real::close(fd);
+    }
+}

@@ -1,0 +1,509 @@
+/* epoll_trace: runs epoll scenarios and prints a deterministic event trace.
+ *
+ * The trace must be identical with and without LD_PRELOAD=libzcio_epoll.so: every line is
+ * derived from epoll results (counts, event bits, data, errno), never from timing or fd
+ * numbers that could differ between runs. Each scenario opens and closes its own fds. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHECK(x)                                                                     \
+    do {                                                                             \
+        if (!(x)) {                                                                  \
+            printf("CHECK FAILED line %d: %s (errno %s)\n", __LINE__, #x,             \
+                   strerrorname_np(errno) ? strerrorname_np(errno) : "?");           \
+            fflush(stdout);                                                          \
+            exit(2);                                                                 \
+        }                                                                            \
+    } while (0)
+
+static const char *cur = "";
+
+static void bits(char *buf, uint32_t ev) {
+    static const struct { uint32_t b; const char *n; } names[] = {
+        {EPOLLIN, "IN"},     {EPOLLOUT, "OUT"}, {EPOLLPRI, "PRI"},       {EPOLLERR, "ERR"},
+        {EPOLLHUP, "HUP"},   {EPOLLRDHUP, "RDHUP"}, {EPOLLRDNORM, "RDNORM"},
+        {EPOLLWRNORM, "WRNORM"},
+    };
+    buf[0] = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (ev & names[i].b) {
+            if (buf[0]) strcat(buf, "|");
+            strcat(buf, names[i].n);
+            ev &= ~names[i].b;
+        }
+    if (ev) sprintf(buf + strlen(buf), "%s0x%x", buf[0] ? "|" : "", ev);
+    if (!buf[0]) strcpy(buf, "0");
+}
+
+static int cmp_ev(const void *a, const void *b) {
+    const struct epoll_event *x = a, *y = b;
+    return x->data.u64 < y->data.u64 ? -1 : x->data.u64 > y->data.u64;
+}
+
+/* Waits and prints "<label>: n=<n> [data:bits ...]" with events sorted by data. */
+static int show(const char *label, int ep, int max, int timeout) {
+    struct epoll_event ev[256];
+    int n = epoll_wait(ep, ev, max, timeout);
+    if (n < 0) {
+        printf("%s/%s: -1 %s\n", cur, label, strerrorname_np(errno));
+        return n;
+    }
+    qsort(ev, n, sizeof ev[0], cmp_ev);
+    printf("%s/%s: n=%d", cur, label, n);
+    for (int i = 0; i < n; i++) {
+        char b[128];
+        bits(b, ev[i].events);
+        printf(" %llu:%s", (unsigned long long)ev[i].data.u64, b);
+    }
+    printf("\n");
+    return n;
+}
+
+static void ctl(const char *label, int ep, int op, int fd, uint32_t events, uint64_t data) {
+    struct epoll_event e = {.events = events, .data.u64 = data};
+    int r = epoll_ctl(ep, op, fd, &e);
+    printf("%s/%s: %s\n", cur, label, r == 0 ? "ok" : strerrorname_np(errno));
+}
+
+static void add(int ep, int fd, uint32_t events, uint64_t data) {
+    struct epoll_event e = {.events = events, .data.u64 = data};
+    CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e) == 0);
+}
+
+static void wr(int fd, const char *s) { CHECK(write(fd, s, strlen(s)) == (ssize_t)strlen(s)); }
+static void drain(int fd) {
+    char b[4096];
+    while (read(fd, b, sizeof b) > 0) {
+    }
+}
+
+static void s_level(void) {
+    cur = "level";
+    int p[2], ep = epoll_create1(0);
+    CHECK(ep >= 0 && pipe2(p, O_NONBLOCK) == 0);
+    add(ep, p[0], EPOLLIN, 1);
+    show("empty", ep, 8, 0);
+    wr(p[1], "x");
+    show("first", ep, 8, 1000);
+    show("again", ep, 8, 1000);
+    drain(p[0]);
+    show("drained", ep, 8, 0);
+    close(p[1]);
+    show("writer-closed", ep, 8, 1000);
+    close(p[0]);
+    close(ep);
+}
+
+static void s_edge(void) {
+    cur = "edge";
+    int p[2], ep = epoll_create1(EPOLL_CLOEXEC);
+    CHECK(ep >= 0 && pipe2(p, O_NONBLOCK) == 0);
+    add(ep, p[0], EPOLLIN | EPOLLET, 2);
+    wr(p[1], "x");
+    show("first", ep, 8, 1000);
+    show("no-new-edge", ep, 8, 0);
+    wr(p[1], "y");
+    show("second-edge", ep, 8, 1000);
+    drain(p[0]);
+    show("drained", ep, 8, 0);
+    close(p[0]);
+    close(p[1]);
+    close(ep);
+}
+
+static void s_sockets(void) {
+    cur = "socketpair";
+    int s[2], ep = epoll_create(16);
+    CHECK(ep >= 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, s) == 0);
+    add(ep, s[0], EPOLLIN | EPOLLOUT | EPOLLRDHUP, 10);
+    show("writable", ep, 8, 1000);
+    wr(s[1], "hello");
+    show("readable", ep, 8, 1000);
+    drain(s[0]);
+    ctl("mod-in-only", ep, EPOLL_CTL_MOD, s[0], EPOLLIN | EPOLLRDHUP, 11);
+    show("quiet", ep, 8, 0);
+    CHECK(shutdown(s[1], SHUT_WR) == 0);
+    show("half-close", ep, 8, 1000);
+    ctl("mod-out", ep, EPOLL_CTL_MOD, s[0], EPOLLOUT, 12);
+    show("out-after-mod", ep, 8, 1000);
+    close(s[1]);
+    ctl("mod-in", ep, EPOLL_CTL_MOD, s[0], EPOLLIN | EPOLLRDHUP, 13);
+    show("peer-closed", ep, 8, 1000);
+    close(s[0]);
+    close(ep);
+}
+
+static void s_delete_pending(void) {
+    cur = "delete-pending";
+    int p[2], ep = epoll_create1(0);
+    CHECK(ep >= 0 && pipe2(p, O_NONBLOCK) == 0);
+    add(ep, p[0], EPOLLIN | EPOLLET, 3);
+    wr(p[1], "x");
+    show("ready", ep, 8, 1000);
+    wr(p[1], "y");
+    ctl("del", ep, EPOLL_CTL_DEL, p[0], 0, 0);
+    show("after-del", ep, 8, 0);
+    ctl("del-again", ep, EPOLL_CTL_DEL, p[0], 0, 0);
+    ctl("mod-missing", ep, EPOLL_CTL_MOD, p[0], EPOLLIN, 0);
+    ctl("re-add", ep, EPOLL_CTL_ADD, p[0], EPOLLIN, 4);
+    show("re-added", ep, 8, 1000);
+    close(p[0]);
+    close(p[1]);
+    close(ep);
+}
+
+static void s_close_registered(void) {
+    cur = "close-registered";
+    int s[2], ep = epoll_create1(0);
+    CHECK(ep >= 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, s) == 0);
+    add(ep, s[0], EPOLLIN, 20);
+    wr(s[1], "x");
+    int old = s[0];
+    close(s[0]);
+    show("after-close", ep, 8, 0);
+    /* The peer must see the socket closed: no poll may keep the file open. */
+    struct pollfd pf = {.fd = s[1], .events = POLLIN};
+    int r = poll(&pf, 1, 2000);
+    char buf[8];
+    ssize_t n = read(s[1], buf, sizeof buf);
+    printf("%s/peer-sees-close: poll=%d revents_hup=%d read=%zd %s\n", cur, r,
+           !!(pf.revents & POLLHUP), n, n < 0 ? strerrorname_np(errno) : "-");
+    /* fd reuse: the next socket gets the same number and can be added again. */
+    int t[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, t) == 0);
+    printf("%s/reused-number: %d\n", cur, t[0] == old);
+    ctl("add-reused", ep, EPOLL_CTL_ADD, t[0], EPOLLIN, 21);
+    show("reused-quiet", ep, 8, 0);
+    wr(t[1], "y");
+    show("reused-ready", ep, 8, 1000);
+    close(t[0]);
+    close(t[1]);
+    close(s[1]);
+    close(ep);
+}
+
+static void s_oneshot(void) {
+    cur = "oneshot";
+    int p[2], ep = epoll_create1(0);
+    CHECK(ep >= 0 && pipe2(p, O_NONBLOCK) == 0);
+    add(ep, p[0], EPOLLIN | EPOLLONESHOT, 5);
+    wr(p[1], "x");
+    show("fires", ep, 8, 1000);
+    show("disabled", ep, 8, 0);
+    wr(p[1], "y");
+    show("still-disabled", ep, 8, 0);
+    ctl("rearm", ep, EPOLL_CTL_MOD, p[0], EPOLLIN | EPOLLONESHOT, 6);
+    show("rearmed", ep, 8, 1000);
+    show("disabled-again", ep, 8, 0);
+    ctl("rearm-et", ep, EPOLL_CTL_MOD, p[0], EPOLLIN | EPOLLET | EPOLLONESHOT, 7);
+    show("rearmed-et", ep, 8, 1000);
+    close(p[0]);
+    close(p[1]);
+    close(ep);
+}
+
+#define MANY 300
+static void s_many(int et) {
+    cur = et ? "many-et" : "many-level";
+    int ep = epoll_create1(0), s[MANY][2];
+    CHECK(ep >= 0);
+    for (int i = 0; i < MANY; i++) {
+        CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, s[i]) == 0);
+        add(ep, s[i][0], EPOLLIN | (et ? EPOLLET : 0), 1000 + i);
+    }
+    int want = 0;
+    for (int i = 0; i < MANY; i += 3) {
+        wr(s[i][1], "z");
+        want++;
+    }
+    /* Collect in batches of 64 until every ready fd was seen (level: each may repeat). */
+    char seen[MANY] = {0};
+    int distinct = 0, calls = 0, dup = 0;
+    struct epoll_event ev[64];
+    while (distinct < want && calls < 50) {
+        int n = epoll_wait(ep, ev, 64, 1000);
+        calls++;
+        CHECK(n > 0);
+        for (int k = 0; k < n; k++) {
+            int i = (int)(ev[k].data.u64 - 1000);
+            CHECK(i >= 0 && i < MANY && i % 3 == 0 && ev[k].events == EPOLLIN);
+            if (seen[i]) dup++;
+            else distinct++;
+            seen[i] = 1;
+        }
+    }
+    printf("%s/collected: want=%d distinct=%d dup-before-all=%s\n", cur, want, distinct,
+           et ? (dup ? "yes" : "no") : "n/a");
+    if (et) {
+        show("nothing-more", ep, 64, 0);
+    } else {
+        for (int i = 0; i < MANY; i += 3) drain(s[i][0]);
+        show("drained", ep, 64, 0);
+    }
+    for (int i = 0; i < MANY; i++) {
+        close(s[i][0]);
+        close(s[i][1]);
+    }
+    close(ep);
+}
+
+static void s_eventfd(void) {
+    cur = "eventfd";
+    int e = eventfd(0, EFD_NONBLOCK), ep = epoll_create1(0);
+    CHECK(e >= 0 && ep >= 0);
+    add(ep, e, EPOLLIN | EPOLLOUT, 30);
+    show("out-only", ep, 8, 1000);
+    uint64_t one = 1;
+    CHECK(write(e, &one, 8) == 8);
+    show("in-out", ep, 8, 1000);
+    CHECK(read(e, &one, 8) == 8);
+    ctl("mod-in", ep, EPOLL_CTL_MOD, e, EPOLLIN, 31);
+    show("quiet", ep, 8, 0);
+    close(e);
+    close(ep);
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static void s_timeouts(void) {
+    cur = "timeouts";
+    int p[2], ep = epoll_create1(0);
+    CHECK(ep >= 0 && pipe2(p, O_NONBLOCK) == 0);
+    add(ep, p[0], EPOLLIN, 40);
+    struct epoll_event ev[4];
+    double t0 = now();
+    int n = epoll_wait(ep, ev, 4, 60);
+    double el = now() - t0;
+    printf("%s/wait-60ms: n=%d waited-enough=%d\n", cur, n, el >= 0.055);
+    t0 = now();
+    struct timespec ts = {0, 30 * 1000 * 1000};
+    n = epoll_pwait2(ep, ev, 4, &ts, NULL);
+    el = now() - t0;
+    printf("%s/pwait2-30ms: n=%d waited-enough=%d\n", cur, n, el >= 0.027);
+    ts.tv_nsec = 0;
+    n = epoll_pwait2(ep, ev, 4, &ts, NULL);
+    printf("%s/pwait2-zero: n=%d\n", cur, n);
+    wr(p[1], "x");
+    n = epoll_pwait2(ep, ev, 4, NULL, NULL);
+    printf("%s/pwait2-null-ready: n=%d data=%llu\n", cur, n, (unsigned long long)ev[0].data.u64);
+    close(p[0]);
+    close(p[1]);
+    close(ep);
+}
+
+static volatile sig_atomic_t got;
+static void on_sig(int s) {
+    (void)s;
+    got++;
+}
+static void *kill_later(void *arg) {
+    usleep(50 * 1000);
+    pthread_kill(*(pthread_t *)arg, SIGUSR1);
+    return NULL;
+}
+
+static void s_signals(void) {
+    cur = "signals";
+    struct sigaction sa = {.sa_handler = on_sig};
+    sigemptyset(&sa.sa_mask);
+    CHECK(sigaction(SIGUSR1, &sa, NULL) == 0);
+    int p[2], ep = epoll_create1(0);
+    CHECK(ep >= 0 && pipe2(p, O_NONBLOCK) == 0);
+    add(ep, p[0], EPOLLIN, 50);
+    struct epoll_event ev[4];
+    pthread_t self = pthread_self(), t;
+
+    /* epoll_wait interrupted by a handled signal: EINTR, never restarted. */
+    got = 0;
+    CHECK(pthread_create(&t, NULL, kill_later, &self) == 0);
+    int n = epoll_wait(ep, ev, 4, 5000);
+    printf("%s/wait-interrupted: n=%d errno=%s handler=%d\n", cur, n,
+           n < 0 ? strerrorname_np(errno) : "-", (int)got);
+    pthread_join(t, NULL);
+
+    /* A pending blocked signal is delivered by pwait's mask atomically: immediate EINTR. */
+    sigset_t block, empty, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGUSR1);
+    sigemptyset(&empty);
+    CHECK(pthread_sigmask(SIG_BLOCK, &block, &old) == 0);
+    got = 0;
+    raise(SIGUSR1);
+    printf("%s/pending-while-blocked: handler=%d\n", cur, (int)got);
+    n = epoll_pwait(ep, ev, 4, 5000, &empty);
+    printf("%s/pwait-unblocks: n=%d errno=%s handler=%d\n", cur, n,
+           n < 0 ? strerrorname_np(errno) : "-", (int)got);
+
+    /* pwait with SIGUSR1 blocked: the signal does not interrupt; the wait times out. */
+    CHECK(pthread_sigmask(SIG_SETMASK, &old, NULL) == 0);
+    got = 0;
+    CHECK(pthread_create(&t, NULL, kill_later, &self) == 0);
+    n = epoll_pwait(ep, ev, 4, 200, &block);
+    printf("%s/pwait-blocked: n=%d errno=%s handler-during=%d\n", cur, n,
+           n < 0 ? strerrorname_np(errno) : "-", (int)got);
+    pthread_join(t, NULL);
+    printf("%s/after-restore: handler=%d\n", cur, (int)got);
+
+    /* pwait with the current mask and events ready returns them. */
+    wr(p[1], "x");
+    CHECK(pthread_sigmask(SIG_SETMASK, NULL, &old) == 0);
+    n = epoll_pwait(ep, ev, 4, 1000, &old);
+    printf("%s/pwait-same-mask: n=%d data=%llu\n", cur, n, (unsigned long long)ev[0].data.u64);
+    signal(SIGUSR1, SIG_DFL);
+    close(p[0]);
+    close(p[1]);
+    close(ep);
+}
+
+static void s_errors(void) {
+    cur = "errors";
+    int p[2], ep = epoll_create1(0);
+    CHECK(ep >= 0 && pipe2(p, O_NONBLOCK) == 0);
+    ctl("add", ep, EPOLL_CTL_ADD, p[0], EPOLLIN, 1);
+    ctl("add-twice", ep, EPOLL_CTL_ADD, p[0], EPOLLIN, 1);
+    ctl("add-self", ep, EPOLL_CTL_ADD, ep, EPOLLIN, 1);
+    ctl("add-badfd", ep, EPOLL_CTL_ADD, 987654, EPOLLIN, 1);
+    ctl("bad-op", ep, 99, p[0], EPOLLIN, 1);
+    char path[] = "/tmp/zcio-trace-XXXXXX";
+    int f = mkstemp(path);
+    CHECK(f >= 0);
+    unlink(path);
+    ctl("add-regular-file", ep, EPOLL_CTL_ADD, f, EPOLLIN, 1);
+    close(f);
+    ctl("on-non-epoll", p[1], EPOLL_CTL_ADD, p[0], EPOLLIN, 1);
+    ctl("exclusive-add", ep, EPOLL_CTL_ADD, p[1], EPOLLOUT | EPOLLEXCLUSIVE, 2);
+    ctl("exclusive-mod", ep, EPOLL_CTL_MOD, p[1], EPOLLOUT | EPOLLEXCLUSIVE, 2);
+    ctl("del-exclusive", ep, EPOLL_CTL_DEL, p[1], 0, 0);
+    ctl("exclusive-oneshot", ep, EPOLL_CTL_ADD, p[1], EPOLLOUT | EPOLLEXCLUSIVE | EPOLLONESHOT, 2);
+    ctl("exclusive-ok", ep, EPOLL_CTL_ADD, p[1], EPOLLOUT | EPOLLEXCLUSIVE, 3);
+    show("exclusive-reports", ep, 8, 1000);
+    struct epoll_event ev[1];
+    errno = 0;
+    int n = epoll_wait(ep, ev, 0, 0);
+    printf("%s/maxevents-0: %d %s\n", cur, n, strerrorname_np(errno));
+    n = epoll_wait(p[0], ev, 1, 0);
+    printf("%s/wait-non-epoll: %d %s\n", cur, n, strerrorname_np(errno));
+    n = epoll_wait(987654, ev, 1, 0);
+    printf("%s/wait-badfd: %d %s\n", cur, n, strerrorname_np(errno));
+    n = epoll_create(0);
+    printf("%s/create-0: %d %s\n", cur, n, strerrorname_np(errno));
+    n = epoll_create1(12345);
+    printf("%s/create1-badflag: %d %s\n", cur, n, strerrorname_np(errno));
+    close(p[0]);
+    close(p[1]);
+    close(ep);
+}
+
+static void s_fork_dup_nest(void) {
+    cur = "fork-dup-nest";
+    int p[2], ep = epoll_create1(EPOLL_CLOEXEC);
+    CHECK(ep >= 0 && pipe2(p, O_NONBLOCK) == 0);
+    printf("%s/cloexec: %d\n", cur, !!(fcntl(ep, F_GETFD) & FD_CLOEXEC));
+    add(ep, p[0], EPOLLIN, 60);
+    wr(p[1], "x");
+    fflush(stdout);
+    pid_t c = fork();
+    CHECK(c >= 0);
+    if (c == 0) {
+        cur = "fork-dup-nest/child";
+        show("inherited", ep, 8, 1000);
+        show("inherited-level", ep, 8, 1000);
+        fflush(stdout);
+        _exit(0);
+    }
+    int st;
+    CHECK(waitpid(c, &st, 0) == c && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    show("parent-after-child", ep, 8, 1000);
+    ctl("parent-mod", ep, EPOLL_CTL_MOD, p[0], EPOLLIN, 61);
+    int d = dup(ep);
+    CHECK(d >= 0);
+    show("via-dup", d, 8, 1000);
+    close(ep);
+    show("dup-after-close-original", d, 8, 1000);
+    int d2 = fcntl(d, F_DUPFD_CLOEXEC, 100);
+    CHECK(d2 >= 100);
+    printf("%s/dupfd-cloexec: %d\n", cur, !!(fcntl(d2, F_GETFD) & FD_CLOEXEC));
+    show("via-fcntl-dup", d2, 8, 1000);
+    close(d2);
+
+    /* Nested: the instance inside another epoll set, and polled with poll(2). */
+    int outer = epoll_create1(0);
+    CHECK(outer >= 0);
+    ctl("nest", outer, EPOLL_CTL_ADD, d, EPOLLIN, 70);
+    show("outer-sees-inner", outer, 8, 1000);
+    struct pollfd pf = {.fd = d, .events = POLLIN};
+    int pr = poll(&pf, 1, 1000);
+    printf("%s/poll-on-epoll: %d revents=%d\n", cur, pr, pf.revents);
+    drain(p[0]);
+    show("outer-quiet", outer, 8, 0);
+    printf("%s/poll-quiet: %d\n", cur, poll(&pf, 1, 0));
+    close(outer);
+    close(d);
+    close(p[0]);
+    close(p[1]);
+}
+
+static void *other_thread_ctl(void *arg) {
+    int *a = arg;
+    struct epoll_event e = {.events = EPOLLIN, .data.u64 = 81};
+    usleep(50 * 1000);
+    a[2] = epoll_ctl(a[0], EPOLL_CTL_ADD, a[1], &e);
+    uint64_t one = 1;
+    if (write(a[1], &one, 8) != 8) a[2] = -2;
+    return NULL;
+}
+
+static void s_threads(void) {
+    cur = "threads";
+    int ep = epoll_create1(0), e = eventfd(0, EFD_NONBLOCK);
+    CHECK(ep >= 0 && e >= 0);
+    int a[3] = {ep, e, -1};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, other_thread_ctl, a) == 0);
+    /* Blocked in a wait while another thread registers an fd and makes it ready. */
+    show("added-by-other-thread", ep, 8, 5000);
+    pthread_join(t, NULL);
+    printf("%s/other-thread-ctl: %d\n", cur, a[2]);
+    close(e);
+    close(ep);
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    s_level();
+    s_edge();
+    s_sockets();
+    s_delete_pending();
+    s_close_registered();
+    s_oneshot();
+    s_many(0);
+    s_many(1);
+    s_eventfd();
+    s_timeouts();
+    s_signals();
+    s_errors();
+    s_fork_dup_nest();
+    s_threads();
+    printf("done\n");
+    return 0;
+}
