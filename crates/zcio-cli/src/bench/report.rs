@@ -2,7 +2,6 @@
 
 use super::{Results, Row, SuiteReport};
 use anyhow::Result;
-use plotters::prelude::*;
 
 fn fmt_num(v: f64) -> String {
     if !v.is_finite() {
@@ -131,91 +130,143 @@ pub fn html(res: &Results) -> Result<String> {
     Ok(h)
 }
 
-/// Grouped bar chart: per case, baseline and zcio medians with min–max whiskers.
+/// Horizontal grouped bars: one row per case (full label on the left), baseline and zcio
+/// medians as bars with min–max whiskers, a linear axis from 0, and a legend.
+///
+/// Written as plain SVG rather than through a chart library: case names are long
+/// (`variant loopback split-cores: 256x64K bundles …`), and rows with labels beside them are
+/// the only layout in which every one stays readable.
 fn chart(suite: &str, metric: &str, rows: &[&Row]) -> Result<String> {
-    let mut svg = String::new();
-    let width = (160 + rows.len() as u32 * 70).clamp(500, 1100);
-    {
-        let root = SVGBackend::with_string(&mut svg, (width, 380)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let ymax = rows
-            .iter()
-            .flat_map(|r| [r.baseline_range[1], r.zcio_range[1], r.baseline, r.zcio])
-            .filter(|v| v.is_finite())
-            .fold(0.0f64, f64::max)
-            .max(1e-9)
-            * 1.15;
-        let unit = &rows[0].unit;
-        let n = rows.len();
-        let mut c = ChartBuilder::on(&root)
-            .caption(format!("{suite}: {metric} ({unit})"), ("sans-serif", 18))
-            .margin(10)
-            .x_label_area_size(90)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..n as f64, 0f64..ymax)?;
-        let labels: Vec<String> = rows.iter().map(|r| r.case.clone()).collect();
-        c.configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n.max(1))
-            .x_label_formatter(&|x| {
-                let i = x.floor() as usize;
-                if (x - i as f64 - 0.5).abs() < 0.01 || (x.fract() == 0.0 && i < labels.len()) {
-                    labels.get(i).cloned().unwrap_or_default()
-                } else {
-                    String::new()
-                }
-            })
-            .x_label_style(
-                ("sans-serif", 11)
-                    .into_font()
-                    .transform(FontTransform::Rotate90),
-            )
-            .y_desc(unit.as_str())
-            .draw()?;
-        let base_color = RGBColor(150, 150, 150);
-        let zc_color = RGBColor(31, 119, 180);
-        for (i, r) in rows.iter().enumerate() {
-            let x = i as f64;
-            for (k, (v, range, color)) in [
-                (r.baseline, r.baseline_range, base_color),
-                (r.zcio, r.zcio_range, zc_color),
-            ]
+    let label_w = rows
+        .iter()
+        .map(|r| r.case.chars().count())
+        .max()
+        .unwrap_or(4) as f64
+        * 6.6
+        + 16.0;
+    let plot_w = 560.0;
+    let row_h = 30.0;
+    let top = 46.0;
+    let width = label_w + plot_w + 40.0;
+    let height = top + rows.len() as f64 * row_h + 46.0;
+    let vmax = rows
+        .iter()
+        .flat_map(|r| [r.baseline_range[1], r.zcio_range[1], r.baseline, r.zcio])
+        .filter(|v| v.is_finite())
+        .fold(0.0f64, f64::max);
+    let (step, axis_max) = nice_axis(vmax);
+    let x = |v: f64| label_w + (v / axis_max).clamp(0.0, 1.0) * plot_w;
+    let unit = &rows[0].unit;
+    let mut o = String::new();
+    o.push_str(&format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{width:.0}' height='{height:.0}' \
+         font-family='sans-serif' font-size='11'><rect width='100%' height='100%' fill='white'/>"
+    ));
+    o.push_str(&format!(
+        "<text x='{:.0}' y='18' font-size='14' text-anchor='middle'>{}: {} ({})</text>",
+        width / 2.0,
+        esc(suite),
+        esc(metric),
+        esc(unit)
+    ));
+    // Grid and axis labels.
+    let mut t = 0.0;
+    while t <= axis_max * 1.0001 {
+        let gx = x(t);
+        o.push_str(&format!(
+            "<line x1='{gx:.1}' y1='{top}' x2='{gx:.1}' y2='{:.1}' stroke='#ddd'/>\
+             <text x='{gx:.1}' y='{:.1}' text-anchor='middle' fill='#444'>{}</text>",
+            top + rows.len() as f64 * row_h,
+            top + rows.len() as f64 * row_h + 14.0,
+            tick_label(t)
+        ));
+        t += step;
+    }
+    let colors = [("#999999", "baseline"), ("#1f77b4", "zcio")];
+    for (i, r) in rows.iter().enumerate() {
+        let y0 = top + i as f64 * row_h;
+        o.push_str(&format!(
+            "<text x='{:.1}' y='{:.1}' text-anchor='end'>{}</text>",
+            label_w - 8.0,
+            y0 + row_h / 2.0 + 4.0,
+            esc(&r.case)
+        ));
+        for (k, (v, range)) in [(r.baseline, r.baseline_range), (r.zcio, r.zcio_range)]
             .into_iter()
             .enumerate()
-            {
-                if !v.is_finite() {
-                    continue;
-                }
-                let x0 = x + 0.12 + k as f64 * 0.38;
-                let x1 = x0 + 0.36;
-                c.draw_series(std::iter::once(Rectangle::new(
-                    [(x0, 0.0), (x1, v)],
-                    color.filled(),
-                )))?;
-                let xm = (x0 + x1) / 2.0;
-                c.draw_series(std::iter::once(PathElement::new(
-                    vec![(xm, range[0]), (xm, range[1])],
-                    BLACK.stroke_width(1),
-                )))?;
+        {
+            if !v.is_finite() {
+                continue;
+            }
+            let by = y0 + 4.0 + k as f64 * 11.0;
+            o.push_str(&format!(
+                "<rect x='{:.1}' y='{by:.1}' width='{:.1}' height='10' fill='{}'><title>{}: {} {}</title></rect>",
+                label_w,
+                (x(v) - label_w).max(0.5),
+                colors[k].0,
+                if k == 0 { esc(&r.baseline_label) } else { esc(&r.zcio_label) },
+                fmt_num(v),
+                esc(unit)
+            ));
+            if range[0].is_finite() && range[1].is_finite() && range[1] > range[0] {
+                o.push_str(&format!(
+                    "<line x1='{:.1}' y1='{:.1}' x2='{:.1}' y2='{:.1}' stroke='black'/>",
+                    x(range[0]),
+                    by + 5.0,
+                    x(range[1]),
+                    by + 5.0
+                ));
             }
         }
-        c.draw_series(std::iter::once(Rectangle::new(
-            [(0.0, 0.0), (0.0, 0.0)],
-            base_color.filled(),
-        )))?
-        .label(rows[0].baseline_label.clone())
-        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], base_color.filled()));
-        c.draw_series(std::iter::once(Rectangle::new(
-            [(0.0, 0.0), (0.0, 0.0)],
-            zc_color.filled(),
-        )))?
-        .label(rows[0].zcio_label.clone())
-        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], zc_color.filled()));
-        c.configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE)
-            .draw()?;
-        root.present()?;
     }
-    Ok(svg)
+    let ly = height - 16.0;
+    let labels = [&rows[0].baseline_label, &rows[0].zcio_label];
+    let mut lx = label_w;
+    for (k, l) in labels.iter().enumerate() {
+        o.push_str(&format!(
+            "<rect x='{lx:.1}' y='{:.1}' width='12' height='10' fill='{}'/><text x='{:.1}' y='{ly:.1}'>{}</text>",
+            ly - 9.0,
+            colors[k].0,
+            lx + 16.0,
+            esc(l)
+        ));
+        lx += 40.0 + l.chars().count() as f64 * 6.6;
+    }
+    o.push_str("</svg>");
+    Ok(o)
+}
+
+/// A tick value without trailing zeros (`0.1`, `2.5`, `40`).
+fn tick_label(v: f64) -> String {
+    let s = format!("{v:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// A tick step of 1, 2 or 5 × 10^k giving about five ticks, and the axis end.
+fn nice_axis(vmax: f64) -> (f64, f64) {
+    if vmax <= 0.0 || !vmax.is_finite() {
+        return (1.0, 1.0);
+    }
+    let raw = vmax / 5.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(mag * 10.0);
+    (step, (vmax / step).ceil() * step)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nice_axis;
+
+    #[test]
+    fn axis_steps_are_round_and_cover_the_maximum() {
+        assert_eq!(nice_axis(0.93), (0.2, 1.0));
+        assert_eq!(nice_axis(31.2), (10.0, 40.0));
+        assert_eq!(nice_axis(0.0), (1.0, 1.0));
+        let (s, m) = nice_axis(1234.0);
+        assert!(s == 500.0 && m >= 1234.0);
+    }
 }
