@@ -343,7 +343,12 @@ fn multi_thread_posts_are_delivered_exactly_once() {
 
 #[test]
 fn an_idle_loop_busy_harvests_once_per_idle_period_then_sleeps() {
-    let mut r = uring();
+    let mut r = EventRing::with_config(&EventConfig {
+        prefer: Prefer::Uring,
+        spin: Duration::from_micros(5),
+        ..EventConfig::default()
+    })
+    .unwrap();
     let p = r.poster();
     let mut out = [Event::default(); 4];
     p.post(1, 1).unwrap();
@@ -358,7 +363,7 @@ fn an_idle_loop_busy_harvests_once_per_idle_period_then_sleeps() {
     // Idle since: no spin before the next sleep.
     assert_eq!(r.wait(&mut out, Some(Duration::from_millis(5))).unwrap(), 0);
     assert_eq!(r.stats().spins_lost, 1);
-    // With `spin` zero the loop never spins.
+    // With `spin` zero (the default) the loop never spins.
     let mut q = EventRing::with_config(&EventConfig {
         prefer: Prefer::Uring,
         spin: Duration::ZERO,

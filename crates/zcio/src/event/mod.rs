@@ -12,8 +12,8 @@
 //!   `POLL_REMOVE`, timeouts `EXT_ARG`. The ring uses `COOP_TASKRUN + TASKRUN_FLAG +
 //!   SINGLE_ISSUER` by default (wake-ups are posted to the CQ whenever the loop thread enters
 //!   the kernel for any syscall, so a busy loop finds them in memory), `DEFER_TASKRUN` on
-//!   request (one `io_uring_enter` per batch of events), or `SQPOLL`. A loop that was busy
-//!   spins a few microseconds on the CQ before it sleeps ([`EventConfig::spin`]).
+//!   request (one `io_uring_enter` per batch of events), or `SQPOLL`. Optionally a loop that
+//!   was busy spins a few microseconds on the CQ before it sleeps ([`EventConfig::spin`]).
 //! - **epoll**: the real thing, used when io_uring is unavailable; the reason is recorded as a
 //!   [`Fallback`].
 //!
@@ -188,8 +188,8 @@ pub struct EventConfig {
     pub user_capacity: usize,
     /// Busy-harvest: when a wait finds nothing but the previous one returned events, the
     /// io_uring backend spins this long on the CQ, the kernel's TASKRUN flag and the user
-    /// ring before sleeping (once per idle period). Zero disables it. Default 5 µs
-    /// (measured: `docs/design/event.md`).
+    /// ring before sleeping (once per idle period). Zero (the default) disables it: measured
+    /// neutral for HTTP and slower for user-posted events here (`docs/design/event.md`).
     pub spin: Duration,
 }
 
@@ -208,7 +208,7 @@ impl Default for EventConfig {
                 ..RingConfig::default()
             },
             user_capacity: 4096,
-            spin: Duration::from_micros(5),
+            spin: Duration::ZERO,
         }
     }
 }
