@@ -445,6 +445,7 @@ impl UringEvents {
         user: &MpscRing,
     ) -> io::Result<usize> {
         let deadline = timeout.map(|t| Instant::now() + t);
+        let mut presubmitted = false;
         loop {
             self.drain_cq()?;
             let user_has = user.has_entries();
@@ -457,13 +458,15 @@ impl UringEvents {
                 let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 // Block only when nothing is ready or pending.
                 let block = !have && !work && remaining != Some(Duration::ZERO);
-                if block && self.busy && self.ring.pending() > 0 {
+                let spin = block && self.busy && !self.spin.is_zero();
+                if spin && self.ring.pending() > 0 && !presubmitted {
+                    presubmitted = true;
                     // Submit the queued re-arms without sleeping first: fds still ready
                     // complete during the submission.
                     self.ring.get_events()?;
                     continue;
                 }
-                if block && self.busy {
+                if spin {
                     // The loop was busy a moment ago: busy-harvest for a few microseconds
                     // (CQ, TASKRUN flag, user ring) before paying a sleep here and a wake-up
                     // on the waker's side. Once per idle period: a spin that finds nothing
