@@ -29,6 +29,8 @@ const WAKE_UD: u64 = u64::MAX;
 const GEN_MASK: u32 = (1 << 30) - 1;
 /// Spin iterations between two clock reads while busy-harvesting.
 const SPIN_CHECK: u32 = 64;
+/// Spin iterations on the user ring before sleeping once user-posted events have been seen.
+const USER_SPIN: u32 = 256;
 
 fn poll_ud(fd: RawFd, gen: u32) -> u64 {
     (u64::from(gen) << 32) | u64::from(fd as u32)
@@ -97,6 +99,8 @@ pub(super) struct UringEvents {
     gens: Vec<u32>,
     /// The last wait returned events: busy-harvest for up to `spin` before sleeping.
     busy: bool,
+    /// User-posted events were seen: spin briefly on the user ring before sleeping.
+    user_seen: bool,
     spin: Duration,
     ready: VecDeque<(RawFd, u32)>,
     wake_fd: RawFd,
@@ -149,6 +153,7 @@ impl UringEvents {
             regs: Vec::new(),
             gens: Vec::new(),
             busy: false,
+            user_seen: false,
             spin,
             ready: VecDeque::new(),
             wake_fd,
@@ -449,6 +454,7 @@ impl UringEvents {
         loop {
             self.drain_cq()?;
             let user_has = user.has_entries();
+            self.user_seen |= user_has;
             let have = !self.ready.is_empty() || user_has;
             // Enter when nothing is ready, when re-arms/cancels are queued, or when the
             // kernel flags wake-ups whose completions wait for our next kernel entry
@@ -475,6 +481,21 @@ impl UringEvents {
                         continue;
                     }
                     self.busy = false;
+                }
+                if block && self.user_seen {
+                    // Posters are active: spin ≈1 µs on the user ring (only) before paying a
+                    // sleep and an eventfd wake-up on each side.
+                    let mut found = false;
+                    for _ in 0..USER_SPIN {
+                        if user.has_entries() {
+                            found = true;
+                            break;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    if found {
+                        continue;
+                    }
                 }
                 if block && user.prepare_sleep() {
                     let r = self.ring.submit_and_wait(1, remaining);
