@@ -25,13 +25,14 @@ use zcio::sys::epoll as ep;
 pub enum LoopKind {
     /// `epoll_wait` + `epoll_ctl` directly (the baseline).
     Epoll,
-    /// zcio's [`EventRing`] (io_uring poll ring with DEFER_TASKRUN + SINGLE_ISSUER; falls
-    /// back to epoll with a reason).
+    /// zcio's [`EventRing`] with its default set-up (io_uring poll ring with COOP_TASKRUN +
+    /// SINGLE_ISSUER: wake-ups are posted to the CQ whenever the loop thread enters the
+    /// kernel for any syscall, its reads and writes included, so under load `wait` finds
+    /// events in memory without `io_uring_enter`; falls back to epoll with a reason).
     Ring,
-    /// [`EventRing`] with COOP_TASKRUN instead of DEFER_TASKRUN: wake-ups are posted to the
-    /// CQ whenever the loop thread enters the kernel for any syscall (its reads and writes),
-    /// so under load `wait` often finds events in memory without `io_uring_enter`.
-    RingCoop,
+    /// [`EventRing`] with DEFER_TASKRUN (wake-ups posted only when the loop enters the ring
+    /// with GETEVENTS: one `io_uring_enter` per batch of events).
+    RingDefer,
 }
 
 /// Edge- or level-triggered registrations (same for both loops).
@@ -135,15 +136,22 @@ pub struct RingLoop {
 }
 
 impl RingLoop {
-    /// A ring with the default configuration (io_uring, DEFER_TASKRUN, epoll fallback), or
-    /// with COOP_TASKRUN instead of DEFER_TASKRUN (`coop`).
-    pub fn new(coop: bool) -> io::Result<Self> {
+    /// A ring with the default configuration (io_uring with COOP_TASKRUN, epoll fallback),
+    /// or with DEFER_TASKRUN (`defer`).
+    pub fn new(defer: bool) -> io::Result<Self> {
+        Self::with_spin(defer, None)
+    }
+
+    /// Like [`RingLoop::new`], with a busy-harvest time other than the default
+    /// ([`EventConfig::spin`]).
+    pub fn with_spin(defer: bool, spin: Option<Duration>) -> io::Result<Self> {
         let mut cfg = EventConfig {
             prefer: Prefer::Auto,
             ..EventConfig::default()
         };
-        if coop {
-            cfg.ring.defer_taskrun = false;
+        cfg.ring.defer_taskrun = defer;
+        if let Some(s) = spin {
+            cfg.spin = s;
         }
         let ring = EventRing::with_config(&cfg)?;
         for f in ring.fallbacks() {
@@ -192,10 +200,15 @@ impl EventLoop for RingLoop {
 
 /// Makes the loop for a kind.
 pub fn make_loop(kind: LoopKind) -> io::Result<Box<dyn EventLoop>> {
+    make_loop_with(kind, None)
+}
+
+/// Makes the loop for a kind; ring loops busy-harvest for `spin` (default when `None`).
+pub fn make_loop_with(kind: LoopKind, spin: Option<Duration>) -> io::Result<Box<dyn EventLoop>> {
     Ok(match kind {
         LoopKind::Epoll => Box::new(EpollLoop::new()?),
-        LoopKind::Ring => Box::new(RingLoop::new(false)?),
-        LoopKind::RingCoop => Box::new(RingLoop::new(true)?),
+        LoopKind::Ring => Box::new(RingLoop::with_spin(false, spin)?),
+        LoopKind::RingDefer => Box::new(RingLoop::with_spin(true, spin)?),
     })
 }
 
@@ -420,6 +433,17 @@ impl Running {
         http: bool,
         cpu: Option<usize>,
     ) -> io::Result<Self> {
+        Self::start_with(kind, trigger, http, cpu, None)
+    }
+
+    /// Like [`Running::start`], with a ring busy-harvest time other than the default.
+    pub fn start_with(
+        kind: LoopKind,
+        trigger: Trigger,
+        http: bool,
+        cpu: Option<usize>,
+        spin: Option<Duration>,
+    ) -> io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -429,7 +453,7 @@ impl Running {
             if let Some(c) = cpu {
                 let _ = zcio::sys::pin_thread(c);
             }
-            let mut lp = match make_loop(kind) {
+            let mut lp = match make_loop_with(kind, spin) {
                 Ok(l) => l,
                 Err(e) => {
                     let _ = tx.send(Err(io::Error::new(e.kind(), e.to_string())));

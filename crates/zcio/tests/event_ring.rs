@@ -50,6 +50,27 @@ fn every_scenario_matches_epoll_on_io_uring() {
     }
 }
 
+fn uring_defer_taskrun() -> EventRing {
+    let mut cfg = EventConfig {
+        prefer: Prefer::Uring,
+        ..EventConfig::default()
+    };
+    cfg.ring.defer_taskrun = true;
+    let r = EventRing::with_config(&cfg).expect("io_uring event ring");
+    assert!(r
+        .setup_flags()
+        .iter()
+        .any(|f| f.name == "DEFER_TASKRUN" && f.granted));
+    r
+}
+
+#[test]
+fn every_scenario_matches_epoll_on_io_uring_with_defer_taskrun() {
+    for s in scenarios::SCENARIOS {
+        check(s, uring_defer_taskrun, "io_uring DEFER_TASKRUN");
+    }
+}
+
 #[test]
 fn every_scenario_matches_epoll_on_epoll_backend() {
     for s in scenarios::SCENARIOS {
@@ -105,13 +126,15 @@ fn sqpoll_ring_delivers_level_and_edge_events() {
 }
 
 #[test]
-fn default_ring_uses_defer_taskrun_and_single_issuer() {
+fn default_ring_uses_coop_taskrun_and_single_issuer_without_defer_taskrun() {
     let r = uring();
     let flags = r.setup_flags();
-    for name in ["DEFER_TASKRUN", "SINGLE_ISSUER"] {
+    for name in ["COOP_TASKRUN", "SINGLE_ISSUER"] {
         let f = flags.iter().find(|f| f.name == name).unwrap();
         assert!(f.granted, "{name} not granted: {:?}", f.reason);
     }
+    let dt = flags.iter().find(|f| f.name == "DEFER_TASKRUN").unwrap();
+    assert!(!dt.requested && !dt.granted, "{dt:?}");
 }
 
 #[test]
@@ -316,4 +339,40 @@ fn multi_thread_posts_are_delivered_exactly_once() {
         assert_eq!(r.harvest(&mut out).unwrap(), 0, "extra events");
         assert_eq!(r.stats().user_events, THREADS * PER);
     }
+}
+
+#[test]
+fn an_idle_loop_busy_harvests_once_per_idle_period_then_sleeps() {
+    let mut r = EventRing::with_config(&EventConfig {
+        prefer: Prefer::Uring,
+        spin: Duration::from_micros(5),
+        ..EventConfig::default()
+    })
+    .unwrap();
+    let p = r.poster();
+    let mut out = [Event::default(); 4];
+    p.post(1, 1).unwrap();
+    assert_eq!(r.wait(&mut out, Some(Duration::from_secs(5))).unwrap(), 1);
+    // Busy a moment ago: the next empty wait spins first, finds nothing, then sleeps.
+    assert_eq!(
+        r.wait(&mut out, Some(Duration::from_millis(20))).unwrap(),
+        0
+    );
+    let s = r.stats();
+    assert_eq!((s.spins_won, s.spins_lost), (0, 1));
+    // Idle since: no spin before the next sleep.
+    assert_eq!(r.wait(&mut out, Some(Duration::from_millis(5))).unwrap(), 0);
+    assert_eq!(r.stats().spins_lost, 1);
+    // With `spin` zero (the default) the loop never spins.
+    let mut q = EventRing::with_config(&EventConfig {
+        prefer: Prefer::Uring,
+        spin: Duration::ZERO,
+        ..EventConfig::default()
+    })
+    .unwrap();
+    q.poster().post(1, 1).unwrap();
+    assert_eq!(q.wait(&mut out, Some(Duration::from_secs(5))).unwrap(), 1);
+    assert_eq!(q.wait(&mut out, Some(Duration::from_millis(5))).unwrap(), 0);
+    let s = q.stats();
+    assert_eq!((s.spins_won, s.spins_lost), (0, 0));
 }

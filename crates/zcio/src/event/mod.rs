@@ -9,9 +9,11 @@
 //!   readiness arrives as CQEs in shared memory. [`EventRing::harvest`] copies what is
 //!   ready without a syscall; [`EventRing::wait`] enters the kernel only when nothing is
 //!   ready (or level-triggered fds need their re-check). Modify uses `POLL_UPDATE`, delete
-//!   `POLL_REMOVE`, timeouts `EXT_ARG`. The ring uses `DEFER_TASKRUN + SINGLE_ISSUER` when
-//!   the kernel allows it (so one `io_uring_enter` runs all pending wake-ups and posts them as
-//!   one batch), or `SQPOLL` on request.
+//!   `POLL_REMOVE`, timeouts `EXT_ARG`. The ring uses `COOP_TASKRUN + TASKRUN_FLAG +
+//!   SINGLE_ISSUER` by default (wake-ups are posted to the CQ whenever the loop thread enters
+//!   the kernel for any syscall, so a busy loop finds them in memory), `DEFER_TASKRUN` on
+//!   request (one `io_uring_enter` per batch of events), or `SQPOLL`. Optionally a loop that
+//!   was busy spins a few microseconds on the CQ before it sleeps ([`EventConfig::spin`]).
 //! - **epoll**: the real thing, used when io_uring is unavailable; the reason is recorded as a
 //!   [`Fallback`].
 //!
@@ -179,10 +181,16 @@ pub enum Prefer {
 pub struct EventConfig {
     /// Backend choice.
     pub prefer: Prefer,
-    /// Ring set-up (default: DEFER_TASKRUN + SINGLE_ISSUER; set `sqpoll_idle_ms` for SQPOLL).
+    /// Ring set-up (default: COOP_TASKRUN + SINGLE_ISSUER, no DEFER_TASKRUN; set
+    /// `defer_taskrun` for DEFER_TASKRUN, `sqpoll_idle_ms` for SQPOLL).
     pub ring: RingConfig,
     /// Capacity of the user-posted event ring.
     pub user_capacity: usize,
+    /// Busy-harvest: when a wait finds nothing but the previous one returned events, the
+    /// io_uring backend spins this long on the CQ, the kernel's TASKRUN flag and the user
+    /// ring before sleeping (once per idle period). Zero (the default) disables it: measured
+    /// neutral for HTTP and slower for user-posted events here (`docs/design/event.md`).
+    pub spin: Duration,
 }
 
 impl Default for EventConfig {
@@ -192,9 +200,15 @@ impl Default for EventConfig {
             ring: RingConfig {
                 entries: 1024,
                 cq_entries: Some(16384),
+                // COOP_TASKRUN without DEFER_TASKRUN: wake-ups are posted to the CQ whenever
+                // the loop thread enters the kernel for any syscall (its own reads and
+                // writes), so a busy loop finds its events in memory; with DEFER_TASKRUN
+                // every batch of events costs an io_uring_enter (docs/design/event.md).
+                defer_taskrun: false,
                 ..RingConfig::default()
             },
             user_capacity: 4096,
+            spin: Duration::ZERO,
         }
     }
 }
@@ -282,6 +296,10 @@ pub struct EventStats {
     pub poll_errors: u64,
     /// Eventfd wake-ups by posters.
     pub poster_wakes: u64,
+    /// Busy-harvest spins (io_uring backend) that found work before the loop slept.
+    pub spins_won: u64,
+    /// Busy-harvest spins that found nothing (the loop then slept).
+    pub spins_lost: u64,
 }
 
 impl EventRing {
@@ -301,17 +319,19 @@ impl EventRing {
         let mut fallbacks = Vec::new();
         let backend = match cfg.prefer {
             Prefer::Epoll => Backend::Epoll(epoll::EpollEvents::new(wake)?),
-            Prefer::Uring | Prefer::Auto => match uring::UringEvents::new(&cfg.ring, wake) {
-                Ok(u) => Backend::Uring(u),
-                Err(uring::NewError::Unavailable(reason)) if cfg.prefer == Prefer::Auto => {
-                    fallbacks.push(Fallback::new("io_uring poll ring", "epoll", reason));
-                    Backend::Epoll(epoll::EpollEvents::new(wake)?)
+            Prefer::Uring | Prefer::Auto => {
+                match uring::UringEvents::new(&cfg.ring, cfg.spin, wake) {
+                    Ok(u) => Backend::Uring(u),
+                    Err(uring::NewError::Unavailable(reason)) if cfg.prefer == Prefer::Auto => {
+                        fallbacks.push(Fallback::new("io_uring poll ring", "epoll", reason));
+                        Backend::Epoll(epoll::EpollEvents::new(wake)?)
+                    }
+                    Err(uring::NewError::Unavailable(reason)) => {
+                        return Err(io::Error::new(io::ErrorKind::Unsupported, reason))
+                    }
+                    Err(uring::NewError::Io(e)) => return Err(e),
                 }
-                Err(uring::NewError::Unavailable(reason)) => {
-                    return Err(io::Error::new(io::ErrorKind::Unsupported, reason))
-                }
-                Err(uring::NewError::Io(e)) => return Err(e),
-            },
+            }
         };
         Ok(Self {
             backend,

@@ -27,7 +27,9 @@ const INTERNAL: u64 = 1 << 63;
 const UPDATE: u64 = 1 << 62;
 const WAKE_UD: u64 = u64::MAX;
 const GEN_MASK: u32 = (1 << 30) - 1;
-/// Spin iterations before sleeping once user-posted events have been seen.
+/// Spin iterations between two clock reads while busy-harvesting.
+const SPIN_CHECK: u32 = 64;
+/// Spin iterations on the user ring before sleeping once user-posted events have been seen.
 const USER_SPIN: u32 = 256;
 
 fn poll_ud(fd: RawFd, gen: u32) -> u64 {
@@ -97,8 +99,11 @@ pub(super) struct UringEvents {
     /// Last generation used per fd number, kept across `delete`, so completions of a deleted
     /// registration still in flight never match a later one on the same number.
     gens: Vec<u32>,
-    /// User-posted events were seen: spin briefly before sleeping.
+    /// The last wait returned events: busy-harvest for up to `spin` before sleeping.
+    busy: bool,
+    /// User-posted events were seen: spin briefly on the user ring before sleeping.
     user_seen: bool,
+    spin: Duration,
     ready: VecDeque<(RawFd, u32)>,
     wake_fd: RawFd,
     wake_armed: bool,
@@ -109,6 +114,8 @@ pub(super) struct UringEvents {
     /// Counts `wait` calls (capi branch): a level-triggered event queued in an earlier call
     /// and not yet handed out may be stale, and is re-polled instead of reported.
     epoch: u64,
+    spins_won: u64,
+    spins_lost: u64,
 }
 
 fn validate_exclusive(op_mod: bool, events: u32) -> Result<(), CtlError> {
@@ -126,7 +133,7 @@ fn validate_exclusive(op_mod: bool, events: u32) -> Result<(), CtlError> {
 }
 
 impl UringEvents {
-    pub(super) fn new(cfg: &RingConfig, wake_fd: RawFd) -> Result<Self, NewError> {
+    pub(super) fn new(cfg: &RingConfig, spin: Duration, wake_fd: RawFd) -> Result<Self, NewError> {
         let ring = match Ring::new(cfg) {
             Ok(r) => r,
             Err(RingError::Unavailable { reason, .. }) => {
@@ -150,7 +157,9 @@ impl UringEvents {
             ring,
             regs: Vec::new(),
             gens: Vec::new(),
+            busy: false,
             user_seen: false,
+            spin,
             ready: VecDeque::new(),
             wake_fd,
             wake_armed: false,
@@ -159,6 +168,8 @@ impl UringEvents {
             rearms: 0,
             epoch: 0,
             poll_errors: 0,
+            spins_won: 0,
+            spins_lost: 0,
         };
         me.arm_wake().map_err(NewError::Io)?;
         me.ring.submit().map_err(NewError::Io)?;
@@ -471,30 +482,50 @@ impl UringEvents {
     ) -> io::Result<usize> {
         let deadline = timeout.map(|t| Instant::now() + t);
         self.epoch += 1;
+        let mut presubmitted = false;
         loop {
             self.drain_cq()?;
             let user_has = user.has_entries();
             self.user_seen |= user_has;
             let have = !self.ready.is_empty() || user_has;
             // Enter when nothing is ready, when re-arms/cancels are queued, or when the
-            // kernel flags wake-ups whose completions are deferred to our next entry
-            // (DEFER_TASKRUN + TASKRUN_FLAG): epoll would report those fds in this wait.
+            // kernel flags wake-ups whose completions wait for our next kernel entry
+            // (TASKRUN_FLAG): epoll would report those fds in this wait.
             let work = self.ring.work_pending();
             if !have || work || self.ring.pending() > 0 {
                 let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 // Block only when nothing is ready or pending.
-                let mut block = !have && !work && remaining != Some(Duration::ZERO);
+                let block = !have && !work && remaining != Some(Duration::ZERO);
+                let spin = block && self.busy && !self.spin.is_zero();
+                if spin && self.ring.pending() > 0 && !presubmitted {
+                    presubmitted = true;
+                    // Submit the queued re-arms without sleeping first: fds still ready
+                    // complete during the submission.
+                    self.ring.get_events()?;
+                    continue;
+                }
+                if spin {
+                    // The loop was busy a moment ago: busy-harvest for a few microseconds
+                    // (CQ, TASKRUN flag, user ring) before paying a sleep here and a wake-up
+                    // on the waker's side. Once per idle period: a spin that finds nothing
+                    // clears `busy` until a wait returns events again.
+                    if self.spin_for_work(user, remaining) {
+                        continue;
+                    }
+                    self.busy = false;
+                }
                 if block && self.user_seen {
-                    // Posters are active: spin briefly (≈1 µs) before paying a sleep and an
-                    // eventfd wake-up on each side.
+                    // Posters are active: spin ≈1 µs on the user ring (only) before paying a
+                    // sleep and an eventfd wake-up on each side.
+                    let mut found = false;
                     for _ in 0..USER_SPIN {
                         if user.has_entries() {
-                            block = false;
+                            found = true;
                             break;
                         }
                         std::hint::spin_loop();
                     }
-                    if !block {
+                    if found {
                         continue;
                     }
                 }
@@ -530,12 +561,36 @@ impl UringEvents {
             }
             let n = self.emit(out)?;
             if n > 0 || user.has_entries() {
+                self.busy = true;
                 return Ok(n);
             }
             if let Some(d) = deadline {
                 if Instant::now() >= d {
                     return Ok(0);
                 }
+            }
+        }
+    }
+
+    /// Spins up to `self.spin` (and `remaining`) until a completion, deferred kernel work or
+    /// a user-posted event shows up; `true` if one did.
+    fn spin_for_work(&mut self, user: &MpscRing, remaining: Option<Duration>) -> bool {
+        let budget = remaining.map_or(self.spin, |r| r.min(self.spin));
+        if budget.is_zero() {
+            return false;
+        }
+        let start = Instant::now();
+        loop {
+            for _ in 0..SPIN_CHECK {
+                if self.ring.ready() > 0 || self.ring.work_pending() || user.has_entries() {
+                    self.spins_won += 1;
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            if start.elapsed() >= budget {
+                self.spins_lost += 1;
+                return false;
             }
         }
     }
@@ -547,6 +602,8 @@ impl UringEvents {
             cqes: self.cqes,
             rearms: self.rearms,
             poll_errors: self.poll_errors,
+            spins_won: self.spins_won,
+            spins_lost: self.spins_lost,
             ..Default::default()
         }
     }

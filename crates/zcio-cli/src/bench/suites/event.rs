@@ -79,6 +79,11 @@ impl Suite for EventSuite {
             ctx.note("one CPU: producers/clients share the core with the harvester/server");
         }
         let fds = 16;
+        let alone = producer_alone(dur, fds)?;
+        ctx.note(format!(
+            "eventfd storm ceiling: the producer alone (same writes, no watcher, no reader) \
+             makes {alone:.2} Mev/s; neither loop can deliver more"
+        ));
         ctx.compare(
             "eventfd storm 16 fds, 1 producer",
             ("epoll LT + read", "EventRing LT + read"),
@@ -102,12 +107,25 @@ impl Suite for EventSuite {
             || http(LoopKind::Epoll, true, conns, u64::MAX, ka_time),
             || http(LoopKind::Ring, true, conns, u64::MAX, ka_time),
         )?;
+        // The busy-harvest spin (`EventConfig::spin`, off by default) on its own: the same
+        // ring without and with it.
+        let spin_on = Duration::from_micros(5);
         ctx.compare(
-            &format!("http keep-alive {conns} conns, ring without DEFER_TASKRUN"),
-            ("epoll server", "EventRing COOP_TASKRUN server"),
+            &format!(
+                "http keep-alive {conns} conns, EventRing busy-harvest {} us",
+                spin_on.as_micros()
+            ),
+            ("EventRing no spin", "EventRing busy-harvest"),
+            HTTP,
+            || http_spin(LoopKind::Ring, Some(Duration::ZERO), conns, ka_time),
+            || http_spin(LoopKind::Ring, Some(spin_on), conns, ka_time),
+        )?;
+        ctx.compare(
+            &format!("http keep-alive {conns} conns, ring with DEFER_TASKRUN"),
+            ("epoll server", "EventRing DEFER_TASKRUN server"),
             HTTP,
             || http(LoopKind::Epoll, true, conns, u64::MAX, ka_time),
-            || http(LoopKind::RingCoop, true, conns, u64::MAX, ka_time),
+            || http(LoopKind::RingDefer, true, conns, u64::MAX, ka_time),
         )?;
         let per_conn = ctx.pick(3000, 20000, 20000);
         ctx.compare(
@@ -251,10 +269,12 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
                     (
                         s.syscalls - s0.syscalls,
                         Some(format!(
-                            "{}: {} CQEs, {} poster wake-ups",
+                            "{}: {} CQEs, {} poster wake-ups, busy-harvest spins {} found work / {} slept",
                             r.backend_name(),
                             s.cqes - s0.cqes,
-                            s.poster_wakes
+                            s.poster_wakes,
+                            s.spins_won - s0.spins_won,
+                            s.spins_lost - s0.spins_lost
                         )),
                     )
                 }
@@ -330,6 +350,31 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
     Ok(s)
 }
 
+/// The producer's write rate with nothing watching or reading the eventfds: the ceiling of
+/// the storm's events/s (each event is one `write` syscall by the producer).
+fn producer_alone(dur: Duration, nfds: usize) -> Result<f64> {
+    let efds: Vec<OwnedFd> = (0..nfds)
+        .map(|_| zcio::sys::eventfd(0))
+        .collect::<std::io::Result<_>>()
+        .context("eventfd")?;
+    let t = std::thread::spawn(move || -> std::io::Result<f64> {
+        let _ = zcio::sys::pin_thread(producer_core());
+        let start = Instant::now();
+        let mut n = 0u64;
+        let mut i = 0usize;
+        while start.elapsed() < dur {
+            for _ in 0..64 {
+                ep::eventfd_write(efds[i % efds.len()].as_raw_fd(), 1)?;
+                i += 1;
+                n += 1;
+            }
+        }
+        Ok(n as f64 / start.elapsed().as_secs_f64() / 1e6)
+    });
+    Ok(t.join()
+        .map_err(|_| anyhow::anyhow!("producer panicked"))??)
+}
+
 fn http(
     kind: LoopKind,
     keep_alive: bool,
@@ -337,7 +382,22 @@ fn http(
     max_req: u64,
     max_time: Duration,
 ) -> Result<Sample> {
-    let srv = Running::start(kind, Trigger::Edge, true, Some(harvester_core()))
+    http_with(kind, None, keep_alive, conns, max_req, max_time)
+}
+
+fn http_spin(kind: LoopKind, spin: Option<Duration>, conns: usize, t: Duration) -> Result<Sample> {
+    http_with(kind, spin, true, conns, u64::MAX, t)
+}
+
+fn http_with(
+    kind: LoopKind,
+    spin: Option<Duration>,
+    keep_alive: bool,
+    conns: usize,
+    max_req: u64,
+    max_time: Duration,
+) -> Result<Sample> {
+    let srv = Running::start_with(kind, Trigger::Edge, true, Some(harvester_core()), spin)
         .context("start server")?;
     let addr = srv.addr;
     let lg = std::thread::spawn(move || {
