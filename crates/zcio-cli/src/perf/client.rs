@@ -3,6 +3,7 @@
 use super::{parse_duration, parse_test_addr, pattern, ClientArgs};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
+use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
@@ -34,6 +35,10 @@ pub struct ClientOpts {
     /// Call [`Sender::poll`] after every this many sends (0 = never; completions are then
     /// collected only when the pool runs dry).
     pub poll_every: usize,
+    /// Bytes of buffers to cycle through, oldest-freed first (0: `depth` buffers). A
+    /// working set larger than the last-level cache makes every send read memory that is
+    /// not in cache, as a real sender's data is.
+    pub working_set: usize,
 }
 
 impl ClientOpts {
@@ -50,6 +55,7 @@ impl ClientOpts {
             udp_end_marker: false,
             submit_batch: 1,
             poll_every: 0,
+            working_set: 0,
         }
     }
 }
@@ -175,7 +181,11 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
     if let Some(cpu) = opts.cpu {
         zcio::sys::pin_thread(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
     }
-    let pool = Pool::new(opts.size, opts.depth.max(1), false).context("allocating buffers")?;
+    let count = opts
+        .depth
+        .max(1)
+        .max(opts.working_set.div_ceil(opts.size.max(1)));
+    let pool = Pool::new(opts.size, count, false).context("allocating buffers")?;
     let mut cfg = SenderConfig::new(opts.mode);
     cfg.depth = opts.depth.max(1);
     cfg.notify_limit = opts.notify_limit.max(1);
@@ -183,10 +193,13 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
     let mut tx = Sender::new(sock, &pool, cfg).context("setting up the sender")?;
     let udp = !tx.is_stream();
     let segment = tx.segment();
+    // Every buffer, taken in the order they came back: the sender cycles through the whole
+    // pool (the pool's own free list would hand back the most recently returned, cache-hot
+    // buffer).
+    let mut free: VecDeque<PoolBuf> = std::iter::from_fn(|| pool.try_get()).collect();
     if !opts.verify {
         // Constant content: fill every buffer once.
-        let mut all: Vec<PoolBuf> = std::iter::from_fn(|| pool.try_get()).collect();
-        for b in &mut all {
+        for b in &mut free {
             pattern::fill(b, 0);
         }
     }
@@ -197,20 +210,21 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
     let t0 = Instant::now();
     let end = t0 + opts.duration;
     let mut since_poll = 0;
-    let reap = |tx: &mut Sender, errors: &mut u64| {
-        for (c, _buf) in tx.completions() {
+    let reap = |tx: &mut Sender, errors: &mut u64, free: &mut VecDeque<PoolBuf>| {
+        for (c, buf) in tx.completions() {
             if c.error.is_some() {
                 *errors += 1;
             }
+            free.push_back(buf);
         }
     };
     loop {
         if sends % 64 == 0 && Instant::now() >= end {
             break;
         }
-        let Some(mut b) = pool.try_get() else {
+        let Some(mut b) = free.pop_front() else {
             tx.wait(Duration::from_millis(100))?;
-            reap(&mut tx, &mut errors);
+            reap(&mut tx, &mut errors, &mut free);
             continue;
         };
         b.set_len(opts.size);
@@ -226,22 +240,22 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
             tx.poll()?;
         }
         if tx.ready() > 0 {
-            reap(&mut tx, &mut errors);
+            reap(&mut tx, &mut errors, &mut free);
         }
         if errors > 0 {
             break;
         }
     }
     tx.flush(Duration::from_secs(30))?;
-    reap(&mut tx, &mut errors);
+    reap(&mut tx, &mut errors, &mut free);
     let seconds = t0.elapsed().as_secs_f64();
     let cpu_s = (zcio::sys::thread_cpu_time() - cpu0).as_secs_f64();
     if udp && opts.udp_end_marker {
-        if let Some(mut b) = pool.try_get() {
+        if let Some(mut b) = free.pop_front() {
             b.set_len(0);
             tx.send(b);
             tx.flush(Duration::from_secs(5))?;
-            reap(&mut tx, &mut errors);
+            reap(&mut tx, &mut errors, &mut free);
         }
     }
     let c = tx.counters().clone();
