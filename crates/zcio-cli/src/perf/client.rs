@@ -35,10 +35,16 @@ pub struct ClientOpts {
     /// Call [`Sender::poll`] after every this many sends (0 = never; completions are then
     /// collected only when the pool runs dry).
     pub poll_every: usize,
+    /// Look for completions with [`Sender::harvest`] instead of [`Sender::poll`]: io_uring
+    /// requests stay queued until `submit_batch` of them are there.
+    pub harvest_only: bool,
     /// Bytes of buffers to cycle through, oldest-freed first (0: `depth` buffers). A
     /// working set larger than the last-level cache makes every send read memory that is
     /// not in cache, as a real sender's data is.
     pub working_set: usize,
+    /// Send this long before measuring (a TCP connection's window opens, `auto` settles);
+    /// the report covers only what follows.
+    pub warmup: Duration,
 }
 
 impl ClientOpts {
@@ -55,7 +61,9 @@ impl ClientOpts {
             udp_end_marker: false,
             submit_batch: 1,
             poll_every: 0,
+            harvest_only: false,
             working_set: 0,
+            warmup: Duration::ZERO,
         }
     }
 }
@@ -206,9 +214,12 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
     let mut errors = 0u64;
     let mut sends = 0u64;
     let mut off = 0u64;
-    let cpu0 = zcio::sys::thread_cpu_time();
-    let t0 = Instant::now();
-    let end = t0 + opts.duration;
+    let mut cpu0 = zcio::sys::thread_cpu_time();
+    let mut t0 = Instant::now();
+    let mut end = t0 + opts.warmup + opts.duration;
+    // What the warm-up did, taken off the report.
+    let mut warm: Option<(Counters, TxStats, u64)> = None;
+    let warm_end = t0 + opts.warmup;
     let mut since_poll = 0;
     let reap = |tx: &mut Sender, errors: &mut u64, free: &mut VecDeque<PoolBuf>| {
         for (c, buf) in tx.completions() {
@@ -219,8 +230,17 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
         }
     };
     loop {
-        if sends % 64 == 0 && Instant::now() >= end {
-            break;
+        if sends % 64 == 0 {
+            let now = Instant::now();
+            if warm.is_none() && !opts.warmup.is_zero() && now >= warm_end {
+                warm = Some((tx.counters().clone(), tx.stats().clone(), sends));
+                cpu0 = zcio::sys::thread_cpu_time();
+                t0 = now;
+                end = now + opts.duration;
+            }
+            if now >= end {
+                break;
+            }
         }
         let Some(mut b) = free.pop_front() else {
             tx.wait(Duration::from_millis(100))?;
@@ -237,7 +257,11 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
         since_poll += 1;
         if opts.poll_every > 0 && since_poll >= opts.poll_every {
             since_poll = 0;
-            tx.poll()?;
+            if opts.harvest_only {
+                tx.harvest()?;
+            } else {
+                tx.poll()?;
+            }
         }
         if tx.ready() > 0 {
             reap(&mut tx, &mut errors, &mut free);
@@ -258,8 +282,19 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
             reap(&mut tx, &mut errors, &mut free);
         }
     }
-    let c = tx.counters().clone();
-    let st = tx.stats().clone();
+    let mut c = tx.counters().clone();
+    let mut st = tx.stats().clone();
+    if let Some((c0, st0, sends0)) = warm {
+        c.bytes -= c0.bytes;
+        c.ops -= c0.ops;
+        c.syscalls -= c0.syscalls;
+        c.notifications -= c0.notifications;
+        c.zerocopy_bytes -= c0.zerocopy_bytes;
+        c.copied_bytes -= c0.copied_bytes;
+        st.send_syscalls -= st0.send_syscalls;
+        st.notify_syscalls -= st0.notify_syscalls;
+        sends -= sends0;
+    }
     let ops = sends.max(1) as f64;
     Ok(ClientReport {
         proto: if udp { "udp" } else { "tcp" },

@@ -762,6 +762,26 @@ impl Sender {
         Ok(self.ready.len())
     }
 
+    /// Like [`Sender::poll`], but leaves queued io_uring requests queued until
+    /// `submit_batch` of them are there: on io_uring paths it only reads completions and
+    /// notifications the kernel has already posted (no syscall); on `msg-zc` it reaps the
+    /// error queue as `poll` does. For callers that look for completions after every send
+    /// without giving up submission batching. Returns the number of completions ready.
+    pub fn harvest(&mut self) -> Result<usize, TxError> {
+        if let Some(r) = self.ring.as_mut() {
+            let res = r.harvest_ready();
+            self.account_ring(false);
+            res.map_err(TxError::Ring)?;
+        }
+        if let Some(m) = self.msg.as_mut() {
+            if m.in_flight() > 0 {
+                m.reap();
+            }
+        }
+        self.collect();
+        Ok(self.ready.len())
+    }
+
     /// Blocks until at least one completion is ready, nothing is in flight, or `timeout`
     /// passes. Returns the number of completions ready.
     pub fn wait(&mut self, timeout: Duration) -> Result<usize, TxError> {

@@ -260,31 +260,37 @@ impl Suite for Tx {
                 "{what}: measured COPIED fraction {lo:.3}..{hi:.3}: {verdict}"
             ));
         }
-        // auto vs plain send where the path copies.
+        // auto vs plain send where the path copies. Both sides get the same warm-up (the
+        // connection's window opens; auto sees its first COPIED completions and settles on
+        // copy), then the steady state is measured.
+        let warmup = ctx.pick(
+            Duration::from_millis(30),
+            Duration::from_millis(100),
+            Duration::from_millis(300),
+        );
+        ctx.note(format!(
+            "auto cases: both sides send for {warmup:?} before measuring (same warm-up), then \
+             {:?}; auto's first zero-copy sends and its switch to copy fall in the warm-up",
+            dur * 2
+        ));
         for size in [16 << 10, 64 << 10] {
             let case = format!("tcp-lo {} auto", size_label(size));
             if !wanted(&case) {
                 continue;
             }
+            let mk = |m: TxMode| {
+                let mut o = ClientOpts::new(m, size, dur * 2);
+                o.warmup = warmup;
+                o.working_set = ws;
+                o
+            };
             ctx.compare(
                 &case,
                 ("copy", "auto"),
                 METRICS,
+                || sample(&run_once(Route::Loopback, None, None, &mk(TxMode::Copy))?),
                 || {
-                    sample(&run_once(
-                        Route::Loopback,
-                        None,
-                        None,
-                        &ClientOpts::new(TxMode::Copy, size, dur * 2),
-                    )?)
-                },
-                || {
-                    let rep = run_once(
-                        Route::Loopback,
-                        None,
-                        None,
-                        &ClientOpts::new(TxMode::Auto, size, dur * 2),
-                    )?;
+                    let rep = run_once(Route::Loopback, None, None, &mk(TxMode::Auto))?;
                     let mut s = sample(&rep)?;
                     s.note(format!(
                         "auto ended on path {} after {} switch(es) to copy, {} re-probe(s)",
