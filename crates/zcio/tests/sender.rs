@@ -313,6 +313,34 @@ fn auto_switches_to_copy_where_completions_are_copied_and_says_why() {
 }
 
 #[test]
+fn auto_reprobe_completes_while_sending_by_copy() {
+    // Only send() and the completions it makes ready: no poll/wait unless the pool is dry.
+    // The probe's completion must still come back, so re-probing goes on (20, 40, 80, ...
+    // copy sends apart) instead of stopping at the first probe.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rx = pattern_reader(l.try_clone().unwrap());
+    let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let pool = Pool::new(16 << 10, 16, false).unwrap();
+    let mut c = cfg(TxMode::Auto);
+    c.reprobe_every = 20;
+    let mut tx = Sender::new(sock, &pool, c).unwrap();
+    let mut book = Book::default();
+    let mut tickets = vec![];
+    for i in 0..600u64 {
+        let mut b = book.get(&pool, &mut tx);
+        common::fill_pattern(&mut b, i * (16 << 10));
+        tickets.push(tx.send(b));
+        book.take(&mut tx);
+    }
+    let reprobes = tx.stats().auto_reprobes;
+    book.finish(&mut tx, &tickets);
+    assert_eq!(tx.path(), Path::Copy);
+    assert!(reprobes >= 3, "probes stopped completing: {:?}", tx.stats());
+    drop(tx);
+    assert_eq!(rx.join().unwrap(), 600 << 14);
+}
+
+#[test]
 fn enobufs_is_backpressure_and_loses_no_byte() {
     if !common::can_make_hosts("enobufs_is_backpressure_and_loses_no_byte") {
         return;

@@ -81,8 +81,10 @@ pub struct ClientReport {
     pub size: usize,
     /// Seconds spent sending (until every completion was in).
     pub seconds: f64,
-    /// Bytes completed.
+    /// Bytes completed (after the warm-up).
     pub bytes: u64,
+    /// Bytes completed including the warm-up (what the receiver got).
+    pub total_bytes: u64,
     /// Sends completed.
     pub sends: u64,
     /// Sends that completed with an error.
@@ -282,6 +284,7 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
             reap(&mut tx, &mut errors, &mut free);
         }
     }
+    let total_bytes = tx.counters().bytes;
     let mut c = tx.counters().clone();
     let mut st = tx.stats().clone();
     if let Some((c0, st0, sends0)) = warm {
@@ -303,6 +306,7 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
         size: opts.size,
         seconds,
         bytes: c.bytes,
+        total_bytes,
         sends,
         errors,
         gbit_s: c.bytes as f64 * 8.0 / seconds / 1e9,

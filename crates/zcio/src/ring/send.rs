@@ -338,6 +338,19 @@ impl SendRing {
         Ok(())
     }
 
+    /// Collects what the kernel has posted and, if it flagged deferred task work while
+    /// requests or notifications are outstanding (under `DEFER_TASKRUN` notifications of
+    /// sends that left the socket are task work), runs it with one `io_uring_enter` and
+    /// collects again. No syscall when the kernel has nothing pending for us.
+    pub fn reap_notifications(&mut self) -> io::Result<()> {
+        self.harvest()?;
+        if (self.notifs_pending > 0 || self.in_kernel > 0) && self.task_work_pending() {
+            self.enter_getevents()?;
+            self.harvest()?;
+        }
+        Ok(())
+    }
+
     /// Collects what is already in the completion queue; never makes a syscall (unless the
     /// kernel's CQ overflowed and must be flushed).
     pub fn harvest_ready(&mut self) -> io::Result<()> {

@@ -714,6 +714,9 @@ impl Sender {
                     ),
                     buf,
                 );
+                if self.auto.probe.is_some() {
+                    self.collect_probe();
+                }
             }
             Path::MsgZc => {
                 self.ordered_for_copy();
@@ -898,6 +901,28 @@ impl Sender {
             return zc;
         }
         Path::Copy
+    }
+
+    /// `auto` sending by copy with a zero-copy probe out: nothing else would collect the
+    /// probe's completion (no ring submissions, no error-queue reads on the copy path), so
+    /// look for it here. io_uring: no syscall unless the kernel flagged pending task work
+    /// (the probe's notification); msg-zc: one error-queue read every 8 copy sends.
+    fn collect_probe(&mut self) {
+        if let Some(r) = self.ring.as_mut() {
+            if r.in_flight() > 0 {
+                let res = r.reap_notifications();
+                self.account_ring(false);
+                if let Err(e) = res {
+                    self.ring_failed(e);
+                }
+            }
+        }
+        if let Some(m) = self.msg.as_mut() {
+            if m.in_flight() > 0 && self.auto.since_switch % 8 == 0 {
+                m.reap();
+            }
+        }
+        self.collect();
     }
 
     fn observe(&mut self, ticket: u64, status: ZcStatus) {

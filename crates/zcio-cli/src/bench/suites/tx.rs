@@ -84,9 +84,9 @@ fn run_once(
                 .join()
                 .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
             anyhow::ensure!(
-                got == rep.bytes,
+                got == rep.total_bytes,
                 "receiver got {got} of {} bytes",
-                rep.bytes
+                rep.total_bytes
             );
             Ok(rep)
         }
@@ -107,9 +107,9 @@ fn run_once(
                 .join()
                 .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
             anyhow::ensure!(
-                got == rep.bytes,
+                got == rep.total_bytes,
                 "receiver got {got} of {} bytes",
-                rep.bytes
+                rep.total_bytes
             );
             Ok(rep)
         }
