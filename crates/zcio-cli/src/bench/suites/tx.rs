@@ -194,6 +194,31 @@ impl Suite for Tx {
             routes.push((Route::Pair, "tcp-veth", vec![64 << 10], ws));
             routes.push((Route::Sink, "udp-gso-sink", SIZES.to_vec(), ws));
             routes.push((Route::Sink, "udp-gso-sink hot", vec![64 << 10], 0));
+            // A buffer of exactly one GSO write (the most whole datagrams one UDP send may
+            // carry): 64K is that plus a short tail datagram, i.e. two kernel sends.
+            let sink = sink.as_ref().context("sink")?;
+            let (src, dst) = (
+                SocketAddr::from((sink.src4, 0)),
+                SocketAddr::from((sink.dst4, 9)),
+            );
+            let (chunk, seg) = sink.host.run(move || -> Result<(usize, usize)> {
+                let s = UdpSocket::bind(src)?;
+                s.connect(dst)?;
+                let pool = zcio::buf::pool::Pool::new(4096, 1, false)?;
+                let tx =
+                    zcio::tx::Sender::new(s, &pool, zcio::tx::SenderConfig::new(TxMode::Copy))?;
+                Ok((tx.chunk(), tx.segment()))
+            })??;
+            if chunk < 1 << 20 && seg > 0 {
+                ctx.note(format!(
+                    "udp-gso-sink 1-write: buffers of {chunk} bytes, one GSO write ({} datagrams \
+                     of {seg} bytes); a 64K buffer is one such write plus a {}-byte datagram in \
+                     a second send",
+                    chunk / seg,
+                    (64 << 10) % chunk
+                ));
+                routes.push((Route::Sink, "udp-gso-sink 1-write", vec![chunk], ws));
+            }
         }
         for (route, tag, sizes, ws) in routes {
             for &size in &sizes {
