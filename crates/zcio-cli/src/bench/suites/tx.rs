@@ -296,7 +296,7 @@ impl Suite for Tx {
         ctx.note(format!(
             "auto cases: both sides send for {warmup:?} before measuring (same warm-up), then \
              {:?}; auto's first zero-copy sends and its switch to copy fall in the warm-up",
-            dur * 2
+            dur * 4
         ));
         for size in [16 << 10, 64 << 10] {
             let case = format!("tcp-lo {} auto", size_label(size));
@@ -304,7 +304,7 @@ impl Suite for Tx {
                 continue;
             }
             let mk = |m: TxMode| {
-                let mut o = ClientOpts::new(m, size, dur * 2);
+                let mut o = ClientOpts::new(m, size, dur * 4);
                 o.warmup = warmup;
                 o.working_set = ws;
                 o
