@@ -313,6 +313,80 @@ fn auto_switches_to_copy_where_completions_are_copied_and_says_why() {
 }
 
 #[test]
+fn auto_reprobe_completes_while_sending_by_copy() {
+    // Only send() and the completions it makes ready: no poll/wait unless the pool is dry.
+    // The probe's completion must still come back, so re-probing goes on (20, 40, 80, ...
+    // copy sends apart) instead of stopping at the first probe.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rx = pattern_reader(l.try_clone().unwrap());
+    let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let pool = Pool::new(16 << 10, 16, false).unwrap();
+    let mut c = cfg(TxMode::Auto);
+    c.reprobe_every = 20;
+    let mut tx = Sender::new(sock, &pool, c).unwrap();
+    let mut book = Book::default();
+    let mut tickets = vec![];
+    for i in 0..600u64 {
+        let mut b = book.get(&pool, &mut tx);
+        common::fill_pattern(&mut b, i * (16 << 10));
+        tickets.push(tx.send(b));
+        book.take(&mut tx);
+    }
+    let reprobes = tx.stats().auto_reprobes;
+    book.finish(&mut tx, &tickets);
+    assert_eq!(tx.path(), Path::Copy);
+    assert!(reprobes >= 3, "probes stopped completing: {:?}", tx.stats());
+    drop(tx);
+    assert_eq!(rx.join().unwrap(), 600 << 14);
+}
+
+#[test]
+fn harvest_keeps_the_submit_batch_and_poll_submits() {
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.connect(rx.local_addr().unwrap()).unwrap();
+    let pool = Pool::new(1024, 8, false).unwrap();
+    let mut c = cfg(TxMode::UringZc);
+    c.submit_batch = 4;
+    let mut tx = Sender::new(sock, &pool, c).unwrap();
+    if tx.path() != Path::UringZc {
+        zcio_testnet::skip(
+            "harvest_keeps_the_submit_batch_and_poll_submits",
+            &format!("no io_uring SEND_ZC: {:?}", tx.fallbacks()),
+        );
+        return;
+    }
+    let mut tickets = vec![];
+    let mut b = pool.try_get().unwrap();
+    b.set_len(100);
+    tickets.push(tx.send(b));
+    tx.harvest().unwrap();
+    assert_eq!(tx.counters().syscalls, 0, "harvest entered the kernel");
+    assert_eq!(tx.in_flight(), 1);
+    for _ in 0..3 {
+        let mut b = pool.try_get().unwrap();
+        b.set_len(100);
+        tickets.push(tx.send(b));
+        tx.harvest().unwrap();
+    }
+    assert_eq!(tx.counters().syscalls, 1, "the 4th send submits the batch");
+    let mut b = pool.try_get().unwrap();
+    b.set_len(100);
+    tickets.push(tx.send(b));
+    tx.poll().unwrap();
+    assert_eq!(tx.counters().syscalls, 2, "poll submits what is queued");
+    let mut book = Book::default();
+    book.finish(&mut tx, &tickets);
+    let mut got = 0;
+    let mut buf = [0u8; 2048];
+    rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    while got < 5 {
+        assert_eq!(rx.recv(&mut buf).unwrap(), 100);
+        got += 1;
+    }
+}
+
+#[test]
 fn enobufs_is_backpressure_and_loses_no_byte() {
     if !common::can_make_hosts("enobufs_is_backpressure_and_loses_no_byte") {
         return;

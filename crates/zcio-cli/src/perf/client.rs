@@ -3,6 +3,7 @@
 use super::{parse_duration, parse_test_addr, pattern, ClientArgs};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
+use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
@@ -34,6 +35,16 @@ pub struct ClientOpts {
     /// Call [`Sender::poll`] after every this many sends (0 = never; completions are then
     /// collected only when the pool runs dry).
     pub poll_every: usize,
+    /// Look for completions with [`Sender::harvest`] instead of [`Sender::poll`]: io_uring
+    /// requests stay queued until `submit_batch` of them are there.
+    pub harvest_only: bool,
+    /// Bytes of buffers to cycle through, oldest-freed first (0: `depth` buffers). A
+    /// working set larger than the last-level cache makes every send read memory that is
+    /// not in cache, as a real sender's data is.
+    pub working_set: usize,
+    /// Send this long before measuring (a TCP connection's window opens, `auto` settles);
+    /// the report covers only what follows.
+    pub warmup: Duration,
 }
 
 impl ClientOpts {
@@ -50,6 +61,9 @@ impl ClientOpts {
             udp_end_marker: false,
             submit_batch: 1,
             poll_every: 0,
+            harvest_only: false,
+            working_set: 0,
+            warmup: Duration::ZERO,
         }
     }
 }
@@ -67,8 +81,10 @@ pub struct ClientReport {
     pub size: usize,
     /// Seconds spent sending (until every completion was in).
     pub seconds: f64,
-    /// Bytes completed.
+    /// Bytes completed (after the warm-up).
     pub bytes: u64,
+    /// Bytes completed including the warm-up (what the receiver got).
+    pub total_bytes: u64,
     /// Sends completed.
     pub sends: u64,
     /// Sends that completed with an error.
@@ -175,7 +191,11 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
     if let Some(cpu) = opts.cpu {
         zcio::sys::pin_thread(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
     }
-    let pool = Pool::new(opts.size, opts.depth.max(1), false).context("allocating buffers")?;
+    let count = opts
+        .depth
+        .max(1)
+        .max(opts.working_set.div_ceil(opts.size.max(1)));
+    let pool = Pool::new(opts.size, count, false).context("allocating buffers")?;
     let mut cfg = SenderConfig::new(opts.mode);
     cfg.depth = opts.depth.max(1);
     cfg.notify_limit = opts.notify_limit.max(1);
@@ -183,34 +203,50 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
     let mut tx = Sender::new(sock, &pool, cfg).context("setting up the sender")?;
     let udp = !tx.is_stream();
     let segment = tx.segment();
+    // Every buffer, taken in the order they came back: the sender cycles through the whole
+    // pool (the pool's own free list would hand back the most recently returned, cache-hot
+    // buffer).
+    let mut free: VecDeque<PoolBuf> = std::iter::from_fn(|| pool.try_get()).collect();
     if !opts.verify {
         // Constant content: fill every buffer once.
-        let mut all: Vec<PoolBuf> = std::iter::from_fn(|| pool.try_get()).collect();
-        for b in &mut all {
+        for b in &mut free {
             pattern::fill(b, 0);
         }
     }
     let mut errors = 0u64;
     let mut sends = 0u64;
     let mut off = 0u64;
-    let cpu0 = zcio::sys::thread_cpu_time();
-    let t0 = Instant::now();
-    let end = t0 + opts.duration;
+    let mut cpu0 = zcio::sys::thread_cpu_time();
+    let mut t0 = Instant::now();
+    let mut end = t0 + opts.warmup + opts.duration;
+    // What the warm-up did, taken off the report.
+    let mut warm: Option<(Counters, TxStats, u64)> = None;
+    let warm_end = t0 + opts.warmup;
     let mut since_poll = 0;
-    let reap = |tx: &mut Sender, errors: &mut u64| {
-        for (c, _buf) in tx.completions() {
+    let reap = |tx: &mut Sender, errors: &mut u64, free: &mut VecDeque<PoolBuf>| {
+        for (c, buf) in tx.completions() {
             if c.error.is_some() {
                 *errors += 1;
             }
+            free.push_back(buf);
         }
     };
     loop {
-        if sends % 64 == 0 && Instant::now() >= end {
-            break;
+        if sends % 64 == 0 {
+            let now = Instant::now();
+            if warm.is_none() && !opts.warmup.is_zero() && now >= warm_end {
+                warm = Some((tx.counters().clone(), tx.stats().clone(), sends));
+                cpu0 = zcio::sys::thread_cpu_time();
+                t0 = now;
+                end = now + opts.duration;
+            }
+            if now >= end {
+                break;
+            }
         }
-        let Some(mut b) = pool.try_get() else {
+        let Some(mut b) = free.pop_front() else {
             tx.wait(Duration::from_millis(100))?;
-            reap(&mut tx, &mut errors);
+            reap(&mut tx, &mut errors, &mut free);
             continue;
         };
         b.set_len(opts.size);
@@ -223,29 +259,45 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
         since_poll += 1;
         if opts.poll_every > 0 && since_poll >= opts.poll_every {
             since_poll = 0;
-            tx.poll()?;
+            if opts.harvest_only {
+                tx.harvest()?;
+            } else {
+                tx.poll()?;
+            }
         }
         if tx.ready() > 0 {
-            reap(&mut tx, &mut errors);
+            reap(&mut tx, &mut errors, &mut free);
         }
         if errors > 0 {
             break;
         }
     }
     tx.flush(Duration::from_secs(30))?;
-    reap(&mut tx, &mut errors);
+    reap(&mut tx, &mut errors, &mut free);
     let seconds = t0.elapsed().as_secs_f64();
     let cpu_s = (zcio::sys::thread_cpu_time() - cpu0).as_secs_f64();
     if udp && opts.udp_end_marker {
-        if let Some(mut b) = pool.try_get() {
+        if let Some(mut b) = free.pop_front() {
             b.set_len(0);
             tx.send(b);
             tx.flush(Duration::from_secs(5))?;
-            reap(&mut tx, &mut errors);
+            reap(&mut tx, &mut errors, &mut free);
         }
     }
-    let c = tx.counters().clone();
-    let st = tx.stats().clone();
+    let total_bytes = tx.counters().bytes;
+    let mut c = tx.counters().clone();
+    let mut st = tx.stats().clone();
+    if let Some((c0, st0, sends0)) = warm {
+        c.bytes -= c0.bytes;
+        c.ops -= c0.ops;
+        c.syscalls -= c0.syscalls;
+        c.notifications -= c0.notifications;
+        c.zerocopy_bytes -= c0.zerocopy_bytes;
+        c.copied_bytes -= c0.copied_bytes;
+        st.send_syscalls -= st0.send_syscalls;
+        st.notify_syscalls -= st0.notify_syscalls;
+        sends -= sends0;
+    }
     let ops = sends.max(1) as f64;
     Ok(ClientReport {
         proto: if udp { "udp" } else { "tcp" },
@@ -254,6 +306,7 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
         size: opts.size,
         seconds,
         bytes: c.bytes,
+        total_bytes,
         sends,
         errors,
         gbit_s: c.bytes as f64 * 8.0 / seconds / 1e9,

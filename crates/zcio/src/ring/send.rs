@@ -132,6 +132,7 @@ pub struct SendRing {
     cqes: Vec<(u64, i32, u32)>,
     stats: SendRingStats,
     own_enters: u64,
+    fixed_file: bool,
     fixed: Option<(u64, PoolPin)>,
     _sock: Arc<OwnedFd>,
 }
@@ -158,6 +159,14 @@ impl SendRing {
     ) -> Result<Self, RingError> {
         let ring = Ring::new(cfg)?;
         let chunk = chunk.clamp(1, MAX_REQ);
+        // The socket as registered file 0: requests then skip the per-request file table
+        // lookup and reference count (fget/fput). The fd stays open for the ring's lifetime
+        // (`_sock`). Without registration (ENOMEM/EINVAL) requests name the fd.
+        let fixed_file = ring
+            .raw()
+            .submitter()
+            .register_files(&[sock.as_raw_fd()])
+            .is_ok();
         Ok(Self {
             ring,
             fd: sock.as_raw_fd(),
@@ -182,6 +191,7 @@ impl SendRing {
             cqes: Vec::new(),
             stats: SendRingStats::default(),
             own_enters: 0,
+            fixed_file,
             fixed: None,
             _sock: sock,
         })
@@ -328,6 +338,19 @@ impl SendRing {
         Ok(())
     }
 
+    /// Collects what the kernel has posted and, if it flagged deferred task work while
+    /// requests or notifications are outstanding (under `DEFER_TASKRUN` notifications of
+    /// sends that left the socket are task work), runs it with one `io_uring_enter` and
+    /// collects again. No syscall when the kernel has nothing pending for us.
+    pub fn reap_notifications(&mut self) -> io::Result<()> {
+        self.harvest()?;
+        if (self.notifs_pending > 0 || self.in_kernel > 0) && self.task_work_pending() {
+            self.enter_getevents()?;
+            self.harvest()?;
+        }
+        Ok(())
+    }
+
     /// Collects what is already in the completion queue; never makes a syscall (unless the
     /// kernel's CQ overflowed and must be flushed).
     pub fn harvest_ready(&mut self) -> io::Result<()> {
@@ -459,9 +482,13 @@ impl SendRing {
         // SAFETY (pointer arithmetic): `off + len <= buf.len()`, checked when staging.
         let ptr = unsafe { slot.buf.as_ptr().add(req.off) };
         let fixed = matches!(&self.fixed, Some((id, _)) if *id == slot.buf.pool_id());
-        let mut op = opcode::SendZc::new(types::Fd(self.fd), ptr, req.len as u32)
-            .flags(self.msg_flags)
-            .zc_flags(IORING_SEND_ZC_REPORT_USAGE);
+        let mut op = if self.fixed_file {
+            opcode::SendZc::new(types::Fixed(0), ptr, req.len as u32)
+        } else {
+            opcode::SendZc::new(types::Fd(self.fd), ptr, req.len as u32)
+        }
+        .flags(self.msg_flags)
+        .zc_flags(IORING_SEND_ZC_REPORT_USAGE);
         if fixed {
             op = op.buf_index(Some(0));
         }

@@ -24,7 +24,20 @@ const METRICS: &[MetricDef] = &[
     MetricDef::new("notify_syscalls_per_send", "calls", Better::Lower),
     MetricDef::new("syscalls_per_send", "calls", Better::Lower),
     MetricDef::new("copied_fraction", "fraction", Better::Lower),
+    MetricDef::new("sender_cpu", "s/GB", Better::Lower),
+    MetricDef::new("sender_busy", "fraction", Better::Higher),
+    MetricDef::new("sender_runq", "fraction", Better::Lower),
+    MetricDef::new("receiver_busy", "fraction", Better::Lower),
+    MetricDef::new("receiver_runq", "fraction", Better::Lower),
 ];
+
+/// Seconds this thread has spent runnable but waiting for a CPU (`/proc/thread-self/schedstat`
+/// second field; needs schedstats, else `None`).
+fn runq_wait_s() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(ns as f64 / 1e9)
+}
 
 const SIZE: usize = 16 << 10;
 
@@ -100,10 +113,12 @@ fn baseline(sock: OwnedFd, stream: bool, limit: usize, dur: Duration) -> Result<
         }
     }
     anyhow::ensure!(done == sent, "baseline: {done} of {sent} completions");
-    let (wall, _) = span.stop();
+    let (wall, cpu) = span.stop();
     drop(sock);
     let mut s = Sample::default();
     s.set("mb_per_s", bytes as f64 / wall / 1e6)
+        .set("sender_cpu", cpu / (bytes.max(1) as f64 / 1e9))
+        .set("sender_busy", cpu / wall)
         .set(
             "notify_syscalls_per_send",
             notify_calls as f64 / sends.max(1) as f64,
@@ -120,6 +135,8 @@ fn from_report(rep: &ClientReport) -> Result<Sample> {
     anyhow::ensure!(rep.errors == 0, "{} sends failed", rep.errors);
     let mut s = Sample::default();
     s.set("mb_per_s", rep.bytes as f64 / rep.seconds / 1e6)
+        .set("sender_cpu", rep.cpu_s_per_gb)
+        .set("sender_busy", rep.cpu_s / rep.seconds)
         .set("notify_syscalls_per_send", rep.notify_syscalls_per_send)
         .set("syscalls_per_send", rep.syscalls_per_send)
         .set("copied_fraction", rep.copied_fraction.unwrap_or(1.0));
@@ -147,7 +164,8 @@ fn run_once(
 ) -> Result<Sample> {
     let (score, rcore) = core_plan(true);
     let client = move |sock: OwnedFd| -> Result<Sample> {
-        match side {
+        let (w0, t0) = (runq_wait_s(), Instant::now());
+        let mut s = match side {
             Side::Baseline => baseline(sock, !udp, limit, dur),
             Side::Zcio(mode) => {
                 let mut o = ClientOpts::new(mode, SIZE, dur);
@@ -155,10 +173,18 @@ fn run_once(
                 o.notify_limit = limit;
                 o.depth = if udp { 64 } else { 256 };
                 o.poll_every = limit;
+                // Collecting completions must not submit early: `harvest` reads the CQ
+                // (io_uring) or reaps the error queue (msg-zc) and leaves queued requests
+                // queued until 4 are there.
+                o.harvest_only = true;
                 o.submit_batch = 4;
                 from_report(&drive(sock, &o)?)
             }
+        }?;
+        if let (Some(a), Some(b)) = (w0, runq_wait_s()) {
+            s.set("sender_runq", (b - a) / t0.elapsed().as_secs_f64());
         }
+        Ok(s)
     };
     if udp {
         let (src, dst) = if v6 {
@@ -184,18 +210,29 @@ fn run_once(
         SocketAddr::from((pair.b4, 5202))
     };
     let l = pair.b.run(move || TcpListener::bind(dst))??;
-    let rx = pair.b.spawn(move || -> std::io::Result<u64> {
+    let rx = pair.b.spawn(move || -> std::io::Result<_> {
         let _ = zcio::sys::pin_thread(rcore);
         let (mut s, _) = l.accept()?;
-        Ok(serve_conn(&mut s, false)?.bytes)
+        let w0 = runq_wait_s();
+        let r = serve_conn(&mut s, false)?;
+        let runq = w0.zip(runq_wait_s()).map(|(a, b)| b - a);
+        Ok((r, runq))
     })?;
     let s = pair.a.run(move || -> Result<Sample> {
         let sock = TcpStream::connect(dst)?;
         client(sock.into())
     })?;
-    rx.join()
+    let (r, runq) = rx
+        .join()
         .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
-    s
+    let mut s = s?;
+    if r.seconds > 0.0 {
+        s.set("receiver_busy", r.cpu_s / r.seconds);
+        if let Some(w) = runq {
+            s.set("receiver_runq", w / r.seconds);
+        }
+    }
+    Ok(s)
 }
 
 impl Suite for Notify {
@@ -231,6 +268,14 @@ impl Suite for Notify {
              sends per io_uring_enter",
         );
         ctx.note(
+            "TCP runs last 4x as long as UDP runs; sender_cpu is the sending thread's CPU per \
+             10^9 bytes (the notification mechanism's cost, independent of how the cores are \
+             shared); sender_busy / receiver_busy are each thread's CPU time over the run's wall \
+             time; *_runq is the share of the run each spent runnable but waiting for its core \
+             (schedstat): busy + runq near 1 means CPU-bound on a shared core, busy + runq well \
+             below 1 means blocked (waiting for ACKs / data)",
+        );
+        ctx.note(
             "baseline = kernel selftest msg_zerocopy.c pattern: one reused buffer, every `limit` \
              sends poll(POLLERR) then recvmsg(MSG_ERRQUEUE) per queued notification",
         );
@@ -246,6 +291,12 @@ impl Suite for Notify {
                             if udp { "udp" } else { "tcp" },
                             if v6 { "6" } else { "4" }
                         );
+                        if !super::tx::wanted(&case) {
+                            continue;
+                        }
+                        // TCP over veth is slower and noisier (every byte is copied at
+                        // delivery, both ends share the cores): run it 4x longer.
+                        let dur = if udp { dur } else { dur * 4 };
                         let (p, s) = (&pair, &sink);
                         ctx.compare(
                             &case,
