@@ -217,6 +217,24 @@ impl Netns {
         }
     }
 
+    /// Waits until `iface` in this namespace has its carrier (`LOWER_UP`) or `timeout` passes.
+    pub fn wait_link_up(&self, iface: &str, timeout: std::time::Duration) -> Result<()> {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            let out = self.ip(&["-o", "link", "show", iface])?;
+            if out.contains("LOWER_UP") {
+                return Ok(());
+            }
+            if std::time::Instant::now() > end {
+                return Err(Error::Ip {
+                    args: format!("-n {} link show {iface}", self.name),
+                    stderr: format!("carrier still down after {timeout:?}: {}", out.trim()),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// Whether a namespace with this name exists.
     pub fn exists(name: &str) -> bool {
         std::path::Path::new(&format!("/run/netns/{name}")).exists()
@@ -308,6 +326,11 @@ impl Pair {
             ns.ip(&["addr", "add", &format!("{v4}/24"), "dev", iface])?;
             ns.ip(&["addr", "add", &format!("{v6}/64"), "dev", iface, "nodad"])?;
             ns.ip(&["link", "set", iface, "up"])?;
+        }
+        // The carrier comes up asynchronously (linkwatch); packets sent before it are dropped
+        // by the device's noop qdisc. Wait for it so the first packet of a test arrives.
+        for ns in [&pair.a, &pair.b] {
+            ns.wait_link_up(iface, std::time::Duration::from_secs(3))?;
         }
         Ok(pair)
     }
