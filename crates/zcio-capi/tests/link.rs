@@ -57,6 +57,24 @@ fn run(cmd: &mut Command) -> String {
     text
 }
 
+/// Compiles one C example against the installed library (warnings are errors).
+fn cc_example(exe: &Path, src: impl AsRef<std::ffi::OsStr>, flags: &[&str], rpath: &str) {
+    run(Command::new("cc")
+        .args([
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(exe)
+        .arg(src.as_ref())
+        .args(flags)
+        .arg(rpath)
+        .arg("-lpthread"));
+}
+
 fn built_dir() -> PathBuf {
     // target/<profile>/deps/link-xxxx → target/<profile>, where cargo put libzcio.a.
     let exe = std::env::current_exe().expect("exe");
@@ -116,20 +134,7 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
 
     // C, shared.
     let c_exe = p.join("event_ring");
-    run(Command::new("cc")
-        .args([
-            "-std=c11",
-            "-D_GNU_SOURCE",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-        ])
-        .arg(&c_exe)
-        .arg(&example)
-        .args(&flags)
-        .arg(&rpath)
-        .arg("-lpthread"));
+    cc_example(&c_exe, &example, &flags, &rpath);
     let out = run(&mut Command::new(&c_exe));
     assert!(
         out.contains("user event token=99") && out.ends_with("ok\n"),
@@ -138,20 +143,12 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
 
     // The sender example (zero-copy send over loopback, every byte checked).
     let tx_exe = p.join("sender");
-    run(Command::new("cc")
-        .args([
-            "-std=c11",
-            "-D_GNU_SOURCE",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-        ])
-        .arg(&tx_exe)
-        .arg(root.join("crates/zcio-capi/examples/c/sender.c"))
-        .args(&flags)
-        .arg(&rpath)
-        .arg("-lpthread"));
+    cc_example(
+        &tx_exe,
+        root.join("crates/zcio-capi/examples/c/sender.c"),
+        &flags,
+        &rpath,
+    );
     let out = run(&mut Command::new(&tx_exe));
     assert!(
         out.contains("completions 16") && out.ends_with("ok\n"),
@@ -160,20 +157,12 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
 
     // The receiver example (accept + receive over loopback, every byte checked).
     let rx_exe = p.join("receiver");
-    run(Command::new("cc")
-        .args([
-            "-std=c11",
-            "-D_GNU_SOURCE",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-        ])
-        .arg(&rx_exe)
-        .arg(root.join("crates/zcio-capi/examples/c/receiver.c"))
-        .args(&flags)
-        .arg(&rpath)
-        .arg("-lpthread"));
+    cc_example(
+        &rx_exe,
+        root.join("crates/zcio-capi/examples/c/receiver.c"),
+        &flags,
+        &rpath,
+    );
     let out = run(&mut Command::new(&rx_exe));
     assert!(
         out.contains("bytes 1048576") && out.ends_with("ok\n"),

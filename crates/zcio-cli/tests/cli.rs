@@ -10,6 +10,21 @@ fn zcio(args: &[&str]) -> Output {
         .expect("run zcio")
 }
 
+/// Runs `zcio ARGS` as user `nobody` with no capabilities (needs root to drop to it).
+fn zcio_as_nobody(args: &[&str]) -> Output {
+    Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(env!("CARGO_BIN_EXE_zcio"))
+        .args(args)
+        .output()
+        .expect("setpriv (util-linux)")
+}
+
 fn stderr_lines(o: &Output) -> Vec<String> {
     String::from_utf8_lossy(&o.stderr)
         .lines()
@@ -60,17 +75,7 @@ fn probe_as_non_root_still_reports_with_reasons() {
         );
         return;
     }
-    let o = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(env!("CARGO_BIN_EXE_zcio"))
-        .args(["probe", "--json", "--iface", "lo"])
-        .output()
-        .expect("setpriv (util-linux)");
+    let o = zcio_as_nobody(&["probe", "--json", "--iface", "lo"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
     assert_eq!(v["privileges"]["root"], false);
@@ -160,17 +165,7 @@ fn unprivileged_host_creation_is_one_error_line_and_leaves_nothing() {
     let before: Vec<_> = std::fs::read_dir("/run/netns")
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
-    let o = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(env!("CARGO_BIN_EXE_zcio"))
-        .args(["hosts", "up", "--seconds", "1"])
-        .output()
-        .expect("setpriv (util-linux)");
+    let o = zcio_as_nobody(&["hosts", "up", "--seconds", "1"]);
     assert_eq!(o.status.code(), Some(1));
     let lines = stderr_lines(&o);
     assert_eq!(lines.len(), 1, "{lines:?}");
