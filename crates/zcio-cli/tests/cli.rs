@@ -201,3 +201,17 @@ fn hosts_up_creates_and_removes_its_namespaces() {
         );
     }
 }
+
+#[test]
+fn bad_size_is_one_error_line_and_exit_1() {
+    for size in ["12Q", "abc", "0"] {
+        let o = zcio(&["perf", "client", "--connect", "127.0.0.1:9", "--size", size]);
+        assert_eq!(o.status.code(), Some(1), "size {size}");
+        let lines = stderr_lines(&o);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].contains(&format!("bad size '{size}'")),
+            "{lines:?}"
+        );
+    }
+}
