@@ -10,11 +10,12 @@ use std::sync::OnceLock;
 pub static LOG: AtomicBool = AtomicBool::new(false);
 /// `ZCIO_EPOLL=off` (or `0`): pass everything to libc.
 pub static DISABLED: AtomicBool = AtomicBool::new(false);
-/// `ZCIO_EPOLL_TASKRUN=defer` sets this: completions then run only when the loop enters the
-/// ring. The default (`coop`, as `EventConfig::default()`) lets them run on any kernel exit
-/// of the thread — the program's own reads and writes — so a wait usually finds them in
-/// shared memory without entering (docs/design/event.md has the measurements).
-pub static DEFER_TASKRUN: AtomicBool = AtomicBool::new(false);
+/// `ZCIO_EPOLL_TASKRUN=coop` clears this: completions then run on any kernel exit of the
+/// thread (so a wait can find them in shared memory) instead of only when it enters the ring.
+/// DEFER_TASKRUN stays the default for the shim: under COOP_TASKRUN a completion sets
+/// TIF_NOTIFY_SIGNAL on the thread, which makes a *real* `epoll_wait` in the same thread (an
+/// instance that fell back) return a spurious EINTR — the trace test catches it.
+pub static DEFER_TASKRUN: AtomicBool = AtomicBool::new(true);
 /// `ZCIO_EPOLL_STATS=path`.
 pub static STATS_PATH: OnceLock<CString> = OnceLock::new();
 
@@ -94,7 +95,7 @@ pub fn read_env() {
         DISABLED.store(v == "off" || v == "0", Ordering::Relaxed);
     }
     if let Ok(v) = std::env::var("ZCIO_EPOLL_TASKRUN") {
-        DEFER_TASKRUN.store(v == "defer", Ordering::Relaxed);
+        DEFER_TASKRUN.store(v != "coop", Ordering::Relaxed);
     }
     if let Ok(p) = std::env::var("ZCIO_EPOLL_STATS") {
         if let Ok(c) = CString::new(p) {

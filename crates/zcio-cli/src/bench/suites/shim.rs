@@ -44,14 +44,14 @@ impl Suite for Shim {
         let mut ran = false;
         if let (Some(nginx), Some(wrk)) = (which("nginx"), which("wrk")) {
             let body = vec![b'x'; 1024];
-            // COOP_TASKRUN (default): wake-ups run on any kernel exit of the worker (its
-            // recv/writev), so most waits find events in shared memory. DEFER_TASKRUN: they
-            // run only when the loop enters the ring, so about every wait enters.
+            // DEFER_TASKRUN (default): wake-ups run only when the loop enters the ring, so
+            // about every wait enters. COOP_TASKRUN: they run on any kernel exit of the worker
+            // (its recv/writev), so most waits find events in shared memory.
             for (label, env) in [
                 ("", &[][..]),
                 (
-                    ", shim with DEFER_TASKRUN",
-                    &[("ZCIO_EPOLL_TASKRUN", "defer")][..],
+                    ", shim with COOP_TASKRUN",
+                    &[("ZCIO_EPOLL_TASKRUN", "coop")][..],
                 ),
             ] {
                 let native = Server::nginx(&nginx, &body, None)?;
