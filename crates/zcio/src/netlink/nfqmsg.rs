@@ -269,6 +269,24 @@ pub struct VerdictMsg<'a> {
 }
 
 impl<'a> VerdictMsg<'a> {
+    /// A verdict for the one packet `id` (not a batch).
+    pub fn single(
+        queue: u16,
+        verdict: Verdict,
+        id: u32,
+        mark: Option<u32>,
+        payload: Option<&'a [u8]>,
+    ) -> Self {
+        Self {
+            queue,
+            batch: false,
+            verdict,
+            id,
+            mark,
+            payload,
+        }
+    }
+
     /// Appends the message to `out`.
     pub fn emit(&self, out: &mut Vec<u8>, seq: u32) {
         let start = out.len();

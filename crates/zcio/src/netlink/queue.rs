@@ -494,38 +494,23 @@ impl QueueSock {
                         n_major += 1;
                     }
                     State::Decided(v, mark, payload) => {
-                        self.seq = self.seq.wrapping_add(1);
                         stats.singles += 1;
-                        VerdictMsg {
-                            queue: self.queue,
-                            batch: false,
-                            verdict: v,
-                            id: p.id,
-                            mark,
-                            payload: payload.as_deref(),
-                        }
-                        .emit(&mut self.out, self.seq);
+                        let msg = VerdictMsg::single(self.queue, v, p.id, mark, payload.as_deref());
+                        push_verdict(&mut self.out, &mut self.seq, &msg);
                     }
                     State::Held(_) => unreachable!("the prefix ends before the first held id"),
                 }
             }
             if let (Some(id), Some((Some(v), _))) = (last_major, major) {
-                self.seq = self.seq.wrapping_add(1);
                 if n_major == 1 {
                     stats.singles += 1;
                 } else {
                     stats.batches += 1;
                     stats.batched += n_major;
                 }
-                VerdictMsg {
-                    queue: self.queue,
-                    batch: n_major > 1,
-                    verdict: v,
-                    id,
-                    mark: None,
-                    payload: None,
-                }
-                .emit(&mut self.out, self.seq);
+                let mut msg = VerdictMsg::single(self.queue, v, id, None, None);
+                msg.batch = n_major > 1;
+                push_verdict(&mut self.out, &mut self.seq, &msg);
             }
         }
         // 2. Everything else that is decided: individual verdicts; held ids stay.
@@ -536,17 +521,9 @@ impl QueueSock {
                 let State::Decided(v, mark, payload) = p.st else {
                     unreachable!()
                 };
-                self.seq = self.seq.wrapping_add(1);
                 stats.singles += 1;
-                VerdictMsg {
-                    queue: self.queue,
-                    batch: false,
-                    verdict: v,
-                    id: p.id,
-                    mark,
-                    payload: payload.as_deref(),
-                }
-                .emit(&mut self.out, self.seq);
+                let msg = VerdictMsg::single(self.queue, v, p.id, mark, payload.as_deref());
+                push_verdict(&mut self.out, &mut self.seq, &msg);
             } else {
                 i += 1;
             }
@@ -608,6 +585,12 @@ fn split_point(buf: &[u8], off: usize, max: usize) -> usize {
         end += len;
     }
     end.min(buf.len()).max(off + 1)
+}
+
+/// Appends `msg` to the outgoing datagram under the next sequence number.
+fn push_verdict(out: &mut Vec<u8>, seq: &mut u32, msg: &VerdictMsg<'_>) {
+    *seq = seq.wrapping_add(1);
+    msg.emit(out, *seq);
 }
 
 fn count(stats: &mut NfqStats, v: Verdict) {

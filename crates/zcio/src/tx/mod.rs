@@ -756,13 +756,7 @@ impl Sender {
             self.account_ring(true);
             res.map_err(TxError::Ring)?;
         }
-        if let Some(m) = self.msg.as_mut() {
-            if m.in_flight() > 0 {
-                m.reap();
-            }
-        }
-        self.collect();
-        Ok(self.ready.len())
+        Ok(self.reap_and_collect())
     }
 
     /// Like [`Sender::poll`], but leaves queued io_uring requests queued until
@@ -776,13 +770,19 @@ impl Sender {
             self.account_ring(false);
             res.map_err(TxError::Ring)?;
         }
+        Ok(self.reap_and_collect())
+    }
+
+    /// Reaps the MSG_ZEROCOPY error queue if sends are in flight, moves finished sends to the
+    /// ready list and returns its length (the shared tail of `poll` and `harvest`).
+    fn reap_and_collect(&mut self) -> usize {
         if let Some(m) = self.msg.as_mut() {
             if m.in_flight() > 0 {
                 m.reap();
             }
         }
         self.collect();
-        Ok(self.ready.len())
+        self.ready.len()
     }
 
     /// Blocks until at least one completion is ready, nothing is in flight, or `timeout`
