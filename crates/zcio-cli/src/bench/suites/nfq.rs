@@ -176,6 +176,28 @@ impl Drop for Gate {
 }
 
 /// Packets waiting in the kernel queue (a consumer is only done when this is 0).
+/// The result of a baseline consumer run that ended after one idle period (`IDLE` is not
+/// counted as running time); baselines read no kernel drop counters.
+fn baseline_result(
+    path: &'static str,
+    cpu: f64,
+    wall: f64,
+    syscalls: u64,
+    verdicts: u64,
+) -> ConsumerResult {
+    let wall = wall - IDLE.as_secs_f64();
+    ConsumerResult {
+        path,
+        cpu,
+        wall,
+        syscalls,
+        verdicts,
+        queue_dropped: 0,
+        user_dropped: 0,
+        busy: cpu / wall.max(1e-9),
+    }
+}
+
 fn waiting() -> u64 {
     kernel_queue_stats()
         .ok()
@@ -499,16 +521,13 @@ fn consume_per_packet(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<
     }
     let (wall, cpu) = span.stop();
     unbind_plain(&fd);
-    Ok(ConsumerResult {
-        path: "recv + sendto per packet",
+    Ok(baseline_result(
+        "recv + sendto per packet",
         cpu,
-        wall: wall - IDLE.as_secs_f64(),
+        wall,
         syscalls,
         verdicts,
-        queue_dropped: 0,
-        user_dropped: 0,
-        busy: cpu / (wall - IDLE.as_secs_f64()).max(1e-9),
-    })
+    ))
 }
 
 fn consume_batch32(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<ConsumerResult> {
@@ -578,16 +597,13 @@ fn consume_batch32(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<Con
     }
     let (wall, cpu) = span.stop();
     unbind_plain(&fd);
-    Ok(ConsumerResult {
-        path: "recvmmsg(32) + batch verdict",
+    Ok(baseline_result(
+        "recvmmsg(32) + batch verdict",
         cpu,
-        wall: wall - IDLE.as_secs_f64(),
+        wall,
         syscalls,
         verdicts,
-        queue_dropped: 0,
-        user_dropped: 0,
-        busy: cpu / (wall - IDLE.as_secs_f64()).max(1e-9),
-    })
+    ))
 }
 
 fn dump_case(ctx: &mut Ctx) -> Result<()> {
