@@ -172,9 +172,13 @@ fn falls_back_to_epoll_with_a_reason_when_io_uring_is_denied() {
         let r = EventRing::new().expect("fallback ring");
         assert_eq!(r.backend_name(), "epoll");
         let fb = r.fallbacks().to_vec();
-        assert_eq!(fb.len(), 1);
-        assert_eq!(fb[0].to, "epoll");
-        assert!(fb[0].reason.contains("ENOSYS"), "reason: {}", fb[0].reason);
+        // EPOLL_WAIT ring -> poll ring -> epoll, each step with the kernel's reason.
+        assert_eq!(fb.len(), 2, "{fb:?}");
+        assert_eq!(fb[0].to, "io_uring poll ring");
+        assert_eq!(fb[1].to, "epoll");
+        for f in &fb {
+            assert!(f.reason.contains("ENOSYS"), "reason: {}", f.reason);
+        }
         // And the fallback works: every scenario matches real epoll.
         for s in scenarios::SCENARIOS {
             let want = scenarios::run(s, &mut RawEpoll::new().unwrap()).unwrap();
@@ -189,12 +193,31 @@ fn falls_back_to_epoll_with_a_reason_when_io_uring_is_denied() {
         })
         .unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::Unsupported);
+        let e = EventRing::with_config(&EventConfig {
+            prefer: Prefer::EpollWait,
+            ..EventConfig::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::Unsupported);
     });
     h.join().unwrap();
 }
 
 fn both() -> Vec<EventRing> {
-    vec![uring(), epoll_backend()]
+    vec![uring(), epoll_wait_ring(false), epoll_backend()]
+}
+
+#[test]
+fn the_default_choice_is_the_epoll_wait_ring_where_the_kernel_has_it() {
+    let r = EventRing::new().unwrap();
+    assert_eq!(
+        r.backend_name(),
+        "io_uring_epoll_wait",
+        "{:?}",
+        r.fallbacks()
+    );
+    assert!(r.fallbacks().is_empty());
+    assert!(r.epoll_fd().is_some());
 }
 
 #[test]
@@ -375,4 +398,35 @@ fn an_idle_loop_busy_harvests_once_per_idle_period_then_sleeps() {
     assert_eq!(q.wait(&mut out, Some(Duration::from_millis(5))).unwrap(), 0);
     let s = q.stats();
     assert_eq!((s.spins_won, s.spins_lost), (0, 0));
+}
+
+fn epoll_wait_ring(defer: bool) -> EventRing {
+    let mut cfg = EventConfig {
+        prefer: Prefer::EpollWait,
+        ..EventConfig::default()
+    };
+    cfg.ring.defer_taskrun = defer;
+    let r = EventRing::with_config(&cfg).expect("EPOLL_WAIT event ring (Linux 6.15)");
+    assert_eq!(r.backend_name(), "io_uring_epoll_wait");
+    let dt = r
+        .setup_flags()
+        .into_iter()
+        .find(|f| f.name == "DEFER_TASKRUN")
+        .unwrap();
+    assert_eq!(dt.granted, defer, "{dt:?}");
+    r
+}
+
+#[test]
+fn every_scenario_matches_epoll_on_epoll_wait_ring_with_coop_taskrun() {
+    for s in scenarios::SCENARIOS {
+        check(s, || epoll_wait_ring(false), "EPOLL_WAIT COOP_TASKRUN");
+    }
+}
+
+#[test]
+fn every_scenario_matches_epoll_on_epoll_wait_ring_with_defer_taskrun() {
+    for s in scenarios::SCENARIOS {
+        check(s, || epoll_wait_ring(true), "EPOLL_WAIT DEFER_TASKRUN");
+    }
 }

@@ -29,6 +29,7 @@
 //! The API is C-friendly: raw fds, epoll bit values, `u64` tokens, `#[repr(C)]` events.
 
 mod epoll;
+mod epwait;
 #[doc(hidden)]
 pub mod scenarios;
 mod uring;
@@ -167,11 +168,15 @@ impl CtlError {
 /// Which backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Prefer {
-    /// io_uring, falling back to epoll (recorded) when unavailable.
+    /// The best backend the kernel offers: `EPOLL_WAIT` on io_uring, else the poll ring,
+    /// else epoll; the choice and its reason are recorded as [`Fallback`]s.
     #[default]
     Auto,
-    /// io_uring only: fail when unavailable.
+    /// The io_uring poll ring (one `POLL_ADD` per fd) only: fail when unavailable.
     Uring,
+    /// `IORING_OP_EPOLL_WAIT` over a kernel epoll instance (Linux 6.15) only: fail when
+    /// unavailable.
+    EpollWait,
     /// epoll (the baseline).
     Epoll,
 }
@@ -191,6 +196,10 @@ pub struct EventConfig {
     /// ring before sleeping (once per idle period). Zero (the default) disables it: measured
     /// neutral for HTTP and slower for user-posted events here (`docs/design/event.md`).
     pub spin: Duration,
+    /// `EPOLL_WAIT` backend only: use this existing epoll instance (not closed by the ring)
+    /// instead of creating one — the epoll shim passes the program's own epoll fd, so
+    /// registrations made behind its back land in the same interest list.
+    pub epoll_fd: Option<RawFd>,
 }
 
 impl Default for EventConfig {
@@ -209,6 +218,7 @@ impl Default for EventConfig {
             },
             user_capacity: 4096,
             spin: Duration::ZERO,
+            epoll_fd: None,
         }
     }
 }
@@ -218,6 +228,7 @@ impl Default for EventConfig {
 #[allow(clippy::large_enum_variant)]
 enum Backend {
     Uring(uring::UringEvents),
+    Epwait(epwait::EpwaitEvents),
     Epoll(epoll::EpollEvents),
 }
 
@@ -319,19 +330,21 @@ impl EventRing {
         let mut fallbacks = Vec::new();
         let backend = match cfg.prefer {
             Prefer::Epoll => Backend::Epoll(epoll::EpollEvents::new(wake)?),
-            Prefer::Uring | Prefer::Auto => {
-                match uring::UringEvents::new(&cfg.ring, cfg.spin, wake) {
-                    Ok(u) => Backend::Uring(u),
-                    Err(uring::NewError::Unavailable(reason)) if cfg.prefer == Prefer::Auto => {
-                        fallbacks.push(Fallback::new("io_uring poll ring", "epoll", reason));
-                        Backend::Epoll(epoll::EpollEvents::new(wake)?)
-                    }
-                    Err(uring::NewError::Unavailable(reason)) => {
-                        return Err(io::Error::new(io::ErrorKind::Unsupported, reason))
-                    }
-                    Err(uring::NewError::Io(e)) => return Err(e),
+            Prefer::EpollWait => match epwait::EpwaitEvents::new(&cfg.ring, wake, cfg.epoll_fd) {
+                Ok(e) => Backend::Epwait(e),
+                Err(epwait::NewError::Unavailable(reason)) => {
+                    return Err(io::Error::new(io::ErrorKind::Unsupported, reason))
                 }
-            }
+                Err(epwait::NewError::Io(e)) => return Err(e),
+            },
+            Prefer::Uring => match uring::UringEvents::new(&cfg.ring, cfg.spin, wake) {
+                Ok(u) => Backend::Uring(u),
+                Err(uring::NewError::Unavailable(reason)) => {
+                    return Err(io::Error::new(io::ErrorKind::Unsupported, reason))
+                }
+                Err(uring::NewError::Io(e)) => return Err(e),
+            },
+            Prefer::Auto => Self::choose(cfg, wake, &mut fallbacks)?,
         };
         Ok(Self {
             backend,
@@ -342,11 +355,55 @@ impl EventRing {
         })
     }
 
-    /// `"io_uring"` or `"epoll"`.
+    /// The choice of [`Prefer::Auto`]: `EPOLL_WAIT` where the kernel has it (the interest
+    /// list in a real epoll: epoll's cheap wake-ups and level re-checks, reports polled at
+    /// report time, no file references), else the poll ring, else epoll. Every step down is
+    /// recorded with its reason. (`docs/design/event.md`, "Choice".)
+    fn choose(
+        cfg: &EventConfig,
+        wake: RawFd,
+        fallbacks: &mut Vec<Fallback>,
+    ) -> io::Result<Backend> {
+        match epwait::EpwaitEvents::new(&cfg.ring, wake, cfg.epoll_fd) {
+            Ok(e) => return Ok(Backend::Epwait(e)),
+            Err(epwait::NewError::Unavailable(reason)) => fallbacks.push(Fallback::new(
+                "io_uring EPOLL_WAIT ring",
+                "io_uring poll ring",
+                reason,
+            )),
+            Err(epwait::NewError::Io(e)) => return Err(e),
+        }
+        if cfg.epoll_fd.is_some() {
+            // Only a kernel epoll reading that instance could serve it: the caller decides.
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "an existing epoll instance needs the EPOLL_WAIT backend",
+            ));
+        }
+        match uring::UringEvents::new(&cfg.ring, cfg.spin, wake) {
+            Ok(u) => Ok(Backend::Uring(u)),
+            Err(uring::NewError::Unavailable(reason)) => {
+                fallbacks.push(Fallback::new("io_uring poll ring", "epoll", reason));
+                Ok(Backend::Epoll(epoll::EpollEvents::new(wake)?))
+            }
+            Err(uring::NewError::Io(e)) => Err(e),
+        }
+    }
+
+    /// `"io_uring"` (the poll ring), `"io_uring_epoll_wait"` or `"epoll"`.
     pub fn backend_name(&self) -> &'static str {
         match self.backend {
             Backend::Uring(_) => "io_uring",
+            Backend::Epwait(_) => "io_uring_epoll_wait",
             Backend::Epoll(_) => "epoll",
+        }
+    }
+
+    /// The kernel epoll instance holding the interest list (`EPOLL_WAIT` backend).
+    pub fn epoll_fd(&self) -> Option<RawFd> {
+        match &self.backend {
+            Backend::Epwait(e) => Some(e.epoll_fd()),
+            _ => None,
         }
     }
 
@@ -359,6 +416,7 @@ impl EventRing {
     pub fn setup_flags(&self) -> Vec<crate::ring::SetupFlag> {
         match &self.backend {
             Backend::Uring(u) => u.setup_flags().to_vec(),
+            Backend::Epwait(e) => e.setup_flags().to_vec(),
             Backend::Epoll(_) => Vec::new(),
         }
     }
@@ -368,6 +426,7 @@ impl EventRing {
     pub fn add(&mut self, fd: RawFd, interest: Interest, token: u64) -> Result<(), CtlError> {
         match &mut self.backend {
             Backend::Uring(u) => u.add(fd, interest.0, token),
+            Backend::Epwait(e) => e.add(fd, interest.0, token),
             Backend::Epoll(e) => e.add(fd, interest.0, token),
         }
     }
@@ -377,6 +436,7 @@ impl EventRing {
     pub fn modify(&mut self, fd: RawFd, interest: Interest, token: u64) -> Result<(), CtlError> {
         match &mut self.backend {
             Backend::Uring(u) => u.modify(fd, interest.0, token),
+            Backend::Epwait(e) => e.modify(fd, interest.0, token),
             Backend::Epoll(e) => e.modify(fd, interest.0, token),
         }
     }
@@ -387,6 +447,7 @@ impl EventRing {
     pub fn delete(&mut self, fd: RawFd) -> Result<(), CtlError> {
         match &mut self.backend {
             Backend::Uring(u) => u.delete(fd),
+            Backend::Epwait(e) => e.delete(fd),
             Backend::Epoll(e) => e.delete(fd),
         }
     }
@@ -399,6 +460,9 @@ impl EventRing {
             Backend::Uring(u) => {
                 let _ = u.delete(raw);
                 u.flush()?;
+            }
+            Backend::Epwait(e) => {
+                let _ = e.delete(raw);
             }
             Backend::Epoll(e) => {
                 let _ = e.delete(raw);
@@ -415,7 +479,7 @@ impl EventRing {
     pub fn flush(&mut self) -> io::Result<()> {
         match &mut self.backend {
             Backend::Uring(u) => u.flush(),
-            Backend::Epoll(_) => Ok(()),
+            Backend::Epwait(_) | Backend::Epoll(_) => Ok(()),
         }
     }
 
@@ -432,6 +496,7 @@ impl EventRing {
     pub fn harvest(&mut self, out: &mut [Event]) -> io::Result<usize> {
         let n = match &mut self.backend {
             Backend::Uring(u) => u.harvest(out)?,
+            Backend::Epwait(e) => e.harvest(out)?,
             Backend::Epoll(e) => e.wait(out, Some(Duration::ZERO), &self.user.ring, false)?,
         };
         let m = self.harvest_user(&mut out[n..]);
@@ -448,6 +513,7 @@ impl EventRing {
         }
         let n = match &mut self.backend {
             Backend::Uring(u) => u.wait(out, timeout, &self.user.ring)?,
+            Backend::Epwait(e) => e.wait(out, timeout, &self.user.ring)?,
             Backend::Epoll(e) => e.wait(out, timeout, &self.user.ring, true)?,
         };
         let m = self.harvest_user(&mut out[n..]);
@@ -472,6 +538,7 @@ impl EventRing {
     pub fn stats(&self) -> EventStats {
         let mut s = match &self.backend {
             Backend::Uring(u) => u.stats(),
+            Backend::Epwait(e) => e.stats(),
             Backend::Epoll(e) => e.stats(),
         };
         s.events = self.harvested;

@@ -1,0 +1,325 @@
+//! The `EPOLL_WAIT` backend: the interest list lives in a real kernel epoll instance; the ring
+//! collects its ready events with `IORING_OP_EPOLL_WAIT` (Linux 6.15), one request at a time.
+//!
+//! Why: epoll's wake-up callback only links the item on its ready list, level-triggered
+//! re-checks are one `vfs_poll` inside the collection, a report carries the file's whole
+//! readiness polled at report time, and an epoll item holds no file reference (a `DEL`, or the
+//! last `close`, releases the socket at once). A poll request per fd has none of these.
+//!
+//! Exactness: the request is submitted by `wait` itself and completes inside one of `wait`'s
+//! kernel entries, so every report is as fresh as `epoll_wait`'s. A `wait` that returns while
+//! its request is still armed (timeout, user-posted event, signal) keeps it armed only with
+//! `DEFER_TASKRUN` (its completion can only run inside the next `wait`'s entry); otherwise the
+//! request is cancelled and reaped before returning, so a completion never lands while the
+//! loop runs its own code (COOP_TASKRUN would run it on any syscall return) and a report is
+//! never stale. user_data: `EPWAIT_UD` for the request, `WAKE_UD` for the user ring's eventfd
+//! poll (not in the epoll set: epoll `data` is the caller's token, unchanged), `INTERNAL` for
+//! cancels.
+
+use super::{CtlError, Event};
+use crate::buf::mpsc::MpscRing;
+use crate::ring::epwait::EpollWaitBuf;
+use crate::ring::{Ring, RingConfig, RingError, SetupFlag};
+use crate::sys::epoll as ep;
+use crate::sys::IORING_CQE_F_MORE;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+const EPWAIT_UD: u64 = 1;
+const WAKE_UD: u64 = 2;
+const INTERNAL: u64 = 1 << 63;
+/// Events one `EPOLL_WAIT` can return (the caller's `out` length, clamped).
+const BATCH: usize = 1024;
+
+pub(super) enum NewError {
+    Unavailable(String),
+    Io(io::Error),
+}
+
+/// The epoll instance: created here, or the caller's (the epoll shim's program fd).
+enum Epfd {
+    Owned(OwnedFd),
+    Borrowed(RawFd),
+}
+
+impl Epfd {
+    fn raw(&self) -> RawFd {
+        match self {
+            Epfd::Owned(f) => f.as_raw_fd(),
+            Epfd::Borrowed(f) => *f,
+        }
+    }
+}
+
+pub(super) struct EpwaitEvents {
+    // Declared before `buf`: nothing can write into `buf` once the ring is gone.
+    ring: Ring,
+    epfd: Epfd,
+    buf: EpollWaitBuf,
+    defer: bool,
+    wake_fd: RawFd,
+    /// Events of a completion that did not fit the caller's `out` (only with DEFER_TASKRUN,
+    /// when `maxevents` shrank between waits with a request armed): handed out first.
+    spill: Vec<Event>,
+    ctl_syscalls: u64,
+    cqes: u64,
+    cancels: u64,
+    poll_errors: u64,
+}
+
+impl EpwaitEvents {
+    pub(super) fn new(
+        cfg: &RingConfig,
+        wake_fd: RawFd,
+        epfd: Option<RawFd>,
+    ) -> Result<Self, NewError> {
+        let ring = match Ring::new(cfg) {
+            Ok(r) => r,
+            Err(RingError::Unavailable { reason, .. }) => {
+                return Err(NewError::Unavailable(reason))
+            }
+            Err(RingError::Setup(e)) => {
+                return Err(NewError::Unavailable(format!(
+                    "io_uring_setup failed with every flag set: {e}"
+                )))
+            }
+        };
+        let probe = ring.probe_opcodes().map_err(NewError::Io)?;
+        if !probe.is_supported(io_uring::opcode::EpollWait::CODE) {
+            return Err(NewError::Unavailable(
+                "kernel io_uring lacks EPOLL_WAIT (Linux 6.15)".into(),
+            ));
+        }
+        if !probe.is_supported(io_uring::opcode::PollAdd::CODE) {
+            return Err(NewError::Unavailable(
+                "kernel io_uring lacks POLL_ADD".into(),
+            ));
+        }
+        let defer = ring.has_flag("DEFER_TASKRUN");
+        let epfd = match epfd {
+            Some(fd) => Epfd::Borrowed(fd),
+            None => Epfd::Owned(ep::create().map_err(NewError::Io)?),
+        };
+        let mut me = Self {
+            ring,
+            epfd,
+            buf: EpollWaitBuf::new(BATCH),
+            defer,
+            wake_fd,
+            spill: Vec::new(),
+            ctl_syscalls: 0,
+            cqes: 0,
+            cancels: 0,
+            poll_errors: 0,
+        };
+        me.arm_wake().map_err(NewError::Io)?;
+        me.ring.submit().map_err(NewError::Io)?;
+        Ok(me)
+    }
+
+    pub(super) fn setup_flags(&self) -> &[SetupFlag] {
+        self.ring.setup_flags()
+    }
+
+    pub(super) fn epoll_fd(&self) -> RawFd {
+        self.epfd.raw()
+    }
+
+    fn arm_wake(&mut self) -> io::Result<()> {
+        self.ring
+            .poll_add(self.wake_fd, libc::EPOLLIN as u32, true, WAKE_UD)
+    }
+
+    fn ctl(
+        &mut self,
+        op: i32,
+        fd: RawFd,
+        events: u32,
+        token: u64,
+        what: &'static str,
+    ) -> Result<(), CtlError> {
+        if fd >= 0 && (fd == self.wake_fd || fd == self.ring.raw().as_raw_fd()) {
+            return Err(CtlError::Invalid("fd is the event ring's own descriptor"));
+        }
+        self.ctl_syscalls += 1;
+        ep::ctl(self.epfd.raw(), op, fd, events, token)
+            .map_err(|e| CtlError::from_errno(e, fd, what))
+    }
+
+    pub(super) fn add(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), CtlError> {
+        self.ctl(libc::EPOLL_CTL_ADD, fd, events, token, "epoll_ctl ADD")
+    }
+
+    pub(super) fn modify(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), CtlError> {
+        self.ctl(libc::EPOLL_CTL_MOD, fd, events, token, "epoll_ctl MOD")
+    }
+
+    pub(super) fn delete(&mut self, fd: RawFd) -> Result<(), CtlError> {
+        self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0, "epoll_ctl DEL")
+    }
+
+    /// Moves completions out of the CQ; events of the `EPOLL_WAIT` go to `out[n..]` (and
+    /// `spill` when they do not fit). Returns the new `n`.
+    fn drain(&mut self, out: &mut [Event], mut n: usize) -> io::Result<usize> {
+        let mut batch: Vec<(u64, i32, u32)> = Vec::new();
+        self.ring
+            .harvest(|c| batch.push((c.user_data(), c.result(), c.flags())))?;
+        for (ud, res, flags) in batch {
+            self.cqes += 1;
+            match ud {
+                WAKE_UD => {
+                    if flags & IORING_CQE_F_MORE == 0 {
+                        self.arm_wake()?;
+                    }
+                }
+                EPWAIT_UD => {
+                    if res < 0 && res != -libc::ECANCELED && res != -libc::EINTR {
+                        self.poll_errors += 1;
+                    }
+                    for e in self.buf.complete(res) {
+                        let ev = Event {
+                            events: e.events,
+                            token: e.u64,
+                        };
+                        if n < out.len() {
+                            out[n] = ev;
+                            n += 1;
+                        } else {
+                            self.spill.push(ev);
+                        }
+                    }
+                }
+                _ => {
+                    // Cancels: -ENOENT/-EALREADY when the request had just completed.
+                    if res < 0 && res != -libc::ENOENT && res != -libc::EALREADY {
+                        self.poll_errors += 1;
+                    }
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Cancels the armed request and reaps it; events it delivered meanwhile go to `out`.
+    fn cancel(&mut self, out: &mut [Event], mut n: usize) -> io::Result<usize> {
+        self.cancels += 1;
+        self.ring.cancel(EPWAIT_UD, INTERNAL | EPWAIT_UD)?;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while self.buf.in_flight() {
+            self.ring.get_events()?;
+            n = self.drain(out, n)?;
+            if self.buf.in_flight() {
+                if Instant::now() > deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "EPOLL_WAIT cancellation did not complete",
+                    ));
+                }
+                std::thread::yield_now();
+            }
+        }
+        Ok(n)
+    }
+
+    pub(super) fn harvest(&mut self, out: &mut [Event]) -> io::Result<usize> {
+        let mut n = self.take_spill(out);
+        n = self.drain(out, n)?;
+        Ok(n)
+    }
+
+    fn take_spill(&mut self, out: &mut [Event]) -> usize {
+        let n = self.spill.len().min(out.len());
+        out[..n].copy_from_slice(&self.spill[..n]);
+        self.spill.drain(..n);
+        n
+    }
+
+    pub(super) fn wait(
+        &mut self,
+        out: &mut [Event],
+        timeout: Option<Duration>,
+        user: &MpscRing,
+    ) -> io::Result<usize> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut n = self.take_spill(out);
+        if n > 0 {
+            return Ok(n);
+        }
+        let epfd = self.epfd.raw();
+        if self.buf.in_flight() && self.defer {
+            // Armed by an earlier wait that returned without it (DEFER_TASKRUN only): its
+            // completion can only run in an entry of ours, so it is as fresh as a new one.
+            n = self.drain(out, n)?;
+        }
+        if !self.buf.in_flight() && n == 0 {
+            self.buf
+                .submit(&mut self.ring, epfd, out.len(), EPWAIT_UD)?;
+        }
+        let mut entered = false;
+        while n == 0 && !user.has_entries() {
+            let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if entered && remaining == Some(Duration::ZERO) {
+                break;
+            }
+            entered = true;
+            if remaining == Some(Duration::ZERO) {
+                // Submit, and run deferred work, without a timer.
+                self.ring.get_events()?;
+            } else if user.prepare_sleep() {
+                let r = self.ring.submit_and_wait(1, remaining);
+                user.end_sleep();
+                match r {
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+                        n = self.drain(out, n)?;
+                        if n == 0 {
+                            self.settle(out, 0)?;
+                            return Err(e);
+                        }
+                        break;
+                    }
+                    r => {
+                        r?;
+                    }
+                }
+            }
+            n = self.drain(out, n)?;
+            if !self.buf.in_flight() && n == 0 {
+                // Completed empty (cancelled by the kernel, or an error): ask again.
+                self.buf
+                    .submit(&mut self.ring, epfd, out.len(), EPWAIT_UD)?;
+            }
+        }
+        self.settle(out, n)
+    }
+
+    /// Before `wait` returns: without DEFER_TASKRUN an armed request could complete while the
+    /// loop runs (its report then stale by the time it is read): cancel and reap it.
+    fn settle(&mut self, out: &mut [Event], n: usize) -> io::Result<usize> {
+        if self.buf.in_flight() && !self.defer {
+            return self.cancel(out, n);
+        }
+        Ok(n)
+    }
+
+    pub(super) fn stats(&self) -> super::EventStats {
+        super::EventStats {
+            syscalls: self.ring.enters() + self.ctl_syscalls,
+            wait_entries: self.ring.enters(),
+            cqes: self.cqes,
+            rearms: self.cancels,
+            poll_errors: self.poll_errors,
+            ..Default::default()
+        }
+    }
+}
+
+impl Drop for EpwaitEvents {
+    fn drop(&mut self) {
+        if self.buf.in_flight() {
+            let mut sink = [Event::default(); 0];
+            // Best effort: on failure the buffer is leaked, never freed under the kernel.
+            let _ = self.cancel(&mut sink, 0);
+        }
+    }
+}
