@@ -73,7 +73,10 @@ fn every_scenario_matches_epoll_on_io_uring_with_defer_taskrun() {
 
 #[test]
 fn every_scenario_matches_epoll_on_epoll_backend() {
-    for s in scenarios::SCENARIOS {
+    for s in scenarios::SCENARIOS
+        .iter()
+        .chain(scenarios::BEHIND_THE_BACK)
+    {
         check(s, epoll_backend, "epoll backend");
     }
 }
@@ -419,14 +422,20 @@ fn epoll_wait_ring(defer: bool) -> EventRing {
 
 #[test]
 fn every_scenario_matches_epoll_on_epoll_wait_ring_with_coop_taskrun() {
-    for s in scenarios::SCENARIOS {
+    for s in scenarios::SCENARIOS
+        .iter()
+        .chain(scenarios::BEHIND_THE_BACK)
+    {
         check(s, || epoll_wait_ring(false), "EPOLL_WAIT COOP_TASKRUN");
     }
 }
 
 #[test]
 fn every_scenario_matches_epoll_on_epoll_wait_ring_with_defer_taskrun() {
-    for s in scenarios::SCENARIOS {
+    for s in scenarios::SCENARIOS
+        .iter()
+        .chain(scenarios::BEHIND_THE_BACK)
+    {
         check(s, || epoll_wait_ring(true), "EPOLL_WAIT DEFER_TASKRUN");
     }
 }

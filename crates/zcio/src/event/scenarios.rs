@@ -26,6 +26,10 @@ pub enum Kind {
     EventFd,
     /// A regular file (epoll refuses it with EPERM).
     File,
+    /// A listening TCP socket on 127.0.0.1 (no peer); [`Step::Connect`] tries it.
+    Listener,
+    /// A pipe's write end polled, its read end as peer (closing the peer: `EPOLLERR`).
+    PipeWriter,
 }
 
 /// Interest bits used by the scenarios.
@@ -78,6 +82,15 @@ pub enum Step {
     PeerClose(u16),
     /// Closes the polled end (through the target: the event ring deletes it first).
     Close(u16),
+    /// Closes the polled end behind the target's back (plain `close`): epoll drops the
+    /// registration when the file goes.
+    CloseRaw(u16),
+    /// `dup2`s a fresh eventfd over the polled end's number (the old file is released; the
+    /// number now names an unregistered eventfd).
+    Dup2Over(u16),
+    /// A blocking `connect` to the slot's listener address (kept after close); records 0 or
+    /// the errno (`ECONNREFUSED` once the listener is gone).
+    Connect(u16),
     /// Polls the polled end until all of `events` are ready (≤ 2 s), for loopback TCP.
     Settle(u16, u32),
     /// A non-blocking wait for up to n events; records the set.
@@ -407,6 +420,125 @@ pub const SCENARIOS: &[Scenario] = &[
             Wait(512),
         ],
     },
+    Scenario {
+        name: "edge_report_carries_every_ready_bit",
+        // CPython test_epoll.test_control_and_wait: an edge-triggered report carries the
+        // file's whole readiness polled at report time, not only the bit that woke it.
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN | OUT | ET, 1),
+            Open(1, Tcp),
+            Add(1, IN | OUT | ET, 2),
+            Wait(8),
+            Wait(8),
+            PeerWrite(0, 3),
+            PeerWrite(1, 3),
+            Settle(1, IN),
+            Wait(8),
+            Wait(8),
+            Read(0, 100),
+            Read(1, 100),
+            PeerWrite(0, 1),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "level_report_carries_every_ready_bit",
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN | OUT | RDHUP, 1),
+            Wait(8),
+            PeerWrite(0, 3),
+            Wait(8),
+            PeerShutWr(0),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "hup_and_err_are_reported_without_being_asked",
+        steps: &[
+            Open(0, Unix),
+            Add(0, RDHUP, 1),
+            Open(1, PipeWriter),
+            Add(1, 0, 2),
+            Open(2, PipeWriter),
+            Add(2, OUT | ET, 3),
+            Wait(8),
+            Wait(8),
+            PeerClose(0),
+            PeerClose(1),
+            PeerClose(2),
+            Wait(8),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "delete_then_close_releases_the_listener_at_once",
+        // CPython test_asyncio test_server_close: DEL + close, then a connect must be refused.
+        steps: &[
+            Open(0, Listener),
+            Add(0, IN, 1),
+            Wait(8),
+            Del(0),
+            CloseRaw(0),
+            Connect(0),
+            Open(1, Listener),
+            Add(1, IN | ET, 2),
+            Connect(1),
+            Settle(1, IN),
+            Wait(8),
+            Del(1),
+            CloseRaw(1),
+            Connect(1),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "close_through_the_target_releases_the_listener_at_once",
+        steps: &[
+            Open(0, Listener),
+            Add(0, IN | ET, 1),
+            Close(0),
+            Connect(0),
+            Wait(8),
+        ],
+    },
+];
+
+/// Scenarios that close a registered descriptor behind the target's back (plain `close`,
+/// `dup2` over it): epoll drops the registration when the file goes. Only backends whose
+/// interest list is a kernel epoll pass them; the poll ring's armed polls hold the file
+/// (a documented contract difference: call `delete`/`close` on the ring).
+pub const BEHIND_THE_BACK: &[Scenario] = &[
+    Scenario {
+        name: "close_without_delete_releases_the_listener_at_once",
+        // libuv closes with a raw syscall(SYS_close) that no interposer sees.
+        steps: &[
+            Open(0, Listener),
+            Add(0, IN, 1),
+            Connect(0),
+            CloseRaw(0),
+            Connect(0),
+            Wait(8),
+            Open(1, Unix),
+            Add(1, IN, 2),
+            PeerWrite(1, 1),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "dup2_over_a_registered_fd_releases_it",
+        steps: &[
+            Open(0, Listener),
+            Add(0, IN | ET, 1),
+            Connect(0),
+            Dup2Over(0),
+            Connect(0),
+            Wait(8),
+            Add(0, IN, 3),
+            Wait(8),
+        ],
+    },
 ];
 
 /// What a target must do for the runner.
@@ -515,6 +647,7 @@ struct Obj {
     own: Option<File>,
     peer: Option<File>,
     kind: Kind,
+    addr: Option<std::net::SocketAddr>,
 }
 
 fn open(kind: Kind) -> std::io::Result<Obj> {
@@ -535,6 +668,21 @@ fn open(kind: Kind) -> std::io::Result<Obj> {
         }
         EventFd => (crate::sys::eventfd(0)?, None),
         File => (std::fs::File::open("/proc/self/exe")?.into(), None),
+        Listener => {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let addr = l.local_addr()?;
+            ep::set_nonblocking(l.as_raw_fd())?;
+            return Ok(Obj {
+                own: Some(OwnedFd::from(l).into()),
+                peer: None,
+                kind,
+                addr: Some(addr),
+            });
+        }
+        PipeWriter => {
+            let (r, w) = ep::pipe()?;
+            (w, Some(r))
+        }
     };
     ep::set_nonblocking(own.as_raw_fd())?;
     if let Some(p) = &peer {
@@ -544,6 +692,7 @@ fn open(kind: Kind) -> std::io::Result<Obj> {
         own: Some(own.into()),
         peer: peer.map(File::from),
         kind,
+        addr: None,
     })
 }
 
@@ -652,6 +801,27 @@ pub fn run(s: &Scenario, t: &mut dyn Target) -> std::io::Result<Vec<Obs>> {
                 let o = obj(&mut objs, slot);
                 let f = o.own.take().expect("open");
                 t.close(f.into());
+            }
+            CloseRaw(slot) => drop(obj(&mut objs, slot).own.take()),
+            Dup2Over(slot) => {
+                let o = obj(&mut objs, slot);
+                let fd = o.own.as_ref().expect("open").as_raw_fd();
+                let e = crate::sys::eventfd(0)?;
+                ep::dup2(e.as_raw_fd(), fd)?;
+                // The number now names the eventfd; the slot keeps owning it.
+                o.kind = EventFd;
+                o.peer = None;
+            }
+            Connect(slot) => {
+                let addr = obj(&mut objs, slot).addr.expect("a listener slot");
+                let r = match std::net::TcpStream::connect_timeout(
+                    &addr,
+                    std::time::Duration::from_secs(2),
+                ) {
+                    Ok(_) => 0,
+                    Err(e) => errno(e),
+                };
+                trace.push(Obs::Ctl(i, r));
             }
             Settle(slot, ev) => {
                 let f = obj(&mut objs, slot).own.as_ref().expect("open");

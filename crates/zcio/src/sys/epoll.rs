@@ -128,3 +128,20 @@ pub fn shutdown(fd: RawFd, how: i32) -> io::Result<()> {
     // SAFETY: integer arguments only.
     syscall!(shutdown(fd, how)).map(drop)
 }
+
+/// `dup3(old, new, O_CLOEXEC)`: makes `new` name `old`'s file, closing what `new` named (the
+/// caller keeps owning `new`; scenarios use it to replace a registered descriptor).
+pub fn dup2(old: RawFd, new: RawFd) -> io::Result<()> {
+    // SAFETY: integer arguments only; `new`'s previous file is released by the kernel.
+    syscall!(dup3(old, new, libc::O_CLOEXEC)).map(drop)
+}
+
+/// `poll(2)` with a zero timeout: each entry's `revents` gets the descriptor's readiness now
+/// (POLLIN/PRI/OUT/ERR/HUP/RDHUP have epoll's bit values).
+pub fn poll_now(fds: &mut [libc::pollfd]) -> io::Result<()> {
+    if fds.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `fds` is a writable array of `len` pollfds for the call.
+    syscall!(poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0)).map(drop)
+}
