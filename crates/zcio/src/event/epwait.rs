@@ -12,13 +12,14 @@
 //! `DEFER_TASKRUN` (its completion can only run inside the next `wait`'s entry); otherwise the
 //! request is cancelled and reaped before returning, so a completion never lands while the
 //! loop runs its own code (COOP_TASKRUN would run it on any syscall return) and a report is
-//! never stale. user_data: `EPWAIT_UD` for the request, `WAKE_UD` for the user ring's eventfd
-//! poll (not in the epoll set: epoll `data` is the caller's token, unchanged), `INTERNAL` for
-//! cancels.
+//! never stale. user_data ([`Key`]): an internal key for the request and one for the user
+//! ring's eventfd poll (not in the epoll set: epoll `data` is the caller's token, unchanged),
+//! [`Key::cancel`] for cancels.
 
 use super::{CtlError, Event};
 use crate::buf::mpsc::MpscRing;
 use crate::ring::epwait::EpollWaitBuf;
+use crate::ring::key::{Key, Op};
 use crate::ring::{Ring, RingConfig, RingError, SetupFlag};
 use crate::sys::epoll as ep;
 use crate::sys::IORING_CQE_F_MORE;
@@ -26,9 +27,10 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
-const EPWAIT_UD: u64 = 1;
-const WAKE_UD: u64 = 2;
-const INTERNAL: u64 = 1 << 63;
+/// The one `EPOLL_WAIT` request.
+const EPWAIT_KEY: Key = Key::internal(1);
+/// The user ring's eventfd poll.
+const WAKE_KEY: Key = Key::internal(2);
 /// Events one `EPOLL_WAIT` can return (the caller's `out` length, clamped).
 const BATCH: usize = 1024;
 
@@ -128,7 +130,7 @@ impl EpwaitEvents {
 
     fn arm_wake(&mut self) -> io::Result<()> {
         self.ring
-            .poll_add(self.wake_fd, libc::EPOLLIN as u32, true, WAKE_UD)
+            .poll_add(self.wake_fd, libc::EPOLLIN as u32, true, WAKE_KEY)
     }
 
     fn ctl(
@@ -167,13 +169,14 @@ impl EpwaitEvents {
             .harvest(|c| batch.push((c.user_data(), c.result(), c.flags())))?;
         for (ud, res, flags) in batch {
             self.cqes += 1;
-            match ud {
-                WAKE_UD => {
+            let key = Key::from_raw(ud);
+            match key {
+                WAKE_KEY => {
                     if flags & IORING_CQE_F_MORE == 0 {
                         self.arm_wake()?;
                     }
                 }
-                EPWAIT_UD => {
+                EPWAIT_KEY => {
                     if res < 0 && res != -libc::ECANCELED && res != -libc::EINTR {
                         self.poll_errors += 1;
                     }
@@ -192,6 +195,7 @@ impl EpwaitEvents {
                 }
                 _ => {
                     // Cancels: -ENOENT/-EALREADY when the request had just completed.
+                    debug_assert_eq!(key.op(), Some(Op::Cancel));
                     if res < 0 && res != -libc::ENOENT && res != -libc::EALREADY {
                         self.poll_errors += 1;
                     }
@@ -204,7 +208,7 @@ impl EpwaitEvents {
     /// Cancels the armed request and reaps it; events it delivered meanwhile go to `out`.
     fn cancel(&mut self, out: &mut [Event], mut n: usize) -> io::Result<usize> {
         self.cancels += 1;
-        self.ring.cancel(EPWAIT_UD, INTERNAL | EPWAIT_UD)?;
+        self.ring.cancel(EPWAIT_KEY, Key::cancel())?;
         let deadline = Instant::now() + Duration::from_secs(1);
         while self.buf.in_flight() {
             self.ring.get_events()?;
@@ -254,7 +258,7 @@ impl EpwaitEvents {
         }
         if !self.buf.in_flight() && n == 0 {
             self.buf
-                .submit(&mut self.ring, epfd, out.len(), EPWAIT_UD)?;
+                .submit(&mut self.ring, epfd, out.len(), EPWAIT_KEY)?;
         }
         let mut entered = false;
         while n == 0 && !user.has_entries() {
@@ -287,7 +291,7 @@ impl EpwaitEvents {
             if !self.buf.in_flight() && n == 0 {
                 // Completed empty (cancelled by the kernel, or an error): ask again.
                 self.buf
-                    .submit(&mut self.ring, epfd, out.len(), EPWAIT_UD)?;
+                    .submit(&mut self.ring, epfd, out.len(), EPWAIT_KEY)?;
             }
         }
         self.settle(out, n)

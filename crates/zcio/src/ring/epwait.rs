@@ -2,6 +2,7 @@
 //! completed as one CQE whose result is the number of `epoll_event`s the kernel wrote into a
 //! buffer. The buffer is owned here and is never handed out while a request is in flight.
 
+use super::key::Key;
 use super::Ring;
 use io_uring::{cqueue, opcode, types};
 use std::io;
@@ -50,7 +51,7 @@ impl EpollWaitBuf {
         ring: &mut Ring<C>,
         epfd: RawFd,
         max: usize,
-        user_data: u64,
+        key: Key,
     ) -> io::Result<()> {
         if self.in_flight {
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
@@ -62,7 +63,7 @@ impl EpollWaitBuf {
             max,
         )
         .build()
-        .user_data(user_data);
+        .user_data(key.raw());
         // SAFETY: the kernel writes at most `max` ≤ len events into `buf`, which this object
         // owns; while `in_flight` is set nothing here reads or frees it (`events` needs the
         // completion first, and `Drop` leaks the buffer instead of freeing it).
