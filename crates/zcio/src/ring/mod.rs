@@ -150,7 +150,10 @@ fn unavailable_reason(err: &io::Error) -> Option<String> {
 impl<C: cqueue::EntryMarker> Ring<C> {
     /// Creates a ring with the best flags the kernel accepts. CQE32 is selected by the type
     /// parameter (`Ring<cqueue::Entry32>`).
-    pub fn new(cfg: &RingConfig) -> Result<Self, RingError> {
+    pub fn new(cfg: &RingConfig) -> Result<Self, RingError>
+    where
+        C: 'static,
+    {
         let mut wanted: Vec<Flag> = Vec::new();
         let mut flags: Vec<SetupFlag> = Vec::new();
         let mut note = |flag: Flag, requested: bool, reason: Option<String>| {
@@ -251,7 +254,10 @@ impl<C: cqueue::EntryMarker> Ring<C> {
         }
     }
 
-    fn build(cfg: &RingConfig, wanted: &[Flag]) -> io::Result<IoUring<squeue::Entry, C>> {
+    fn build(cfg: &RingConfig, wanted: &[Flag]) -> io::Result<IoUring<squeue::Entry, C>>
+    where
+        C: 'static,
+    {
         let mut b = IoUring::<squeue::Entry, C>::builder();
         b.setup_cqsize(
             cfg.cq_entries
@@ -275,7 +281,40 @@ impl<C: cqueue::EntryMarker> Ring<C> {
                 }
             }
         }
-        b.build(cfg.entries)
+        let ring = b.build(cfg.entries)?;
+        Self::move_private(ring)
+    }
+
+    /// Moves the ring's descriptor above [`crate::sys::private_fd_floor`] (when set): the
+    /// descriptor is duplicated high with close-on-exec and the rings are mapped again from
+    /// it; the low number is closed. (io-uring's `from_fd` exists for 16-byte CQEs only; a
+    /// CQE32 ring stays where it is.)
+    fn move_private(ring: IoUring<squeue::Entry, C>) -> io::Result<IoUring<squeue::Entry, C>>
+    where
+        C: 'static,
+    {
+        use std::any::Any;
+        use std::os::fd::AsRawFd;
+        type Plain = IoUring<squeue::Entry, cqueue::Entry>;
+        let floor = crate::sys::private_fd_floor();
+        if floor == 0 || ring.as_raw_fd() >= floor {
+            return Ok(ring);
+        }
+        let mut slot = Some(ring);
+        let Some(plain) = (&mut slot as &mut dyn Any).downcast_mut::<Option<Plain>>() else {
+            return Ok(slot.expect("ring"));
+        };
+        let r = plain.take().expect("ring");
+        let Some(high) = crate::sys::dup_private(r.as_raw_fd()) else {
+            *plain = Some(r);
+            return Ok(slot.expect("ring"));
+        };
+        let params = r.params().clone();
+        drop(r);
+        // SAFETY: `high` refers to the io_uring instance `params` describes (a duplicate of
+        // its descriptor) and is owned by nobody else; ownership passes to the new IoUring.
+        *plain = Some(unsafe { Plain::from_fd(high, params) }?);
+        Ok(slot.expect("ring"))
     }
 
     /// Which set-up flags were asked for and granted, with reasons for the others.
