@@ -254,6 +254,12 @@ pub struct State {
 /// One epoll instance.
 pub struct Instance {
     epfd: libc::c_int,
+    /// Kernel mode: the ring collects the program's own epoll fd with `EPOLL_WAIT`; the
+    /// interest list is the kernel's (epoll_ctl passes through, so registrations made behind
+    /// the shim's back — libuv's `IORING_OP_EPOLL_CTL` — and closes it never sees are
+    /// the kernel's business, exactly as without the shim). Only the owner thread's waits go
+    /// through the ring; nothing ever converts.
+    kernel: bool,
     owner: u64,
     fork_gen: u64,
     ring_mode: AtomicBool,
@@ -271,12 +277,7 @@ unsafe impl Send for State {}
 /// ring cannot be set up (then the program simply uses its real epoll fd; logged).
 pub fn create(epfd: libc::c_int) -> Option<()> {
     let slot = fd_slot(epfd)?;
-    let mut cfg = EventConfig {
-        prefer: Prefer::Uring,
-        ..EventConfig::default()
-    };
-    cfg.ring.defer_taskrun = crate::report::DEFER_TASKRUN.load(Ordering::Relaxed);
-    let ring = match EventRing::with_config(&cfg) {
+    let ring = match new_ring(epfd) {
         Ok(r) => r,
         Err(e) => {
             bump(&STATS.fallbacks, 1);
@@ -286,6 +287,7 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
             return None;
         }
     };
+    let kernel = ring.epoll_fd() == Some(epfd);
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u64;
     if LOGGED_PID.swap(pid, Ordering::Relaxed) != pid {
@@ -296,6 +298,7 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
     }
     let inst = Arc::new(Instance {
         epfd,
+        kernel,
         owner: tid(),
         fork_gen: FORK_GEN.load(Ordering::Relaxed),
         ring_mode: AtomicBool::new(true),
@@ -322,6 +325,34 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
         retire(&old);
     }
     Some(())
+}
+
+/// The ring for a new instance: `EPOLL_WAIT` over the program's epoll fd where the kernel has
+/// it (unless `ZCIO_EPOLL_BACKEND=poll`), else the poll ring (the reason is logged).
+fn new_ring(epfd: libc::c_int) -> std::io::Result<EventRing> {
+    let defer = crate::report::DEFER_TASKRUN.load(Ordering::Relaxed);
+    if !crate::report::POLL_RING.load(Ordering::Relaxed) {
+        let mut cfg = EventConfig {
+            prefer: Prefer::EpollWait,
+            epoll_fd: Some(epfd),
+            ..EventConfig::default()
+        };
+        // Always DEFER_TASKRUN here: the armed EPOLL_WAIT then only ever runs inside this
+        // thread's own ring waits, never on a syscall return of code that uses the real epoll.
+        cfg.ring.defer_taskrun = true;
+        match EventRing::with_config(&cfg) {
+            Ok(r) => return Ok(r),
+            Err(e) => log(format_args!(
+                "epoll fd {epfd}: no EPOLL_WAIT ring ({e}); trying the poll ring"
+            )),
+        }
+    }
+    let mut cfg = EventConfig {
+        prefer: Prefer::Uring,
+        ..EventConfig::default()
+    };
+    cfg.ring.defer_taskrun = defer;
+    EventRing::with_config(&cfg)
 }
 
 /// Forgets that `epfd` is an instance without touching the instance (lock-free, for a signal
@@ -407,8 +438,11 @@ fn park_ring(inst: &Instance, st: &mut State, mut ring: EventRing) {
     }
     // A zero-timeout wait submits the cancellations and runs their completions, so the
     // kernel drops its file references now.
-    let mut scratch = [Event::default(); 16];
-    let _ = ring.wait(&mut scratch, Some(Duration::ZERO));
+    if !inst.kernel {
+        // (Kernel mode: a wait would collect the program's events and lose them.)
+        let mut scratch = [Event::default(); 16];
+        let _ = ring.wait(&mut scratch, Some(Duration::ZERO));
+    }
     inst.ring_mode.store(false, Ordering::Relaxed);
     RING_LIVE.fetch_sub(1, Ordering::Relaxed);
     bump(&STATS.ring_enters, ring.stats().wait_entries);
@@ -494,7 +528,9 @@ fn to_real_in(inst: &Instance, st: &mut State, why: &str, forked: bool) {
 /// Converts `epfd`'s instance to the real epoll (nesting, poll/select on it, dup).
 pub fn convert(epfd: libc::c_int, why: &str) {
     if let Some(inst) = lookup(epfd) {
-        if inst.ring_mode.load(Ordering::Relaxed) {
+        // Kernel mode: the epoll fd already is the instance (nesting, poll, dup, other
+        // threads and forked children see exactly what the ring sees).
+        if inst.ring_mode.load(Ordering::Relaxed) && !inst.kernel {
             let f = forked(&inst);
             if let Some(mut st) = lock_checked(&inst) {
                 let why = if f { "used in a forked child" } else { why };
@@ -512,6 +548,10 @@ enum Access<'a> {
 
 fn access(inst: &Instance) -> Access<'_> {
     if !inst.ring_mode.load(Ordering::Relaxed) {
+        return Access::Real;
+    }
+    if inst.kernel && (forked(inst) || tid() != inst.owner || !same_process()) {
+        // The interest list is the kernel's: other threads and processes use it directly.
         return Access::Real;
     }
     if forked(inst) {
@@ -568,6 +608,11 @@ pub fn ctl(
     if is_instance(fd) && op != libc::EPOLL_CTL_DEL {
         // The inner instance must be a real epoll for its readiness to be seen.
         convert(fd, "nested in another epoll set");
+    }
+    if inst.kernel {
+        // The interest list is the program's epoll itself: the kernel answers.
+        bump(&STATS.ring_ctls, 1);
+        return real::epoll_ctl(inst.epfd, op, fd, ev);
     }
     let mut st = match access(inst) {
         Access::Real => return real::epoll_ctl(inst.epfd, op, fd, ev),
@@ -664,7 +709,10 @@ pub fn wait(
         }
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let ring = st.ring.as_mut().expect("ring mode");
+        let posted = ring.user_events();
         let r = ring.wait(&mut st.buf[..want], left);
+        // Fd events come first, then user-posted ones (wake-ups from contending threads).
+        let fd_events = |ring: &EventRing, n: usize| n - (ring.user_events() - posted) as usize;
         let n = match r {
             Ok(n) => n,
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
@@ -678,7 +726,21 @@ pub fn wait(
         };
         let mut k = 0usize;
         let mut woken = false;
-        for ev in &st.buf[..n] {
+        if inst.kernel {
+            let m = fd_events(st.ring.as_ref().expect("ring mode"), n);
+            woken = m < n;
+            for ev in &st.buf[..m] {
+                // Kernel mode: the epoll data is the program's own, passed through.
+                let e = libc::epoll_event {
+                    events: ev.events,
+                    u64: ev.token,
+                };
+                // SAFETY: k < m ≤ max: the caller's array holds `max` entries.
+                unsafe { out.add(k).write_unaligned(e) };
+                k += 1;
+            }
+        }
+        for ev in st.buf[..n].iter().filter(|_| !inst.kernel) {
             if ev.token == WAKE {
                 woken = true;
                 continue;

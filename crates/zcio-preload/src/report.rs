@@ -16,6 +16,10 @@ pub static DISABLED: AtomicBool = AtomicBool::new(false);
 /// TIF_NOTIFY_SIGNAL on the thread, which makes a *real* `epoll_wait` in the same thread (an
 /// instance that fell back) return a spurious EINTR — the trace test catches it.
 pub static DEFER_TASKRUN: AtomicBool = AtomicBool::new(true);
+/// `ZCIO_EPOLL_BACKEND=poll` sets this: serve instances from the poll ring (one `POLL_ADD`
+/// per fd, the interest list kept by the shim) instead of `EPOLL_WAIT` over the program's own
+/// epoll fd (the default where the kernel has it, Linux 6.15).
+pub static POLL_RING: AtomicBool = AtomicBool::new(false);
 /// `ZCIO_EPOLL_STATS=path`.
 pub static STATS_PATH: OnceLock<CString> = OnceLock::new();
 
@@ -120,6 +124,9 @@ pub fn read_env() {
     }
     if let Some(v) = setting(b"ZCIO_EPOLL_TASKRUN\0") {
         DEFER_TASKRUN.store(v != b"coop", Ordering::Relaxed);
+    }
+    if let Some(v) = setting(b"ZCIO_EPOLL_BACKEND\0") {
+        POLL_RING.store(v == b"poll", Ordering::Relaxed);
     }
     if let Some(p) = setting(b"ZCIO_EPOLL_STATS\0") {
         if let Ok(c) = CString::new(p) {

@@ -22,8 +22,20 @@ fn build_trace(dir: &TempDir) -> Option<std::path::PathBuf> {
 }
 
 fn run(exe: &std::path::Path, pre: &Preload) -> (String, String) {
+    run_with(exe, pre, &[], &[])
+}
+
+/// Runs the trace program with arguments and extra environment.
+fn run_with(
+    exe: &std::path::Path,
+    pre: &Preload,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (String, String) {
     let mut cmd = Command::new(exe);
+    cmd.args(args);
     pre.apply(&mut cmd);
+    cmd.envs(env.iter().copied());
     let out = cmd.output().expect("run epoll_trace");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
@@ -35,22 +47,7 @@ fn run(exe: &std::path::Path, pre: &Preload) -> (String, String) {
     (stdout, stderr)
 }
 
-#[test]
-fn trace_is_identical_with_and_without_the_shim() {
-    let dir = TempDir::new("trace");
-    let Some(exe) = build_trace(&dir) else { return };
-    let (native, _) = run(&exe, &Preload::default());
-    assert!(
-        native.ends_with("done\n"),
-        "native trace incomplete:\n{native}"
-    );
-    let stats = dir.path().join("stats");
-    let pre = Preload {
-        shim: Some(shim_path()),
-        stats: Some(stats.clone()),
-        log: true,
-    };
-    let (shimmed, log) = run(&exe, &pre);
+fn assert_same(native: &str, shimmed: &str, log: &str) {
     let diff: Vec<String> = native
         .lines()
         .zip(shimmed.lines())
@@ -62,8 +59,80 @@ fn trace_is_identical_with_and_without_the_shim() {
         "traces differ:\n{}\nshim log:\n{log}",
         diff.join("\n")
     );
+}
+
+/// The trace under the shim with `env`; returns the shim's log and its stats file.
+fn shim_run(
+    dir: &TempDir,
+    exe: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (String, String, std::path::PathBuf) {
+    let stats = dir.path().join(format!("stats{}", env.len() + args.len()));
+    let pre = Preload {
+        shim: Some(shim_path()),
+        stats: Some(stats.clone()),
+        log: true,
+    };
+    let (shimmed, log) = run_with(exe, &pre, args, env);
+    (shimmed, log, stats)
+}
+
+#[test]
+fn trace_is_identical_with_and_without_the_shim() {
+    // The default: EPOLL_WAIT over the program's own epoll fd (Linux 6.15).
+    let dir = TempDir::new("trace");
+    let Some(exe) = build_trace(&dir) else { return };
+    let (native, _) = run(&exe, &Preload::default());
+    assert!(
+        native.ends_with("done\n"),
+        "native trace incomplete:\n{native}"
+    );
+    let (shimmed, log, stats) = shim_run(&dir, &exe, &[], &[]);
+    assert_same(&native, &shimmed, &log);
+    assert!(
+        log.contains("served by the event ring (io_uring_epoll_wait)"),
+        "shim log:\n{log}"
+    );
+    // The interest list is the kernel's: nesting, dup, poll, other threads and forked
+    // children need no fallback.
+    assert!(!log.contains("falling back"), "shim log:\n{log}");
+    assert!(
+        common::stats_sum(&stats, "ring_waits") > 20,
+        "{:?}",
+        std::fs::read_to_string(&stats)
+    );
+}
+
+#[test]
+fn closes_behind_the_shims_back_behave_as_without_it() {
+    // A raw close system call (libuv's) that no interposer sees: with the interest list in
+    // the program's own epoll, the kernel drops the registration with the file.
+    let dir = TempDir::new("trace-behind");
+    let Some(exe) = build_trace(&dir) else { return };
+    let (native, _) = run_with(&exe, &Preload::default(), &["behind"], &[]);
+    assert!(
+        native.contains("connect-after-raw-close: refused"),
+        "{native}"
+    );
+    let (shimmed, log, stats) = shim_run(&dir, &exe, &["behind"], &[]);
+    assert_same(&native, &shimmed, &log);
+    assert!(common::stats_sum(&stats, "ring_waits") >= 3, "{log}");
+}
+
+#[test]
+fn trace_is_identical_on_the_poll_ring() {
+    // ZCIO_EPOLL_BACKEND=poll: one POLL_ADD per fd, the interest list kept by the shim.
+    let dir = TempDir::new("trace-poll");
+    let Some(exe) = build_trace(&dir) else { return };
+    let (native, _) = run(&exe, &Preload::default());
+    let (shimmed, log, stats) = shim_run(&dir, &exe, &[], &[("ZCIO_EPOLL_BACKEND", "poll")]);
+    assert_same(&native, &shimmed, &log);
     // The shim really served the scenarios from the ring (and fell back where it must).
-    assert!(log.contains("served by the event ring"), "shim log:\n{log}");
+    assert!(
+        log.contains("served by the event ring (io_uring)"),
+        "shim log:\n{log}"
+    );
     assert!(
         common::stats_sum(&stats, "ring_waits") > 20,
         "{:?}",

@@ -16,7 +16,9 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -488,8 +490,107 @@ static void s_threads(void) {
     close(ep);
 }
 
-int main(void) {
+/* A listening TCP socket on 127.0.0.1 (any port); its address in *a. */
+static int listener(struct sockaddr_in *a) {
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    socklen_t len = sizeof *a;
+    memset(a, 0, sizeof *a);
+    a->sin_family = AF_INET;
+    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(l >= 0 && bind(l, (struct sockaddr *)a, sizeof *a) == 0 && listen(l, 8) == 0);
+    CHECK(getsockname(l, (struct sockaddr *)a, &len) == 0);
+    return l;
+}
+
+static void try_connect(const char *label, const struct sockaddr_in *a) {
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(c >= 0);
+    int r = connect(c, (const struct sockaddr *)a, sizeof *a);
+    printf("%s/%s: %s\n", cur, label,
+           r == 0 ? "accepted" : errno == ECONNREFUSED ? "refused" : strerrorname_np(errno));
+    close(c);
+}
+
+/* epoll's contract on what a report carries and when resources go (issue 17; the CPython
+   test_epoll / test_asyncio findings and their class). */
+static void s_contract(void) {
+    cur = "contract";
+    int s[2], ep = epoll_create1(0);
+    CHECK(ep >= 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, s) == 0);
+    /* An edge-triggered report carries every ready bit, polled at report time. */
+    add(ep, s[0], EPOLLIN | EPOLLOUT | EPOLLET, 1);
+    add(ep, s[1], EPOLLIN | EPOLLOUT | EPOLLET, 2);
+    show("et-writable", ep, 8, 1000);
+    wr(s[0], "a");
+    wr(s[1], "b");
+    show("et-both-sent", ep, 8, 1000);
+    show("et-no-new-edge", ep, 8, 0);
+    /* HUP and ERR are reported without being asked for. */
+    int p[2];
+    CHECK(pipe2(p, O_NONBLOCK) == 0);
+    add(ep, p[1], 0, 3);
+    ctl("mod-rdhup-only", ep, EPOLL_CTL_MOD, s[0], EPOLLRDHUP, 4);
+    close(p[0]);
+    close(s[1]);
+    show("err-hup-unasked", ep, 8, 1000);
+    close(p[1]);
+    close(s[0]);
+    /* DEL then close: the listener is gone at once (asyncio test_server_close). */
+    struct sockaddr_in a;
+    int l = listener(&a);
+    add(ep, l, EPOLLIN, 5);
+    show("listener-idle", ep, 8, 0);
+    ctl("del-listener", ep, EPOLL_CTL_DEL, l, 0, 0);
+    close(l);
+    try_connect("connect-after-del-close", &a);
+    /* close without DEL: epoll drops the registration with the file. */
+    l = listener(&a);
+    add(ep, l, EPOLLIN | EPOLLET, 6);
+    try_connect("connect-registered", &a);
+    show("listener-ready", ep, 8, 1000);
+    close(l);
+    try_connect("connect-after-close", &a);
+    /* dup2 over a registered fd releases its file. */
+    l = listener(&a);
+    add(ep, l, EPOLLIN, 7);
+    int e = eventfd(1, EFD_NONBLOCK);
+    CHECK(e >= 0 && dup2(e, l) == l);
+    try_connect("connect-after-dup2-over", &a);
+    show("after-dup2-over", ep, 8, 0);
+    close(l);
+    close(e);
+    close(ep);
+}
+
+/* Closes the shim cannot see: a raw close system call, as libuv makes. */
+static void s_behind(void) {
+    cur = "behind";
+    int ep = epoll_create1(0);
+    struct sockaddr_in a;
+    int l = listener(&a);
+    add(ep, l, EPOLLIN, 1);
+    try_connect("connect-registered", &a);
+    show("listener-ready", ep, 8, 1000);
+    CHECK(syscall(SYS_close, l) == 0);
+    try_connect("connect-after-raw-close", &a);
+    show("after-raw-close", ep, 8, 0);
+    int s[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, s) == 0);
+    add(ep, s[0], EPOLLIN, 2);
+    wr(s[1], "x");
+    show("number-reused", ep, 8, 1000);
+    close(s[0]);
+    close(s[1]);
+    close(ep);
+}
+
+int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 1 && strcmp(argv[1], "behind") == 0) {
+        s_behind();
+        printf("done\n");
+        return 0;
+    }
     s_level();
     s_edge();
     s_sockets();
@@ -504,6 +605,7 @@ int main(void) {
     s_errors();
     s_fork_dup_nest();
     s_threads();
+    s_contract();
     printf("done\n");
     return 0;
 }

@@ -68,6 +68,9 @@ pub(super) struct EpwaitEvents {
     cqes: u64,
     cancels: u64,
     poll_errors: u64,
+    /// The creating process: a forked child (sharing the ring's memory, not its ownership)
+    /// must never enter it.
+    pid: u32,
 }
 
 impl EpwaitEvents {
@@ -114,6 +117,7 @@ impl EpwaitEvents {
             cqes: 0,
             cancels: 0,
             poll_errors: 0,
+            pid: std::process::id(),
         };
         me.arm_wake().map_err(NewError::Io)?;
         me.ring.submit().map_err(NewError::Io)?;
@@ -271,20 +275,27 @@ impl EpwaitEvents {
                 // Submit, and run deferred work, without a timer.
                 self.ring.get_events()?;
             } else if user.prepare_sleep() {
+                let before = self.cqes;
                 let r = self.ring.submit_and_wait(1, remaining);
                 user.end_sleep();
-                match r {
-                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+                let interrupted = match r {
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => true,
+                    Err(e) => return Err(e),
+                    // io_uring_enter that submitted returns the submitted count even when a
+                    // signal cut its wait short: a blocking wait that comes back with no
+                    // completion at all before its deadline was interrupted.
+                    Ok(_) => {
                         n = self.drain(out, n)?;
-                        if n == 0 {
-                            self.settle(out, 0)?;
-                            return Err(e);
-                        }
-                        break;
+                        self.cqes == before && deadline.map_or(true, |d| Instant::now() < d)
                     }
-                    r => {
-                        r?;
+                };
+                if interrupted {
+                    n = self.drain(out, n)?;
+                    if n == 0 && !user.has_entries() {
+                        self.settle(out, 0)?;
+                        return Err(io::Error::from_raw_os_error(libc::EINTR));
                     }
+                    break;
                 }
             }
             n = self.drain(out, n)?;
@@ -320,8 +331,8 @@ impl EpwaitEvents {
 
 impl Drop for EpwaitEvents {
     fn drop(&mut self) {
-        if self.buf.in_flight() {
-            let mut sink = [Event::default(); 0];
+        if self.buf.in_flight() && std::process::id() == self.pid {
+            let mut sink: [Event; 0] = [];
             // Best effort: on failure the buffer is leaked, never freed under the kernel.
             let _ = self.cancel(&mut sink, 0);
         }

@@ -534,6 +534,12 @@ impl EventRing {
         n
     }
 
+    /// User-posted events handed out so far (a caller that needs to tell them from fd events
+    /// in one `wait`'s output: fd events come first, then this many new user-posted ones).
+    pub fn user_events(&self) -> u64 {
+        self.user_harvested
+    }
+
     /// Counters: events, syscalls, wait entries, CQEs, re-arms.
     pub fn stats(&self) -> EventStats {
         let mut s = match &self.backend {

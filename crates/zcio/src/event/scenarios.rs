@@ -473,6 +473,42 @@ pub const SCENARIOS: &[Scenario] = &[
         ],
     },
     Scenario {
+        name: "err_unasked_after_modify_and_edge_traffic",
+        // The shim's trace (contract/err-hup-unasked) in scenario form.
+        steps: &[
+            Open(0, Unix),
+            Add(0, IN | OUT | ET, 1),
+            Wait(8),
+            PeerWrite(0, 1),
+            Wait(8),
+            Wait(8),
+            Open(1, PipeWriter),
+            Add(1, 0, 3),
+            Mod(0, RDHUP, 4),
+            PeerClose(1),
+            PeerClose(0),
+            Wait(8),
+            Wait(8),
+        ],
+    },
+    Scenario {
+        name: "close_of_one_fd_keeps_another_fds_pending_level_event",
+        // Closing a registered fd (through the target) between waits must not delay a
+        // level-triggered event another fd already has (the poll ring's flush once drained
+        // it early and re-polled it a wait late).
+        steps: &[
+            Open(0, PipeWriter),
+            Add(0, 0, 3),
+            Open(1, Unix),
+            Add(1, IN, 5),
+            Wait(8),
+            PeerClose(0),
+            Close(1),
+            Wait(8),
+            Wait(8),
+        ],
+    },
+    Scenario {
         name: "delete_then_close_releases_the_listener_at_once",
         // CPython test_asyncio test_server_close: DEL + close, then a connect must be refused.
         steps: &[

@@ -319,18 +319,18 @@ impl UringEvents {
         // Cancel and reap now, as EPOLL_CTL_DEL is synchronous: the armed poll holds a
         // reference to the file, and a close right after DEL must release it (CPython
         // test_asyncio test_server_close: a connect to the closed listener must be refused).
-        // Completions stay in the CQ for the next wait (draining them here would age
-        // level-triggered events into re-polls).
-        self.ring.get_events()?;
+        self.flush()?;
         Ok(())
     }
 
     /// Submits queued requests now (one `io_uring_enter` if anything is queued) and runs
     /// pending completion work, so cancelled polls drop their file references.
     pub(super) fn flush(&mut self) -> io::Result<()> {
-        self.ring.submit_and_wait(1, Some(Duration::ZERO))?;
-        self.drain_cq()?;
-        Ok(())
+        // Completions stay in the CQ for the next wait: draining them here would date their
+        // level-triggered events to before that wait, which then re-polls them instead of
+        // reporting them (the shim trace's contract/err-hup-unasked: a pipe's ERR, drained
+        // by the close of another registered fd, was reported one wait late).
+        self.ring.get_events()
     }
 
     fn submit(&mut self) -> io::Result<()> {
@@ -580,23 +580,25 @@ impl UringEvents {
                     // want > ready would arm an hrtimer and sleep until it fires).
                     self.ring.get_events()?;
                     self.drain_cq()?;
-                    // One entry runs at most 20 deferred wake-ups: collect the rest while
-                    // there is room in `out` (epoll would report them all in this wait).
-                    // Bounded, and only while entries make progress: the flag can be set
-                    // again at once by wake-ups that keep arriving.
-                    let mut rounds = 0;
-                    let max_rounds = out.len() / 16 + 2;
-                    while self.ready.len() < out.len()
-                        && rounds < max_rounds
-                        && self.ring.work_pending()
-                    {
-                        let before = self.cqes;
-                        self.ring.get_events()?;
-                        self.drain_cq()?;
-                        rounds += 1;
-                        if self.cqes == before {
-                            break;
-                        }
+                }
+                // One entry runs a bounded number of deferred wake-ups (at most 20 for a
+                // non-blocking one; a blocking wait for one completion returns after the
+                // first): collect the rest while there is room in `out` (epoll would report
+                // them all in this wait — the shim trace's contract/err-hup-unasked caught a
+                // pipe's ERR left for the next wait). Bounded, and only while entries make
+                // progress: the flag can be set again at once by wake-ups that keep arriving.
+                let mut rounds = 0;
+                let max_rounds = out.len() / 16 + 2;
+                while self.ready.len() < out.len()
+                    && rounds < max_rounds
+                    && self.ring.work_pending()
+                {
+                    let before = self.cqes;
+                    self.ring.get_events()?;
+                    self.drain_cq()?;
+                    rounds += 1;
+                    if self.cqes == before {
+                        break;
                     }
                 }
             }
