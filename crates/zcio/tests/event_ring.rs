@@ -439,3 +439,52 @@ fn every_scenario_matches_epoll_on_epoll_wait_ring_with_defer_taskrun() {
         check(s, || epoll_wait_ring(true), "EPOLL_WAIT DEFER_TASKRUN");
     }
 }
+
+#[test]
+fn one_wait_returns_more_than_a_thousand_ready_fds_as_epoll_does() {
+    // CPython test_selectors.test_above_fd_setsize: epoll_wait returns up to maxevents
+    // (~10 000 there); the EPOLL_WAIT ring once capped a wait at its 1024-event buffer.
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        if lim.rlim_cur < 2600 && lim.rlim_max >= 2600 {
+            lim.rlim_cur = 2600;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+    }
+    if lim.rlim_cur < 2600 {
+        eprintln!("skipped: RLIMIT_NOFILE {} < 2600", lim.rlim_cur);
+        return;
+    }
+    const N: usize = 1100;
+    let mut fds = Vec::new();
+    for _ in 0..N {
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        b.write_all(b"x").unwrap();
+        fds.push((a, b));
+    }
+    for mut r in [epoll_wait_ring(false), epoll_wait_ring(true), uring(), epoll_backend()] {
+        for (i, (a, _)) in fds.iter().enumerate() {
+            r.add(a.as_raw_fd(), Interest::IN, i as u64).unwrap();
+        }
+        let mut out = vec![Event::default(); 2 * N];
+        let mut seen = HashSet::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut waits = 0;
+        while seen.len() < N && Instant::now() < deadline {
+            let n = r.wait(&mut out, Some(Duration::from_secs(1))).unwrap();
+            seen.extend(out[..n].iter().map(|e| e.token));
+            waits += 1;
+        }
+        assert_eq!(seen.len(), N, "{}", r.backend_name());
+        if r.backend_name() != "io_uring" {
+            // (The poll ring collects a deferred batch over a few entries.)
+            assert_eq!(waits, 1, "{}: all ready fds in one wait", r.backend_name());
+        }
+    }
+}

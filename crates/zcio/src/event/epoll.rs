@@ -97,6 +97,12 @@ impl EpollEvents {
             } else {
                 Some(Duration::ZERO)
             };
+            // Up to `out.len()` events per wait, as epoll_wait (the buffer grows to it, up
+            // to 128 Ki events).
+            let want = out.len().min(1 << 17);
+            if self.buf.len() < want {
+                self.buf.resize(want, ep::empty_event());
+            }
             let max = out.len().min(self.buf.len());
             self.syscalls += 1;
             self.waits += 1;

@@ -31,8 +31,12 @@ use std::time::{Duration, Instant};
 const EPWAIT_KEY: Key = Key::internal(1);
 /// The user ring's eventfd poll.
 const WAKE_KEY: Key = Key::internal(2);
-/// Events one `EPOLL_WAIT` can return (the caller's `out` length, clamped).
+/// Initial events per `EPOLL_WAIT`; the buffer grows to the caller's `out` length (as
+/// `epoll_wait` returns up to `maxevents`; CPython's test_selectors asks for ~10 000) up to
+/// [`MAX_BATCH`].
 const BATCH: usize = 1024;
+/// Largest `EPOLL_WAIT` buffer (128 Ki events); larger `out`s get at most this many per wait.
+const MAX_BATCH: usize = 1 << 17;
 
 pub(super) enum NewError {
     Unavailable(String),
@@ -230,6 +234,12 @@ impl EpwaitEvents {
         Ok(n)
     }
 
+    /// Queues the `EPOLL_WAIT` for up to `max` events (the buffer grows to it first).
+    fn arm(&mut self, epfd: RawFd, max: usize) -> io::Result<()> {
+        self.buf.reserve(max.min(MAX_BATCH));
+        self.buf.submit(&mut self.ring, epfd, max, EPWAIT_KEY)
+    }
+
     pub(super) fn harvest(&mut self, out: &mut [Event]) -> io::Result<usize> {
         let mut n = self.take_spill(out);
         n = self.drain(out, n)?;
@@ -261,8 +271,7 @@ impl EpwaitEvents {
             n = self.drain(out, n)?;
         }
         if !self.buf.in_flight() && n == 0 {
-            self.buf
-                .submit(&mut self.ring, epfd, out.len(), EPWAIT_KEY)?;
+            self.arm(epfd, out.len())?;
         }
         let mut entered = false;
         while n == 0 && !user.has_entries() {
@@ -301,8 +310,7 @@ impl EpwaitEvents {
             n = self.drain(out, n)?;
             if !self.buf.in_flight() && n == 0 {
                 // Completed empty (cancelled by the kernel, or an error): ask again.
-                self.buf
-                    .submit(&mut self.ring, epfd, out.len(), EPWAIT_KEY)?;
+                self.arm(epfd, out.len())?;
             }
         }
         self.settle(out, n)

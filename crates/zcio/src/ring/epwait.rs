@@ -38,6 +38,15 @@ impl EpollWaitBuf {
         self.buf.len()
     }
 
+    /// Grows the buffer to hold `capacity` events (no-op while a request is in flight, or
+    /// when it is already that large).
+    pub fn reserve(&mut self, capacity: usize) {
+        if !self.in_flight && capacity > self.buf.len() {
+            let e = libc::epoll_event { events: 0, u64: 0 };
+            self.buf = vec![e; capacity].into_boxed_slice();
+        }
+    }
+
     /// Whether a request is queued or live in the kernel (its completion not yet passed to
     /// [`EpollWaitBuf::complete`]).
     pub fn in_flight(&self) -> bool {
