@@ -25,14 +25,17 @@ use zcio::sys::epoll as ep;
 pub enum LoopKind {
     /// `epoll_wait` + `epoll_ctl` directly (the baseline).
     Epoll,
-    /// zcio's [`EventRing`] with its default set-up (io_uring poll ring with COOP_TASKRUN +
-    /// SINGLE_ISSUER: wake-ups are posted to the CQ whenever the loop thread enters the
-    /// kernel for any syscall, its reads and writes included, so under load `wait` finds
-    /// events in memory without `io_uring_enter`; falls back to epoll with a reason).
+    /// zcio's [`EventRing`] with its default choice (`Prefer::Auto`: `EPOLL_WAIT` over a
+    /// kernel epoll where the kernel has it, else the poll ring, else epoll; each step down
+    /// recorded) and COOP_TASKRUN + SINGLE_ISSUER.
     Ring,
-    /// [`EventRing`] with DEFER_TASKRUN (wake-ups posted only when the loop enters the ring
-    /// with GETEVENTS: one `io_uring_enter` per batch of events).
+    /// [`EventRing`]'s default choice with DEFER_TASKRUN (completions posted only when the
+    /// loop enters the ring with GETEVENTS).
     RingDefer,
+    /// [`EventRing`]'s io_uring poll ring (one `POLL_ADD` per fd) with COOP_TASKRUN: wake-ups
+    /// are posted to the CQ whenever the loop thread enters the kernel for any syscall, so
+    /// under load `wait` finds events in memory without `io_uring_enter`.
+    PollRing,
 }
 
 /// Edge- or level-triggered registrations (same for both loops).
@@ -145,8 +148,13 @@ impl RingLoop {
     /// Like [`RingLoop::new`], with a busy-harvest time other than the default
     /// ([`EventConfig::spin`]).
     pub fn with_spin(defer: bool, spin: Option<Duration>) -> io::Result<Self> {
+        Self::with_prefer(Prefer::Auto, defer, spin)
+    }
+
+    /// Like [`RingLoop::with_spin`], with a backend choice.
+    pub fn with_prefer(prefer: Prefer, defer: bool, spin: Option<Duration>) -> io::Result<Self> {
         let mut cfg = EventConfig {
-            prefer: Prefer::Auto,
+            prefer,
             ..EventConfig::default()
         };
         cfg.ring.defer_taskrun = defer;
@@ -209,6 +217,7 @@ pub fn make_loop_with(kind: LoopKind, spin: Option<Duration>) -> io::Result<Box<
         LoopKind::Epoll => Box::new(EpollLoop::new()?),
         LoopKind::Ring => Box::new(RingLoop::with_spin(false, spin)?),
         LoopKind::RingDefer => Box::new(RingLoop::with_spin(true, spin)?),
+        LoopKind::PollRing => Box::new(RingLoop::with_prefer(Prefer::Uring, false, spin)?),
     })
 }
 

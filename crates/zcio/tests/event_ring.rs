@@ -468,7 +468,12 @@ fn one_wait_returns_more_than_a_thousand_ready_fds_as_epoll_does() {
         b.write_all(b"x").unwrap();
         fds.push((a, b));
     }
-    for mut r in [epoll_wait_ring(false), epoll_wait_ring(true), uring(), epoll_backend()] {
+    for mut r in [
+        epoll_wait_ring(false),
+        epoll_wait_ring(true),
+        uring(),
+        epoll_backend(),
+    ] {
         for (i, (a, _)) in fds.iter().enumerate() {
             r.add(a.as_raw_fd(), Interest::IN, i as u64).unwrap();
         }

@@ -92,6 +92,13 @@ impl Suite for EventSuite {
             || storm(dur, fds, StormMode::RingFd),
         )?;
         ctx.compare(
+            "eventfd storm 16 fds, 1 producer, EPOLL_WAIT ring",
+            ("epoll LT + read", "EventRing EPOLL_WAIT LT + read"),
+            STORM,
+            || storm(dur, fds, StormMode::Epoll),
+            || storm(dur, fds, StormMode::EpwaitFd),
+        )?;
+        ctx.compare(
             "cross-thread events, 1 producer",
             ("eventfd + epoll", "EventRing user-posted"),
             STORM,
@@ -102,10 +109,17 @@ impl Suite for EventSuite {
         let ka_time = dur * 2;
         ctx.compare(
             &format!("http keep-alive {conns} conns"),
-            ("epoll server", "EventRing server"),
+            ("epoll server", "EventRing server (default choice)"),
             HTTP,
             || http(LoopKind::Epoll, true, conns, u64::MAX, ka_time),
             || http(LoopKind::Ring, true, conns, u64::MAX, ka_time),
+        )?;
+        ctx.compare(
+            &format!("http keep-alive {conns} conns, poll ring"),
+            ("epoll server", "EventRing poll-ring server"),
+            HTTP,
+            || http(LoopKind::Epoll, true, conns, u64::MAX, ka_time),
+            || http(LoopKind::PollRing, true, conns, u64::MAX, ka_time),
         )?;
         // The busy-harvest spin (`EventConfig::spin`, off by default) on its own: the same
         // ring without and with it.
@@ -115,10 +129,10 @@ impl Suite for EventSuite {
                 "http keep-alive {conns} conns, EventRing busy-harvest {} us",
                 spin_on.as_micros()
             ),
-            ("EventRing no spin", "EventRing busy-harvest"),
+            ("poll ring no spin", "poll ring busy-harvest"),
             HTTP,
-            || http_spin(LoopKind::Ring, Some(Duration::ZERO), conns, ka_time),
-            || http_spin(LoopKind::Ring, Some(spin_on), conns, ka_time),
+            || http_spin(LoopKind::PollRing, Some(Duration::ZERO), conns, ka_time),
+            || http_spin(LoopKind::PollRing, Some(spin_on), conns, ka_time),
         )?;
         ctx.compare(
             &format!("http keep-alive {conns} conns, ring with DEFER_TASKRUN"),
@@ -151,6 +165,7 @@ impl Suite for EventSuite {
 enum StormMode {
     Epoll,
     RingFd,
+    EpwaitFd,
     RingUser,
 }
 
@@ -212,13 +227,17 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
                     epfd = Some(e);
                     ptx.send(None).ok();
                 }
-                StormMode::RingFd | StormMode::RingUser => {
+                StormMode::RingFd | StormMode::EpwaitFd | StormMode::RingUser => {
                     let mut r = EventRing::with_config(&EventConfig {
-                        prefer: Prefer::Uring,
+                        prefer: if mode == StormMode::EpwaitFd {
+                            Prefer::EpollWait
+                        } else {
+                            Prefer::Uring
+                        },
                         user_capacity: 1 << 16,
                         ..EventConfig::default()
                     })?;
-                    if mode == StormMode::RingFd {
+                    if mode != StormMode::RingUser {
                         for (i, f) in efds.iter().enumerate() {
                             r.add(f.as_raw_fd(), Interest::IN, i as u64)?;
                         }

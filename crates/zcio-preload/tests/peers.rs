@@ -1,0 +1,222 @@
+//! Other projects' event-loop test suites under the shim (issue 17): CPython's own epoll,
+//! selectors and asyncio tests, from Debian's Python 3.11 and `libpython3.11-testsuite`,
+//! run natively and under `LD_PRELOAD=libzcio_epoll.so` (and with io_uring denied by
+//! seccomp, the fallback path). Every test that passes natively must pass under the shim.
+//!
+//! CI runs a bounded selection ([`CPYTHON_CI`], about a minute per side on 2 cores);
+//! `ZCIO_PEER_SUITES=full` runs all of `test_asyncio` instead (`scripts/peer-suites`).
+//! A test that differs is re-run alone on both sides once (timing-sensitive asyncio tests on
+//! a loaded machine); it counts as a difference only if it passes natively and fails under
+//! the shim again.
+
+mod common;
+
+use common::{shim_path, TempDir};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+const PYTHON: &str = "/usr/bin/python3.11";
+const TESTSUITE: &str = "/usr/lib/python3.11/test/test_asyncio/test_events.py";
+
+/// The CI selection: every epoll and selectors test, and the asyncio modules that exercise
+/// the event loop's descriptors (connections, servers, sockets, streams, subprocesses).
+const CPYTHON_CI: &[&str] = &[
+    "test_epoll",
+    "test_selectors",
+    "test_asyncio.test_events",
+    "test_asyncio.test_server",
+    "test_asyncio.test_sock_lowlevel",
+    "test_asyncio.test_streams",
+    "test_asyncio.test_selector_events",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Passed,
+    Failed,
+    Skipped,
+}
+
+fn available(test: &str) -> bool {
+    let ok = Path::new(PYTHON).is_file() && Path::new(TESTSUITE).is_file();
+    if !ok {
+        let why = "Debian's python3.11 and libpython3.11-testsuite are not installed \
+                   (scripts/deps installs them)";
+        if std::env::var("ZCIO_REQUIRE_PRIV").as_deref() == Ok("1") {
+            panic!("{test}: {why}");
+        }
+        println!("SKIP {test}: {why}");
+    }
+    ok
+}
+
+/// Parses regrtest's `--junit-xml` output: test id → outcome.
+fn parse_junit(xml: &str) -> BTreeMap<String, Outcome> {
+    let mut out = BTreeMap::new();
+    for chunk in xml.split("<testcase ").skip(1) {
+        let Some(name) = chunk
+            .split_once("name=\"")
+            .and_then(|(_, r)| r.split_once('"'))
+            .map(|(n, _)| n.to_string())
+        else {
+            continue;
+        };
+        // The chunk runs to the next testcase: children of this one only.
+        let body = chunk.split("</testcase>").next().unwrap_or(chunk);
+        let o = if body.contains("<failure") || body.contains("<error") {
+            Outcome::Failed
+        } else if body.contains("<skipped") || chunk.contains("status=\"skipped\"") {
+            Outcome::Skipped
+        } else if chunk.contains("result=\"completed\"") {
+            Outcome::Passed
+        } else {
+            Outcome::Failed
+        };
+        out.insert(name, o);
+    }
+    out
+}
+
+/// How a side runs: natively, under the shim, or under the shim with io_uring denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Native,
+    Shim,
+    ShimNoUring,
+}
+
+/// Runs regrtest on `modules` (or with `--match` patterns) and returns the outcomes.
+fn cpython(
+    dir: &TempDir,
+    side: Side,
+    modules: &[&str],
+    matching: &[String],
+) -> BTreeMap<String, Outcome> {
+    let xml = dir.path().join(format!(
+        "junit-{side:?}-{}.xml",
+        matching.len() + modules.len()
+    ));
+    let mut cmd = Command::new(PYTHON);
+    cmd.args(["-m", "test", "-j2", "--timeout", "600", "--junit-xml"])
+        .arg(&xml);
+    for m in matching {
+        cmd.args(["--match", m]);
+    }
+    cmd.args(modules);
+    // regrtest's workers inherit the environment: every Python process is preloaded.
+    if side != Side::Native {
+        cmd.env("LD_PRELOAD", shim_path());
+        cmd.env(
+            "ZCIO_EPOLL_STATS",
+            dir.path().join(format!("stats-{side:?}")),
+        );
+    }
+    let mut run = move || cmd.output().expect("run python3.11 -m test");
+    let out = if side == Side::ShimNoUring {
+        std::thread::spawn(move || {
+            zcio_testnet::seccomp::deny_syscall_in_this_thread(
+                libc::SYS_io_uring_setup,
+                libc::ENOSYS,
+            )
+            .expect("seccomp filter");
+            run()
+        })
+        .join()
+        .expect("regrtest thread")
+    } else {
+        run()
+    };
+    let text = std::fs::read_to_string(&xml).unwrap_or_default();
+    let res = parse_junit(&text);
+    assert!(
+        !res.is_empty(),
+        "regrtest ({side:?}) produced no results:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    res
+}
+
+fn passed(r: &BTreeMap<String, Outcome>) -> usize {
+    r.values().filter(|o| **o == Outcome::Passed).count()
+}
+
+/// Compares `side` against the native results, prints the comparison and returns the names
+/// that pass natively and fail under `side` (after one re-run of each, alone, on both sides).
+fn compare(
+    dir: &TempDir,
+    modules: &[&str],
+    native: &BTreeMap<String, Outcome>,
+    side: Side,
+) -> Vec<String> {
+    let shimmed = cpython(dir, side, modules, &[]);
+    let suspects: Vec<String> = native
+        .iter()
+        .filter(|(k, o)| **o == Outcome::Passed && shimmed.get(*k) != Some(&Outcome::Passed))
+        .map(|(k, _)| k.clone())
+        .collect();
+    let mut diffs = Vec::new();
+    let mut flaky = Vec::new();
+    for name in &suspects {
+        let pat = vec![name.clone()];
+        let again = cpython(dir, side, modules, &pat);
+        let native_again = cpython(dir, Side::Native, modules, &pat);
+        if again.get(name) == Some(&Outcome::Passed)
+            || native_again.get(name) != Some(&Outcome::Passed)
+        {
+            flaky.push(name.clone());
+        } else {
+            diffs.push(name.clone());
+        }
+    }
+    println!(
+        "CPython ({}): {} tests; passed natively {}, passed under the shim ({side:?}) {}; \
+         passed when re-run alone (or failed natively too): {flaky:?}; differences: {diffs:?}",
+        modules.join(" "),
+        native.len(),
+        passed(native),
+        passed(&shimmed),
+    );
+    diffs
+}
+
+#[test]
+fn cpython_epoll_selectors_and_asyncio_tests_pass_under_the_shim_as_natively() {
+    let test = "cpython_epoll_selectors_and_asyncio_tests_pass_under_the_shim_as_natively";
+    if !available(test) {
+        return;
+    }
+    let dir = TempDir::new("peers");
+    let full = std::env::var("ZCIO_PEER_SUITES").as_deref() == Ok("full");
+    let modules: Vec<&str> = if full {
+        vec!["test_epoll", "test_selectors", "test_asyncio"]
+    } else {
+        CPYTHON_CI.to_vec()
+    };
+    let native = cpython(&dir, Side::Native, &modules, &[]);
+    let on_ring = compare(&dir, &modules, &native, Side::Shim);
+    let stats = dir.path().join("stats-Shim");
+    assert!(
+        common::stats_sum(&stats, "ring_waits") > 100,
+        "the shim served (almost) no waits from the ring: {:?}",
+        std::fs::read_to_string(&stats)
+    );
+    // The fallback path: io_uring denied by seccomp, every instance on the real epoll.
+    let no_uring = compare(&dir, &modules, &native, Side::ShimNoUring);
+    assert!(
+        on_ring.is_empty() && no_uring.is_empty(),
+        "pass natively, fail under the shim: {on_ring:?}; with io_uring denied: {no_uring:?}"
+    );
+}
+
+#[test]
+fn junit_results_are_parsed_per_test() {
+    let xml = r#"<testsuites><testsuite><testcase name="a.B.test_ok" status="run" result="completed" time="0.1" /><testcase name="a.B.test_bad" status="run" result="completed" time="0.1"><failure type="AssertionError">x</failure></testcase><testcase name="a.B.test_err" status="run" result="completed"><error>y</error></testcase><testcase name="a.B.test_skip" status="run" result="completed"><skipped>z</skipped></testcase></testsuite></testsuites>"#;
+    let r = parse_junit(xml);
+    assert_eq!(r["a.B.test_ok"], Outcome::Passed);
+    assert_eq!(r["a.B.test_bad"], Outcome::Failed);
+    assert_eq!(r["a.B.test_err"], Outcome::Failed);
+    assert_eq!(r["a.B.test_skip"], Outcome::Skipped);
+    assert_eq!(r.len(), 4);
+}
