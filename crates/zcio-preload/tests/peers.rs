@@ -5,6 +5,10 @@
 //!
 //! CI runs a bounded selection ([`CPYTHON_CI`], about a minute per side on 2 cores);
 //! `ZCIO_PEER_SUITES=full` runs all of `test_asyncio` instead (`scripts/peer-suites`).
+//!
+//! libuv's own test runner (all 527 tests, about a minute per side), built by
+//! `scripts/libuv-tests` from the libuv source tree the crates.io crate `libuv-sys2` vendors,
+//! natively and under the shim, and both again with io_uring denied.
 //! A test that differs is re-run alone on both sides once (timing-sensitive asyncio tests on
 //! a loaded machine); it counts as a difference only if it passes natively and fails under
 //! the shim again.
@@ -138,6 +142,9 @@ fn cpython(
     res
 }
 
+/// The suites share two cores: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn passed(r: &BTreeMap<String, Outcome>) -> usize {
     r.values().filter(|o| **o == Outcome::Passed).count()
 }
@@ -187,6 +194,7 @@ fn cpython_epoll_selectors_and_asyncio_tests_pass_under_the_shim_as_natively() {
     if !available(test) {
         return;
     }
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = TempDir::new("peers");
     let full = std::env::var("ZCIO_PEER_SUITES").as_deref() == Ok("full");
     let modules: Vec<&str> = if full {
@@ -207,6 +215,76 @@ fn cpython_epoll_selectors_and_asyncio_tests_pass_under_the_shim_as_natively() {
     assert!(
         on_ring.is_empty() && no_uring.is_empty(),
         "pass natively, fail under the shim: {on_ring:?}; with io_uring denied: {no_uring:?}"
+    );
+}
+
+fn script() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/libuv-tests")
+}
+
+/// Runs `scripts/libuv-tests compare` (optionally with io_uring denied for it and every
+/// process it starts); returns its last line and whether it found no difference.
+fn libuv_compare(no_uring: bool) -> (String, bool) {
+    let mut cmd = Command::new(script());
+    cmd.arg("compare").env("SHIM", shim_path());
+    let mut run = move || cmd.output().expect("run scripts/libuv-tests");
+    let out = if no_uring {
+        std::thread::spawn(move || {
+            zcio_testnet::seccomp::deny_syscall_in_this_thread(
+                libc::SYS_io_uring_setup,
+                libc::ENOSYS,
+            )
+            .expect("seccomp filter");
+            run()
+        })
+        .join()
+        .expect("libuv thread")
+    } else {
+        run()
+    };
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let last = text.lines().last().unwrap_or("").to_string();
+    assert!(
+        last.starts_with("libuv "),
+        "scripts/libuv-tests compare printed no summary:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (last, out.status.success())
+}
+
+#[test]
+fn libuv_tests_pass_under_the_shim_as_natively() {
+    let test = "libuv_tests_pass_under_the_shim_as_natively";
+    let mut missing = ["cmake", "make", "cc", "setpriv", "python3"]
+        .into_iter()
+        .filter(|t| common::tool(test, t).is_none());
+    if missing.next().is_some() {
+        return;
+    }
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let build = Command::new(script())
+        .arg("build")
+        .output()
+        .expect("run scripts/libuv-tests build");
+    if !build.status.success() {
+        // No source (crates.io unreachable) or no compiler: a skip, except in CI.
+        let why = format!(
+            "building libuv's test runner failed:\n{}",
+            String::from_utf8_lossy(&build.stderr)
+        );
+        if std::env::var("ZCIO_REQUIRE_PRIV").as_deref() == Ok("1") {
+            panic!("{test}: {why}");
+        }
+        println!("SKIP {test}: {why}");
+        return;
+    }
+    let (line, same) = libuv_compare(false);
+    println!("{line}");
+    let (line_nu, same_nu) = libuv_compare(true);
+    println!("with io_uring denied: {line_nu}");
+    assert!(
+        same && same_nu,
+        "libuv tests pass natively and fail under the shim: {line} / io_uring denied: {line_nu}"
     );
 }
 
