@@ -367,7 +367,8 @@ int zcio_event_ring_new(struct zcio_event_ring **out, uint32_t prefer);
 void zcio_event_ring_free(struct zcio_event_ring *r);
 
 /*
- `"io_uring"` or `"epoll"` (static string; NULL for a NULL handle).
+ `"io_uring_epoll_wait"` (the default where the kernel has `IORING_OP_EPOLL_WAIT`),
+ `"io_uring"` (the poll ring) or `"epoll"` (static string; NULL for a NULL handle).
  */
 const char *zcio_event_ring_backend(const struct zcio_event_ring *r);
 

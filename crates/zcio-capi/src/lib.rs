@@ -141,7 +141,8 @@ fn with_ring(r: *mut zcio_event_ring, f: impl FnOnce(&mut EventRing) -> c_int) -
     guard(|| f(ring))
 }
 
-/// `"io_uring"` or `"epoll"` (static string; NULL for a NULL handle).
+/// `"io_uring_epoll_wait"` (the default where the kernel has `IORING_OP_EPOLL_WAIT`),
+/// `"io_uring"` (the poll ring) or `"epoll"` (static string; NULL for a NULL handle).
 #[no_mangle]
 pub extern "C" fn zcio_event_ring_backend(r: *const zcio_event_ring) -> *const c_char {
     if r.is_null() {
@@ -150,6 +151,7 @@ pub extern "C" fn zcio_event_ring_backend(r: *const zcio_event_ring) -> *const c
     // SAFETY: `r` is a live handle.
     match unsafe { (*r).ring.backend_name() } {
         "io_uring" => c"io_uring".as_ptr(),
+        "io_uring_epoll_wait" => c"io_uring_epoll_wait".as_ptr(),
         _ => c"epoll".as_ptr(),
     }
 }
