@@ -2,29 +2,36 @@
 //! every epoll semantic, realised on io_uring.
 //!
 //! [`EventRing`] has epoll's interface — `add`/`modify`/`delete` an fd with an interest mask
-//! and a `u64` token, then collect [`Event`]s — with two backends:
+//! and a `u64` token, then collect [`Event`]s — with three backends, chosen per instance
+//! ([`Prefer::Auto`]: the first the kernel offers; each step down is recorded as a
+//! [`Fallback`] with its reason):
 //!
-//! - **io_uring**: each fd gets a `POLL_ADD` (multishot for edge-triggered interest, one-shot
+//! - **EPOLL_WAIT** (Linux 6.15): the interest list is a kernel epoll instance (`epoll_ctl`);
+//!   `wait` collects it with one `IORING_OP_EPOLL_WAIT` request, completed inside `wait`'s own
+//!   kernel entry, so reports are exactly epoll's (whole readiness polled at report time, no
+//!   file references: a `close` or `DEL` releases the file at once). One kernel entry per
+//!   batch, as `epoll_wait`.
+//! - **poll ring**: each fd gets a `POLL_ADD` (multishot for edge-triggered interest, one-shot
 //!   re-armed after each report for level-triggered, `ONESHOT` and `EXCLUSIVE` interest);
 //!   readiness arrives as CQEs in shared memory. [`EventRing::harvest`] copies what is
 //!   ready without a syscall; [`EventRing::wait`] enters the kernel only when nothing is
-//!   ready (or level-triggered fds need their re-check). Modify uses `POLL_UPDATE`, delete
-//!   `POLL_REMOVE`, timeouts `EXT_ARG`. The ring uses `COOP_TASKRUN + TASKRUN_FLAG +
-//!   SINGLE_ISSUER` by default (wake-ups are posted to the CQ whenever the loop thread enters
-//!   the kernel for any syscall, so a busy loop finds them in memory), `DEFER_TASKRUN` on
-//!   request (one `io_uring_enter` per batch of events), or `SQPOLL`. Optionally a loop that
-//!   was busy spins a few microseconds on the CQ before it sleeps ([`EventConfig::spin`]).
-//! - **epoll**: the real thing, used when io_uring is unavailable; the reason is recorded as a
-//!   [`Fallback`].
+//!   ready (or level-triggered fds need their re-check). Modify and delete cancel (delete
+//!   synchronously, as `EPOLL_CTL_DEL`), timeouts use `EXT_ARG`. The ring uses `COOP_TASKRUN +
+//!   TASKRUN_FLAG + SINGLE_ISSUER` by default (wake-ups are posted to the CQ whenever the loop
+//!   thread enters the kernel for any syscall, so a busy loop finds them in memory),
+//!   `DEFER_TASKRUN` on request (one `io_uring_enter` per batch of events), or `SQPOLL`.
+//!   Optionally a loop that was busy spins a few microseconds on the CQ before it sleeps
+//!   ([`EventConfig::spin`]).
+//! - **epoll**: the real thing, used when io_uring is unavailable.
 //!
-//! Both backends carry a multi-producer ring of **user-posted events** ([`Poster`]): any
+//! Every backend carries a multi-producer ring of **user-posted events** ([`Poster`]): any
 //! thread posts `(token, events)` without a syscall; the loop harvests them with fd events
 //! and is woken through an eventfd only when it sleeps.
 //!
-//! Contract differences with epoll (see `docs/design/event.md`): an armed io_uring poll holds
-//! a reference to the file, so closing a registered fd does not end its registration (nor the
-//! socket): call [`EventRing::delete`] (or [`EventRing::close`]) first. `harvest` never
-//! re-checks level-triggered fds (that needs the kernel); `wait` does.
+//! Contract differences with epoll (poll ring only, see `docs/design/event.md`): an armed
+//! io_uring poll holds a reference to the file, so closing a registered fd does not end its
+//! registration (nor the socket): call [`EventRing::delete`] (or [`EventRing::close`]) first.
+//! `harvest` never re-checks level-triggered fds (that needs the kernel); `wait` does.
 //!
 //! The API is C-friendly: raw fds, epoll bit values, `u64` tokens, `#[repr(C)]` events.
 
@@ -442,8 +449,9 @@ impl EventRing {
     }
 
     /// Unregisters `fd`; events of it not yet harvested are dropped. Errors as
-    /// `EPOLL_CTL_DEL`. The io_uring backend submits the cancellation with its next kernel
-    /// entry (the kernel keeps a reference to the file until then).
+    /// `EPOLL_CTL_DEL`, and as synchronous: when it returns the kernel holds no reference to
+    /// the fd's file (the poll ring cancels the poll and runs the cancellation in one
+    /// `io_uring_enter`), so a `close` right after releases the socket.
     pub fn delete(&mut self, fd: RawFd) -> Result<(), CtlError> {
         match &mut self.backend {
             Backend::Uring(u) => u.delete(fd),
