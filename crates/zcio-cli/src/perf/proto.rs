@@ -32,8 +32,9 @@ pub enum Hello {
     Control {
         /// [`VERSION`].
         version: u32,
-        /// What to run.
-        params: Params,
+        /// What to run: [`Params`] of that version (parsed only once the version is known
+        /// to be this one's, so another version gets a clear refusal).
+        params: serde_json::Value,
     },
     /// A TCP data stream of an accepted test.
     Data {
@@ -42,6 +43,16 @@ pub enum Hello {
         /// Stream index, `0..streams`.
         stream: u32,
     },
+}
+
+impl Hello {
+    /// The control hello for `params`.
+    pub fn control(params: &Params) -> Self {
+        Hello::Control {
+            version: VERSION,
+            params: serde_json::to_value(params).expect("params serialise"),
+        }
+    }
 }
 
 /// Test parameters, sent by the client.
@@ -393,10 +404,7 @@ mod tests {
 
     #[test]
     fn control_messages_round_trip_through_frames() {
-        let h = Hello::Control {
-            version: VERSION,
-            params: params(),
-        };
+        let h = Hello::control(&params());
         let mut buf = Vec::new();
         write_msg(&mut buf, &h).unwrap();
         assert_eq!(

@@ -352,7 +352,10 @@ fn handshake(mut s: TcpStream, peer: SocketAddr, slot: Slot, sh: Arc<Shared>) {
                 sh.log.line(format_args!("{peer}: refused: {reason}"));
                 return;
             }
-            test(s, peer, params, slot, &sh);
+            match serde_json::from_value::<Params>(params) {
+                Ok(p) => test(s, peer, p, slot, &sh),
+                Err(e) => refuse(&mut s, peer, &sh, format!("bad test parameters: {e}")),
+            }
         }
         Hello::Data { cookie, stream } => {
             let Some(c) = proto::parse_cookie(&cookie) else {

@@ -134,13 +134,7 @@ pub fn run_test(spec: &TestSpec, on_interval: &mut dyn FnMut(&Interval)) -> Resu
     ctl.set_write_timeout(Some(spec.timeout))?;
     let server_addr = ctl.peer_addr()?;
     let local_addr = ctl.local_addr()?;
-    proto::write_msg(
-        &mut ctl,
-        &Hello::Control {
-            version: proto::VERSION,
-            params: p.clone(),
-        },
-    )?;
+    proto::write_msg(&mut ctl, &Hello::control(p))?;
     let (cookie, ports, _server_host) = match proto::read_msg::<Answer>(&mut ctl)
         .with_context(|| format!("waiting for the server at {server_addr}"))?
     {
