@@ -196,6 +196,9 @@ pub struct StreamReport {
     pub ops: u64,
     /// Syscalls made by the stream thread's I/O object.
     pub syscalls: u64,
+    /// Sender: syscalls made only to collect zero-copy completions.
+    #[serde(default)]
+    pub notify_syscalls: u64,
     /// Path in use (send or receive path).
     pub path: String,
     /// Sender: fraction of zero-copy-attempted bytes the kernel copied.

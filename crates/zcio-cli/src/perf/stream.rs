@@ -74,6 +74,7 @@ pub fn send(sock: OwnedFd, stream: u32, tcp: bool, opts: &ClientOpts) -> StreamR
             r.cpu = opts.cpu;
             r.ops = rep.sends;
             r.syscalls = rep.counters.syscalls;
+            r.notify_syscalls = rep.stats.notify_syscalls;
             r.path = rep.path.clone();
             r.copied_fraction = rep.copied_fraction;
             r.fallbacks = rep.fallbacks.iter().map(|f| f.to_string()).collect();
