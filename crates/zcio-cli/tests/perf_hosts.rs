@@ -185,8 +185,8 @@ fn perf_reverse_over_ipv6_and_udp_at_a_rate_work_between_hosts() {
 fn bench_tx_peer_quick_writes_a_two_host_report() {
     let Some(pair) = hosts("pfb") else { return };
     let _srv = Server::start(&pair, &["-p", "5203"]);
-    let out_dir = std::env::temp_dir().join(format!("zcio-peer-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out_dir);
+    let tmp = zcio_testnet::TempDir::new("peer-bench").unwrap();
+    let out_dir = tmp.join("out");
     let (ok, out, err) = in_a(
         &pair,
         &[
@@ -234,7 +234,6 @@ fn bench_tx_peer_quick_writes_a_two_host_report() {
         "report does not say two hosts"
     );
     assert!(html.contains(PEER));
-    let _ = std::fs::remove_dir_all(&out_dir);
 }
 
 #[test]

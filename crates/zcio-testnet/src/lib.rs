@@ -23,6 +23,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub mod caps;
 pub mod routes;
 pub mod seccomp;
+pub mod tempdir;
+
+pub use tempdir::TempDir;
 
 /// Name prefix of every namespace this crate creates.
 pub const PREFIX: &str = "zcio-";
