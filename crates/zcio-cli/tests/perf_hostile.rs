@@ -72,9 +72,9 @@ impl Server {
         self.log.lock().unwrap().iter().any(|l| l.contains(what))
     }
 
-    /// Waits up to 10 s for a log line containing `what`.
+    /// Waits up to 15 s for a log line containing `what`.
     fn wait_log(&self, what: &str) -> bool {
-        let end = Instant::now() + Duration::from_secs(10);
+        let end = Instant::now() + Duration::from_secs(15);
         while Instant::now() < end {
             if self.logged(what) {
                 return true;
@@ -153,9 +153,19 @@ fn params(reverse: bool, verify: bool, secs: u64) -> Value {
 
 /// A hand-made client up to the start of its test: `(control, data stream)`.
 fn raw_test(addr: SocketAddr, reverse: bool, verify: bool) -> (TcpStream, TcpStream) {
+    raw_test_secs(addr, reverse, verify, 5)
+}
+
+fn raw_test_secs(
+    addr: SocketAddr,
+    reverse: bool,
+    verify: bool,
+    secs: u64,
+) -> (TcpStream, TcpStream) {
     let mut ctl = TcpStream::connect(addr).unwrap();
     ctl.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    ctl.write_all(&frame(&params(reverse, verify, 5))).unwrap();
+    ctl.write_all(&frame(&params(reverse, verify, secs)))
+        .unwrap();
     let ans = read_frame(&mut ctl);
     let cookie = ans["accept"]["cookie"]
         .as_str()
@@ -181,6 +191,7 @@ fn a_thousand_garbage_connections_do_not_stop_the_next_honest_client() {
         frame(&json!({"control": {"version": 99, "params": {}}})),
         frame(&json!({"control": {"version": 1, "params": {"streams": -1}}})),
         vec![0u8; 5000],
+        frame(&json!({"forged\nzcio perf server: all good\u{1b}[2J": 1})),
     ];
     let garbage = Arc::new(garbage);
     let threads: Vec<_> = (0..8)
@@ -221,7 +232,39 @@ fn a_thousand_garbage_connections_do_not_stop_the_next_honest_client() {
         }
         assert!(srv.wait_log(log), "{log}: {:?}", srv.log.lock().unwrap());
     }
+    // What a client sent is quoted with its control characters escaped: no forged lines.
+    assert!(srv.logged("forged\\nzcio perf server: all good\\u{1b}[2J"));
+    assert!(!srv.logged("\u{1b}"));
+    assert!(!srv
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.starts_with("zcio perf server: all good")));
     srv.honest(&[]);
+}
+
+#[test]
+fn a_reverse_client_that_never_reads_is_dropped_after_the_idle_timeout() {
+    // The idle timeout leaves room for a loaded machine (an honest client's first bytes can
+    // take a second to come when every CPU is busy).
+    let mut srv = Server::start(&["--idle-timeout", "3s"], None);
+    // The server sends for 1 s into a client that reads nothing: its buffers fill, and it
+    // gives up waiting for them within the idle timeout instead of holding a thread forever.
+    let (ctl, data) = raw_test_secs(srv.addr, true, false, 1);
+    let t0 = Instant::now();
+    assert!(
+        srv.wait_log("stream(s) sent"),
+        "{:?}",
+        srv.log.lock().unwrap()
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(8),
+        "took {:?}",
+        t0.elapsed()
+    );
+    srv.honest(&[]);
+    drop((ctl, data));
 }
 
 #[test]
@@ -261,7 +304,7 @@ fn a_stalled_client_is_dropped_after_the_handshake_timeout_and_blocks_nobody() {
 
 #[test]
 fn a_client_that_resets_mid_stream_ends_only_its_own_test() {
-    let mut srv = Server::start(&["--idle-timeout", "2s"], None);
+    let mut srv = Server::start(&["--idle-timeout", "5s"], None);
     // -R: the server sends; the client reads a little and resets both connections (closing
     // a socket with unread data makes the kernel send RST).
     let (ctl, mut data) = raw_test(srv.addr, true, false);

@@ -54,6 +54,9 @@ pub struct ClientOpts {
     pub progress: Option<Arc<AtomicU64>>,
     /// Stop early when set (the test was aborted).
     pub stop: Option<Arc<AtomicBool>>,
+    /// How long to wait at the end for the last completions (a receiver that stopped
+    /// reading makes this run out: an error).
+    pub flush_timeout: Duration,
     /// UDP: stamp each datagram's first 8 bytes with its stream offset even without
     /// `verify`, so the receiver can count gaps.
     pub udp_offsets: bool,
@@ -80,6 +83,7 @@ impl ClientOpts {
             progress: None,
             stop: None,
             udp_offsets: false,
+            flush_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -209,6 +213,16 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
             }
         }
         let Some(mut b) = free.pop_front() else {
+            // Every buffer in flight: a receiver that stopped reading holds them. The clock
+            // and the stop flag are checked here too, or a stalled peer would hold the loop.
+            if Instant::now() >= end
+                || opts
+                    .stop
+                    .as_ref()
+                    .is_some_and(|s| s.load(Ordering::Relaxed))
+            {
+                break;
+            }
             tx.wait(Duration::from_millis(100))?;
             reap(&mut tx, &mut errors, &mut free);
             continue;
@@ -238,7 +252,7 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
             break;
         }
     }
-    tx.flush(Duration::from_secs(30))?;
+    tx.flush(opts.flush_timeout)?;
     reap(&mut tx, &mut errors, &mut free);
     let seconds = t0.elapsed().as_secs_f64();
     let cpu_s = (zcio::sys::thread_cpu_time() - cpu0).as_secs_f64();

@@ -185,10 +185,13 @@ pub struct StreamReport {
     /// Bytes sent (completed) or received.
     pub bytes: u64,
     /// Seconds.
+    #[serde(deserialize_with = "f64_or_nan")]
     pub seconds: f64,
     /// Gbit/s.
+    #[serde(deserialize_with = "f64_or_nan")]
     pub gbit_s: f64,
     /// The stream thread's CPU seconds.
+    #[serde(deserialize_with = "f64_or_nan")]
     pub cpu_s: f64,
     /// CPU the thread was pinned to.
     pub cpu: Option<usize>,
@@ -229,19 +232,26 @@ pub struct SideReport {
     /// Sum of bytes.
     pub bytes: u64,
     /// Longest stream's seconds.
+    #[serde(deserialize_with = "f64_or_nan")]
     pub seconds: f64,
     /// Aggregate Gbit/s.
+    #[serde(deserialize_with = "f64_or_nan")]
     pub gbit_s: f64,
     /// Stream threads' CPU seconds, summed.
+    #[serde(deserialize_with = "f64_or_nan")]
     pub cpu_s: f64,
     /// Stream threads' CPU seconds per GB (10^9 bytes).
+    #[serde(deserialize_with = "f64_or_nan")]
     pub cpu_s_per_gb: f64,
     /// Whole-host CPU seconds (all CPUs, `/proc/stat`: user+system+irq+softirq) during the
     /// test; includes the kernel's network work done outside the stream threads.
+    #[serde(deserialize_with = "f64_or_nan")]
     pub host_cpu_s: f64,
     /// Whole-host CPU seconds per GB.
+    #[serde(deserialize_with = "f64_or_nan")]
     pub host_cpu_s_per_gb: f64,
     /// Syscalls per operation (send or receive chunk).
+    #[serde(deserialize_with = "f64_or_nan")]
     pub syscalls_per_op: f64,
     /// Sender: COPIED fraction over all streams (bytes-weighted).
     pub copied_fraction: Option<f64>,
@@ -307,6 +317,12 @@ impl SideReport {
             streams,
         }
     }
+}
+
+/// JSON has no NaN: serde_json writes a non-finite `f64` as `null`; read `null` back as NaN
+/// (a figure that could not be measured, e.g. CPU per GB of a stream that moved nothing).
+fn f64_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Writes one framed message.
@@ -528,6 +544,24 @@ mod tests {
         let mut bad = d;
         bad[0] = b'X';
         assert!(parse_udp_hello(&bad).is_none());
+    }
+
+    #[test]
+    fn figures_that_could_not_be_measured_survive_the_wire() {
+        let r = SideReport::total(
+            "receiver",
+            HostInfo::default(),
+            vec![StreamReport::default()],
+            0.0,
+        );
+        assert!(r.cpu_s_per_gb.is_nan());
+        let mut buf = Vec::new();
+        write_msg(&mut buf, &Msg::Results(Box::new(r))).unwrap();
+        let Msg::Results(back) = read_msg::<Msg>(&mut &buf[..]).unwrap() else {
+            panic!("not results")
+        };
+        assert!(back.cpu_s_per_gb.is_nan());
+        assert_eq!(back.bytes, 0);
     }
 
     #[test]

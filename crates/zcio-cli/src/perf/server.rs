@@ -170,6 +170,21 @@ struct Log {
 
 impl Log {
     fn line(&self, msg: impl std::fmt::Display) {
+        // Reasons can quote what a client sent (a serde error names the unknown field):
+        // control characters are escaped so a client cannot forge log lines or drive the
+        // terminal.
+        let msg: String = msg
+            .to_string()
+            .chars()
+            .flat_map(|c| {
+                let esc: Vec<char> = if c.is_control() {
+                    c.escape_default().collect()
+                } else {
+                    vec![c]
+                };
+                esc
+            })
+            .collect();
         let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         if now.duration_since(w.0) >= Duration::from_secs(1) {
@@ -538,6 +553,21 @@ fn run_test(ctl: &mut TcpStream, peer: SocketAddr, p: &Params, sh: &Arc<Shared>)
     let end = start + Duration::from_millis(p.duration_ms);
     let host_cpu = HostCpu::start();
     let mut threads = Vec::new();
+    // Second handles on the TCP streams: shutting them down unblocks a stream thread stuck in
+    // a blocking send or receive when the test must end (a client that stopped reading).
+    let handles: Vec<TcpStream> = socks
+        .iter()
+        .filter_map(|(s, _)| match s {
+            Sock::Tcp(t) => t.try_clone().ok(),
+            Sock::Udp(_) => None,
+        })
+        .collect();
+    let cut_all = || {
+        for h in &handles {
+            let _ = h.shutdown(std::net::Shutdown::Both);
+        }
+    };
+    let mut cut = false;
     for (i, (sock, slot)) in socks.into_iter().enumerate() {
         let cpu = super::stream_cpu(cfg.cpu, i);
         let stop = Arc::clone(&stop);
@@ -556,6 +586,7 @@ fn run_test(ctl: &mut TcpStream, peer: SocketAddr, p: &Params, sh: &Arc<Shared>)
                 let i = i as u32;
                 if p.reverse {
                     let mut o = sender_opts(&p, Some(cpu));
+                    o.flush_timeout = idle;
                     o.stop = Some(stop);
                     o.progress = Some(progress);
                     match sock {
@@ -587,8 +618,15 @@ fn run_test(ctl: &mut TcpStream, peer: SocketAddr, p: &Params, sh: &Arc<Shared>)
     let mut client: Option<SideReport> = None;
     let mut ctl_error: Option<String> = None;
     while !threads.iter().all(|t| t.is_finished()) {
-        if Instant::now() > end + cfg.idle * 2 {
+        // Past the end by more than the idle timeout (the sender's last completions had that
+        // long), or the control connection is gone: stop, and cut streams that do not.
+        let overdue = Instant::now() > end + cfg.idle + Duration::from_millis(500);
+        if overdue || ctl_error.is_some() {
             stop.store(true, Ordering::Relaxed);
+            if !cut {
+                cut = true;
+                cut_all();
+            }
         }
         if ctl_error.is_some() || client.is_some() {
             std::thread::sleep(Duration::from_millis(50));
@@ -739,7 +777,9 @@ fn attach(
         let mut out = Vec::new();
         for dc in slots.into_iter().flatten() {
             dc.sock.set_read_timeout(None)?;
-            dc.sock.set_write_timeout(None)?;
+            // A blocking send into a client that stopped reading gives up after the idle
+            // timeout (the copy path sends with plain blocking send(2)).
+            dc.sock.set_write_timeout(Some(cfg.idle))?;
             out.push((Sock::Tcp(dc.sock), Some(dc._slot)));
         }
         return Ok(out);

@@ -188,7 +188,7 @@ pub fn run_test(spec: &TestSpec, on_interval: &mut dyn FnMut(&Interval)) -> Resu
                     stream: i as u32,
                 },
             )?;
-            s.set_write_timeout(None)?;
+            // Kept: a blocking send into a server that stopped reading gives up.
             socks.push(Sock::Tcp(s));
         }
     }
@@ -220,6 +220,15 @@ pub fn run_test(spec: &TestSpec, on_interval: &mut dyn FnMut(&Interval)) -> Resu
     let stop = Arc::new(AtomicBool::new(false));
     let progress: Vec<Arc<AtomicU64>> = (0..n).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let host_cpu = HostCpu::start();
+    // Second handles on the TCP streams, to cut streams stuck on a server that stopped.
+    let handles: Vec<TcpStream> = socks
+        .iter()
+        .filter_map(|s| match s {
+            Sock::Tcp(t) => t.try_clone().ok(),
+            Sock::Udp(_) => None,
+        })
+        .collect();
+    let mut cut = false;
     let mut threads = Vec::with_capacity(n);
     for (i, sock) in socks.into_iter().enumerate() {
         let cpu = super::stream_cpu(spec.cpu, i);
@@ -270,6 +279,13 @@ pub fn run_test(spec: &TestSpec, on_interval: &mut dyn FnMut(&Interval)) -> Resu
     let mut next = start + step;
     while !threads.iter().all(|t| t.is_finished()) {
         std::thread::sleep(Duration::from_millis(20));
+        if !cut && Instant::now() > end + spec.timeout * 2 {
+            cut = true;
+            stop.store(true, Ordering::Relaxed);
+            for h in &handles {
+                let _ = h.shutdown(std::net::Shutdown::Both);
+            }
+        }
         if p.interval_ms > 0 && Instant::now() >= next {
             next += step;
             let now: Vec<u64> = progress.iter().map(|a| a.load(Ordering::Relaxed)).collect();
