@@ -84,10 +84,12 @@ pub fn send(sock: OwnedFd, stream: u32, tcp: bool, opts: &ClientOpts) -> StreamR
         }
         Err(e) => r.error = Some(format!("{e:#}")),
     }
-    if let Some(fd) = &info_fd {
-        if let Ok(ti) = zcio::sys::net::tcp_info(fd) {
+    if let Some(fd) = info_fd {
+        if let Ok(ti) = zcio::sys::net::tcp_info(&fd) {
             r.retransmits = Some(ti.total_retrans);
         }
+        // The end of the stream, whatever other handles the caller keeps on the socket.
+        let _ = TcpStream::from(fd).shutdown(std::net::Shutdown::Write);
     }
     if let Some(p) = &opts.progress {
         p.store(r.bytes, Ordering::Relaxed);
