@@ -27,9 +27,13 @@ pub fn nic_for(ip: IpAddr) -> String {
 
 /// `IF (driver, speed)`.
 pub fn describe_iface(iface: &str) -> String {
-    let driver = zcio::sys::net::ethtool_driver(iface)
-        .map(|(d, _)| d)
-        .unwrap_or_else(|_| "no driver info".into());
+    let virt = !std::path::Path::new(&format!("/sys/class/net/{iface}/device")).exists();
+    let driver = match zcio::sys::net::ethtool_driver(iface) {
+        Ok((d, _)) if virt => format!("{d}, virtual"),
+        Ok((d, _)) => d,
+        Err(_) if virt => "virtual".into(),
+        Err(e) => format!("driver unknown: {e}"),
+    };
     let speed = std::fs::read_to_string(format!("/sys/class/net/{iface}/speed"))
         .ok()
         .and_then(|s| s.trim().parse::<i64>().ok())

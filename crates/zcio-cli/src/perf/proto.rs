@@ -78,7 +78,8 @@ pub struct Params {
     pub verify: bool,
     /// Sends in flight per stream.
     pub depth: u32,
-    /// Interval between progress lines in milliseconds (0 = none); informational.
+    /// Interval between the client's progress lines in milliseconds (0 = none); the server
+    /// only records it.
     pub interval_ms: u64,
 }
 
@@ -154,13 +155,6 @@ pub enum Msg {
     },
     /// Either side: its figures for the test.
     Results(Box<SideReport>),
-    /// Server → client: interval figures of the server's side (bytes so far per stream).
-    Progress {
-        /// Milliseconds since start.
-        ms: u64,
-        /// Bytes per stream so far.
-        bytes: Vec<u64>,
-    },
 }
 
 /// The host a side ran on.
