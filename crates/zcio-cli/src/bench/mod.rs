@@ -395,7 +395,48 @@ pub fn run(names: &[String], mode: Mode, out_dir: PathBuf, peer: Option<&str>) -
         peer: peer.as_ref().and_then(|p| p.run_info()),
     };
     let json = serde_json::to_string_pretty(&results)?;
-    std::fs::write(out_dir.join("results.json"), json)?;
-    std::fs::write(out_dir.join("report.html"), report::html(&results)?)?;
+    write_replacing(&out_dir, "results.json", json.as_bytes())?;
+    write_replacing(&out_dir, "report.html", report::html(&results)?.as_bytes())?;
     Ok(results)
+}
+
+/// Writes `dir/name` through a fresh file created exclusively next to it and renamed over
+/// it: a symlink planted at `dir/name` (an output directory under /tmp, a root run) is
+/// replaced, never written through.
+fn write_replacing(dir: &std::path::Path, name: &str, data: &[u8]) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let target = dir.join(name);
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&tmp)
+        .map_err(|e| anyhow::anyhow!("creating {}: {e}", tmp.display()))?;
+    std::io::Write::write_all(&mut f, data)?;
+    drop(f);
+    std::fs::rename(&tmp, &target)
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", target.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_replace_a_planted_symlink_instead_of_writing_through_it() {
+        let dir = zcio_testnet::TempDir::new("bench-out").unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("results.json")).unwrap();
+        write_replacing(dir.path(), "results.json", b"{}").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        let m = std::fs::symlink_metadata(dir.join("results.json")).unwrap();
+        assert!(m.file_type().is_file());
+        assert_eq!(std::fs::read(dir.join("results.json")).unwrap(), b"{}");
+        write_replacing(dir.path(), "results.json", b"[]").unwrap();
+        assert_eq!(std::fs::read(dir.join("results.json")).unwrap(), b"[]");
+    }
 }
