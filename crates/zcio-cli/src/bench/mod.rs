@@ -377,7 +377,11 @@ pub fn run(names: &[String], mode: Mode, out_dir: PathBuf, peer: Option<&str>) -
         }
         let report = SuiteReport {
             name: suite.name().to_string(),
-            about: suite.about().to_string(),
+            about: peer
+                .as_ref()
+                .and_then(|_| peer::about(suite.name()))
+                .unwrap_or(suite.about())
+                .to_string(),
             notes: ctx.notes,
             rows: ctx.rows,
             chart_metric: Some(suite.chart_metric().to_string()),

@@ -18,6 +18,25 @@ use zcio::tx::TxMode;
 /// Suites that cross a network and run against a peer.
 pub const NETWORK_SUITES: &[&str] = &["tx", "notify", "rx"];
 
+/// What a suite measures when it runs against a peer (the report's line under its name).
+pub fn about(suite: &str) -> Option<&'static str> {
+    match suite {
+        "tx" => Some(
+            "two hosts: copy vs MSG_ZEROCOPY vs SEND_ZC (+fixed) over TCP to the peer's zcio perf \
+             server; both hosts' CPU, COPIED fraction on that path",
+        ),
+        "notify" => Some(
+            "two hosts: zero-copy completion cost over TCP to the peer: MSG_ZEROCOPY reaping \
+             every send vs every 32, and vs io_uring notification CQEs",
+        ),
+        "rx" => Some(
+            "two hosts: the peer sends, this host receives with epoll+recv vs the provided-buffer \
+             ring (and auto: zcrx where the NIC can)",
+        ),
+        _ => None,
+    }
+}
+
 /// The other host.
 #[derive(Debug)]
 pub struct Peer {
