@@ -234,6 +234,34 @@ fn bench_tx_peer_quick_writes_a_two_host_report() {
         "report does not say two hosts"
     );
     assert!(html.contains(PEER));
+    assert!(html.contains(peer["remote"]["kernel"].as_str().unwrap()));
+    // Without suite names, --peer runs the other network suites too: notify and rx.
+    let out2 = tmp.join("all");
+    let (ok, out, err) = in_a(
+        &pair,
+        &[
+            "bench",
+            "--peer",
+            &format!("{PEER}:5203"),
+            "--quick",
+            "--out",
+            out2.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}\n{out}");
+    let results: Value =
+        serde_json::from_str(&std::fs::read_to_string(out2.join("results.json")).unwrap()).unwrap();
+    let names: Vec<&str> = results["suites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["tx", "notify", "rx"]);
+    for s in results["suites"].as_array().unwrap() {
+        assert!(!s["rows"].as_array().unwrap().is_empty(), "{s}");
+        assert!(s["skipped"].is_null(), "{s}");
+    }
 }
 
 #[test]
