@@ -23,6 +23,11 @@ struct Server {
 impl Server {
     /// `zcio perf server -B 127.0.0.1 -p 0 ARGS`, optionally under `ulimit -n NOFILE`.
     fn start(args: &[&str], nofile: Option<u32>) -> Self {
+        Self::start_on("127.0.0.1", args, nofile)
+    }
+
+    /// Like [`Server::start`], listening on `bind`.
+    fn start_on(bind: &str, args: &[&str], nofile: Option<u32>) -> Self {
         let mut cmd = match nofile {
             Some(n) => {
                 let mut c = Command::new("sh");
@@ -34,7 +39,7 @@ impl Server {
             None => Command::new(bin()),
         };
         let mut child = cmd
-            .args(["perf", "server", "-B", "127.0.0.1", "-p", "0"])
+            .args(["perf", "server", "-B", bind, "-p", "0"])
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -415,4 +420,61 @@ fn running_out_of_descriptors_backs_off_instead_of_spinning() {
     std::thread::sleep(Duration::from_millis(4500));
     assert!(srv.alive());
     srv.honest(&[]);
+}
+
+#[test]
+fn streams_from_another_host_than_the_control_connection_are_refused() {
+    // Listening on every address (dual-stack): control from 127.0.0.1, the data stream with
+    // the right cookie from ::1 (another source address, as another host would be).
+    let mut srv = Server::start_on("::", &["--handshake-timeout", "2s"], None);
+    let v4: SocketAddr = ([127, 0, 0, 1], srv.addr.port()).into();
+    let v6: SocketAddr = (std::net::Ipv6Addr::LOCALHOST, srv.addr.port()).into();
+    let mut ctl = TcpStream::connect(v4).unwrap();
+    ctl.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    ctl.write_all(&frame(&params(false, false, 5))).unwrap();
+    let cookie = read_frame(&mut ctl)["accept"]["cookie"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut other = TcpStream::connect(v6).unwrap();
+    other
+        .write_all(&frame(&json!({"data": {"cookie": cookie, "stream": 0}})))
+        .unwrap();
+    assert!(
+        srv.wait_log("from another host"),
+        "{:?}",
+        srv.log.lock().unwrap()
+    );
+    let abort = read_frame(&mut ctl);
+    assert!(abort["abort"].is_object(), "{abort}");
+    // UDP: the hello with the right cookie comes from 127.0.0.2; it is ignored, and the test
+    // ends for want of its stream.
+    let mut ctl = TcpStream::connect(v4).unwrap();
+    ctl.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut p = params(false, false, 1);
+    p["control"]["params"]["udp"] = json!(true);
+    ctl.write_all(&frame(&p)).unwrap();
+    let ans = read_frame(&mut ctl);
+    let cookie = ans["accept"]["cookie"].as_str().unwrap();
+    let port = ans["accept"]["udp_ports"][0].as_u64().unwrap() as u16;
+    let mut hello = b"ZCIOUDP1".to_vec();
+    for i in 0..16 {
+        hello.push(u8::from_str_radix(&cookie[2 * i..2 * i + 2], 16).unwrap());
+    }
+    hello.extend_from_slice(&0u32.to_be_bytes());
+    let u = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+    for _ in 0..5 {
+        u.send_to(&hello, ("127.0.0.1", port)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let abort = read_frame(&mut ctl);
+    assert!(
+        abort["abort"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no hello"),
+        "{abort}"
+    );
+    srv.honest(&[]);
+    srv.honest(&["-u", "-b", "10M"]);
 }
