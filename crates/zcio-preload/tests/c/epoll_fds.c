@@ -473,14 +473,19 @@ int main(int argc, char **argv) {
         printf("done\n");
         return 0;
     }
-    s_fork_while_waiting();
-    s_close_unknown();
-    s_dup2_fixed();
-    s_close_paths();
-    s_failing_calls();
-    s_vfork();
-    s_thread_close();
-    s_signal_close();
+    // With arguments: only the named scenarios (to see each one alone).
+    struct {
+        const char *name;
+        void (*run)(void);
+    } all[] = {{"fork", s_fork_while_waiting}, {"close-unknown", s_close_unknown},
+               {"dup2-fixed", s_dup2_fixed},    {"close-paths", s_close_paths},
+               {"failing", s_failing_calls},    {"vfork", s_vfork},
+               {"thread-close", s_thread_close}, {"signal-close", s_signal_close}};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        int want = argc < 2;
+        for (int a = 1; a < argc; a++) want |= strcmp(argv[a], all[i].name) == 0;
+        if (want) all[i].run();
+    }
     printf("done\n");
     return 0;
 }
