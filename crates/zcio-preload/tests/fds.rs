@@ -99,11 +99,12 @@ fn descriptor_management_fork_and_signals_behave_as_without_the_shim() {
     for line in log.lines().filter(|l| l.contains("registrations lost")) {
         assert!(line.contains("forked while another thread"), "{line}");
     }
-    assert!(
-        common::stats_sum(&stats, "ring_waits") > 20,
-        "{:?}",
-        std::fs::read_to_string(&stats)
-    );
+    let text = std::fs::read_to_string(&stats).unwrap_or_default();
+    assert!(common::stats_sum(&stats, "ring_waits") > 10, "{text}");
+    // The signal handler's closes took the deferred (lock-free) path, and the close-unknown
+    // loop met the shim's own descriptors and was refused.
+    assert!(common::stats_sum(&stats, "deferred_closes") > 0, "{text}");
+    assert!(common::stats_sum(&stats, "refused") > 0, "{text}");
 }
 
 #[test]
