@@ -157,7 +157,8 @@ typedef struct zcio_pool zcio_pool;
 typedef struct zcio_receiver zcio_receiver;
 
 /*
- Received bytes, borrowed; `zcio_rx_chunk_free` gives the memory back. Opaque.
+ Received bytes, borrowed; `zcio_rx_chunk_free` gives the memory back (from any thread).
+ Opaque.
  */
 typedef struct zcio_rx_chunk zcio_rx_chunk;
 
@@ -468,7 +469,7 @@ int zcio_receiver_listen(struct zcio_receiver **out, int listen_fd, uint32_t mod
 
 /*
  Frees a receiver and closes its sockets (NULL is ignored). Chunks already handed out stay
- valid until freed.
+ valid until freed (from any thread).
  */
 void zcio_receiver_free(struct zcio_receiver *r);
 
@@ -489,7 +490,9 @@ int zcio_receiver_close(struct zcio_receiver *r, uint64_t conn);
 int zcio_receiver_next_event(struct zcio_receiver *r, struct zcio_rx_event *out, int timeout_ms);
 
 /*
- Gives a chunk's memory back to the receiver (NULL is ignored).
+ Gives a chunk's memory back to the receiver (NULL is ignored). Any thread may free a
+ chunk, also while the receiver's thread is inside a receiver call (the chunk is then
+ returned when that call ends) and after the receiver was freed. Each chunk is freed once.
  */
 void zcio_rx_chunk_free(struct zcio_rx_chunk *c);
 
@@ -510,7 +513,9 @@ int zcio_pool_new(struct zcio_pool **out, uintptr_t slot_size, uintptr_t count);
 void zcio_pool_free(struct zcio_pool *p);
 
 /*
- Takes a free buffer (length 0) into `*out`; `-EAGAIN` when every buffer is out.
+ Takes a free buffer into `*out`: length 0, its memory zeroed (a buffer's earlier contents,
+ possibly another connection's bytes, never reach a send); `-EAGAIN` when every buffer is
+ out. Any thread; the buffer is the caller's until sent or freed.
  */
 int zcio_pool_get(const struct zcio_pool *p, struct zcio_buf **out);
 

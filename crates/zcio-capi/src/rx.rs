@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use zcio_core::rx::{ConnId, Receiver, RxChunk, RxConfig, RxError, RxEvent, RxMode, RxPath};
 
@@ -31,11 +32,60 @@ pub struct zcio_receiver {
     ids: HashMap<ConnId, u64>,
     conns: HashMap<u64, ConnId>,
     next_id: u64,
+    shared: Arc<Shared>,
 }
 
-/// Received bytes, borrowed; `zcio_rx_chunk_free` gives the memory back. Opaque.
+/// What a receiver and its chunks share. The receiver's buffer bookkeeping (reference counts,
+/// free lists) is single-threaded, so every drop of a chunk and every receiver call happen
+/// under `lock`; a chunk freed on another thread while the receiver's thread holds the lock
+/// (e.g. inside `zcio_receiver_next_event`) is queued in `deferred` and dropped by the
+/// receiver's thread when its call ends.
+struct Shared {
+    lock: Mutex<()>,
+    deferred: Mutex<Deferred>,
+}
+
+struct Deferred {
+    chunks: Vec<ChunkPtr>,
+    /// The receiver was freed: nobody drains the queue any more.
+    gone: bool,
+}
+
+/// A chunk handed to another thread's care.
+struct ChunkPtr(*mut zcio_rx_chunk);
+// SAFETY: the pointer is only dereferenced (dropped) under `Shared::lock`.
+unsafe impl Send for ChunkPtr {}
+
+/// Received bytes, borrowed; `zcio_rx_chunk_free` gives the memory back (from any thread).
+/// Opaque.
 pub struct zcio_rx_chunk {
     chunk: RxChunk,
+    shared: Arc<Shared>,
+}
+
+// SAFETY: a chunk's single-threaded state (reference-counted buffers) is only touched under
+// its receiver's `Shared::lock` (see `zcio_rx_chunk_free`).
+unsafe impl Send for zcio_rx_chunk {}
+
+fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Drops the chunks other threads freed (the caller holds `lock`).
+    fn drain(&self) {
+        let chunks = std::mem::take(
+            &mut self
+                .deferred
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .chunks,
+        );
+        for c in chunks {
+            // SAFETY: queued by zcio_rx_chunk_free, freed exactly once here, under `lock`.
+            drop(unsafe { Box::from_raw(c.0) });
+        }
+    }
 }
 
 /// One receiver event.
@@ -80,6 +130,13 @@ fn boxed(out: *mut *mut zcio_receiver, rx: Receiver) -> c_int {
         ids: HashMap::new(),
         conns: HashMap::new(),
         next_id: 1,
+        shared: Arc::new(Shared {
+            lock: Mutex::new(()),
+            deferred: Mutex::new(Deferred {
+                chunks: Vec::new(),
+                gone: false,
+            }),
+        }),
     };
     // SAFETY: `out` is non-null (checked by the callers).
     unsafe { *out = Box::into_raw(Box::new(r)) };
@@ -127,12 +184,25 @@ pub extern "C" fn zcio_receiver_listen(
 }
 
 /// Frees a receiver and closes its sockets (NULL is ignored). Chunks already handed out stay
-/// valid until freed.
+/// valid until freed (from any thread).
 #[no_mangle]
 pub extern "C" fn zcio_receiver_free(r: *mut zcio_receiver) {
     if !r.is_null() {
-        // SAFETY: `r` came from zcio_receiver_new/listen and is freed once.
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(r) })));
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: `r` came from zcio_receiver_new/listen and is freed once.
+            let rx = unsafe { Box::from_raw(r) };
+            let shared = rx.shared.clone();
+            let g = lock(&shared.lock);
+            drop(rx);
+            shared.drain();
+            shared
+                .deferred
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .gone = true;
+            shared.drain();
+            drop(g);
+        }));
     }
 }
 
@@ -142,7 +212,12 @@ fn with_rx(r: *mut zcio_receiver, f: impl FnOnce(&mut zcio_receiver) -> c_int) -
     }
     // SAFETY: `r` is a live receiver handle used by one thread at a time.
     let rx = unsafe { &mut *r };
-    guard(|| f(rx))
+    let shared = rx.shared.clone();
+    let g = lock(&shared.lock);
+    let res = guard(|| f(rx));
+    shared.drain();
+    drop(g);
+    res
 }
 
 impl zcio_receiver {
@@ -234,7 +309,10 @@ pub extern "C" fn zcio_receiver_next_event(
                 e.kind = ZCIO_RX_DATA;
                 e.conn = rx.id(chunk.conn());
                 e.len = chunk.len();
-                let b = Box::into_raw(Box::new(zcio_rx_chunk { chunk }));
+                let b = Box::into_raw(Box::new(zcio_rx_chunk {
+                    chunk,
+                    shared: rx.shared.clone(),
+                }));
                 // SAFETY: `b` was just created; the bytes live as long as the chunk.
                 e.data = unsafe { (*b).chunk.as_ptr().cast() };
                 e.chunk = b;
@@ -252,13 +330,44 @@ pub extern "C" fn zcio_receiver_next_event(
     })
 }
 
-/// Gives a chunk's memory back to the receiver (NULL is ignored).
+/// Gives a chunk's memory back to the receiver (NULL is ignored). Any thread may free a
+/// chunk, also while the receiver's thread is inside a receiver call (the chunk is then
+/// returned when that call ends) and after the receiver was freed. Each chunk is freed once.
 #[no_mangle]
 pub extern "C" fn zcio_rx_chunk_free(c: *mut zcio_rx_chunk) {
-    if !c.is_null() {
-        // SAFETY: `c` came from zcio_receiver_next_event and is freed once.
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(c) })));
+    if c.is_null() {
+        return;
     }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `c` came from zcio_receiver_next_event and is live until freed here; only
+        // its `shared` handle (thread-safe) is read before the lock is taken.
+        let shared = unsafe { (*c).shared.clone() };
+        let tried = match shared.lock.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        match tried {
+            Some(g) => {
+                // SAFETY: freed once, under the receiver's lock.
+                drop(unsafe { Box::from_raw(c) });
+                drop(g);
+            }
+            None => {
+                let mut d = shared.deferred.lock().unwrap_or_else(|p| p.into_inner());
+                if !d.gone {
+                    d.chunks.push(ChunkPtr(c));
+                    return;
+                }
+                drop(d);
+                // The receiver is gone; whoever holds the lock releases it soon.
+                let g = lock(&shared.lock);
+                // SAFETY: freed once, under the receiver's lock.
+                drop(unsafe { Box::from_raw(c) });
+                drop(g);
+            }
+        };
+    }));
 }
 
 /// The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`).

@@ -100,7 +100,9 @@ pub extern "C" fn zcio_pool_free(p: *mut zcio_pool) {
     }
 }
 
-/// Takes a free buffer (length 0) into `*out`; `-EAGAIN` when every buffer is out.
+/// Takes a free buffer into `*out`: length 0, its memory zeroed (a buffer's earlier contents,
+/// possibly another connection's bytes, never reach a send); `-EAGAIN` when every buffer is
+/// out. Any thread; the buffer is the caller's until sent or freed.
 #[no_mangle]
 pub extern "C" fn zcio_pool_get(p: *const zcio_pool, out: *mut *mut zcio_buf) -> c_int {
     if p.is_null() || out.is_null() {
@@ -109,7 +111,11 @@ pub extern "C" fn zcio_pool_get(p: *const zcio_pool, out: *mut *mut zcio_buf) ->
     guard(|| {
         // SAFETY: `p` is a live pool handle.
         match unsafe { (*p).pool.try_get() } {
-            Some(buf) => {
+            Some(mut buf) => {
+                let cap = buf.capacity();
+                buf.set_len(cap);
+                buf.fill(0);
+                buf.set_len(0);
                 // SAFETY: `out` is non-null.
                 unsafe { *out = Box::into_raw(Box::new(zcio_buf { buf })) };
                 0
