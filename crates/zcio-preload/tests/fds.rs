@@ -67,7 +67,10 @@ fn descriptor_management_fork_and_signals_behave_as_without_the_shim() {
     let dir = TempDir::new("fds");
     let Some(exe) = build(&dir) else { return };
     let (native, _) = run(&exe, &[], &Preload::default());
-    assert!(native.ends_with("done\n"), "native run incomplete:\n{native}");
+    assert!(
+        native.ends_with("done\n"),
+        "native run incomplete:\n{native}"
+    );
     // The scenarios' own expectations hold natively (the program is a faithful model).
     for want in [
         "fork-while-waiting/child: dup, poll, close ok",
@@ -80,7 +83,13 @@ fn descriptor_management_fork_and_signals_behave_as_without_the_shim() {
     ] {
         assert!(native.contains(want), "native lacks {want:?}:\n{native}");
     }
-    for path in ["close", "close_range", "close_range-unshare", "closefrom", "fclose"] {
+    for path in [
+        "close",
+        "close_range",
+        "close_range-unshare",
+        "closefrom",
+        "fclose",
+    ] {
         assert!(
             native.contains(&format!("close-path/{path}: r=0 peer sees close: yes")),
             "{native}"
@@ -92,7 +101,10 @@ fn descriptor_management_fork_and_signals_behave_as_without_the_shim() {
     assert!(log.contains("served by the event ring"), "shim log:\n{log}");
     // The only fallback is the forked child's own (its ring is the parent's).
     for line in log.lines().filter(|l| l.contains("falling back")) {
-        assert!(line.contains("forked child"), "unexpected fallback: {line}\n{log}");
+        assert!(
+            line.contains("forked child"),
+            "unexpected fallback: {line}\n{log}"
+        );
     }
     // Known limit: the child of a fork taken while another thread sat in a ring wait cannot
     // read the interest list that thread's lock guards; it says so (and nothing hangs).
@@ -169,5 +181,9 @@ fn the_shims_own_descriptors_sit_high_close_on_exec_and_refuse_the_program() {
         "ring stopped serving:\n{shimmed}\n{log}"
     );
     assert!(!log.contains("falling back"), "{log}");
-    assert!(common::stats_sum(&stats, "refused") >= 8, "{:?}", std::fs::read_to_string(&stats));
+    assert!(
+        common::stats_sum(&stats, "refused") >= 8,
+        "{:?}",
+        std::fs::read_to_string(&stats)
+    );
 }

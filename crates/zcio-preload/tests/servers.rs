@@ -43,7 +43,10 @@ fn exchange(port: u16, req: &[u8], done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
 
 fn assert_ring_served(stats: &Path, log: &str) {
     let text = std::fs::read_to_string(stats).unwrap_or_default();
-    assert!(log.contains("served by the event ring"), "shim inactive:\n{log}");
+    assert!(
+        log.contains("served by the event ring"),
+        "shim inactive:\n{log}"
+    );
     assert!(
         stats_sum(stats, "ring_waits") > 0 && stats_sum(stats, "ring_events") > 0,
         "no ring-served waits: {text}\n{log}"
@@ -56,8 +59,17 @@ fn memcached(bin: &Path, pre: &Preload) -> Server {
     let dir = TempDir::new("memcached");
     let port = free_port();
     let mut cmd = Command::new(bin);
-    cmd.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-t", "2"])
-        .args(["-u", "nobody", "-m", "64"]);
+    cmd.args([
+        "-l",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-U",
+        "0",
+        "-t",
+        "2",
+    ])
+    .args(["-u", "nobody", "-m", "64"]);
     pre.apply(&mut cmd);
     let log = dir.path().join("stderr.log");
     let mut s = Server::spawn_with(cmd, libc::SIGTERM, port, dir, log);
@@ -74,18 +86,28 @@ fn memcached_session(port: u16, c: usize) -> Vec<u8> {
     for i in (0..500).step_by(7) {
         write!(req, "get c{c}:{i}\r\n").unwrap();
     }
-    write!(req, "incr nokey 1\r\ndelete c{c}:3\r\nget c{c}:3 c{c}:4\r\nquit\r\n").unwrap();
+    write!(
+        req,
+        "incr nokey 1\r\ndelete c{c}:3\r\nget c{c}:3 c{c}:4\r\nquit\r\n"
+    )
+    .unwrap();
     exchange(port, &req, |_| false)
 }
 
 #[test]
 fn memcached_answers_byte_identically_from_the_event_ring() {
     let test = "memcached_answers_byte_identically_from_the_event_ring";
-    let Some(bin) = tool(test, "memcached") else { return };
+    let Some(bin) = tool(test, "memcached") else {
+        return;
+    };
     let mut native = memcached(&bin, &Preload::default());
     let want: Vec<Vec<u8>> = (0..4).map(|c| memcached_session(native.port, c)).collect();
     native.stop();
-    assert!(want[0].ends_with(b"END\r\n"), "{}", String::from_utf8_lossy(&want[0]));
+    assert!(
+        want[0].ends_with(b"END\r\n"),
+        "{}",
+        String::from_utf8_lossy(&want[0])
+    );
     let dir = TempDir::new("memcached-stats");
     let (pre, stats) = shimmed(&dir);
     let mut server = memcached(&bin, &pre);
@@ -124,7 +146,9 @@ fn lighttpd(bin: &Path, files: &[(&str, &[u8])], pre: &Preload) -> Server {
     );
     std::fs::write(dir.path().join("lighttpd.conf"), conf).unwrap();
     let mut cmd = Command::new(bin);
-    cmd.arg("-D").arg("-f").arg(dir.path().join("lighttpd.conf"));
+    cmd.arg("-D")
+        .arg("-f")
+        .arg(dir.path().join("lighttpd.conf"));
     pre.apply(&mut cmd);
     let log = dir.path().join("stderr.log");
     let mut s = Server::spawn_with(cmd, libc::SIGTERM, port, dir, log);
@@ -147,7 +171,9 @@ fn files() -> Vec<(&'static str, Vec<u8>)> {
 #[test]
 fn lighttpd_serves_byte_identical_files_from_the_event_ring() {
     let test = "lighttpd_serves_byte_identical_files_from_the_event_ring";
-    let Some(bin) = tool(test, "lighttpd") else { return };
+    let Some(bin) = tool(test, "lighttpd") else {
+        return;
+    };
     let f = files();
     let fr: Vec<(&str, &[u8])> = f.iter().map(|(n, b)| (*n, b.as_slice())).collect();
     let mut native = lighttpd(&bin, &fr, &Preload::default());
@@ -195,12 +221,17 @@ fn haproxy_session(port: u16) -> Vec<u8> {
 #[test]
 fn haproxy_answers_byte_identically_from_the_event_ring() {
     let test = "haproxy_answers_byte_identically_from_the_event_ring";
-    let Some(bin) = tool(test, "haproxy") else { return };
+    let Some(bin) = tool(test, "haproxy") else {
+        return;
+    };
     let mut native = haproxy(&bin, &Preload::default());
     let want = haproxy_session(native.port);
     native.stop();
     assert!(
-        String::from_utf8_lossy(&want).matches("hello from haproxy").count() == 2,
+        String::from_utf8_lossy(&want)
+            .matches("hello from haproxy")
+            .count()
+            == 2,
         "{}",
         String::from_utf8_lossy(&want)
     );
@@ -209,7 +240,11 @@ fn haproxy_answers_byte_identically_from_the_event_ring() {
     let mut server = haproxy(&bin, &pre);
     for _ in 0..20 {
         let got = haproxy_session(server.port);
-        assert!(got == want, "reply differs:\n{}", String::from_utf8_lossy(&got));
+        assert!(
+            got == want,
+            "reply differs:\n{}",
+            String::from_utf8_lossy(&got)
+        );
     }
     let log = server.output();
     assert!(server.stop(), "haproxy did not stop: {log}");
@@ -266,6 +301,14 @@ fn the_servers_answer_the_same_when_io_uring_is_unavailable() {
     assert!(shimmed.0 == native.0, "memcached differs");
     assert!(shimmed.1 == native.1, "lighttpd differs");
     assert!(shimmed.2 == native.2, "haproxy differs");
-    assert!(shimmed.3.contains("event ring unavailable"), "{}", shimmed.3);
-    assert!(!shimmed.3.contains("served by the event ring"), "{}", shimmed.3);
+    assert!(
+        shimmed.3.contains("event ring unavailable"),
+        "{}",
+        shimmed.3
+    );
+    assert!(
+        !shimmed.3.contains("served by the event ring"),
+        "{}",
+        shimmed.3
+    );
 }

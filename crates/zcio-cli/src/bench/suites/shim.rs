@@ -95,7 +95,9 @@ impl Suite for Shim {
         // here), both under wrk like nginx.
         for name in ["lighttpd", "haproxy"] {
             let (Some(bin), Some(wrk)) = (which(name), which("wrk")) else {
-                ctx.note(format!("{name} or wrk missing (scripts/deps): {name} case skipped"));
+                ctx.note(format!(
+                    "{name} or wrk missing (scripts/deps): {name} case skipped"
+                ));
                 continue;
             };
             let start = |shim: Option<&Shimmed>| match name {
