@@ -182,6 +182,7 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
     assert!(
         out.contains("8388608 bytes checked")
             && out.contains("come back empty and zeroed")
+            && out.contains("refuse other threads with -EPERM")
             && out.ends_with("ok\n"),
         "{out}"
     );

@@ -5,13 +5,16 @@
  *   zcio_receiver_next_event), and chunks freed after zcio_receiver_free; every byte checked.
  * - zcio_pool_get gives an empty, zeroed buffer: a buffer filled and freed comes back with
  *   length 0 and no old byte (on any thread).
- * - zcio_event_poster_post from another thread while the owner waits. */
+ * - zcio_event_poster_post from another thread while the owner waits.
+ * - handles bound to their creating thread (event ring, sender, receiver) answer -EPERM on
+ *   another thread and take nothing (the fd or buffer passed in stays the caller's). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,11 +170,71 @@ static void poster_from_another_thread(void) {
     printf("poster from another thread wakes the owner\n");
 }
 
+struct foreign {
+    zcio_event_ring *ring;
+    zcio_sender *sender;
+    zcio_receiver *rx;
+    zcio_pool *pool;
+    int fd;
+    int rc[8];
+};
+
+static void *use_from_other_thread(void *arg) {
+    struct foreign *f = arg;
+    zcio_event ev[2];
+    zcio_event_stats st;
+    f->rc[0] = zcio_event_ring_add(f->ring, f->fd, 1, 1);
+    f->rc[1] = zcio_event_ring_wait(f->ring, ev, 2, 0);
+    f->rc[2] = zcio_event_ring_stats(f->ring, &st);
+    f->rc[3] = zcio_event_ring_close(f->ring, f->fd); /* must not take the fd */
+    zcio_buf *b;
+    if (zcio_pool_get(f->pool, &b) < 0) FAIL("get");
+    zcio_buf_set_len(b, 10);
+    f->rc[4] = zcio_sender_send(f->sender, b, NULL);
+    zcio_buf_free(b); /* still ours after -EPERM */
+    f->rc[5] = zcio_sender_poll(f->sender);
+    zcio_rx_event rev;
+    f->rc[6] = zcio_receiver_next_event(f->rx, &rev, 0);
+    f->rc[7] = zcio_receiver_close(f->rx, 1);
+    return NULL;
+}
+
+static void handles_refuse_other_threads(void) {
+    struct foreign f = {0};
+    if (zcio_event_ring_new(&f.ring, 0) < 0) FAIL("ring");
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) FAIL("socketpair");
+    f.fd = sv[0];
+    if (zcio_pool_new(&f.pool, 4096, 4) < 0) FAIL("pool");
+    int tx[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, tx)) FAIL("socketpair");
+    if (zcio_sender_new(&f.sender, tx[0], f.pool, ZCIO_TX_COPY) < 0) FAIL("sender");
+    if (zcio_receiver_new(&f.rx, ZCIO_RX_PLAIN) < 0) FAIL("receiver");
+    pthread_t t;
+    pthread_create(&t, NULL, use_from_other_thread, &f);
+    pthread_join(t, NULL);
+    for (int i = 0; i < 8; i++)
+        if (f.rc[i] != -EPERM) FAIL("call %d from another thread returned %d", i, f.rc[i]);
+    /* The owner still can, and the fd was not taken. */
+    if (zcio_event_ring_add(f.ring, sv[0], 4 /* EPOLLOUT */, 5) != 0) FAIL("owner add");
+    zcio_event ev[2];
+    if (zcio_event_ring_wait(f.ring, ev, 2, 1000) != 1 || ev[0].token != 5) FAIL("owner wait");
+    if (zcio_event_ring_close(f.ring, sv[0]) != 0) FAIL("owner close");
+    zcio_receiver_free(f.rx);
+    zcio_sender_free(f.sender);
+    zcio_pool_free(f.pool);
+    zcio_event_ring_free(f.ring);
+    close(sv[1]);
+    close(tx[1]);
+    printf("handles refuse other threads with -EPERM and take nothing\n");
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     chunks_freed_on_another_thread();
     pool_buffers_come_back_empty();
     poster_from_another_thread();
+    handles_refuse_other_threads();
     printf("ok\n");
     return 0;
 }
