@@ -235,6 +235,17 @@ static void s_close_paths(void) {
         printf("close-path/%s: r=%d peer sees close: %s\n", names[k], r, peer_sees_close(sv[1], 1000));
         close(sv[1]);
     }
+    // pclose of a popen pipe registered for events: the child (reading until end of file)
+    // must see the close, or pclose waits for it forever.
+    {
+        FILE *f = popen("cat > /dev/null", "w");
+        CHECK(f);
+        add(ep, fileno(f), EPOLLOUT, 88);
+        alarm(10);
+        int st = pclose(f);
+        alarm(0);
+        printf("close-path/pclose: child exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
     // The instance still serves a new registration at a reused number.
     int sv[2];
     pair(sv);
