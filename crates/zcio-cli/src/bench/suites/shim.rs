@@ -114,6 +114,17 @@ impl Suite for Shim {
                 || wrk_run(&wrk, &shimmed, secs),
             )?;
             drop(native);
+            let mut shimmed = shimmed;
+            if name == "haproxy" {
+                // haproxy stops on SIGUSR1 (soft stop); SIGTERM leaves it running until the
+                // group is killed, which would lose its exit stats.
+                kill(shimmed.child.id() as i32, libc::SIGUSR1);
+                let deadline = Instant::now() + Duration::from_secs(3);
+                while Instant::now() < deadline && !matches!(shimmed.child.try_wait(), Ok(Some(_)))
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
             if let Some(st) = shimmed.finish()? {
                 ctx.note(format!("{name} under the shim: {st}"));
             }
