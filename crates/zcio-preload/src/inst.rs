@@ -9,6 +9,12 @@
 //! (the ring is created with `SINGLE_ISSUER`): a call from another thread or a forked child
 //! converts the instance first. A thread blocked in a ring wait holds the instance lock; a
 //! second thread that needs the lock posts a user event to the ring to wake it.
+//!
+//! A registered fd closed where its poll cannot be cancelled at once (a signal handler that
+//! interrupted the shim, another thread, a busy lock, a forked child) is closed anyway and
+//! marked in a lock-free pending bitmap; the owner deletes the registration at its next call.
+//! The shim's own descriptors (ring fd, eventfd) sit above a high floor, close-on-exec, and are
+//! flagged so the program's calls on them fail with `EBADF`.
 
 use crate::real;
 use crate::report::{bump, log, STATS};
