@@ -93,6 +93,45 @@ impl Suite for Shim {
         } else {
             ctx.note("redis-server or redis-benchmark missing: redis case skipped");
         }
+        // Two more loops: lighttpd (its own, epoll_create1) and haproxy (its own, 1 thread
+        // here), both under wrk like nginx.
+        for name in ["lighttpd", "haproxy"] {
+            let (Some(bin), Some(wrk)) = (which(name), which("wrk")) else {
+                ctx.note(format!(
+                    "{name} or wrk missing (scripts/deps): {name} case skipped"
+                ));
+                continue;
+            };
+            let start = |shim: Option<&Shimmed>| match name {
+                "lighttpd" => Server::lighttpd(&bin, &[b'x'; 1024], shim),
+                _ => Server::haproxy(&bin, shim),
+            };
+            let native = start(None)?;
+            let shimmed = start(Some(&Shimmed(&shim, &[])))?;
+            ctx.compare(
+                &format!("{name}, 1 KiB response, wrk 1 thread 32 conns"),
+                ("native epoll", "libzcio_epoll.so"),
+                METRICS,
+                || wrk_run(&wrk, &native, secs),
+                || wrk_run(&wrk, &shimmed, secs),
+            )?;
+            drop(native);
+            let mut shimmed = shimmed;
+            if name == "haproxy" {
+                // haproxy stops on SIGUSR1 (soft stop); SIGTERM leaves it running until the
+                // group is killed, which would lose its exit stats.
+                kill(shimmed.child.id() as i32, libc::SIGUSR1);
+                let deadline = Instant::now() + Duration::from_secs(3);
+                while Instant::now() < deadline && !matches!(shimmed.child.try_wait(), Ok(Some(_)))
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            if let Some(st) = shimmed.finish()? {
+                ctx.note(format!("{name} under the shim: {st}"));
+            }
+            ran = true;
+        }
         if !ran {
             return Err(ctx.skip("neither nginx+wrk nor redis-server+redis-benchmark installed"));
         }
@@ -253,6 +292,39 @@ impl Server {
             .arg(dir.join("nginx.conf"));
         cmd.arg("-e").arg(dir.join("error.log"));
         Self::spawn(cmd, port, dir, shim, owner)
+    }
+
+    fn lighttpd(bin: &Path, body: &[u8], shim: Option<&Shimmed>) -> Result<Self> {
+        let dir = tempdir("lighttpd")?;
+        std::fs::create_dir_all(dir.join("www"))?;
+        std::fs::write(dir.join("www/file"), body)?;
+        let port = free_port()?;
+        let conf = format!(
+            "server.document-root = \"{d}/www\"\nserver.port = {port}\n\
+             server.bind = \"127.0.0.1\"\nserver.event-handler = \"linux-sysepoll\"\n\
+             server.errorlog = \"{d}/error.log\"\nserver.max-keep-alive-requests = 100000000\n\
+             server.max-connections = 4096\n",
+            d = dir.display()
+        );
+        std::fs::write(dir.join("lighttpd.conf"), conf)?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("-D").arg("-f").arg(dir.join("lighttpd.conf"));
+        Self::spawn(cmd, port, dir, shim)
+    }
+
+    fn haproxy(bin: &Path, shim: Option<&Shimmed>) -> Result<Self> {
+        let dir = tempdir("haproxy")?;
+        let port = free_port()?;
+        let body = "x".repeat(1024);
+        let conf = format!(
+            "global\n  nbthread 1\ndefaults\n  mode http\n  timeout client 30s\n  \
+             timeout connect 5s\n  timeout server 30s\nfrontend fe\n  bind 127.0.0.1:{port}\n  \
+             http-request return status 200 content-type text/plain string \"{body}\"\n"
+        );
+        std::fs::write(dir.join("haproxy.cfg"), conf)?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("-db").arg("-f").arg(dir.join("haproxy.cfg"));
+        Self::spawn(cmd, port, dir, shim)
     }
 
     fn redis(redis: &Path, shim: Option<&Shimmed>) -> Result<Self> {
