@@ -295,25 +295,25 @@ impl Server {
     }
 
     fn lighttpd(bin: &Path, body: &[u8], shim: Option<&Shimmed>) -> Result<Self> {
-        let dir = tempdir("lighttpd")?;
-        std::fs::create_dir_all(dir.join("www"))?;
-        std::fs::write(dir.join("www/file"), body)?;
+        let dir = TempDir::new("bench-lighttpd")?;
+        private_dir(&dir.join("www"), None)?;
+        write_new(&dir.join("www/file"), body, 0o600)?;
         let port = free_port()?;
         let conf = format!(
             "server.document-root = \"{d}/www\"\nserver.port = {port}\n\
              server.bind = \"127.0.0.1\"\nserver.event-handler = \"linux-sysepoll\"\n\
              server.errorlog = \"{d}/error.log\"\nserver.max-keep-alive-requests = 100000000\n\
              server.max-connections = 4096\n",
-            d = dir.display()
+            d = dir.path().display()
         );
-        std::fs::write(dir.join("lighttpd.conf"), conf)?;
+        write_new(&dir.join("lighttpd.conf"), conf.as_bytes(), 0o600)?;
         let mut cmd = Command::new(bin);
         cmd.arg("-D").arg("-f").arg(dir.join("lighttpd.conf"));
-        Self::spawn(cmd, port, dir, shim)
+        Self::spawn(cmd, port, dir, shim, None)
     }
 
     fn haproxy(bin: &Path, shim: Option<&Shimmed>) -> Result<Self> {
-        let dir = tempdir("haproxy")?;
+        let dir = TempDir::new("bench-haproxy")?;
         let port = free_port()?;
         let body = "x".repeat(1024);
         let conf = format!(
@@ -321,10 +321,10 @@ impl Server {
              timeout connect 5s\n  timeout server 30s\nfrontend fe\n  bind 127.0.0.1:{port}\n  \
              http-request return status 200 content-type text/plain string \"{body}\"\n"
         );
-        std::fs::write(dir.join("haproxy.cfg"), conf)?;
+        write_new(&dir.join("haproxy.cfg"), conf.as_bytes(), 0o600)?;
         let mut cmd = Command::new(bin);
         cmd.arg("-db").arg("-f").arg(dir.join("haproxy.cfg"));
-        Self::spawn(cmd, port, dir, shim)
+        Self::spawn(cmd, port, dir, shim, None)
     }
 
     fn redis(redis: &Path, shim: Option<&Shimmed>) -> Result<Self> {
