@@ -9,11 +9,17 @@
 //! (the ring is created with `SINGLE_ISSUER`): a call from another thread or a forked child
 //! converts the instance first. A thread blocked in a ring wait holds the instance lock; a
 //! second thread that needs the lock posts a user event to the ring to wake it.
+//!
+//! A registered fd closed where its poll cannot be cancelled at once (a signal handler that
+//! interrupted the shim, another thread, a busy lock, a forked child) is closed anyway and
+//! marked in a lock-free pending bitmap; the owner deletes the registration at its next call.
+//! The shim's own descriptors (ring fd, eventfd) sit above a high floor, close-on-exec, and are
+//! flagged so the program's calls on them fail with `EBADF`.
 
 use crate::real;
 use crate::report::{bump, log, STATS};
 use std::cell::{Cell, UnsafeCell};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 use zcio::event::{CtlError, Event, EventConfig, EventRing, Interest, Poster, Prefer};
@@ -264,6 +270,10 @@ pub struct Instance {
     fork_gen: u64,
     ring_mode: AtomicBool,
     contenders: AtomicU32,
+    /// The state, while the owner sleeps in a ring wait with the lock held (null otherwise).
+    /// A child forked meanwhile has no thread that would ever release the lock; it reads the
+    /// interest list through this pointer instead (the wait never touches `regs`).
+    waiting: AtomicPtr<State>,
     poster: Poster,
     state: Mutex<State>,
 }
@@ -303,6 +313,7 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
         fork_gen: FORK_GEN.load(Ordering::Relaxed),
         ring_mode: AtomicBool::new(true),
         contenders: AtomicU32::new(0),
+        waiting: AtomicPtr::new(std::ptr::null_mut()),
         poster: ring.poster(),
         state: Mutex::new(State {
             ring: Some(ring),
@@ -389,11 +400,25 @@ fn lock_checked(inst: &Instance) -> Option<MutexGuard<'_, State>> {
             Ok(g) => Some(g),
             Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
             Err(TryLockError::WouldBlock) => {
-                inst.ring_mode.store(false, Ordering::Relaxed);
-                log(format_args!(
-                    "epoll fd {}: forked while another thread used it; registrations lost",
-                    inst.epfd
-                ));
+                let p = inst.waiting.load(Ordering::Acquire);
+                if inst.ring_mode.load(Ordering::Relaxed) && !p.is_null() {
+                    // SAFETY: the parent's owner thread was inside the ring wait (between the
+                    // two stores in `wait`), which leaves `regs` alone; that thread does not
+                    // exist in this child and nothing else here reaches the state while the
+                    // lock stays held, so this is the only reference.
+                    let st = unsafe { &mut *p };
+                    to_real_in(
+                        inst,
+                        st,
+                        "used in a forked child (forked during a wait)",
+                        true,
+                    );
+                } else if inst.ring_mode.swap(false, Ordering::Relaxed) {
+                    log(format_args!(
+                        "epoll fd {}: forked while another thread used it; registrations lost",
+                        inst.epfd
+                    ));
+                }
                 None
             }
         };
@@ -512,8 +537,12 @@ fn to_real_in(inst: &Instance, st: &mut State, why: &str, forked: bool) {
         replayed += 1;
     }
     if forked {
-        // Only this process's reference to the parent's ring goes; nothing is submitted.
-        finish_ring(inst, ring);
+        // The ring is the parent's: nothing is submitted, and it is not even dropped (a
+        // parent thread may have been inside it when the process forked); the child's copy of
+        // its memory and fds go at exit or exec (the fds are close-on-exec).
+        inst.ring_mode.store(false, Ordering::Relaxed);
+        RING_LIVE.fetch_sub(1, Ordering::Relaxed);
+        std::mem::forget(ring);
     } else {
         park_ring(inst, st, ring);
     }
@@ -710,9 +739,12 @@ pub fn wait(
             st.buf.resize(want, Event::default());
         }
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let ring_state: *mut State = st;
         let ring = st.ring.as_mut().expect("ring mode");
         let posted = ring.user_events();
+        inst.waiting.store(ring_state, Ordering::Release);
         let r = ring.wait(&mut st.buf[..want], left);
+        inst.waiting.store(std::ptr::null_mut(), Ordering::Release);
         // Fd events come first, then user-posted ones (wake-ups from contending threads).
         let fd_events = |ring: &EventRing, n: usize| n - (ring.user_events() - posted) as usize;
         let n = match r {
@@ -795,7 +827,6 @@ pub fn close_registered(fd: libc::c_int, do_close: bool) -> libc::c_int {
         return if do_close { real::close(fd) } else { 0 };
     }
     let me = tid();
-    let mut defer = false;
     // SAFETY: the table lock is held; only shared references are taken, and only while held.
     let slots = unsafe { &*TABLE.slots.get() };
     for inst in slots.iter().flatten() {
@@ -803,8 +834,13 @@ pub fn close_registered(fd: libc::c_int, do_close: bool) -> libc::c_int {
             continue;
         }
         if forked(inst) || inst.owner != me {
-            // Not this thread's ring to submit to.
-            defer = true;
+            // Not this thread's ring to submit to. Marked before the owner is woken (the
+            // owner's next call drains the mark), while the fd's count is still above zero
+            // (the last registration's end clears it; an instance handled above may already
+            // have ended it).
+            if is_registered(fd) {
+                mark_pending(fd);
+            }
             if !forked(inst) {
                 let _ = inst.poster.post(WAKE, 0);
             }
@@ -813,7 +849,9 @@ pub fn close_registered(fd: libc::c_int, do_close: bool) -> libc::c_int {
         let mut st = match inst.state.try_lock() {
             Ok(st) => st,
             Err(_) => {
-                defer = true;
+                if is_registered(fd) {
+                    mark_pending(fd);
+                }
                 let _ = inst.poster.post(WAKE, 0);
                 continue;
             }
@@ -832,11 +870,6 @@ pub fn close_registered(fd: libc::c_int, do_close: bool) -> libc::c_int {
         unreg(i);
     }
     table_unlock();
-    // Marked before the number is freed (a reused number must not inherit the mark), and only
-    // while some instance still holds a registration.
-    if defer && is_registered(fd) {
-        mark_pending(fd);
-    }
     if do_close {
         real::close(fd)
     } else {

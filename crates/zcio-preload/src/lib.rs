@@ -3,9 +3,10 @@
 //! semantics.
 //!
 //! Interposed: `epoll_create`, `epoll_create1`, `epoll_ctl`, `epoll_wait`, `epoll_pwait`,
-//! `epoll_pwait2`, and what touches epoll fds or registered fds: `close`, `dup`, `dup2`,
-//! `dup3`, `fcntl`/`fcntl64` (`F_DUPFD*`), `poll`, `ppoll`, `select`, `pselect`; `fork` through
-//! `pthread_atfork`. What the ring cannot serve faithfully makes that instance fall back to its
+//! `epoll_pwait2`, and what touches epoll fds or registered fds: `close`, `close_range`,
+//! `closefrom`, `fclose`, `pclose`, `dup`, `dup2`, `dup3`, `fcntl`/`fcntl64`, `poll`, `ppoll`,
+//! `select`, `pselect`; `fork` through `pthread_atfork`. The shim's own fds (high,
+//! close-on-exec) are refused to the program with `EBADF`. What the ring cannot serve faithfully makes that instance fall back to its
 //! real epoll fd (interest list replayed; logged once with `ZCIO_EPOLL_LOG=1`). See
 //! `docs/design/capi-preload.md`.
 //!
@@ -155,7 +156,8 @@ pub extern "C" fn epoll_create1(flags: c_int) -> c_int {
 /// Interposed `epoll_ctl`.
 #[no_mangle]
 pub extern "C" fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    if inst::is_private(fd) || inst::is_private(epfd) {
+    if (inst::is_private(fd) || inst::is_private(epfd)) && !in_shim() {
+        // (The shim's own event ring may drive a private epoll fd through libc.)
         return refuse();
     }
     guarded(
@@ -605,18 +607,34 @@ pub extern "C" fn closefrom(lo: c_int) {
 
 type FcloseFn = unsafe extern "C" fn(*mut libc::FILE) -> c_int;
 
-/// Interposed `fclose`: a stream on a registered socket (`fdopen`) closes its fd inside libc,
-/// where the interposed `close` does not see it.
-#[no_mangle]
-pub extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
+/// Close bookkeeping for the fd under a stream that libc is about to close internally.
+fn before_stream_close(f: *mut libc::FILE) {
     if !f.is_null() && inst::RING_LIVE.load(Ordering::Relaxed) > 0 {
-        // SAFETY: the caller passes an open stream, as to libc's fclose.
+        // SAFETY: the caller passes an open stream, as to libc's fclose/pclose.
         let fd = unsafe { libc::fileno(f) };
         if fd >= 0 && inst::flags(fd) != 0 && !inst::is_private(fd) {
             before_close(fd, false);
         }
     }
+}
+
+/// Interposed `fclose`: a stream on a registered socket (`fdopen`) closes its fd inside libc,
+/// where the interposed `close` does not see it.
+#[no_mangle]
+pub extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
+    before_stream_close(f);
     let p = next_sym(b"fclose\0");
     // SAFETY: libc's fclose, with this signature; the stream passed through.
+    unsafe { std::mem::transmute::<*mut c_void, FcloseFn>(p)(f) }
+}
+
+/// Interposed `pclose`: a `popen` pipe registered for events must really close before
+/// `pclose` waits for the child (a child reading until end of file would wait forever on a
+/// pipe the armed poll keeps open).
+#[no_mangle]
+pub extern "C" fn pclose(f: *mut libc::FILE) -> c_int {
+    before_stream_close(f);
+    let p = next_sym(b"pclose\0");
+    // SAFETY: libc's pclose, with this signature; the stream passed through.
     unsafe { std::mem::transmute::<*mut c_void, FcloseFn>(p)(f) }
 }

@@ -73,7 +73,7 @@ fn descriptor_management_fork_and_signals_behave_as_without_the_shim() {
     );
     // The scenarios' own expectations hold natively (the program is a faithful model).
     for want in [
-        "fork-while-waiting/child: dup, poll, close ok",
+        "fork-while-waiting/child: wait, dup, poll, close ok",
         "fork-while-waiting/parent: event 42",
         "close-unknown/new-pipe-untouched: yes",
         "failing/still-registered: n=1 5",
@@ -106,16 +106,15 @@ fn descriptor_management_fork_and_signals_behave_as_without_the_shim() {
             "unexpected fallback: {line}\n{log}"
         );
     }
-    // Known limit: the child of a fork taken while another thread sat in a ring wait cannot
-    // read the interest list that thread's lock guards; it says so (and nothing hangs).
-    for line in log.lines().filter(|l| l.contains("registrations lost")) {
-        assert!(line.contains("forked while another thread"), "{line}");
-    }
-    assert!(
-        common::stats_sum(&stats, "ring_waits") > 20,
-        "{:?}",
-        std::fs::read_to_string(&stats)
-    );
+    // The child of a fork taken while another thread sat in a ring wait got the interest list.
+    assert!(log.contains("forked during a wait"), "{log}");
+    assert!(!log.contains("registrations lost"), "{log}");
+    let text = std::fs::read_to_string(&stats).unwrap_or_default();
+    assert!(common::stats_sum(&stats, "ring_waits") > 10, "{text}");
+    // The signal handler's closes took the deferred (lock-free) path, and the close-unknown
+    // loop met the shim's own descriptors and was refused.
+    assert!(common::stats_sum(&stats, "deferred_closes") > 0, "{text}");
+    assert!(common::stats_sum(&stats, "refused") > 0, "{text}");
 }
 
 #[test]

@@ -518,6 +518,39 @@ mod tests {
     }
 
     #[test]
+    fn a_ring_moves_above_the_private_fd_floor_and_still_works() {
+        use std::os::fd::AsRawFd;
+        static SEEN: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+        crate::sys::set_private_fd_hook(|fd| SEEN.store(fd, std::sync::atomic::Ordering::Relaxed));
+        crate::sys::set_private_fd_floor(700);
+        let made = Ring::<cqueue::Entry>::new(&RingConfig::default());
+        let ev = crate::sys::eventfd(0);
+        crate::sys::set_private_fd_floor(0);
+        let mut ring = match made {
+            Ok(r) => r,
+            Err(RingError::Unavailable { reason, .. }) => {
+                println!("SKIP: io_uring unavailable: {reason}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let fd = ring.raw().as_raw_fd();
+        assert!(fd >= 700, "ring fd {fd}");
+        // SAFETY: F_GETFD on our own descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        assert!(ev.expect("eventfd").as_raw_fd() >= 700);
+        assert!(SEEN.load(std::sync::atomic::Ordering::Relaxed) >= 700);
+        // The rings were mapped again from the new descriptor: a NOP goes round.
+        // SAFETY: a NOP references no memory.
+        unsafe { ring.push(&opcode::Nop::new().build().user_data(9)) }.unwrap();
+        ring.submit_and_wait(1, None).unwrap();
+        let mut got = vec![];
+        ring.harvest(|c| got.push(c.user_data())).unwrap();
+        assert_eq!(got, vec![9]);
+    }
+
+    #[test]
     fn submit_without_work_makes_no_syscall() {
         let mut ring: Ring = Ring::new(&RingConfig::default()).expect("ring");
         ring.submit().unwrap();

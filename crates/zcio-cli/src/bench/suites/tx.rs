@@ -156,6 +156,9 @@ impl Suite for Tx {
         "sender_cpu"
     }
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
+        if let Some(peer) = ctx.peer.clone() {
+            return crate::bench::peer::tx(ctx, &peer);
+        }
         let dur = ctx.pick(
             Duration::from_millis(80),
             Duration::from_millis(250),
