@@ -547,6 +547,14 @@ fn to_real_in(inst: &Instance, st: &mut State, why: &str, forked: bool) {
         park_ring(inst, st, ring);
     }
     forget_regs(st);
+    if inst.kernel {
+        // Kernel mode: the interest list already is the real epoll; only the ring goes.
+        log(format_args!(
+            "epoll fd {}: ring retired ({why}); the real epoll keeps serving",
+            inst.epfd
+        ));
+        return;
+    }
     bump(&STATS.fallbacks, 1);
     log(format_args!(
         "epoll fd {}: falling back to the real epoll ({why}); {replayed} registrations replayed",

@@ -26,9 +26,14 @@ fn build(dir: &TempDir) -> Option<PathBuf> {
 }
 
 fn run(exe: &Path, args: &[&str], pre: &Preload) -> (String, String) {
+    run_env(exe, args, pre, &[])
+}
+
+fn run_env(exe: &Path, args: &[&str], pre: &Preload, env: &[(&str, &str)]) -> (String, String) {
     let mut cmd = Command::new(exe);
     cmd.args(args);
     pre.apply(&mut cmd);
+    cmd.envs(env.iter().copied());
     let out = cmd.output().expect("run epoll_fds");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
@@ -95,8 +100,23 @@ fn descriptor_management_fork_and_signals_behave_as_without_the_shim() {
             "{native}"
         );
     }
+    // The default (EPOLL_WAIT over the program's own epoll fd): the interest list and every
+    // close are the kernel's, nothing to convert or defer.
+    let (shimmed, log) = run(&exe, &[], &shim(None));
+    assert_same(&native, &shimmed, &log);
+    assert!(
+        log.contains("served by the event ring (io_uring_epoll_wait)"),
+        "{log}"
+    );
+    assert!(!log.contains("falling back"), "{log}");
+    // The poll ring (the shim keeps the interest list): the descriptor machinery below.
     let stats = dir.path().join("stats");
-    let (shimmed, log) = run(&exe, &[], &shim(Some(stats.clone())));
+    let (shimmed, log) = run_env(
+        &exe,
+        &[],
+        &shim(Some(stats.clone())),
+        &[("ZCIO_EPOLL_BACKEND", "poll")],
+    );
     assert_same(&native, &shimmed, &log);
     assert!(log.contains("served by the event ring"), "shim log:\n{log}");
     // The only fallback is the forked child's own (its ring is the parent's).
