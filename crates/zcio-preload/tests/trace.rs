@@ -106,8 +106,9 @@ fn trace_is_identical_with_and_without_the_shim() {
 
 #[test]
 fn closes_behind_the_shims_back_behave_as_without_it() {
-    // A raw close system call (libuv's) that no interposer sees: with the interest list in
-    // the program's own epoll, the kernel drops the registration with the file.
+    // A raw close system call (libuv's) that no interposer sees, and exec with close-on-exec:
+    // with the interest list in the program's own epoll, the kernel drops the registration
+    // with the file.
     let dir = TempDir::new("trace-behind");
     let Some(exe) = build_trace(&dir) else { return };
     let (native, _) = run_with(&exe, &Preload::default(), &["behind"], &[]);

@@ -584,10 +584,49 @@ static void s_behind(void) {
     close(ep);
 }
 
+/* exec with close-on-exec: the registered listener goes with the old image. Runs in a child
+   (the listener exists only there); the new image gets the epoll fd (no CLOEXEC) and the port. */
+static void s_exec(const char *self) {
+    cur = "exec";
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        int ep = epoll_create(1); /* inherited across exec */
+        struct sockaddr_in a;
+        int l = listener(&a);
+        CHECK(fcntl(l, F_SETFD, FD_CLOEXEC) == 0);
+        add(ep, l, EPOLLIN, 1);
+        try_connect("connect-before-exec", &a);
+        show("listener-ready", ep, 8, 1000);
+        char epfd[16], port[16];
+        snprintf(epfd, sizeof epfd, "%d", ep);
+        snprintf(port, sizeof port, "%d", ntohs(a.sin_port));
+        execl(self, self, "after-exec", epfd, port, (char *)NULL);
+        _exit(3);
+    }
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+static void after_exec(int ep, int port) {
+    cur = "exec";
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    try_connect("connect-after-exec", &a);
+    show("inherited-epoll-after-exec", ep, 8, 0);
+    close(ep);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 3 && strcmp(argv[1], "after-exec") == 0) {
+        after_exec(atoi(argv[2]), atoi(argv[3]));
+        return 0;
+    }
     if (argc > 1 && strcmp(argv[1], "behind") == 0) {
         s_behind();
+        s_exec(argv[0]);
         printf("done\n");
         return 0;
     }
