@@ -45,6 +45,7 @@
 //! ```
 
 mod copy;
+pub(crate) mod core;
 mod msgzc;
 mod track;
 
@@ -194,8 +195,11 @@ pub enum ZcStatus {
     ZeroCopy,
     /// Every completion said the kernel copied after all.
     Copied,
-    /// Some parts zero-copy, some copied.
+    /// Some parts zero-copy, some copied (or not reported).
     Mixed,
+    /// Sent zero-copy, but the kernel did not say whether it copied
+    /// (`IORING_SEND_ZC_REPORT_USAGE` needs Linux 6.2).
+    Unknown,
 }
 
 /// Why a send failed (all or part of its bytes were not accepted, or the connection failed
@@ -967,7 +971,7 @@ impl Sender {
                 }
             }
             ZcStatus::ZeroCopy => self.auto.streak = 0,
-            ZcStatus::NotAttempted => {}
+            ZcStatus::NotAttempted | ZcStatus::Unknown => {}
         }
     }
 
@@ -1131,8 +1135,9 @@ impl Sender {
                 error.get_or_insert(SendError::from_errno(e));
             }
         }
-        self.counters.notifications += u64::from(d.notifs_zerocopy + d.notifs_copied);
-        let status = status_of(d.notifs_zerocopy, d.notifs_copied);
+        self.counters.notifications +=
+            u64::from(d.notifs_zerocopy + d.notifs_copied + d.notifs_unknown);
+        let status = status_of(d.notifs_zerocopy, d.notifs_copied, d.notifs_unknown);
         self.count_zc(status, d.bytes);
         self.observe(d.tag, status);
         self.push_ready(
@@ -1147,7 +1152,7 @@ impl Sender {
             path: Path::MsgZc,
         });
         self.counters.notifications += u64::from(d.ranges_zc + d.ranges_copied);
-        let status = status_of(d.ranges_zc, d.ranges_copied);
+        let status = status_of(d.ranges_zc, d.ranges_copied, 0);
         self.count_zc(status, d.zc_bytes);
         self.observe(d.tag, status);
         let error = d.error.map(SendError::from_errno);
@@ -1168,7 +1173,7 @@ impl Sender {
         match status {
             ZcStatus::ZeroCopy => self.counters.zerocopy_bytes += bytes as u64,
             ZcStatus::Copied | ZcStatus::Mixed => self.counters.copied_bytes += bytes as u64,
-            ZcStatus::NotAttempted => {}
+            ZcStatus::NotAttempted | ZcStatus::Unknown => {}
         }
     }
 }
@@ -1191,11 +1196,12 @@ fn done(
     }
 }
 
-fn status_of(zc: u32, copied: u32) -> ZcStatus {
-    match (zc, copied) {
-        (0, 0) => ZcStatus::NotAttempted,
-        (_, 0) => ZcStatus::ZeroCopy,
-        (0, _) => ZcStatus::Copied,
+fn status_of(zc: u32, copied: u32, unknown: u32) -> ZcStatus {
+    match (zc, copied, unknown) {
+        (0, 0, 0) => ZcStatus::NotAttempted,
+        (_, 0, 0) => ZcStatus::ZeroCopy,
+        (0, _, 0) => ZcStatus::Copied,
+        (0, 0, _) => ZcStatus::Unknown,
         _ => ZcStatus::Mixed,
     }
 }
