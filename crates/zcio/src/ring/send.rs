@@ -103,14 +103,14 @@ impl std::fmt::Debug for SendRing {
 }
 
 fn encode(k: Key) -> u64 {
-    (u64::from(k.gen) << 48) | (u64::from(k.slot) << 32) | u64::from(k.off)
+    (u64::from(k.gen) << 48) | (u64::from(k.slot) << 32) | u64::from(k.req)
 }
 
 fn decode(ud: u64) -> Key {
     Key {
         gen: (ud >> 48) as u16,
         slot: ((ud >> 32) & 0xffff) as u32,
-        off: (ud & 0xffff_ffff) as u32,
+        req: (ud & 0xffff_ffff) as u32,
     }
 }
 
@@ -439,7 +439,7 @@ impl SendRing {
 
     fn push(&mut self, req: Request) -> io::Result<()> {
         let buf = self.tracker.buf(req.key.slot);
-        let off = req.key.off as usize;
+        let off = req.off;
         assert!(off + req.len <= buf.len(), "request inside its buffer");
         // SAFETY (pointer arithmetic): `off + len <= buf.len()`, checked above.
         let ptr = unsafe { buf.as_ptr().add(off) };

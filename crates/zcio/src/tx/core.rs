@@ -20,19 +20,21 @@ pub(crate) const MAX_CHAIN: usize = 256;
 
 /// What a request's SQE carries in `user_data`: the slot (buffer) it belongs to, the slot's
 /// generation (one per use of the slot, so a late notification of an earlier use never
-/// matches a later one) and the request's byte offset in the buffer.
+/// matches a later one) and the request's number within that use (every submission,
+/// resubmissions included, gets a new one, so each notification names exactly one request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Key {
     pub(crate) slot: u32,
     pub(crate) gen: u16,
-    pub(crate) off: u32,
+    pub(crate) req: u32,
 }
 
-/// One request for the backend to submit: `len` bytes of the slot's buffer from `key.off`;
+/// One request for the backend to submit: `len` bytes of the slot's buffer from `off`;
 /// `link` = chain it to the next request (`IOSQE_IO_LINK`, stream sockets).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Request {
     pub(crate) key: Key,
+    pub(crate) off: usize,
     pub(crate) len: usize,
     pub(crate) link: bool,
 }
@@ -91,26 +93,18 @@ pub struct TrackStats {
 #[derive(Debug)]
 struct Slot<B> {
     buf: B,
-    len: usize,
     tag: u64,
     gen: u16,
     done: usize,
     /// Requests handed to the backend whose chain (stream) or result (datagram) is not
     /// settled yet.
     reqs: u32,
-    /// Requests in the kernel without their result yet.
-    unresulted: u32,
     /// Requests waiting here.
     staged: u32,
-    /// Notifications owed by results with `F_MORE` and bytes.
-    notifs: u32,
-    /// Notifications owed by results with `F_MORE` and no bytes (no usage to report).
-    notifs_idle: u32,
-    /// Failed results without `F_MORE` whose notification may still come.
-    unsure: u32,
-    unsure_at: u64,
-    /// Notifications that came before their result.
-    early: VecDeque<Usage>,
+    /// Requests handed out and not finished (see [`Open`]).
+    open: Vec<Open>,
+    /// Number of the next request of this use of the slot.
+    next_req: u32,
     zc: u32,
     copied: u32,
     unknown: u32,
@@ -125,6 +119,28 @@ struct Req {
     len: usize,
 }
 
+/// A request handed to the backend and not finished.
+#[derive(Debug, Clone, Copy)]
+struct Open {
+    id: u32,
+    off: usize,
+    len: usize,
+    state: ReqState,
+}
+
+/// Where one request stands. It finishes (leaves [`Slot::open`]) when nothing more can come
+/// for it: a result without a notification to wait for, or its notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReqState {
+    /// In the kernel, no result yet; `early` = its notification came first.
+    InKernel { early: Option<Usage> },
+    /// Result with `F_MORE`; `counts` = it moved bytes, so the notification's usage counts.
+    Owed { counts: bool },
+    /// Failed result without `F_MORE`: a notification may still come, posted at the latest
+    /// by the first `GETEVENTS` enter after `seen_at` (then harvested).
+    Maybe { seen_at: u64 },
+}
+
 /// The send-side state machine of one socket. `B` is the buffer type (the backend's
 /// `PoolBuf`; anything in tests); the tracker only holds it.
 #[derive(Debug)]
@@ -135,7 +151,7 @@ pub(crate) struct SendTracker<B> {
     gens: Vec<u16>,
     free: Vec<u32>,
     staged: VecDeque<Req>,
-    chain: Vec<(Req, Option<i32>)>,
+    chain: Vec<(Req, u32, Option<i32>)>,
     chain_pending: usize,
     chain_cap: usize,
     in_kernel: usize,
@@ -182,18 +198,13 @@ impl<B> SendTracker<B> {
     pub(crate) fn stage(&mut self, tag: u64, buf: B, len: usize) {
         let mut slot = Slot {
             buf,
-            len,
             tag,
             gen: 0,
             done: 0,
             reqs: 0,
-            unresulted: 0,
             staged: 0,
-            notifs: 0,
-            notifs_idle: 0,
-            unsure: 0,
-            unsure_at: 0,
-            early: VecDeque::new(),
+            open: Vec::new(),
+            next_req: 0,
             zc: 0,
             copied: 0,
             unknown: 0,
@@ -266,8 +277,9 @@ impl<B> SendTracker<B> {
             let n = self.staged.len().min(self.chain_cap).min(room);
             for i in 0..n {
                 let req = self.staged.pop_front().expect("counted");
-                out.push(self.hand_out(req, i + 1 < n));
-                self.chain.push((req, None));
+                let r = self.hand_out(req, i + 1 < n);
+                self.chain.push((req, r.key.req, None));
+                out.push(r);
             }
             self.chain_pending = n;
         } else {
@@ -286,15 +298,23 @@ impl<B> SendTracker<B> {
             .expect("staged request has a live slot");
         slot.staged -= 1;
         slot.reqs += 1;
-        slot.unresulted += 1;
+        let id = slot.next_req;
+        slot.next_req = slot.next_req.wrapping_add(1);
+        slot.open.push(Open {
+            id,
+            off: req.off,
+            len: req.len,
+            state: ReqState::InKernel { early: None },
+        });
         self.in_kernel += 1;
         self.stats.requests += 1;
         Request {
             key: Key {
                 slot: req.slot,
                 gen: slot.gen,
-                off: req.off as u32,
+                req: id,
             },
+            off: req.off,
             len: req.len,
             link,
         }
@@ -313,60 +333,58 @@ impl<B> SendTracker<B> {
 
     /// A result CQE: `res` bytes or `-errno`; `more` = `IORING_CQE_F_MORE`.
     pub(crate) fn on_result(&mut self, key: Key, res: i32, more: bool) {
-        if !self.is_live(key) {
-            // Cannot happen: a slot is only freed once all its results are in.
+        let Some(i) = self.find(key, |st| matches!(st, ReqState::InKernel { .. })) else {
+            // Cannot happen: a request's result comes once, and its slot lives until then.
             self.stats.stray_notifs += 1;
             return;
-        }
+        };
         self.stats.results += 1;
         self.in_kernel -= 1;
         let idx = key.slot;
-        let off = key.off as usize;
-        let stream = self.stream;
         let epoch = self.epoch;
-        let slot = self.slots[idx as usize].as_mut().expect("live");
-        slot.unresulted -= 1;
-        if !stream {
-            slot.reqs -= 1;
-        }
-        let owed = if more && res > 0 {
-            Some(true)
-        } else if more {
-            Some(false)
-        } else {
-            None
+        let slot = self.slots[idx as usize].as_mut().expect("found");
+        let Open {
+            off, len, state, ..
+        } = slot.open[i];
+        let ReqState::InKernel { early } = state else {
+            unreachable!("found in kernel")
         };
-        match owed {
-            Some(counts) => {
-                if let Some(u) = slot.early.pop_front() {
-                    if counts {
-                        count_usage(slot, &mut self.stats, u);
-                    }
-                } else {
-                    self.notifs_pending += 1;
-                    if counts {
-                        slot.notifs += 1;
-                    } else {
-                        slot.notifs_idle += 1;
-                    }
-                }
+        let next = match (more, res > 0, early) {
+            // Its notification came first: nothing more will come for it.
+            (true, true, Some(u)) => {
+                count_usage(
+                    &mut slot.zc,
+                    &mut slot.copied,
+                    &mut slot.unknown,
+                    &mut self.stats,
+                    u,
+                );
+                None
             }
-            None if res < 0 => {
-                if slot.early.pop_front().is_none() {
-                    slot.unsure += 1;
-                    slot.unsure_at = epoch;
-                    self.unsettled.push(idx);
-                }
+            (_, _, Some(_)) => None,
+            (true, counts, None) => {
+                self.notifs_pending += 1;
+                Some(ReqState::Owed { counts })
             }
-            None => {}
+            (false, _, None) if res < 0 => {
+                self.unsettled.push(idx);
+                Some(ReqState::Maybe { seen_at: epoch })
+            }
+            (false, _, None) => None,
+        };
+        match next {
+            Some(st) => slot.open[i].state = st,
+            None => {
+                slot.open.swap_remove(i);
+            }
         }
-        if stream {
+        if self.stream {
             if let Some(e) = self
                 .chain
                 .iter_mut()
-                .find(|(r, res)| r.slot == idx && r.off == off && res.is_none())
+                .find(|(r, id, _)| r.slot == idx && *id == key.req)
             {
-                e.1 = Some(res);
+                e.2 = Some(res);
             }
             self.chain_pending -= 1;
             if self.chain_pending == 0 {
@@ -374,10 +392,9 @@ impl<B> SendTracker<B> {
             }
             return;
         }
-        let chunk = self.chunk;
         let gave_up = self.gave_up.is_some();
         let slot = self.slot(idx);
-        let len = (slot.len - off).min(chunk);
+        slot.reqs -= 1;
         if res >= 0 {
             slot.done += res as usize;
         } else if gave_up && (is_room(-res) || -res == libc::EOPNOTSUPP) {
@@ -404,35 +421,53 @@ impl<B> SendTracker<B> {
     /// A notification CQE (`IORING_CQE_F_NOTIF`) with what it said about copying.
     pub(crate) fn on_notif(&mut self, key: Key, usage: Usage) {
         self.stats.notifs += 1;
-        if !self.is_live(key) {
+        let Some(i) = self.find(key, |_| true) else {
             self.stats.stray_notifs += 1;
             return;
-        }
+        };
         let idx = key.slot;
-        let slot = self.slots[idx as usize].as_mut().expect("live");
-        if slot.notifs_idle > 0 {
-            // Belongs to a request that sent nothing: no usage to report.
-            slot.notifs_idle -= 1;
-            self.notifs_pending -= 1;
-        } else if slot.notifs > 0 {
-            // The kernel released pages of a send: room may be back.
-            self.blocked = false;
-            slot.notifs -= 1;
-            self.notifs_pending -= 1;
-            count_usage(slot, &mut self.stats, usage);
-        } else if slot.unsure > 0 {
-            slot.unsure -= 1;
-        } else if slot.unresulted > 0 {
-            // Before its result: kept until the result says what it belongs to.
-            self.stats.notifs_early += 1;
-            self.blocked = false;
-            slot.early.push_back(usage);
-            return;
-        } else {
-            self.stats.stray_notifs += 1;
-            return;
+        let slot = self.slots[idx as usize].as_mut().expect("found");
+        match slot.open[i].state {
+            ReqState::InKernel { early: None } => {
+                // Before its result: kept until the result says what it belongs to.
+                self.stats.notifs_early += 1;
+                self.blocked = false;
+                slot.open[i].state = ReqState::InKernel { early: Some(usage) };
+                return;
+            }
+            ReqState::InKernel { early: Some(_) } => {
+                self.stats.stray_notifs += 1;
+                return;
+            }
+            ReqState::Owed { counts } => {
+                self.notifs_pending -= 1;
+                if counts {
+                    // The kernel released pages of a send: room may be back.
+                    self.blocked = false;
+                    count_usage(
+                        &mut slot.zc,
+                        &mut slot.copied,
+                        &mut slot.unknown,
+                        &mut self.stats,
+                        usage,
+                    );
+                }
+            }
+            ReqState::Maybe { .. } => {}
         }
+        slot.open.swap_remove(i);
         self.finish(idx);
+    }
+
+    /// The open request `key` names, if its state passes `f`.
+    fn find(&self, key: Key, f: impl Fn(&ReqState) -> bool) -> Option<usize> {
+        let slot = self.slots.get(key.slot as usize)?.as_ref()?;
+        if slot.gen != key.gen {
+            return None;
+        }
+        slot.open
+            .iter()
+            .position(|o| o.id == key.req && f(&o.state))
     }
 
     /// End of a harvest: failed requests whose notification, if the kernel posts one, would
@@ -447,14 +482,18 @@ impl<B> SendTracker<B> {
             let Some(Some(slot)) = self.slots.get_mut(idx as usize) else {
                 continue;
             };
-            if slot.unsure == 0 {
-                continue;
-            }
-            if epoch > slot.unsure_at {
-                slot.unsure = 0;
-                self.finish(idx);
-            } else if !keep.contains(&idx) {
+            let before = slot.open.len();
+            slot.open
+                .retain(|o| !matches!(o.state, ReqState::Maybe { seen_at } if epoch > seen_at));
+            let left = slot
+                .open
+                .iter()
+                .any(|o| matches!(o.state, ReqState::Maybe { .. }));
+            if left && !keep.contains(&idx) {
                 keep.push(idx);
+            }
+            if slot.open.len() != before {
+                self.finish(idx);
             }
         }
         self.unsettled = keep;
@@ -466,7 +505,7 @@ impl<B> SendTracker<B> {
         let mut room = false;
         let mut front: Vec<Req> = Vec::new();
         let mut touched = Vec::new();
-        for (req, res) in chain {
+        for (req, _, res) in chain {
             let res = res.unwrap_or(-libc::ECANCELED);
             touched.push(req.slot);
             let fatal = self.fatal;
@@ -558,10 +597,6 @@ impl<B> SendTracker<B> {
         }
     }
 
-    fn is_live(&self, key: Key) -> bool {
-        matches!(self.slots.get(key.slot as usize), Some(Some(s)) if s.gen == key.gen)
-    }
-
     fn slot(&mut self, idx: u32) -> &mut Slot<B> {
         self.slots[idx as usize]
             .as_mut()
@@ -570,13 +605,11 @@ impl<B> SendTracker<B> {
 
     fn finish(&mut self, idx: u32) {
         let ready = matches!(&self.slots[idx as usize],
-            Some(s) if s.reqs == 0 && s.unresulted == 0 && s.notifs == 0 && s.notifs_idle == 0
-                && s.unsure == 0 && s.staged == 0);
+            Some(s) if s.reqs == 0 && s.open.is_empty() && s.staged == 0);
         if !ready {
             return;
         }
         let slot = self.slots[idx as usize].take().expect("checked");
-        self.stats.stray_notifs += slot.early.len() as u64;
         self.free.push(idx);
         self.live -= 1;
         self.emit(slot);
@@ -667,15 +700,21 @@ impl<B> SendTracker<B> {
     }
 }
 
-fn count_usage<B>(slot: &mut Slot<B>, stats: &mut TrackStats, u: Usage) {
+fn count_usage(
+    zc: &mut u32,
+    copied: &mut u32,
+    unknown: &mut u32,
+    stats: &mut TrackStats,
+    u: Usage,
+) {
     match u {
-        Usage::ZeroCopy => slot.zc += 1,
+        Usage::ZeroCopy => *zc += 1,
         Usage::Copied => {
-            slot.copied += 1;
+            *copied += 1;
             stats.notifs_copied += 1;
         }
         Usage::Unknown => {
-            slot.unknown += 1;
+            *unknown += 1;
             stats.notifs_unknown += 1;
         }
     }
