@@ -89,7 +89,22 @@ pub struct SendRing {
     fixed: Option<(u64, PoolPin)>,
     #[cfg(feature = "fault-injection")]
     fault: Option<Fault>,
+    /// Requests pushed to the SQ since the last successful enter, in order.
+    unentered: Vec<Key>,
+    /// Set when the ring was abandoned after failing: it is never entered again.
+    dead: Option<i32>,
     _sock: Arc<OwnedFd>,
+}
+
+/// How [`SendRing::recover`] left the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Every request handed to the kernel has its result: the bytes it took are in the
+    /// socket, and the unsent ranges can follow them (in ticket order) by another path.
+    Settled,
+    /// The kernel still holds requests whose results cannot be collected: whether their
+    /// bytes went out is unknown, so on a stream nothing may be sent after them.
+    Unknown,
 }
 
 impl std::fmt::Debug for SendRing {
@@ -151,6 +166,8 @@ impl SendRing {
             fixed: None,
             #[cfg(feature = "fault-injection")]
             fault: None,
+            unentered: Vec::new(),
+            dead: None,
             _sock: sock,
         })
     }
@@ -301,11 +318,15 @@ impl SendRing {
         unsafe { self.ring.raw().submission_shared() }.taskrun()
     }
 
-    /// The injected failure, if one is due now.
+    /// The injected failure, if one is due now (it stands for the enter that failed: the
+    /// kernel took none of the queued entries).
     fn fault_due(&mut self) -> io::Result<()> {
+        if let Some(e) = self.dead {
+            return Err(io::Error::from_raw_os_error(e));
+        }
         #[cfg(feature = "fault-injection")]
         if let Some(f) = self.fault.as_mut() {
-            if self.tracker.stats().requests >= f.after_requests && f.times > 0 {
+            if self.tracker.stats().requests > f.after_requests && f.times > 0 {
                 if f.times != u32::MAX {
                     f.times -= 1;
                 }
@@ -318,28 +339,80 @@ impl SendRing {
 
     /// One `io_uring_enter(pending, 0, GETEVENTS)`; a signal (`EINTR`) is retried.
     fn enter_getevents(&mut self) -> io::Result<()> {
-        self.fault_due()?;
         loop {
-            let pending = self.ring.pending();
-            self.own_enters += 1;
-            // SAFETY: no argument pointer is passed; the entries submitted are the ones
-            // `push` queued, whose buffer contract `push` upholds.
-            let res = unsafe {
-                self.ring.raw().submitter().enter::<libc::sigset_t>(
-                    pending as u32,
-                    0,
-                    io_uring::EnterFlags::GETEVENTS.bits(),
-                    None,
-                )
-            };
-            self.tracker.entered(self.enters());
+            let res = self.fault_due().and_then(|()| {
+                let pending = self.ring.pending();
+                self.own_enters += 1;
+                // SAFETY: no argument pointer is passed; the entries submitted are the ones
+                // `push` queued, whose buffer contract `push` upholds.
+                unsafe {
+                    self.ring.raw().submitter().enter::<libc::sigset_t>(
+                        pending as u32,
+                        0,
+                        io_uring::EnterFlags::GETEVENTS.bits(),
+                        None,
+                    )
+                }
+            });
             match res {
-                Ok(_) => return Ok(()),
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(()),
+                Ok(_) => {
+                    self.entered_ok();
+                    return Ok(());
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    self.entered_ok();
+                    return Ok(());
+                }
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// An enter went through: task work ran, and the kernel took what was queued.
+    fn entered_ok(&mut self) {
+        self.tracker.entered(self.enters());
+        let pending = self.ring.pending();
+        let taken = self.unentered.len().saturating_sub(pending);
+        self.unentered.drain(..taken);
+    }
+
+    /// After an `io_uring_enter` failed with `err`: stops submitting (requests not yet
+    /// handed to the kernel become unsent ranges) and tries, for up to `timeout`, to collect
+    /// the results of the requests the kernel holds. If the ring cannot be entered any more,
+    /// it is abandoned: entries the kernel never took become unsent too, and it is never
+    /// entered again (so they can never go out after their bytes were sent another way).
+    pub fn recover(&mut self, err: &io::Error, timeout: Duration) -> Recovery {
+        let errno = err.raw_os_error().unwrap_or(libc::EIO);
+        self.tracker.give_up(errno);
+        let ok = matches!(self.settle_results(timeout), Ok(true));
+        if !ok {
+            let _ = self.harvest();
+            self.dead.get_or_insert(errno);
+            let pending = self.ring.pending().min(self.unentered.len());
+            let never = self.unentered.split_off(self.unentered.len() - pending);
+            for k in never.into_iter().rev() {
+                self.tracker.withdraw(k);
+            }
+        }
+        if self.tracker.in_kernel() == 0 && self.tracker.staged() == 0 {
+            Recovery::Settled
+        } else {
+            Recovery::Unknown
+        }
+    }
+
+    /// Whether the ring was abandoned after failing (see [`SendRing::recover`]).
+    pub fn is_dead(&self) -> bool {
+        self.dead.is_some()
+    }
+
+    /// Hands every unsent range decided so far to `f` in tag and offset order (see
+    /// [`SendRing::recover`]); `f(tag, bytes)` sends them another way and returns how many
+    /// bytes it sent and its errno.
+    pub fn send_unsent(&mut self, mut f: impl FnMut(u64, &[u8]) -> (usize, Option<i32>)) {
+        self.tracker
+            .send_unsent(|tag, buf, off, len| f(tag, &buf[off..off + len]));
     }
 
     /// Submits, then waits until at least one CQE arrives or `timeout` passes (no wait when
@@ -355,11 +428,12 @@ impl SendRing {
         if self.tracker.in_kernel() == 0 && self.tracker.notifs_pending() == 0 {
             self.enter_submit()?;
         } else {
-            self.fault_due()?;
-            let res = self.ring.submit_and_wait(1, timeout);
-            self.tracker.entered(self.enters());
+            let res = self
+                .fault_due()
+                .and_then(|()| self.ring.submit_and_wait(1, timeout));
             match res {
-                Ok(_) => {}
+                Ok(_) => self.entered_ok(),
+                // A signal cut the wait short: harvest what is there, the caller waits again.
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                 Err(e) => return Err(e),
             }
@@ -432,6 +506,7 @@ impl SendRing {
         self.tracker.pop_requests(room, &mut reqs);
         for r in reqs.drain(..) {
             self.push(r)?;
+            self.unentered.push(r.key);
         }
         self.reqs = reqs;
         Ok(())
@@ -507,7 +582,7 @@ impl SendRing {
 
 impl Drop for SendRing {
     fn drop(&mut self) {
-        if self.tracker.live() > 0 {
+        if self.tracker.live() > 0 && self.dead.is_none() {
             // Give the kernel a moment to hand the buffers back.
             let _ = self.drain(Duration::from_secs(2));
         }

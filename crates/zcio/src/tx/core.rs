@@ -459,6 +459,98 @@ impl<B> SendTracker<B> {
         self.finish(idx);
     }
 
+    /// The backend handed the request `key` to the ring, but the kernel never took it (the
+    /// `io_uring_enter` that would have submitted it failed, and the ring will not be
+    /// entered again): it is as if it had never been handed out. Call after
+    /// [`SendTracker::give_up`], so its range becomes unsent.
+    pub(crate) fn withdraw(&mut self, key: Key) {
+        let Some(i) = self.find(key, |st| matches!(st, ReqState::InKernel { .. })) else {
+            return;
+        };
+        self.in_kernel -= 1;
+        let slot = self.slots[key.slot as usize].as_mut().expect("found");
+        let Open { off, len, .. } = slot.open.swap_remove(i);
+        if self.stream {
+            if let Some(e) = self
+                .chain
+                .iter_mut()
+                .find(|(r, id, _)| r.slot == key.slot && *id == key.req)
+            {
+                e.2 = Some(-libc::ECANCELED);
+            }
+            self.chain_pending -= 1;
+            if self.chain_pending == 0 {
+                self.end_chain();
+            }
+            return;
+        }
+        slot.reqs -= 1;
+        slot.staged += 1;
+        self.staged.push_front(Req {
+            slot: key.slot,
+            off,
+            len,
+        });
+        if let Some(e) = self.gave_up {
+            self.give_up(e);
+        }
+        self.finish(key.slot);
+    }
+
+    /// Hands every unsent range decided so far, of live and finished sends alike, to `f` in
+    /// ticket and offset order (`f(tag, buf, off, len)` sends them another way and returns
+    /// the bytes it sent and its error); the bytes are added to the send's count. Call only
+    /// once no request is in the kernel and none is staged, so nothing sent later can
+    /// overtake them.
+    pub(crate) fn send_unsent(
+        &mut self,
+        mut f: impl FnMut(u64, &B, usize, usize) -> (usize, Option<i32>),
+    ) {
+        // (tag, where): where = Ok(slot index) or Err(index in `done`).
+        let mut todo: Vec<(u64, Result<usize, usize>)> = Vec::new();
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Some(s) = s.as_ref().filter(|s| !s.unsent.is_empty()) {
+                todo.push((s.tag, Ok(i)));
+            }
+        }
+        for (i, d) in self.done.iter().enumerate() {
+            if !d.unsent.is_empty() {
+                todo.push((d.tag, Err(i)));
+            }
+        }
+        todo.sort_unstable_by_key(|t| t.0);
+        for (tag, at) in todo {
+            let (buf, ranges, bytes, error) = match at {
+                Ok(i) => {
+                    let s = self.slots[i].as_mut().expect("live");
+                    s.unsent.sort_unstable();
+                    (
+                        &s.buf,
+                        std::mem::take(&mut s.unsent),
+                        &mut s.done,
+                        &mut s.error,
+                    )
+                }
+                Err(i) => {
+                    let d = &mut self.done[i];
+                    (
+                        &d.buf,
+                        std::mem::take(&mut d.unsent),
+                        &mut d.bytes,
+                        &mut d.error,
+                    )
+                }
+            };
+            for (off, len) in ranges {
+                let (n, e) = f(tag, buf, off, len);
+                *bytes += n;
+                if let Some(e) = e {
+                    error.get_or_insert(e);
+                }
+            }
+        }
+    }
+
     /// The open request `key` names, if its state passes `f`.
     fn find(&self, key: Key, f: impl Fn(&ReqState) -> bool) -> Option<usize> {
         let slot = self.slots.get(key.slot as usize)?.as_ref()?;

@@ -50,7 +50,7 @@ mod msgzc;
 mod track;
 
 use crate::buf::pool::{Pool, PoolBuf};
-use crate::ring::send::{SendDone, SendRing};
+use crate::ring::send::{Recovery, SendDone, SendRing};
 use crate::ring::{RingConfig, RingError};
 use crate::stats::{Counters, Fallback};
 use crate::sys::{self, net};
@@ -375,7 +375,13 @@ struct Auto {
 /// A zero-copy sender on one connected TCP or UDP socket. See the [module docs](self).
 ///
 /// Not for sharing between threads: with io_uring paths the ring belongs to the thread that
-/// created the sender (`SINGLE_ISSUER`), so create it on the thread that sends.
+/// created the sender (`SINGLE_ISSUER`: `io_uring_enter` from another thread fails with
+/// `EEXIST`), so create it on the thread that sends. A `Sender` is therefore not `Send`:
+///
+/// ```compile_fail
+/// fn needs_send<T: Send>() {}
+/// needs_send::<zcio::tx::Sender>();
+/// ```
 pub struct Sender {
     // Backends first: they are dropped (draining what is in flight) before the socket.
     ring: Option<SendRing>,
@@ -397,6 +403,13 @@ pub struct Sender {
     ring_enters_seen: u64,
     ring_room_seen: u64,
     msg_seen: msgzc::MsgStats,
+    /// The ring stopped being used for new sends (it gave up or failed).
+    retired: bool,
+    /// A stream whose ring was abandoned with requests of unknown outcome: every later send
+    /// fails with this errno.
+    broken: Option<i32>,
+    /// `SINGLE_ISSUER`: the ring belongs to the creating thread, so a `Sender` is not `Send`.
+    _one_thread: std::marker::PhantomData<*const ()>,
 }
 
 impl std::fmt::Debug for Sender {
@@ -506,6 +519,9 @@ impl Sender {
             ring_enters_seen: 0,
             ring_room_seen: 0,
             msg_seen: msgzc::MsgStats::default(),
+            retired: false,
+            broken: None,
+            _one_thread: std::marker::PhantomData,
         };
         s.path = s.setup(pool)?;
         if cfg.mode == TxMode::Auto {
@@ -573,18 +589,18 @@ impl Sender {
                 self.msg = Some(m);
                 Ok(Path::MsgZc)
             }
-            Err(e) => {
-                self.fallbacks.push(Fallback::new(
-                    from,
-                    "copy",
-                    format!(
-                        "setsockopt(SO_ZEROCOPY) refused: {e}; MSG_ZEROCOPY needs a TCP or UDP \
-                         socket (AF_INET/AF_INET6) on Linux 4.14+ (UDP 5.0+)"
-                    ),
-                ));
+            Err(reason) => {
+                self.fallbacks.push(Fallback::new(from, "copy", reason));
                 Ok(Path::Copy)
             }
         }
+    }
+
+    /// Makes the io_uring's `io_uring_enter` calls fail as `fault` says (tests of the
+    /// failure paths); returns whether this sender has a ring.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_ring_fault(&mut self, fault: crate::ring::send::Fault) -> bool {
+        self.ring.as_mut().map(|r| r.inject(fault)).is_some()
     }
 
     /// The path new sends take now.
@@ -636,6 +652,15 @@ impl Sender {
     /// Sends handed to the kernel whose completion has not been produced yet.
     pub fn in_flight(&self) -> usize {
         self.ring.as_ref().map_or(0, |r| r.in_flight())
+            + self.msg.as_ref().map_or(0, |m| m.in_flight())
+    }
+
+    /// Sends in flight that can still come back (those of an abandoned ring cannot).
+    fn in_flight_active(&self) -> usize {
+        self.ring
+            .as_ref()
+            .filter(|r| !r.is_dead())
+            .map_or(0, |r| r.in_flight())
             + self.msg.as_ref().map_or(0, |m| m.in_flight())
     }
 
@@ -694,7 +719,22 @@ impl Sender {
             );
             return Ticket(ticket);
         }
-        while self.in_flight() >= self.cfg.depth.max(1) {
+        if let Some(errno) = self.broken {
+            // The ring failed with requests of unknown outcome ahead of this one.
+            self.push_ready(
+                done(
+                    ticket,
+                    len,
+                    0,
+                    Path::Copy,
+                    ZcStatus::NotAttempted,
+                    Some(SendError::Os { errno }),
+                ),
+                buf,
+            );
+            return Ticket(ticket);
+        }
+        while self.in_flight_active() >= self.cfg.depth.max(1) {
             self.stats.depth_waits += 1;
             if self.wait_inner(Duration::from_millis(100)).is_err() {
                 break;
@@ -752,13 +792,17 @@ impl Sender {
         if let Some(r) = self.ring.as_mut() {
             // Submit only what is queued; completions already posted are read without a
             // syscall (notifications of earlier sends ride on the next submitting enter).
-            let res = if r.staged() > 0 {
+            let res = if r.is_dead() {
+                Ok(())
+            } else if r.staged() > 0 {
                 r.submit()
             } else {
                 r.harvest_ready()
             };
             self.account_ring(true);
-            res.map_err(TxError::Ring)?;
+            if let Err(e) = res {
+                self.ring_failed(e);
+            }
         }
         Ok(self.reap_and_collect())
     }
@@ -769,10 +813,12 @@ impl Sender {
     /// error queue as `poll` does. For callers that look for completions after every send
     /// without giving up submission batching. Returns the number of completions ready.
     pub fn harvest(&mut self) -> Result<usize, TxError> {
-        if let Some(r) = self.ring.as_mut() {
+        if let Some(r) = self.ring.as_mut().filter(|r| !r.is_dead()) {
             let res = r.harvest_ready();
             self.account_ring(false);
-            res.map_err(TxError::Ring)?;
+            if let Err(e) = res {
+                self.ring_failed(e);
+            }
         }
         Ok(self.reap_and_collect())
     }
@@ -834,7 +880,14 @@ impl Sender {
 
     fn wait_inner(&mut self, timeout: Duration) -> Result<(), TxError> {
         if let Some(r) = self.ring.as_mut() {
-            if r.in_flight() > 0 {
+            if r.in_flight() > 0
+                && r.is_dead()
+                && self.msg.as_ref().map_or(true, |m| m.in_flight() == 0)
+            {
+                // Nothing can come back from an abandoned ring: say so instead of spinning.
+                return Err(self.dead_ring_error());
+            }
+            if r.in_flight() > 0 && !r.is_dead() {
                 let sub = r.staged() > 0;
                 let res = r.wait(Some(timeout.min(Duration::from_millis(100))));
                 self.account_ring(sub);
@@ -854,7 +907,7 @@ impl Sender {
 
     fn submit_all(&mut self) -> Result<(), TxError> {
         while let Some(r) = self.ring.as_mut() {
-            if r.staged() == 0 {
+            if r.staged() == 0 || r.is_dead() {
                 break;
             }
             let res = if r.results_pending() {
@@ -863,7 +916,9 @@ impl Sender {
                 r.submit()
             };
             self.account_ring(true);
-            res.map_err(TxError::Ring)?;
+            if let Err(e) = res {
+                self.ring_failed(e);
+            }
             self.collect();
         }
         Ok(())
@@ -877,14 +932,14 @@ impl Sender {
         }
         loop {
             let Some(r) = self.ring.as_mut() else { return };
-            if r.staged() == 0 && !r.results_pending() {
+            if r.is_dead() || (r.staged() == 0 && !r.results_pending()) {
                 return;
             }
             let res = r.wait(Some(Duration::from_millis(100)));
             self.account_ring(true);
             if let Err(e) = res {
+                // Settles or abandons the ring: either way the loop ends next round.
                 self.ring_failed(e);
-                return;
             }
             self.collect();
         }
@@ -912,7 +967,7 @@ impl Sender {
     /// look for it here. io_uring: no syscall unless the kernel flagged pending task work
     /// (the probe's notification); msg-zc: one error-queue read every 8 copy sends.
     fn collect_probe(&mut self) {
-        if let Some(r) = self.ring.as_mut() {
+        if let Some(r) = self.ring.as_mut().filter(|r| !r.is_dead()) {
             if r.in_flight() > 0 {
                 let res = r.reap_notifications();
                 self.account_ring(false);
@@ -999,15 +1054,74 @@ impl Sender {
         }
     }
 
+    /// `io_uring_enter` failed (`e`): the ring is not used for new sends any more. Requests
+    /// it had not handed to the kernel become unsent ranges; once the kernel's requests have
+    /// their results, those ranges go out by copy in ticket order, so a stream keeps every
+    /// byte once and in order. If the results cannot be collected (the ring cannot be
+    /// entered any more), the ring is abandoned and, on a stream, every later send fails with
+    /// the error: what the kernel did with its requests is unknown, and sending after them
+    /// could reorder or duplicate bytes.
     fn ring_failed(&mut self, e: io::Error) {
-        // io_uring_enter itself failed: nothing more can be submitted on this ring.
+        let Some(r) = self.ring.as_mut() else { return };
+        if r.is_dead() {
+            return;
+        }
+        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+        let rec = r.recover(&e, Duration::from_secs(5));
+        self.account_ring(true);
         self.fallbacks.push(Fallback::new(
             self.path.name(),
             "copy",
-            format!("io_uring_enter failed: {e}"),
+            match rec {
+                Recovery::Settled => format!(
+                    "io_uring_enter failed: {e}; requests not yet submitted were sent by copy,                      in order"
+                ),
+                Recovery::Unknown => format!(
+                    "io_uring_enter failed: {e}, and the results of requests in the kernel                      cannot be collected; the ring is abandoned (its buffers are not reused)"
+                ),
+            },
         ));
         self.path = Path::Copy;
         self.auto.zc = None;
+        self.retired = true;
+        if rec == Recovery::Unknown && self.stream {
+            self.broken = Some(errno);
+        }
+        self.send_unsent();
+        self.collect();
+    }
+
+    /// The error of waiting on an abandoned ring.
+    fn dead_ring_error(&self) -> TxError {
+        TxError::Ring(io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            format!(
+                "{} sends are stuck in an io_uring that failed and was abandoned; their \
+                 buffers will not come back",
+                self.ring.as_ref().map_or(0, |r| r.in_flight())
+            ),
+        ))
+    }
+
+    /// Sends every unsent range of the ring by copy, in ticket order (or, on a broken stream,
+    /// fails them).
+    fn send_unsent(&mut self) {
+        let Some(r) = self.ring.as_mut() else { return };
+        let sock = self.sock.clone();
+        let chunk = self.chunk;
+        let broken = self.broken;
+        let (mut calls, mut copies) = (0, 0);
+        r.send_unsent(|_, data| {
+            if let Some(e) = broken {
+                return (0, Some(e));
+            }
+            let out = copy::send_all(&*sock, data, chunk);
+            calls += out.syscalls;
+            copies += 1;
+            (out.bytes, out.error)
+        });
+        self.syscalls_send(calls);
+        self.stats.room_copies += copies;
     }
 
     fn push_ready(&mut self, c: Completion, buf: PoolBuf) {
@@ -1048,8 +1162,8 @@ impl Sender {
     }
 
     fn collect(&mut self) {
-        if let Some(r) = self.ring.as_mut() {
-            if let Some(errno) = r.gave_up() {
+        if let Some(errno) = self.ring.as_ref().and_then(|r| r.gave_up()) {
+            if !self.retired {
                 self.retire_ring(errno);
             }
         }
@@ -1080,16 +1194,13 @@ impl Sender {
         }
     }
 
+    /// The ring stopped submitting by itself (`EOPNOTSUPP`: the socket does no SEND_ZC;
+    /// `ENOBUFS`: no room with nothing in flight): once the kernel's requests have their
+    /// results, the unsent ranges go by copy in ticket order, and new sends take the copy
+    /// path. The ring stays until its buffers are back.
     fn retire_ring(&mut self, errno: i32) {
-        let Some(mut ring) = self.ring.take() else {
-            return;
-        };
-        let _ = ring.drain(Duration::from_secs(5));
-        let mut all = Vec::new();
-        while let Some(d) = ring.next_done() {
-            all.push(d);
-        }
-        all.sort_by_key(|d| d.tag);
+        let Some(r) = self.ring.as_mut() else { return };
+        self.retired = true;
         let reason = match errno {
             libc::EOPNOTSUPP => "SEND_ZC refused by this socket (EOPNOTSUPP): zero-copy needs a \
                                  TCP or UDP socket"
@@ -1102,20 +1213,14 @@ impl Sender {
         };
         self.fallbacks
             .push(Fallback::new(self.path.name(), "copy", reason));
-        if ring.in_flight() == 0 {
-            let d = ring.enters() - self.ring_enters_seen;
-            self.counters.syscalls += d;
-            self.stats.notify_syscalls += d;
-            self.ring_enters_seen = 0;
-            self.ring_room_seen = 0;
-            drop(ring);
-        } else {
-            self.ring = Some(ring);
-        }
         self.path = Path::Copy;
         self.auto.zc = None;
-        for d in all {
-            self.finish_ring(d);
+        let res = r.settle_results(Duration::from_secs(5));
+        self.account_ring(true);
+        match res {
+            Ok(true) => self.send_unsent(),
+            Ok(false) => self.ring_failed(io::Error::from_raw_os_error(libc::ETIMEDOUT)),
+            Err(e) => self.ring_failed(e),
         }
     }
 
