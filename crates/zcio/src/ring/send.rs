@@ -74,7 +74,7 @@ pub struct Fault {
 
 /// A send-only io_uring bound to one socket, owning every buffer in flight. The decisions
 /// (when a buffer is finished, what goes next, what is resubmitted) are made by
-/// [`SendTracker`]; this type turns its requests into SQEs and CQEs into its events.
+/// `tx::core::SendTracker`; this type turns its requests into SQEs and CQEs into its events.
 pub struct SendRing {
     // Field order matters: the ring is dropped (and its registration released) before the
     // registered pool's pin.
