@@ -17,6 +17,7 @@
 //! anything queued after it. Datagram sockets need no ordering and get no links.
 #![allow(unsafe_code)]
 
+use super::key::{self, Op};
 use super::{Ring, RingConfig, RingError};
 use crate::buf::pool::{Pool, PoolBuf, PoolPin};
 use crate::sys::{
@@ -117,16 +118,24 @@ impl std::fmt::Debug for SendRing {
     }
 }
 
+/// The request's user_data (`ring::key`): the 32-bit field carries the request's number
+/// within the slot's use (the tracker remembers its offset).
 fn encode(k: Key) -> u64 {
-    (u64::from(k.gen) << 48) | (u64::from(k.slot) << 32) | u64::from(k.req)
+    key::Key::send_zc(k.gen, k.slot as u16, k.req).raw()
 }
 
-fn decode(ud: u64) -> Key {
-    Key {
-        gen: (ud >> 48) as u16,
-        slot: ((ud >> 32) & 0xffff) as u32,
-        req: (ud & 0xffff_ffff) as u32,
+/// The tracker's key of a CQE's user_data, or `None` if no SEND_ZC of ours made it.
+fn decode(ud: u64) -> Option<Key> {
+    let key = key::Key::from_raw(ud);
+    if key.op() != Some(Op::SendZc) {
+        return None;
     }
+    let (gen, slot, req) = key.send_zc_parts();
+    Some(Key {
+        slot: u32::from(slot),
+        gen,
+        req,
+    })
 }
 
 impl SendRing {
@@ -558,7 +567,10 @@ impl SendRing {
             .harvest(|c| cqes.push((c.user_data(), c.result(), c.flags())));
         self.tracker.entered(self.enters());
         for &(ud, res, flags) in &cqes {
-            let key = decode(ud);
+            let Some(key) = decode(ud) else {
+                self.tracker.stray();
+                continue;
+            };
             if flags & IORING_CQE_F_NOTIF != 0 {
                 let usage = if !self.report_usage {
                     Usage::Unknown

@@ -228,12 +228,17 @@ impl<B> SendTracker<B> {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
+                // Slots are named by 16 bits in user_data; live sends are bounded by the
+                // sender's depth, far below that.
+                assert!(self.slots.len() < 1 << 16, "too many sends in flight");
                 self.slots.push(None);
                 self.gens.push(0);
                 (self.slots.len() - 1) as u32
             }
         };
-        self.gens[idx as usize] = self.gens[idx as usize].wrapping_add(1);
+        // Generations wrap within the bits user_data has for them (`ring::key`).
+        self.gens[idx as usize] =
+            self.gens[idx as usize].wrapping_add(1) & crate::ring::key::SEND_GEN_MASK;
         slot.gen = self.gens[idx as usize];
         let mut off = 0;
         while off < len {
@@ -549,6 +554,11 @@ impl<B> SendTracker<B> {
                 }
             }
         }
+    }
+
+    /// A CQE that no request of this tracker made.
+    pub(crate) fn stray(&mut self) {
+        self.stats.stray_notifs += 1;
     }
 
     /// The open request `key` names, if its state passes `f`.
