@@ -47,6 +47,7 @@
 mod copy;
 pub(crate) mod core;
 mod msgzc;
+mod policy;
 mod track;
 
 use crate::buf::pool::{Pool, PoolBuf};
@@ -55,6 +56,7 @@ use crate::ring::{RingConfig, RingError};
 use crate::stats::{Counters, Fallback};
 use crate::sys::{self, net};
 use msgzc::{MsgDone, MsgZc};
+use policy::{AutoPolicy, Choice, Event};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::io;
@@ -159,6 +161,10 @@ pub struct SenderConfig {
     /// `auto`: after switching, try zero-copy again after this many copy sends (doubling
     /// each time the probe is copied again, up to 64×).
     pub reprobe_every: u64,
+    /// `auto`: choose copy or zero-copy per size from the sender CPU time each costs,
+    /// measured on this socket (see `docs/design/tx.md`). Off: every size goes zero-copy
+    /// unless COPIED completions say the path copies anyway.
+    pub auto_by_size: bool,
 }
 
 impl SenderConfig {
@@ -172,6 +178,7 @@ impl SenderConfig {
             udp_gso: true,
             copied_streak: 4,
             reprobe_every: 4096,
+            auto_by_size: true,
         }
     }
 }
@@ -319,6 +326,15 @@ pub struct TxStats {
     pub auto_reprobes: u64,
     /// `auto`: re-probes that switched back to zero-copy.
     pub auto_switches_back: u64,
+    /// `auto`: sends that went by copy because copy costs less at their size.
+    pub auto_size_copies: u64,
+    /// `auto`: measurement windows counted (runs of sends of one size class on one path).
+    pub auto_windows: u64,
+    /// `auto`: windows spent re-measuring the path not chosen.
+    pub auto_explores: u64,
+    /// `auto`: the learned size below which copy is cheaper (`None` before a size class was
+    /// measured on both paths; 0 when zero-copy won everywhere measured).
+    pub auto_copy_below: Option<u64>,
     /// Completion sequence numbers that matched no send (should be 0).
     pub unmatched_notifications: u64,
     /// Non-zero-copy records read from the error queue (ICMP, local errors).
@@ -362,14 +378,15 @@ impl Metas {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Auto {
+    /// The zero-copy path `auto` uses (none: copy only).
     zc: Option<Path>,
-    streak: u32,
-    in_copy: bool,
-    since_switch: u64,
-    interval: u64,
+    /// The COPIED re-probe in flight.
     probe: Option<u64>,
+    /// Copy sends since the probe went out (msg-zc reaps every 8).
+    copies: u64,
+    policy: AutoPolicy,
 }
 
 /// A zero-copy sender on one connected TCP or UDP socket. See the [module docs](self).
@@ -507,8 +524,10 @@ impl Sender {
             cfg: cfg.clone(),
             path: Path::Copy,
             auto: Auto {
-                interval: cfg.reprobe_every.max(1),
-                ..Auto::default()
+                zc: None,
+                probe: None,
+                copies: 0,
+                policy: AutoPolicy::new(cfg.copied_streak, cfg.reprobe_every, cfg.auto_by_size),
             },
             next_ticket: 0,
             meta: Metas::default(),
@@ -523,7 +542,17 @@ impl Sender {
             broken: None,
             _one_thread: std::marker::PhantomData,
         };
-        s.path = s.setup(pool)?;
+        s.path = if cfg.mode == TxMode::Auto && family.is_none() {
+            s.fallbacks.push(Fallback::new(
+                "auto",
+                "copy",
+                "not an AF_INET/AF_INET6 socket: zero-copy send needs TCP or UDP (SEND_ZC \
+                 answers EOPNOTSUPP, SO_ZEROCOPY is refused)",
+            ));
+            Path::Copy
+        } else {
+            s.setup(pool)?
+        };
         if cfg.mode == TxMode::Auto {
             s.auto.zc = (s.path != Path::Copy).then_some(s.path);
         }
@@ -545,7 +574,7 @@ impl Sender {
                 Ok(mut ring) => match ring.supports_send_zc() {
                     Ok(true) => {
                         let mut path = Path::UringZc;
-                        if want == TxMode::UringZcFixed {
+                        if matches!(want, TxMode::UringZcFixed | TxMode::Auto) {
                             match ring.register_pool(pool) {
                                 Ok(()) => path = Path::UringZcFixed,
                                 Err(e) => self.fallbacks.push(Fallback::new(
@@ -740,7 +769,7 @@ impl Sender {
                 break;
             }
         }
-        let path = self.route(ticket);
+        let path = self.route(ticket, len);
         match path {
             Path::Copy => {
                 self.ordered_for_copy();
@@ -945,21 +974,42 @@ impl Sender {
         }
     }
 
-    fn route(&mut self, ticket: u64) -> Path {
-        if self.cfg.mode != TxMode::Auto || !self.auto.in_copy {
+    fn route(&mut self, ticket: u64, len: usize) -> Path {
+        if self.cfg.mode != TxMode::Auto {
             return self.path;
         }
         let Some(zc) = self.auto.zc else {
             return Path::Copy;
         };
-        self.auto.since_switch += 1;
-        if self.auto.probe.is_none() && self.auto.since_switch >= self.auto.interval {
-            self.auto.since_switch = 0;
-            self.auto.probe = Some(ticket);
-            self.stats.auto_reprobes += 1;
-            return zc;
+        let d = self.auto.policy.decide(len);
+        if d.clock {
+            self.auto
+                .policy
+                .clock(sys::thread_cpu_time().as_nanos() as u64);
         }
-        Path::Copy
+        if d.probe {
+            self.auto.probe = Some(ticket);
+            self.auto.copies = 0;
+        }
+        self.sync_policy_stats();
+        match d.choice {
+            Choice::Copy => {
+                self.auto.copies += 1;
+                Path::Copy
+            }
+            Choice::ZeroCopy => zc,
+        }
+    }
+
+    fn sync_policy_stats(&mut self) {
+        let p = self.auto.policy.stats();
+        self.stats.auto_switches_to_copy = p.switches_to_copy;
+        self.stats.auto_reprobes = p.reprobes;
+        self.stats.auto_switches_back = p.switches_back;
+        self.stats.auto_size_copies = p.size_copies;
+        self.stats.auto_windows = p.windows;
+        self.stats.auto_explores = p.explores;
+        self.stats.auto_copy_below = self.auto.policy.copy_below().map(|b| b as u64);
     }
 
     /// `auto` sending by copy with a zero-copy probe out: nothing else would collect the
@@ -977,7 +1027,7 @@ impl Sender {
             }
         }
         if let Some(m) = self.msg.as_mut() {
-            if m.in_flight() > 0 && self.auto.since_switch % 8 == 0 {
+            if m.in_flight() > 0 && self.auto.copies % 8 == 0 {
                 m.reap();
             }
         }
@@ -988,46 +1038,27 @@ impl Sender {
         if self.cfg.mode != TxMode::Auto {
             return;
         }
-        if self.auto.probe == Some(ticket) {
+        let probe = self.auto.probe == Some(ticket);
+        if probe {
             self.auto.probe = None;
-            if status == ZcStatus::ZeroCopy {
-                self.auto.in_copy = false;
-                self.auto.streak = 0;
-                self.auto.interval = self.cfg.reprobe_every.max(1);
-                self.path = self.auto.zc.unwrap_or(Path::Copy);
-                self.stats.auto_switches_back += 1;
-            } else {
-                self.auto.interval =
-                    (self.auto.interval * 2).min(self.cfg.reprobe_every.max(1) * 64);
-            }
-            return;
         }
-        if self.auto.in_copy {
-            return;
-        }
-        match status {
-            ZcStatus::Copied | ZcStatus::Mixed => {
-                self.auto.streak += 1;
-                if self.auto.streak >= self.cfg.copied_streak.max(1) {
-                    self.auto.in_copy = true;
-                    self.auto.since_switch = 0;
-                    self.stats.auto_switches_to_copy += 1;
-                    if self.stats.auto_switches_to_copy == 1 {
-                        let from = self.auto.zc.map_or("zero-copy", Path::name);
-                        let reason = format!(
-                            "{} zero-copy completions in a row came back COPIED: this path copies \
-                             anyway (loopback or local delivery), so zero-copy only adds \
-                             notification cost; sending by copy, re-probing every {} sends",
-                            self.auto.streak, self.auto.interval
-                        );
-                        self.fallbacks.push(Fallback::new(from, "copy", reason));
-                    }
-                    self.path = Path::Copy;
+        match self.auto.policy.observe(status, probe) {
+            Some(Event::SwitchedToCopy { streak, interval }) => {
+                if self.auto.policy.stats().switches_to_copy == 1 {
+                    let from = self.auto.zc.map_or("zero-copy", Path::name);
+                    let reason = format!(
+                        "{streak} zero-copy completions in a row came back COPIED: this path \
+                         copies anyway (loopback or local delivery), so zero-copy only adds \
+                         notification cost; sending by copy, re-probing every {interval} sends"
+                    );
+                    self.fallbacks.push(Fallback::new(from, "copy", reason));
                 }
+                self.path = Path::Copy;
             }
-            ZcStatus::ZeroCopy => self.auto.streak = 0,
-            ZcStatus::NotAttempted | ZcStatus::Unknown => {}
+            Some(Event::SwitchedBack) => self.path = self.auto.zc.unwrap_or(Path::Copy),
+            None => {}
         }
+        self.sync_policy_stats();
     }
 
     fn syscalls_send(&mut self, n: u64) {
