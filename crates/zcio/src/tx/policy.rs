@@ -19,8 +19,11 @@
 
 use super::ZcStatus;
 
-/// Sends per measurement window.
+/// Sends per measurement window (fewer for large sends: a window ends after
+/// `WINDOW_BYTES`, but has at least `WINDOW_MIN` sends).
 pub(crate) const WINDOW: u32 = 32;
+const WINDOW_BYTES: u64 = 4 << 20;
+const WINDOW_MIN: u32 = 4;
 /// Windows of each path a size group needs before the cheaper one is chosen.
 const MIN_SAMPLES: u32 = 2;
 /// Re-measurement gap (windows of the chosen path between two of the other), first and
@@ -124,6 +127,12 @@ struct Window {
     warmup: bool,
 }
 
+impl Window {
+    fn full(&self) -> bool {
+        self.sends >= WINDOW || (self.sends >= WINDOW_MIN && self.bytes >= WINDOW_BYTES)
+    }
+}
+
 /// `auto`'s per-socket policy. See the [module docs](self).
 #[derive(Debug)]
 pub(crate) struct AutoPolicy {
@@ -206,7 +215,7 @@ impl AutoPolicy {
         let g = group_of(len);
         // Continue the current window if this send belongs to it.
         if let Some(w) = self.win.as_mut() {
-            if w.group == g && w.sends < WINDOW {
+            if w.group == g && !w.full() {
                 w.sends += 1;
                 w.bytes += len as u64;
                 let choice = w.choice;
@@ -219,8 +228,8 @@ impl AutoPolicy {
         }
         // A new window starts (the previous one, if full, is closed by this clock read).
         let choice = self.next_choice(g, len);
-        let warmup = self.last_choice != Some(choice)
-            || self.win.is_some_and(|w| w.group != g || w.sends < WINDOW);
+        let warmup =
+            self.last_choice != Some(choice) || self.win.is_some_and(|w| w.group != g || !w.full());
         let closing = self
             .win
             .filter(|w| w.sends >= WINDOW && w.start_ns.is_some());
