@@ -30,6 +30,8 @@ const MIN_SAMPLES: u32 = 2;
 /// longest.
 const GAP_MIN: u32 = 16;
 const GAP_MAX: u32 = 512;
+/// A chosen path is changed only when the other costs this fraction less.
+const HYSTERESIS: f64 = 0.03;
 /// Before anything is measured, sizes below this go by copy.
 pub(crate) const PRIOR_COPY_BELOW: usize = 8 << 10;
 const GROUPS: usize = 40;
@@ -230,9 +232,7 @@ impl AutoPolicy {
         let choice = self.next_choice(g, len);
         let warmup =
             self.last_choice != Some(choice) || self.win.is_some_and(|w| w.group != g || !w.full());
-        let closing = self
-            .win
-            .filter(|w| w.sends >= WINDOW && w.start_ns.is_some());
+        let closing = self.win.filter(|w| w.full() && w.start_ns.is_some());
         self.pending_close = closing;
         self.last_choice = Some(choice);
         self.win = Some(Window {
@@ -270,11 +270,17 @@ impl AutoPolicy {
                 other(prior)
             };
         }
-        let best = if c[0].per_byte <= c[1].per_byte {
+        let mut best = if c[0].per_byte <= c[1].per_byte {
             Choice::Copy
         } else {
             Choice::ZeroCopy
         };
+        if let Some(cur) = grp.chosen {
+            // Hysteresis: measurements are noisy; change only for a clear gain.
+            if c[idx(best)].per_byte > c[idx(cur)].per_byte * (1.0 - HYSTERESIS) {
+                best = cur;
+            }
+        }
         if grp.chosen != Some(best) {
             grp.chosen = Some(best);
             grp.gap = GAP_MIN;
@@ -465,6 +471,10 @@ mod tests {
         // Settled: the worse path only for re-measuring (two windows per gap).
         assert!(zc_small < 10_000 / 50, "{zc_small}");
         assert!(copy_large < 10_000 / 50, "{copy_large}");
+        // Large windows end after 4 MiB: both sizes were measured on both paths.
+        let g = |len: usize| p.groups[group_of(len)].cost;
+        assert!(g(256)[0].samples >= MIN_SAMPLES && g(256)[1].samples >= MIN_SAMPLES);
+        assert!(g(256 << 10)[0].samples >= MIN_SAMPLES && g(256 << 10)[1].samples >= MIN_SAMPLES);
         let below = p.copy_below().unwrap();
         assert!((256..256 << 10).contains(&below), "{below}");
         assert!(p.stats().size_copies > 0);

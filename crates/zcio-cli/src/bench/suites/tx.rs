@@ -412,8 +412,9 @@ fn sweep(
                     let rep = run_once(route, None, sink, &mk(TxMode::Auto))?;
                     let mut s = sample(&rep)?;
                     s.note(format!(
-                        "auto: {} of {} sends by copy for their size, copy below {}, {} \
+                        "auto (path {}): {} of {} sends by copy for their size, copy below {}, {} \
                          windows measured ({} re-measuring), {} switch(es) to copy on COPIED",
+                        rep.path,
                         rep.stats.auto_size_copies,
                         rep.sends,
                         rep.stats
