@@ -970,3 +970,53 @@ fn socket_with_msg_zerocopy_history_is_refused_for_msg_zc_or_mapped_right() {
     drop(tx);
     assert_eq!(rx.join().unwrap(), off);
 }
+
+#[test]
+fn auto_measures_both_paths_per_size_on_the_sink_and_records_what_it_learned() {
+    if !common::can_make_hosts(
+        "auto_measures_both_paths_per_size_on_the_sink_and_records_what_it_learned",
+    ) {
+        return;
+    }
+    let sink = Sink::new("txauto").unwrap();
+    let (src, dst) = (
+        SocketAddr::from((sink.src4, 0)),
+        SocketAddr::from((sink.dst4, 9)),
+    );
+    let (stats, done) = sink
+        .host
+        .run(move || {
+            let s = UdpSocket::bind(src).unwrap();
+            s.connect(dst).unwrap();
+            let pool = Pool::new(256 << 10, 32, false).unwrap();
+            let mut c = cfg(TxMode::Auto);
+            c.depth = 16;
+            let mut tx = Sender::new(s, &pool, c).unwrap();
+            let mut book = Book::default();
+            let mut tickets = vec![];
+            for (size, n) in [(1usize << 10, 3000), (256 << 10, 400)] {
+                for _ in 0..n {
+                    let mut b = book.get(&pool, &mut tx);
+                    b.set_len(size);
+                    tickets.push(tx.send(b));
+                    book.take(&mut tx);
+                }
+            }
+            book.finish(&mut tx, &tickets);
+            (tx.stats().clone(), book.done.len())
+        })
+        .unwrap();
+    assert_eq!(done, 3400);
+    // Both sizes were measured on both paths (which one wins depends on the machine).
+    assert!(stats.auto_windows >= 8, "{stats:?}");
+    assert!(stats.auto_size_copies > 0, "{stats:?}");
+    assert!(
+        stats.sends_by_path[0] > 0 && stats.sends_by_path[3] > 0,
+        "{stats:?}"
+    );
+    assert!(stats.auto_copy_below.is_some(), "{stats:?}");
+    assert_eq!(
+        stats.auto_switches_to_copy, 0,
+        "the sink does not copy: {stats:?}"
+    );
+}
