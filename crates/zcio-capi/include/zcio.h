@@ -130,6 +130,12 @@
 #define ZCIO_ZC_MIXED 3
 
 /*
+ Completion `zerocopy` value: sent zero-copy, but the kernel did not report whether it
+ copied (Linux before 6.2).
+ */
+#define ZCIO_ZC_UNKNOWN 4
+
+/*
  One buffer from a pool, owned by the caller until handed to `zcio_sender_send` (which
  takes it) or `zcio_buf_free` (which returns it to its pool). Opaque.
  */

@@ -27,6 +27,9 @@ pub const ZCIO_ZC_ZEROCOPY: u32 = 1;
 pub const ZCIO_ZC_COPIED: u32 = 2;
 /// Completion `zerocopy` value: some parts zero-copy, some copied.
 pub const ZCIO_ZC_MIXED: u32 = 3;
+/// Completion `zerocopy` value: sent zero-copy, but the kernel did not report whether it
+/// copied (Linux before 6.2).
+pub const ZCIO_ZC_UNKNOWN: u32 = 4;
 
 /// A pool of page-aligned send buffers. Opaque.
 pub struct zcio_pool {
@@ -365,6 +368,7 @@ pub extern "C" fn zcio_sender_next_completion(
                 ZcStatus::ZeroCopy => ZCIO_ZC_ZEROCOPY,
                 ZcStatus::Copied => ZCIO_ZC_COPIED,
                 ZcStatus::Mixed => ZCIO_ZC_MIXED,
+                ZcStatus::Unknown => ZCIO_ZC_UNKNOWN,
             },
             error,
         };

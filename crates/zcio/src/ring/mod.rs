@@ -360,6 +360,12 @@ impl<C: cqueue::EntryMarker> Ring<C> {
         }
     }
 
+    /// Free entries in the submission queue.
+    pub fn sq_room(&mut self) -> usize {
+        let sq = self.ring.submission();
+        sq.capacity() - sq.len()
+    }
+
     /// Entries queued but not yet handed to the kernel.
     pub fn pending(&mut self) -> usize {
         self.ring.submission().len()
