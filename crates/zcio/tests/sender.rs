@@ -1033,3 +1033,96 @@ fn auto_measures_both_paths_per_size_on_the_sink_and_records_what_it_learned() {
         "the sink does not copy: {stats:?}"
     );
 }
+
+#[test]
+fn ring_failing_while_only_notifications_are_owed_is_abandoned_once_not_retried_forever() {
+    let name =
+        "ring_failing_while_only_notifications_are_owed_is_abandoned_once_not_retried_forever";
+    if !has_send_zc(name) {
+        return;
+    }
+    use zcio::ring::send::Fault;
+    // A peer that does not read yet, with a small receive window: the sends' bytes are
+    // accepted into the socket (their results come in) but stay queued unsent, so their
+    // notifications are owed until the peer reads.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let small: libc::c_int = 4096;
+    // SAFETY (test): plain setsockopt on a live socket with a valid int.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&l),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&small as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as u32,
+        )
+    };
+    assert_eq!(rc, 0);
+    let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (peer, _) = l.accept().unwrap();
+    let pool = Pool::new(16 << 10, 16, false).unwrap();
+    let mut tx = Sender::new(sock, &pool, cfg(TxMode::UringZc)).unwrap();
+    assert_eq!(tx.path(), Path::UringZc);
+    let mut off = 0u64;
+    for _ in 0..8 {
+        let mut b = pool.try_get().unwrap();
+        b.set_len(16 << 10);
+        common::fill_pattern(&mut b, off);
+        off += 16 << 10;
+        let _ = tx.send(b);
+    }
+    // Let the results come in; the notifications cannot (nothing was transmitted past the
+    // peer's window).
+    for _ in 0..5 {
+        let _ = tx.wait(Duration::from_millis(40));
+    }
+    assert!(
+        tx.in_flight() > 0,
+        "every notification came back: the peer read?"
+    );
+    assert!(tx.inject_ring_fault(Fault {
+        after_requests: 0,
+        errno: libc::EIO,
+        times: u32::MAX,
+    }));
+    for _ in 0..3 {
+        let t0 = std::time::Instant::now();
+        let r = tx.wait(Duration::from_millis(300));
+        assert!(
+            r.is_err(),
+            "wait on a ring that can never deliver the owed notifications returned {r:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(10), "wait spun");
+    }
+    assert_eq!(tx.path(), Path::Copy);
+    assert_eq!(
+        tx.fallbacks().len(),
+        1,
+        "one failure, one fallback: {:?}",
+        &tx.fallbacks()[..tx.fallbacks().len().min(3)]
+    );
+    // The stream stays intact: the peer reads the zero-copy bytes queued before the failure
+    // and then one more send, made by copy.
+    let rx = std::thread::spawn(move || {
+        let mut s = peer;
+        let mut buf = vec![0u8; 64 << 10];
+        let mut got = 0u64;
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                return got;
+            }
+            common::check_pattern(&buf[..n], got).expect("stream intact");
+            got += n as u64;
+        }
+    });
+    let mut b = pool
+        .try_get()
+        .expect("buffers not lent to the dead ring remain usable");
+    b.set_len(16 << 10);
+    common::fill_pattern(&mut b, off);
+    off += 16 << 10;
+    let _ = tx.send(b);
+    drop(tx);
+    assert_eq!(rx.join().unwrap(), off);
+}

@@ -471,18 +471,25 @@ impl SendRing {
     }
 
     /// Waits until no request is in the kernel without its result (the bytes of every
-    /// request handed over are then in the socket or failed) or `timeout` passes; returns
-    /// whether that happened.
+    /// request handed over are then in the socket or failed) and no notification is owed, or
+    /// `timeout` passes; returns whether every result came in. Notifications owed are waited
+    /// for too, so a ring that cannot be entered to collect them fails here (the caller then
+    /// abandons it) instead of being retried forever; when the ring can be entered and only
+    /// notifications are still owed at the deadline (a slow peer), the results are settled
+    /// and the notifications come with later waits.
     pub fn settle_results(&mut self, timeout: Duration) -> io::Result<bool> {
         let end = Instant::now() + timeout;
-        while self.tracker.in_kernel() > 0 || self.ring.pending() > 0 {
+        loop {
+            let results_out = self.tracker.in_kernel() > 0 || self.ring.pending() > 0;
+            if !results_out && self.tracker.notifs_pending() == 0 {
+                return Ok(true);
+            }
             let now = Instant::now();
             if now >= end {
-                return Ok(false);
+                return Ok(!results_out);
             }
             self.wait(Some((end - now).min(Duration::from_millis(100))))?;
         }
-        Ok(true)
     }
 
     /// Takes the next finished send.
