@@ -554,7 +554,8 @@ fn capture_raw(queue: u16, n: u32, size: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
         params: Some((0xffff, NFQNL_COPY_PACKET)),
         ..Default::default()
     }
-    .emit(&mut out, 1);
+    .emit(&mut out, 1)
+    .expect("message fits");
     nl::send_to_kernel(&fd, &out).unwrap();
     let mut buf = vec![0u8; 65536];
     let k = zcio::sys::net::recv(&fd, &mut buf, 0).unwrap();
@@ -582,7 +583,8 @@ fn capture_raw(queue: u16, n: u32, size: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
         mark: None,
         payload: None,
     }
-    .emit(&mut out, 2);
+    .emit(&mut out, 2)
+    .expect("message fits");
     nl::send_to_kernel(&fd, &out).unwrap();
     (got, ack)
 }
@@ -597,7 +599,7 @@ fn assert_packet_round_trip(name: &str, bytes: &[u8]) {
     let p = Packet::parse(&m).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(p.unknown, 0, "{name}: attributes not modelled");
     let mut out = vec![];
-    p.emit(&mut out, m.seq, m.pid);
+    p.emit(&mut out, m.seq, m.pid).expect("message fits");
     assert_eq!(
         out, bytes,
         "{name}: typed packet emit differs from the kernel's bytes"
@@ -621,7 +623,7 @@ fn captured_kernel_messages_round_trip() {
             let mut route = vec![];
             rs.dump(zcio::netlink::DumpKind::Routes, 0, |m| {
                 if route.is_empty() {
-                    m.emit(&mut route);
+                    m.emit(&mut route).expect("message fits");
                 }
             })
             .unwrap();
@@ -680,7 +682,7 @@ fn emitted_messages_parse_back_identically() {
         },
     ];
     for (i, m) in v.iter().enumerate() {
-        m.emit(&mut out, i as u32);
+        m.emit(&mut out, i as u32).expect("message fits");
     }
     let c = ConfigMsg {
         queue: 3,
@@ -689,7 +691,7 @@ fn emitted_messages_parse_back_identically() {
         maxlen: Some(4096),
         flags: Some((0xf, NFQA_CFG_F_FAIL_OPEN)),
     };
-    c.emit(&mut out, 9);
+    c.emit(&mut out, 9).expect("message fits");
     let parsed = nfqmsg::parse_datagram(&out).unwrap();
     assert_eq!(parsed.len(), 3);
     assert_eq!(parsed[0], AnyMsg::Verdict(v[0].clone()));
@@ -794,7 +796,8 @@ fn write_emitted_seed_corpus() {
         mark: None,
         payload: None,
     }
-    .emit(&mut out, 1);
+    .emit(&mut out, 1)
+    .expect("message fits");
     VerdictMsg {
         queue: 1,
         batch: false,
@@ -803,7 +806,8 @@ fn write_emitted_seed_corpus() {
         mark: Some(7),
         payload: Some(b"\x45\x00\x00\x1c"),
     }
-    .emit(&mut out, 2);
+    .emit(&mut out, 2)
+    .expect("message fits");
     ConfigMsg {
         queue: 1,
         cmd: Some(NFQNL_CFG_CMD_BIND),
@@ -811,7 +815,8 @@ fn write_emitted_seed_corpus() {
         maxlen: Some(1024),
         flags: Some((0xf, 0x5)),
     }
-    .emit(&mut out, 3);
+    .emit(&mut out, 3)
+    .expect("message fits");
     let path = dir.join("emitted_verdicts_config.bin");
     match std::fs::read(&path) {
         Ok(b) => assert_eq!(b, out, "emitted bytes changed; update the seed"),

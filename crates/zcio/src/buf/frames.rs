@@ -39,12 +39,13 @@ struct UringRx {
     /// Frames currently in the kernel's buffer ring.
     provided: u32,
     bgid: u16,
-    /// Send buffers owned by the kernel until their CQE (index = slot in the user data).
-    sends: Vec<Option<Vec<u8>>>,
+    /// Send buffers owned by the kernel until their CQE (index = slot in the user data),
+    /// with the caller's token.
+    sends: Vec<Option<(u64, Vec<u8>)>>,
     /// Send buffers back from the kernel, for reuse.
     spare: Vec<Vec<u8>>,
-    /// The first failed send since the caller last asked.
-    send_err: Option<io::Error>,
+    /// Completed sends not yet taken by the caller: token and result.
+    done: Vec<(u64, io::Result<()>)>,
 }
 
 /// Header at the start of every frame (the layout of the old `struct nl_mmap_hdr` minus
@@ -554,17 +555,23 @@ impl FrameRing {
             bgid: 0,
             sends: Vec::new(),
             spare: Vec::new(),
-            send_err: None,
+            done: Vec::new(),
         });
         self.top_up();
         Ok(())
     }
 
     /// In io_uring mode: queues `buf` (whole netlink messages for the kernel) as a send on
-    /// `fd`. The ring owns the buffer until its completion; the send is submitted with the
-    /// next ring entry (the next fill) or by [`FrameRing::submit_sends`]. Outside io_uring
-    /// mode the buffer comes back as `Err`.
-    pub fn queue_send(&mut self, fd: &impl AsRawFd, buf: Vec<u8>) -> Result<(), Vec<u8>> {
+    /// `fd`. The ring owns the buffer until its completion, whose result comes back under
+    /// `token` from [`FrameRing::take_send_results`]; the send is submitted with the next
+    /// ring entry (the next fill) or by [`FrameRing::submit_sends`]. Outside io_uring mode,
+    /// or when the submission queue is full, the buffer comes back as `Err`.
+    pub fn queue_send(
+        &mut self,
+        fd: &impl AsRawFd,
+        buf: Vec<u8>,
+        token: u64,
+    ) -> Result<(), Vec<u8>> {
         let Some(u) = self.uring.as_mut() else {
             return Err(buf);
         };
@@ -583,7 +590,7 @@ impl FrameRing {
         if unsafe { u.ring.push(&e) }.is_err() {
             return Err(buf);
         }
-        u.sends[slot] = Some(buf);
+        u.sends[slot] = Some((token, buf));
         Ok(())
     }
 
@@ -607,9 +614,19 @@ impl FrameRing {
             .unwrap_or_else(|| Vec::with_capacity(4096))
     }
 
-    /// The first send that failed since the last call, if any.
-    pub fn take_send_error(&mut self) -> Option<io::Error> {
-        self.uring.as_mut().and_then(|u| u.send_err.take())
+    /// Results of the sends completed since the last call, appended to `out` as
+    /// `(token, result)`; a short send is an error (a netlink datagram goes whole or not).
+    pub fn take_send_results(&mut self, out: &mut Vec<(u64, io::Result<()>)>) {
+        if let Some(u) = self.uring.as_mut() {
+            out.append(&mut u.done);
+        }
+    }
+
+    /// Sends queued or submitted whose completion has not been harvested yet.
+    pub fn sends_outstanding(&self) -> usize {
+        self.uring
+            .as_ref()
+            .map_or(0, |u| u.sends.iter().filter(|s| s.is_some()).count())
     }
 
     /// Whether frames are filled by io_uring multishot receive.
@@ -683,15 +700,18 @@ impl FrameRing {
             }
         })?;
         for (slot, res) in sent {
-            if let Some(mut b) = u.sends.get_mut(slot).and_then(Option::take) {
-                if res < 0 && u.send_err.is_none() {
-                    u.send_err = Some(io::Error::from_raw_os_error(-res));
-                } else if res >= 0 && (res as usize) < b.len() && u.send_err.is_none() {
-                    u.send_err = Some(io::Error::other(format!(
+            if let Some((token, mut b)) = u.sends.get_mut(slot).and_then(Option::take) {
+                let r = if res < 0 {
+                    Err(io::Error::from_raw_os_error(-res))
+                } else if (res as usize) < b.len() {
+                    Err(io::Error::other(format!(
                         "short netlink send: {res} of {} bytes",
                         b.len()
-                    )));
-                }
+                    )))
+                } else {
+                    Ok(())
+                };
+                u.done.push((token, r));
                 b.clear();
                 u.spare.push(b);
             }

@@ -262,6 +262,22 @@ impl<'a> Packet<'a> {
     }
 }
 
+/// The id of a `NFQNL_MSG_PACKET` that does not parse as a whole (a bad attribute further
+/// on): read from its `NFQA_PACKET_HDR` when the attributes up to it are well formed.
+pub fn packet_id(m: &NlMsg<'_>) -> Option<u32> {
+    if m.ty != nfq_type(NFQNL_MSG_PACKET) {
+        return None;
+    }
+    for a in attrs(m.payload.get(NFGENMSG_LEN..)?) {
+        let a = a.ok()?;
+        if a.ty == NFQA_PACKET_HDR {
+            let b = a.value.get(..4)?;
+            return Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        }
+    }
+    None
+}
+
 /// A verdict message (`NFQNL_MSG_VERDICT` or `NFQNL_MSG_VERDICT_BATCH`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerdictMsg<'a> {

@@ -120,6 +120,9 @@ pub struct Tracker {
     in_flight: Vec<SendId>,
     /// Consecutive failed sends (reset by a completed one).
     failures: u32,
+    /// A packet arrived that could not be identified: its id is unknown and stays pending
+    /// in the kernel, so no batch may be sent any more (every later batch could cover it).
+    no_batches: bool,
 }
 
 /// `a` comes after `b` in the kernel's wrapping id sequence (`nfq_id_after`).
@@ -148,6 +151,13 @@ impl Tracker {
             None => State::Held(frame),
         };
         self.entries.push_back(Entry { id, st });
+    }
+
+    /// A message whose packet id could not be read was received: from now on only individual
+    /// verdicts are sent (a batch could decide the unknown packet). The kernel drops it at
+    /// unbind.
+    pub fn forbid_batches(&mut self) {
+        self.no_batches = true;
     }
 
     /// Decides a held packet; returns the frame that held it.
@@ -240,11 +250,14 @@ impl Tracker {
         //    or in-flight one. Its most common plain verdict V goes out as one batch for the
         //    highest id of V in the prefix, after individual verdicts for the prefix's other
         //    packets up to that id.
-        let prefix = self
-            .entries
-            .iter()
-            .position(|e| !matches!(e.st, State::Decided(_)))
-            .unwrap_or(self.entries.len());
+        let prefix = if self.no_batches {
+            0
+        } else {
+            self.entries
+                .iter()
+                .position(|e| !matches!(e.st, State::Decided(_)))
+                .unwrap_or(self.entries.len())
+        };
         let mut counts: [(Option<Verdict>, usize); 4] = [(None, 0); 4];
         for e in self.entries.iter().take(prefix) {
             if let State::Decided(d) = &e.st {

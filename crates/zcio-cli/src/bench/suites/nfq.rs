@@ -434,7 +434,8 @@ fn bind_plain(qmax: u32) -> Result<std::os::fd::OwnedFd> {
         cmd: Some(NFQNL_CFG_CMD_BIND),
         ..Default::default()
     }
-    .emit(&mut out, 1);
+    .emit(&mut out, 1)
+    .expect("message fits");
     ConfigMsg {
         queue: QUEUE,
         params: Some((0xffff, NFQNL_COPY_PACKET)),
@@ -442,7 +443,8 @@ fn bind_plain(qmax: u32) -> Result<std::os::fd::OwnedFd> {
         flags: Some((0xf, 0)),
         ..Default::default()
     }
-    .emit(&mut out, 2);
+    .emit(&mut out, 2)
+    .expect("message fits");
     nl::send_to_kernel(&fd, &out)?;
     let mut buf = vec![0u8; 8192];
     let mut acks = 0;
@@ -467,7 +469,8 @@ fn unbind_plain(fd: &std::os::fd::OwnedFd) {
         cmd: Some(NFQNL_CFG_CMD_UNBIND),
         ..Default::default()
     }
-    .emit(&mut out, 9);
+    .emit(&mut out, 9)
+    .expect("message fits");
     let _ = nl::send_to_kernel(fd, &out);
 }
 
@@ -480,7 +483,8 @@ fn verdict(out: &mut Vec<u8>, batch: bool, id: u32, v: Verdict, seq: u32) {
         mark: None,
         payload: None,
     }
-    .emit(out, seq);
+    .emit(out, seq)
+    .expect("message fits");
 }
 
 fn consume_per_packet(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<ConsumerResult> {
