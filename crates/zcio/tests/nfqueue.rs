@@ -1049,3 +1049,165 @@ fn no_enobufs_hides_overruns_from_the_socket_but_not_from_the_kernel_counters() 
     })
     .unwrap();
 }
+
+/// Shrinks (or restores) the send buffer of the queue's socket: the kernel refuses a netlink
+/// datagram longer than the send buffer with EMSGSIZE, a real send failure.
+fn set_sndbuf(q: &NfQueue, bytes: i32) {
+    for fd in q.fds() {
+        // SAFETY: `q` owns the descriptor and outlives this borrow.
+        let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        zcio::sys::setsockopt_int(&b, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, bytes).unwrap();
+    }
+}
+
+/// Identity rewrite: the same bytes as a replacement payload (a large verdict message).
+fn same_payload(p: &Packet<'_>) -> Vec<u8> {
+    p.payload.unwrap().to_vec()
+}
+
+fn failed_drop_is_never_widened_with(test: &str, queue: u16, uring: bool) {
+    let Some(ns) = host(test, queue) else {
+        return;
+    };
+    ns.run(move || {
+        let c = NfQueueConfig {
+            send_retries: 1000,
+            ..if uring {
+                cfg(queue)
+            } else {
+                cfg_recvmmsg(queue)
+            }
+        };
+        let mut q = NfQueue::open(c).unwrap();
+        let mut udp = Udp::new();
+        set_sndbuf(&q, 1);
+        // 0..16: dropped with a replacement payload, so their verdict datagram is larger than
+        // the send buffer and every send of it fails.
+        for i in 0..16 {
+            udp.send(i, 1200);
+        }
+        let mut seen = 0;
+        let end = Instant::now() + Duration::from_secs(2);
+        while seen < 16 && Instant::now() < end {
+            seen += q
+                .process(Some(Duration::from_millis(20)), |p| {
+                    Decision::Mangle(Verdict::Drop, same_payload(p), None)
+                })
+                .unwrap();
+        }
+        assert_eq!(seen, 16);
+        // 16..32: plain accepts, which alone would be one small batch verdict for id 32 —
+        // the batch that used to cover the failed drops.
+        for i in 16..32 {
+            udp.send(i, 1200);
+        }
+        seen = 0;
+        let end = Instant::now() + Duration::from_secs(2);
+        while seen < 16 && Instant::now() < end {
+            seen += q
+                .process(Some(Duration::from_millis(20)), |_| Verdict::Accept.into())
+                .unwrap();
+        }
+        assert_eq!(seen, 16);
+        // Give ring sends their completions.
+        for _ in 0..5 {
+            q.process(Some(Duration::from_millis(5)), |_| Verdict::Accept.into())
+                .unwrap();
+        }
+        let st = q.stats();
+        assert!(st.send_failures > 0, "no send failed: {st:?}");
+        udp.wait_for(1);
+        assert!(
+            udp.got.is_empty(),
+            "packets reached the receiver while their verdicts could not be sent: {:?}",
+            udp.got
+        );
+        assert_eq!(waiting(queue), 32, "the kernel still has every packet");
+        assert_eq!(q.unconfirmed(), 32);
+        // The send buffer is back: the retried verdicts go out, exactly as decided.
+        set_sndbuf(&q, 4 << 20);
+        let end = Instant::now() + Duration::from_secs(2);
+        while q.unconfirmed() > 0 && Instant::now() < end {
+            q.process(Some(Duration::from_millis(5)), |_| Verdict::Accept.into())
+                .unwrap();
+        }
+        assert_eq!(q.unconfirmed(), 0);
+        udp.wait_for(16);
+        std::thread::sleep(Duration::from_millis(20));
+        udp.drain();
+        let mut got = udp.got.clone();
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            (16..32).collect::<Vec<_>>(),
+            "a dropped packet got through"
+        );
+        assert_eq!(waiting(queue), 0);
+        assert_eq!(q.stats().kernel_errors, 0, "{:?}", q.stats());
+    })
+    .unwrap();
+}
+
+#[test]
+fn failed_drop_is_never_widened_into_a_later_accept() {
+    failed_drop_is_never_widened_with("failed_drop_is_never_widened_into_a_later_accept", 30, true);
+}
+
+#[test]
+fn failed_drop_is_never_widened_into_a_later_accept_on_recvmmsg() {
+    failed_drop_is_never_widened_with(
+        "failed_drop_is_never_widened_into_a_later_accept_on_recvmmsg",
+        31,
+        false,
+    );
+}
+
+#[test]
+fn sends_that_keep_failing_unbind_and_leave_packets_to_the_kernel() {
+    let test = "sends_that_keep_failing_unbind_and_leave_packets_to_the_kernel";
+    let Some(ns) = host(test, 32) else {
+        return;
+    };
+    ns.run(|| {
+        let mut q = NfQueue::open(cfg(32)).unwrap();
+        let mut udp = Udp::new();
+        set_sndbuf(&q, 1);
+        for i in 0..16 {
+            udp.send(i, 1200);
+        }
+        let end = Instant::now() + Duration::from_secs(3);
+        let err = loop {
+            match q.process(Some(Duration::from_millis(10)), |p| {
+                if seq_of(p) % 2 == 0 {
+                    Decision::Mangle(Verdict::Accept, same_payload(p), None)
+                } else {
+                    Verdict::Drop.into()
+                }
+            }) {
+                Ok(_) => assert!(Instant::now() < end, "sends never gave up"),
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(err, zcio::netlink::NfqError::SendFailing { .. }),
+            "{err}"
+        );
+        assert!(
+            !kernel_queue_stats().unwrap().iter().any(|k| k.queue == 32),
+            "queue still bound after giving up"
+        );
+        assert!(matches!(
+            q.process(Some(Duration::ZERO), |_| Verdict::Accept.into()),
+            Err(zcio::netlink::NfqError::Unbound)
+        ));
+        assert_eq!(q.stats().abandoned, 16);
+        std::thread::sleep(Duration::from_millis(20));
+        udp.drain();
+        assert!(
+            udp.got.iter().all(|s| s % 2 == 0),
+            "a dropped packet got through: {:?}",
+            udp.got
+        );
+    })
+    .unwrap();
+}

@@ -143,7 +143,7 @@ impl Tracker {
     /// increasing order (the kernel assigns them in queue order and delivers in order).
     pub fn receive(&mut self, id: u32, d: Option<Decided>, frame: u32) {
         debug_assert!(
-            self.entries.back().is_none_or(|e| id_after(id, e.id)),
+            self.entries.back().map_or(true, |e| id_after(id, e.id)),
             "ids arrive in order"
         );
         let st = match d {
