@@ -380,8 +380,14 @@ fn tiny_buffer_ring_rearms_after_enobufs_without_loss() {
         t.join().unwrap();
         assert_eq!(streams[0].got, 4 << 20);
         let c = rx.counters();
-        assert!(c.enobufs > 0, "a 2-buffer ring never ran dry: {c:?}");
-        assert!(c.rearms >= c.enobufs, "{c:?}");
+        assert!(c.ring_dry > 0, "a 2-buffer ring never ran dry: {c:?}");
+        // Without bundles a dry ring ends the multishot with ENOBUFS; with bundles the kernel
+        // usually ends it with the data of the bundle that took the last buffers (counted as
+        // a re-arm, not as ENOBUFS), so only the re-arm is certain there.
+        if !bundle {
+            assert!(c.enobufs > 0, "no ENOBUFS without bundles: {c:?}");
+        }
+        assert!(c.rearms >= c.enobufs.max(1), "{c:?}");
     }
 }
 

@@ -15,6 +15,7 @@
 
 use super::nlbufring::NlBufRing;
 use super::Region;
+use crate::ring::key::{Key, Op};
 use crate::ring::Ring;
 use crate::sys::{assert_layout, syscall};
 use io_uring::{cqueue, opcode, types};
@@ -25,10 +26,8 @@ use std::time::Duration;
 
 /// Frames lent to the kernel at a time in io_uring mode (the rest wait on a LIFO stack).
 const URING_WINDOW: u32 = 64;
-const RECV_UD: u64 = 1;
-const CANCEL_UD: u64 = 2;
-/// Send completions: `SEND_UD | slot << 8`.
-const SEND_UD: u64 = 3;
+/// The one multishot receive of a frame ring.
+const RECV_KEY: Key = Key::tagged(Op::Recv, 0);
 
 /// The io_uring producer: a multishot recv into a provided-buffer ring of frames.
 #[derive(Debug)]
@@ -584,7 +583,7 @@ impl FrameRing {
         };
         let e = opcode::Send::new(types::Fd(fd.as_raw_fd()), buf.as_ptr(), buf.len() as u32)
             .build()
-            .user_data(SEND_UD | (slot as u64) << 8);
+            .user_data(Key::send(slot).raw());
         // SAFETY: `buf` is moved into `u.sends[slot]` below and stays there (heap storage
         // unmoved, never touched) until the CQE with this slot is harvested.
         if unsafe { u.ring.push(&e) }.is_err() {
@@ -668,7 +667,7 @@ impl FrameRing {
             }
             let e = opcode::RecvMulti::new(types::Fd(fd.as_raw_fd()), u.bgid)
                 .build()
-                .user_data(RECV_UD);
+                .user_data(RECV_KEY.raw());
             // SAFETY: the receive writes only into buffers of the registered ring (frames in
             // RESERVED state inside `self.region`, which outlives the request: Drop cancels it
             // and waits for its last CQE first); the socket is the caller's and is passed to
@@ -689,14 +688,15 @@ impl FrameRing {
         let mut got: Vec<(u32, i32, u32)> = Vec::new();
         let mut sent: Vec<(usize, i32)> = Vec::new();
         u.ring.harvest(|c| {
-            if c.user_data() == RECV_UD {
+            let key = Key::from_raw(c.user_data());
+            if key == RECV_KEY {
                 got.push((
                     cqueue::buffer_select(c.flags()).map_or(u32::MAX, u32::from),
                     c.result(),
                     c.flags(),
                 ));
-            } else if c.user_data() & 0xff == SEND_UD {
-                sent.push(((c.user_data() >> 8) as usize, c.result()));
+            } else if key.op() == Some(Op::Send) {
+                sent.push((key.tag() as usize, c.result()));
             }
         })?;
         for (slot, res) in sent {
@@ -788,9 +788,9 @@ impl Drop for FrameRing {
             return;
         };
         if u.armed {
-            let e = opcode::AsyncCancel::new(RECV_UD)
+            let e = opcode::AsyncCancel::new(RECV_KEY.raw())
                 .build()
-                .user_data(CANCEL_UD);
+                .user_data(Key::cancel().raw());
             // SAFETY: a cancel request references no memory.
             if unsafe { u.ring.push(&e) }.is_ok() {
                 let deadline = std::time::Instant::now() + Duration::from_secs(1);
@@ -798,7 +798,7 @@ impl Drop for FrameRing {
                     let _ = u.ring.submit_and_wait(1, Some(Duration::from_millis(50)));
                     let mut done = false;
                     let _ = u.ring.harvest(|c| {
-                        if c.user_data() == RECV_UD && !cqueue::more(c.flags()) {
+                        if Key::from_raw(c.user_data()) == RECV_KEY && !cqueue::more(c.flags()) {
                             done = true;
                         }
                     });

@@ -9,11 +9,13 @@
 //!   reported again — epoll's level contract. `ONESHOT` stays disarmed until `modify`.
 //!   (The kernel refuses `EPOLLEXCLUSIVE` on multishot polls.)
 //!
-//! user_data: `gen << 32 | fd` for polls (gen counts (re)registrations of the fd, so late
-//! CQEs of an old registration are recognised and dropped); bit 63 marks internal requests.
+//! user_data: a [`Key::poll`] of `(fd, gen)` for polls (gen counts (re)registrations of the
+//! fd, so late CQEs of an old registration are recognised and dropped); updates, cancels and
+//! the wake-up poll have keys of their own kinds.
 
 use super::{CtlError, Event, Interest};
 use crate::buf::mpsc::MpscRing;
+use crate::ring::key::{Key, Op, POLL_GEN_MASK};
 use crate::ring::poll::PollUpdate;
 use crate::ring::{Ring, RingConfig, RingError, SetupFlag};
 use crate::sys::epoll::{identity, FdIdentity};
@@ -23,18 +25,13 @@ use std::io;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-const INTERNAL: u64 = 1 << 63;
-const UPDATE: u64 = 1 << 62;
-const WAKE_UD: u64 = u64::MAX;
-const GEN_MASK: u32 = (1 << 30) - 1;
+/// The poll on the wake-up eventfd.
+const WAKE_KEY: Key = Key::internal(0);
+const GEN_MASK: u32 = POLL_GEN_MASK;
 /// Spin iterations between two clock reads while busy-harvesting.
 const SPIN_CHECK: u32 = 64;
 /// Spin iterations on the user ring before sleeping once user-posted events have been seen.
 const USER_SPIN: u32 = 256;
-
-fn poll_ud(fd: RawFd, gen: u32) -> u64 {
-    (u64::from(gen) << 32) | u64::from(fd as u32)
-}
 
 pub(super) enum NewError {
     Unavailable(String),
@@ -183,7 +180,7 @@ impl UringEvents {
     fn arm_wake(&mut self) -> io::Result<()> {
         self.wake_armed = true;
         self.ring
-            .poll_add(self.wake_fd, libc::EPOLLIN as u32, true, WAKE_UD)
+            .poll_add(self.wake_fd, libc::EPOLLIN as u32, true, WAKE_KEY)
     }
 
     fn next_gen(&mut self, fd: RawFd) -> u32 {
@@ -220,7 +217,7 @@ impl UringEvents {
             return Ok(());
         };
         r.armed = true;
-        let (mask, multi, ud) = (r.kernel_mask(), r.multishot(), poll_ud(fd, r.gen));
+        let (mask, multi, ud) = (r.kernel_mask(), r.multishot(), Key::poll(fd, r.gen));
         self.ring.poll_add(fd, mask, multi, ud)
     }
 
@@ -229,7 +226,7 @@ impl UringEvents {
         if let Some(r) = self.regs.get_mut(fd as usize).and_then(|r| r.take()) {
             if r.armed {
                 // ASYNC_CANCEL rather than POLL_REMOVE: see `modify`.
-                self.ring.cancel(poll_ud(fd, r.gen), INTERNAL)?;
+                self.ring.cancel(Key::poll(fd, r.gen), Key::cancel())?;
             }
         }
         Ok(())
@@ -287,7 +284,7 @@ impl UringEvents {
                 "a registration with EPOLLEXCLUSIVE cannot be modified",
             ));
         }
-        let old_ud = poll_ud(fd, r.gen);
+        let old_ud = Key::poll(fd, r.gen);
         let was_armed = r.armed;
         let gen = self.next_gen(fd);
         let r = self.reg_mut(fd).expect("checked");
@@ -301,7 +298,7 @@ impl UringEvents {
         // pending (the kernel's poll ownership is taken), leaving the old poll armed under
         // its old user_data; a cancel marks the poll cancelled even then.
         if was_armed {
-            self.ring.cancel(old_ud, INTERNAL)?;
+            self.ring.cancel(old_ud, Key::cancel())?;
         }
         self.arm(fd)?;
         self.submit()?;
@@ -332,17 +329,17 @@ impl UringEvents {
     fn on_cqe(&mut self, ud: u64, res: i32, flags: u32) -> io::Result<()> {
         self.cqes += 1;
         let more = flags & IORING_CQE_F_MORE != 0;
-        if ud == WAKE_UD {
+        let key = Key::from_raw(ud);
+        if key == WAKE_KEY {
             if !more {
                 self.arm_wake()?;
             }
             return Ok(());
         }
-        if ud & INTERNAL != 0 {
-            if ud & UPDATE != 0 && res == -libc::ENOENT {
+        if key.op() != Some(Op::Poll) {
+            if key.op() == Some(Op::PollUpdate) && res == -libc::ENOENT {
                 // The poll we updated had already finished: arm a new one.
-                let fd = (ud & 0xffff_ffff) as u32 as RawFd;
-                let gen = ((ud >> 32) as u32) & GEN_MASK;
+                let (fd, gen) = key.poll_parts();
                 if let Some(r) = self.reg_mut(fd) {
                     if r.gen == gen && !r.disabled {
                         self.arm(fd)?;
@@ -353,8 +350,7 @@ impl UringEvents {
             }
             return Ok(());
         }
-        let fd = (ud & 0xffff_ffff) as u32 as RawFd;
-        let gen = (ud >> 32) as u32;
+        let (fd, gen) = key.poll_parts();
         let epoch = self.epoch;
         let ready = &mut self.ready;
         let Some(r) = self.regs.get_mut(fd as usize).and_then(|r| r.as_mut()) else {
@@ -448,7 +444,7 @@ impl UringEvents {
                 // Level-triggered on a multishot poll: POLL_UPDATE re-polls the fd in place;
                 // still ready means a new CQE.
                 self.rearms += 1;
-                let ud = poll_ud(fd, r.gen);
+                let ud = Key::poll(fd, r.gen);
                 let mask = r.kernel_mask();
                 self.ring.poll_update(
                     PollUpdate {
@@ -457,7 +453,7 @@ impl UringEvents {
                         new_user_data: None,
                         multishot: true,
                     },
-                    INTERNAL | UPDATE | ud,
+                    Key::poll_update(ud),
                 )?;
             } else if !r.armed && !r.multishot() {
                 // Level-triggered / exclusive: re-arm; the next wait submits it and an fd

@@ -5,6 +5,7 @@
 //! with them: the wrappers here are safe. A descriptor that is closed before the entry is
 //! submitted makes the kernel answer `-EBADF` in the completion.
 
+use super::key::Key;
 use super::Ring;
 use crate::sys::{
     assert_layout, IORING_POLL_ADD_MULTI, IORING_POLL_UPDATE_EVENTS, IORING_POLL_UPDATE_USER_DATA,
@@ -50,12 +51,12 @@ const _: () = assert!(std::mem::size_of::<squeue::Entry>() == 64);
 /// What a `POLL_UPDATE` changes in the armed poll it targets.
 #[derive(Debug, Clone, Copy)]
 pub struct PollUpdate {
-    /// user_data of the armed poll.
-    pub target: u64,
+    /// Key of the armed poll.
+    pub target: Key,
     /// New event mask (`None` keeps the old one).
     pub events: Option<u32>,
-    /// New user_data for the poll's future completions (`None` keeps it).
-    pub new_user_data: Option<u64>,
+    /// New key for the poll's future completions (`None` keeps it).
+    pub new_user_data: Option<Key>,
     /// Whether the updated poll is multishot (only used when `events` is set).
     pub multishot: bool,
 }
@@ -68,12 +69,12 @@ impl<C: cqueue::EntryMarker> Ring<C> {
         fd: RawFd,
         events: u32,
         multishot: bool,
-        user_data: u64,
+        user_data: Key,
     ) -> io::Result<()> {
         let e = opcode::PollAdd::new(types::Fd(fd), events)
             .multi(multishot)
             .build()
-            .user_data(user_data);
+            .user_data(user_data.raw());
         // SAFETY: a poll request references no memory; only the descriptor number is used.
         unsafe { self.push(&e) }
     }
@@ -81,8 +82,10 @@ impl<C: cqueue::EntryMarker> Ring<C> {
     /// Queues a `POLL_REMOVE` of the poll whose user_data is `target`. Its own completion
     /// (with `user_data`) is 0, or `-ENOENT` when the poll had already finished; the poll
     /// itself completes with `-ECANCELED`.
-    pub fn poll_remove(&mut self, target: u64, user_data: u64) -> io::Result<()> {
-        let e = opcode::PollRemove::new(target).build().user_data(user_data);
+    pub fn poll_remove(&mut self, target: Key, user_data: Key) -> io::Result<()> {
+        let e = opcode::PollRemove::new(target.raw())
+            .build()
+            .user_data(user_data.raw());
         // SAFETY: references no memory.
         unsafe { self.push(&e) }
     }
@@ -90,7 +93,7 @@ impl<C: cqueue::EntryMarker> Ring<C> {
     /// Queues a `POLL_UPDATE` (Linux 5.13): re-arms the poll `u.target` in place with a new
     /// mask and/or user_data. Its own completion (`user_data`) is 0 on success or `-ENOENT`
     /// when the target had already finished (then nothing is armed: add a new poll).
-    pub fn poll_update(&mut self, u: PollUpdate, user_data: u64) -> io::Result<()> {
+    pub fn poll_update(&mut self, u: PollUpdate, user_data: Key) -> io::Result<()> {
         let mut len = 0;
         if u.events.is_some() {
             len |= IORING_POLL_UPDATE_EVENTS;
@@ -106,11 +109,11 @@ impl<C: cqueue::EntryMarker> Ring<C> {
             flags: 0,
             ioprio: 0,
             fd: -1,
-            off: u.new_user_data.unwrap_or(0),
-            addr: u.target,
+            off: u.new_user_data.map_or(0, Key::raw),
+            addr: u.target.raw(),
             len,
             poll32_events: u.events.unwrap_or(0),
-            user_data,
+            user_data: user_data.raw(),
             rest: [0; 3],
         };
         // SAFETY: `squeue::Entry` is `#[repr(C)]` around `io_uring_sqe`, 64 bytes of plain
@@ -165,10 +168,10 @@ impl<C: cqueue::EntryMarker> Ring<C> {
     }
 
     /// Queues an `ASYNC_CANCEL` of the request with user_data `target`.
-    pub fn cancel(&mut self, target: u64, user_data: u64) -> io::Result<()> {
-        let e = opcode::AsyncCancel::new(target)
+    pub fn cancel(&mut self, target: Key, user_data: Key) -> io::Result<()> {
+        let e = opcode::AsyncCancel::new(target.raw())
             .build()
-            .user_data(user_data);
+            .user_data(user_data.raw());
         // SAFETY: references no memory.
         unsafe { self.push(&e) }
     }

@@ -7,6 +7,7 @@
 //! Dropping a `RecvRing` cancels every armed request and waits for their final completions
 //! before the ring and the memory are released.
 
+use super::key::{self, Key, Op};
 use super::zcrx::{refill_region_len, register_ifq, IfqError};
 use super::{Ring, RingConfig, RingError};
 use crate::buf::bufring::{BufLease, BufRing, BufRingConfig};
@@ -96,15 +97,8 @@ pub enum Completion {
     },
 }
 
-const KIND_SHIFT: u32 = 60;
-const TAG_MASK: u64 = (1 << KIND_SHIFT) - 1;
-const K_RECV: u64 = 1;
-const K_ACCEPT: u64 = 2;
-const K_ZC: u64 = 3;
-const K_CANCEL: u64 = 4;
-
 /// Largest tag callers may use.
-pub const MAX_TAG: u64 = TAG_MASK;
+pub const MAX_TAG: u64 = key::MAX_TAG;
 
 /// A registered zcrx interface queue.
 #[derive(Debug)]
@@ -121,7 +115,7 @@ pub struct RecvRing<C: Cqe = cqueue::Entry> {
     ring: Ring<C>,
     bufs: Option<Rc<BufRing>>,
     zcrx: Option<ZcrxQueue>,
-    armed: HashMap<u64, Rc<OwnedFd>>,
+    armed: HashMap<Key, Rc<OwnedFd>>,
     submitted_sqes: u64,
 }
 
@@ -191,7 +185,7 @@ impl<C: Cqe> RecvRing<C> {
         } else {
             opcode::RecvMulti::new(raw, bgid).build()
         };
-        self.arm(sqe, K_RECV, tag, fd)
+        self.arm(sqe, Op::Recv, tag, fd)
     }
 
     /// Arms a multishot accept on the listening socket `fd`.
@@ -199,20 +193,20 @@ impl<C: Cqe> RecvRing<C> {
         let sqe = opcode::AcceptMulti::new(types::Fd(fd.as_raw_fd()))
             .flags(libc::SOCK_CLOEXEC)
             .build();
-        self.arm(sqe, K_ACCEPT, tag, fd)
+        self.arm(sqe, Op::Accept, tag, fd)
     }
 
     fn arm(
         &mut self,
         sqe: io_uring::squeue::Entry,
-        kind: u64,
+        op: Op,
         tag: u64,
         fd: Rc<OwnedFd>,
     ) -> io::Result<()> {
-        if tag > TAG_MASK {
+        if tag > MAX_TAG {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "tag too large"));
         }
-        let ud = (kind << KIND_SHIFT) | tag;
+        let ud = Key::tagged(op, tag);
         if self.armed.contains_key(&ud) {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
@@ -222,7 +216,7 @@ impl<C: Cqe> RecvRing<C> {
         // SAFETY: the entry references only the descriptor, kept open in `armed` until the
         // final completion, and the registered buffer ring / zcrx area, which `self` owns and
         // releases only after every armed request has ended (Drop).
-        unsafe { self.ring.push(&sqe.user_data(ud)) }?;
+        unsafe { self.ring.push(&sqe.user_data(ud.raw())) }?;
         self.armed.insert(ud, fd);
         self.submitted_sqes += 1;
         Ok(())
@@ -231,12 +225,13 @@ impl<C: Cqe> RecvRing<C> {
     /// Asks the kernel to end the receive (or zcrx receive, or accept) `tag`; its
     /// [`Completion::Ended`] follows.
     pub fn cancel(&mut self, tag: u64) -> io::Result<()> {
-        for kind in [K_RECV, K_ZC, K_ACCEPT] {
-            let ud = (kind << KIND_SHIFT) | tag;
+        for op in [Op::Recv, Op::RecvZc, Op::Accept] {
+            let ud = Key::tagged(op, tag);
             if self.armed.contains_key(&ud) {
-                let sqe = opcode::AsyncCancel2::new(types::CancelBuilder::user_data(ud).all())
-                    .build()
-                    .user_data(K_CANCEL << KIND_SHIFT);
+                let sqe =
+                    opcode::AsyncCancel2::new(types::CancelBuilder::user_data(ud.raw()).all())
+                        .build()
+                        .user_data(Key::cancel().raw());
                 // SAFETY: a cancel references no memory.
                 unsafe { self.ring.push(&sqe) }?;
             }
@@ -255,14 +250,14 @@ impl<C: Cqe> RecvRing<C> {
         let sqe = opcode::RecvZc::new(types::Fd(fd.as_raw_fd()), 0)
             .ifq(id)
             .build();
-        self.arm(sqe, K_ZC, tag, fd)
+        self.arm(sqe, Op::RecvZc, tag, fd)
     }
 
     /// Whether `tag` has an armed receive.
     pub fn is_armed(&self, tag: u64) -> bool {
-        [K_RECV, K_ZC]
-            .iter()
-            .any(|k| self.armed.contains_key(&((k << KIND_SHIFT) | tag)))
+        [Op::Recv, Op::RecvZc]
+            .into_iter()
+            .any(|op| self.armed.contains_key(&Key::tagged(op, tag)))
     }
 
     /// Entries queued but not yet submitted.
@@ -306,11 +301,11 @@ impl<C: Cqe> RecvRing<C> {
         let mut err: Option<io::Error> = None;
         let n = self.ring.harvest(|cqe| {
             let (ud, res, flags, big) = cqe.parts();
-            let kind = ud >> KIND_SHIFT;
-            let tag = ud & TAG_MASK;
+            let ud = Key::from_raw(ud);
+            let (op, tag) = (ud.op(), ud.tag());
             let more = flags & IORING_CQE_F_MORE != 0;
-            match kind {
-                K_RECV if res > 0 => {
+            match op {
+                Some(Op::Recv) if res > 0 => {
                     if let Some(b) = bufs {
                         // SAFETY: `res`/`flags` are this CQE's, harvested once, for a request
                         // that selected from this ring's only buffer group.
@@ -327,7 +322,7 @@ impl<C: Cqe> RecvRing<C> {
                         }
                     }
                 }
-                K_ZC if res > 0 => match (zcrx, big) {
+                Some(Op::RecvZc) if res > 0 => match (zcrx, big) {
                     (Some(z), Some(off)) => {
                         // SAFETY: this CQE32's zcrx payload, harvested once, for a RECV_ZC on
                         // the registered queue.
@@ -345,19 +340,19 @@ impl<C: Cqe> RecvRing<C> {
                         err.get_or_insert(io::Error::other("RECV_ZC completion without zcrx"));
                     }
                 },
-                K_ACCEPT if res >= 0 => {
+                Some(Op::Accept) if res >= 0 => {
                     // SAFETY: a successful accept CQE's result is a new descriptor we own.
                     let fd = unsafe { OwnedFd::from_raw_fd(res) };
                     f(Completion::Accepted { tag, fd });
                 }
-                K_CANCEL => return,
+                Some(Op::Cancel) => return,
                 _ => {
                     if res < 0 && more {
                         f(Completion::Error { tag, errno: -res });
                     }
                 }
             }
-            if !more && kind != K_CANCEL {
+            if !more {
                 armed.remove(&ud);
                 f(Completion::Ended { tag, res });
             }
@@ -374,7 +369,7 @@ impl<C: Cqe> RecvRing<C> {
         }
         let sqe = opcode::AsyncCancel2::new(types::CancelBuilder::any())
             .build()
-            .user_data(K_CANCEL << KIND_SHIFT);
+            .user_data(Key::cancel().raw());
         // SAFETY: a cancel references no memory.
         if unsafe { self.ring.push(&sqe) }.is_err() {
             return;

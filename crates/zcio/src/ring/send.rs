@@ -17,6 +17,7 @@
 //! anything queued after it. Datagram sockets need no ordering and get no links.
 #![allow(unsafe_code)]
 
+use super::key::{self, Key, Op};
 use super::{Ring, RingConfig, RingError};
 use crate::buf::pool::{Pool, PoolBuf, PoolPin};
 use crate::sys::{
@@ -268,7 +269,7 @@ impl SendRing {
         };
         // A new generation per use of the slot: a late notification of an earlier use can
         // never be taken for this one.
-        self.gens[idx as usize] = self.gens[idx as usize].wrapping_add(1);
+        self.gens[idx as usize] = self.gens[idx as usize].wrapping_add(1) & key::SEND_GEN_MASK;
         slot.gen = self.gens[idx as usize];
         let mut off = 0;
         while off < len {
@@ -494,7 +495,7 @@ impl SendRing {
         }
         let mut sqe = op
             .build()
-            .user_data((u64::from(slot.gen) << 48) | (u64::from(req.slot) << 32) | req.off as u64);
+            .user_data(Key::send_zc(slot.gen, req.slot as u16, req.off as u32).raw());
         if link {
             sqe = sqe.flags(squeue::Flags::IO_LINK);
         }
@@ -553,9 +554,13 @@ impl SendRing {
     }
 
     fn on_cqe(&mut self, ud: u64, res: i32, flags: u32) {
-        let gen = (ud >> 48) as u16;
-        let idx = ((ud >> 32) & 0xffff) as u32;
-        let off = (ud & 0xffff_ffff) as usize;
+        let key = Key::from_raw(ud);
+        if key.op() != Some(Op::SendZc) {
+            self.stats.stray_notifs += 1;
+            return;
+        }
+        let (gen, idx, off) = key.send_zc_parts();
+        let (idx, off) = (u32::from(idx), off as usize);
         let live = matches!(self.slots.get(idx as usize), Some(Some(sl)) if sl.gen == gen);
         if flags & IORING_CQE_F_NOTIF != 0 {
             self.stats.notifs += 1;
