@@ -3,6 +3,8 @@
 //! Accepts everything except what the rules drop (UDP/TCP destination ports, IP protocols),
 //! prints stats periodically, and on SIGINT/SIGTERM decides every pending packet and unbinds.
 
+mod filter;
+
 use anyhow::{bail, Context, Result};
 use std::time::{Duration, Instant};
 use zcio::netlink::{CopyMode, Decision, NfQueue, NfQueueConfig, Packet, Verdict};
@@ -28,6 +30,10 @@ pub struct NfqArgs {
     /// Drop this IP protocol number (repeatable; 1 = ICMP, 58 = ICMPv6).
     #[arg(long = "drop-proto")]
     pub drop_proto: Vec<u8>,
+    /// Verdict for packets whose ports a port rule needs but cannot see: later fragments,
+    /// ESP, or a copy range that ends inside the headers.
+    #[arg(long, value_enum, default_value_t = UnseenPolicy::Accept)]
+    pub unseen: UnseenPolicy,
     /// Count packets per protocol and print the table on exit.
     #[arg(long)]
     pub count: bool,
@@ -67,42 +73,59 @@ fn parse_range(s: &str) -> Result<(u16, u16)> {
     Ok((a, b))
 }
 
-/// `(protocol, destination port)` of an IPv4/IPv6 packet, when the headers are present.
-fn classify(p: &[u8]) -> Option<(u8, Option<u16>)> {
-    let v = p.first()? >> 4;
-    let (proto, l4) = match v {
-        4 => {
-            let ihl = usize::from(p[0] & 0xf) * 4;
-            (*p.get(9)?, p.get(ihl..)?)
-        }
-        6 => (*p.get(6)?, p.get(40..)?),
-        _ => return None,
-    };
-    let port = match proto {
-        6 | 17 if l4.len() >= 4 => Some(u16::from_be_bytes([l4[2], l4[3]])),
-        _ => None,
-    };
-    Some((proto, port))
+/// What `--unseen` does with a packet whose ports a port rule would need but cannot see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnseenPolicy {
+    /// Let it through (the first fragment, which carries the ports, is judged by the rules;
+    /// dropping it makes the kernel discard the rest of the datagram at reassembly).
+    Accept,
+    /// Drop it.
+    Drop,
 }
 
 struct Rules {
     udp: Vec<u16>,
     tcp: Vec<u16>,
     proto: Vec<u8>,
+    unseen: UnseenPolicy,
 }
 
 impl Rules {
+    /// The verdict for one packet:
+    /// - not IPv4/IPv6, or no payload copied: accept (the rules are about IP);
+    /// - the upper-layer protocol (after IPv4 options and AH, and every IPv6 extension
+    ///   header) is in `--drop-proto`: drop;
+    /// - UDP/TCP with visible ports: drop when the destination port is in the port rules;
+    /// - ports a port rule would need but that are not visible (a later fragment, a copy range
+    ///   that ends inside the headers, ESP): `--unseen` (accept by default);
+    /// - anything else: accept.
     fn decide(&self, p: &Packet<'_>) -> Verdict {
-        let Some((proto, port)) = p.payload.and_then(classify) else {
+        let Some(l4) = p.payload.and_then(filter::locate) else {
             return Verdict::Accept;
         };
-        if self.proto.contains(&proto) {
+        if self.proto.contains(&l4.proto) {
             return Verdict::Drop;
         }
-        match (proto, port) {
-            (17, Some(port)) if self.udp.contains(&port) => Verdict::Drop,
-            (6, Some(port)) if self.tcp.contains(&port) => Verdict::Drop,
+        let ports = match l4.proto {
+            17 => &self.udp,
+            6 => &self.tcp,
+            // Encrypted: the protocol inside is unknown, so any port rule could apply.
+            50 if !(self.udp.is_empty() && self.tcp.is_empty()) => {
+                return self.unseen_verdict();
+            }
+            _ => return Verdict::Accept,
+        };
+        match l4.ports {
+            filter::Ports::Seen { dst, .. } if ports.contains(&dst) => Verdict::Drop,
+            filter::Ports::Unseen(_) if !ports.is_empty() => self.unseen_verdict(),
             _ => Verdict::Accept,
+        }
+    }
+
+    fn unseen_verdict(&self) -> Verdict {
+        match self.unseen {
+            UnseenPolicy::Accept => Verdict::Accept,
+            UnseenPolicy::Drop => Verdict::Drop,
         }
     }
 }
@@ -138,6 +161,7 @@ pub fn run(a: NfqArgs) -> Result<()> {
         udp: a.drop_udp_port.clone(),
         tcp: a.drop_tcp_port.clone(),
         proto: a.drop_proto.clone(),
+        unseen: a.unseen,
     };
     let mut per_proto = std::collections::BTreeMap::<u8, (u64, u64)>::new();
     let start = Instant::now();
@@ -149,7 +173,7 @@ pub fn run(a: NfqArgs) -> Result<()> {
         q.process(Some(Duration::from_millis(100)), |p| {
             let v = rules.decide(p);
             if a.count {
-                let proto = p.payload.and_then(classify).map_or(255, |c| c.0);
+                let proto = p.payload.and_then(filter::locate).map_or(255, |l| l.proto);
                 let e = per_proto.entry(proto).or_default();
                 if v == Verdict::Drop {
                     e.1 += 1;
@@ -227,12 +251,79 @@ mod tests {
         assert!(parse_range("5-2").is_err());
     }
 
+    fn packet(payload: &[u8]) -> Packet<'_> {
+        Packet {
+            payload: Some(payload),
+            ..Packet::default()
+        }
+    }
+
+    fn rules(unseen: UnseenPolicy) -> Rules {
+        Rules {
+            udp: vec![53],
+            tcp: vec![22],
+            proto: vec![1],
+            unseen,
+        }
+    }
+
     #[test]
-    fn udp_destination_port_is_classified() {
-        let mut p = vec![0u8; 28];
-        p[0] = 0x45;
+    fn rules_see_ports_behind_ipv4_options_and_decide_unseen_ones_by_policy() {
+        // IPv4 with 8 bytes of options, UDP to 53: the old fixed-offset reading missed it.
+        let mut p = vec![0u8; 36];
+        p[0] = 0x47;
         p[9] = 17;
-        p[22..24].copy_from_slice(&53u16.to_be_bytes());
-        assert_eq!(classify(&p), Some((17, Some(53))));
+        p[30..32].copy_from_slice(&53u16.to_be_bytes());
+        assert_eq!(
+            rules(UnseenPolicy::Accept).decide(&packet(&p)),
+            Verdict::Drop
+        );
+        p[30..32].copy_from_slice(&54u16.to_be_bytes());
+        assert_eq!(
+            rules(UnseenPolicy::Accept).decide(&packet(&p)),
+            Verdict::Accept
+        );
+        // A later fragment of a UDP datagram: ports unseen.
+        p[6..8].copy_from_slice(&100u16.to_be_bytes());
+        assert_eq!(
+            rules(UnseenPolicy::Accept).decide(&packet(&p)),
+            Verdict::Accept
+        );
+        assert_eq!(rules(UnseenPolicy::Drop).decide(&packet(&p)), Verdict::Drop);
+        // ICMP is dropped by protocol; not-IP is accepted.
+        p[6..8].copy_from_slice(&0u16.to_be_bytes());
+        p[9] = 1;
+        assert_eq!(
+            rules(UnseenPolicy::Accept).decide(&packet(&p)),
+            Verdict::Drop
+        );
+        assert_eq!(
+            rules(UnseenPolicy::Drop).decide(&packet(&[0u8; 30])),
+            Verdict::Accept
+        );
+    }
+
+    #[test]
+    fn rules_see_tcp_ports_behind_ipv6_extension_headers() {
+        let mut p = vec![0u8; 40 + 8 + 16 + 20];
+        p[0] = 0x60;
+        p[6] = 0; // hop-by-hop
+        p[40] = 60; // → destination options
+        p[48] = 6; // → TCP
+        p[49] = 1; // 16 bytes
+        p[64 + 2..64 + 4].copy_from_slice(&22u16.to_be_bytes());
+        assert_eq!(
+            rules(UnseenPolicy::Accept).decide(&packet(&p)),
+            Verdict::Drop
+        );
+        // Cut inside the destination options: unseen.
+        assert_eq!(
+            rules(UnseenPolicy::Drop).decide(&packet(&p[..56])),
+            Verdict::Drop
+        );
+        assert_eq!(
+            rules(UnseenPolicy::Accept).decide(&packet(&p[..56])),
+            Verdict::Accept
+        );
     }
 }
