@@ -6,8 +6,9 @@
 mod filter;
 
 use anyhow::{bail, Context, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use zcio::netlink::{CopyMode, Decision, NfQueue, NfQueueConfig, Packet, Verdict};
+use zcio::netlink::{CopyMode, Decision, NfQueue, NfQueueConfig, NfqStats, Packet, Verdict};
 
 /// Options of `zcio nfq`.
 #[derive(Debug, clap::Args)]
@@ -49,6 +50,12 @@ pub struct NfqArgs {
     /// Seconds between stats lines (0: none).
     #[arg(long, default_value_t = 1.0)]
     pub stats_interval: f64,
+    /// Consumer threads: the queue range is split into this many contiguous parts, each
+    /// bound and decided by its own thread pinned to its own CPU. With
+    /// `--queue-balance F:L --queue-cpu-fanout` on the rule and one queue per thread, a packet
+    /// is queued, decided and reinjected on the CPU it arrived on.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
     /// Exit after this many seconds (for scripts and tests).
     #[arg(long)]
     pub duration: Option<f64>,
@@ -130,11 +137,41 @@ impl Rules {
     }
 }
 
-/// Runs the daemon.
-pub fn run(a: NfqArgs) -> Result<()> {
-    let (first, last) = parse_range(&a.queue)?;
-    let sigfd = zcio::sys::signal::block_to_fd(&[libc::SIGINT, libc::SIGTERM])
-        .context("blocking SIGINT/SIGTERM")?;
+/// Splits queues `first..=last` into `threads` contiguous ranges (as even as possible).
+fn split_queues(first: u16, last: u16, threads: usize) -> Vec<(u16, u16)> {
+    let n = usize::from(last - first) + 1;
+    let threads = threads.clamp(1, n);
+    let mut v = Vec::new();
+    let mut q = usize::from(first);
+    for t in 0..threads {
+        let k = n / threads + usize::from(t < n % threads);
+        v.push((q as u16, (q + k - 1) as u16));
+        q += k;
+    }
+    v
+}
+
+type ProtoCounts = std::collections::BTreeMap<u8, (u64, u64)>;
+
+/// What a worker hands back when it stops.
+struct Done {
+    stats: NfqStats,
+    left: u64,
+    per_proto: ProtoCounts,
+}
+
+/// One consumer: binds its queues, decides until `stop`, then closes within the deadline.
+fn worker(
+    a: &NfqArgs,
+    (first, last): (u16, u16),
+    cpu: Option<usize>,
+    stop: &AtomicBool,
+    ready: std::sync::mpsc::Sender<Result<String>>,
+) -> Result<Done> {
+    if let Some(cpu) = cpu {
+        // Best effort: a consumer on the CPU its queue is fed from keeps the packet there.
+        let _ = zcio::sys::pin_thread(cpu);
+    }
     let cfg = NfQueueConfig {
         first,
         last,
@@ -145,32 +182,42 @@ pub fn run(a: NfqArgs) -> Result<()> {
         batch: a.batch,
         ..NfQueueConfig::default()
     };
-    let mut q = NfQueue::open(cfg).context("binding the queue")?;
+    let mut q = match NfQueue::open(cfg).with_context(|| format!("binding queue(s) {first}-{last}"))
+    {
+        Ok(q) => q,
+        Err(e) => {
+            let _ = ready.send(Err(anyhow::anyhow!("{e:#}")));
+            return Err(e);
+        }
+    };
+    let mut line = String::new();
     for f in q.fallbacks() {
-        eprintln!("zcio nfq: fallback {f}");
+        line.push_str(&format!("zcio nfq: fallback {f}\n"));
     }
-    eprintln!(
-        "zcio nfq: bound queue(s) {:?}, path {}, batch {}, copy range {}{}",
+    line.push_str(&format!(
+        "zcio nfq: bound queue(s) {:?}, path {}, batch {}, copy range {}{}{}",
         q.queues(),
         q.path(),
         a.batch,
         a.copy_range,
-        if a.fail_open { ", fail-open" } else { "" }
-    );
+        if a.fail_open { ", fail-open" } else { "" },
+        cpu.map(|c| format!(", CPU {c}")).unwrap_or_default()
+    ));
+    let _ = ready.send(Ok(line));
     let rules = Rules {
         udp: a.drop_udp_port.clone(),
         tcp: a.drop_tcp_port.clone(),
         proto: a.drop_proto.clone(),
         unseen: a.unseen,
     };
-    let mut per_proto = std::collections::BTreeMap::<u8, (u64, u64)>::new();
-    let start = Instant::now();
-    let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
+    let mut per_proto = ProtoCounts::new();
     let interval = (a.stats_interval > 0.0).then(|| Duration::from_secs_f64(a.stats_interval));
-    let mut next_stats = interval.map(|i| start + i);
-    let mut last = (Instant::now(), 0u64);
-    let signal = loop {
-        q.process(Some(Duration::from_millis(100)), |p| {
+    let mut next_stats = interval.map(|i| Instant::now() + i);
+    let mut last_rx = (Instant::now(), 0u64);
+    while !stop.load(Ordering::Relaxed) {
+        // Each call handles at most the queue's budget of packets and waits at most 20 ms,
+        // so `stop` is seen promptly even when the queue is kept full.
+        q.process(Some(Duration::from_millis(20)), |p| {
             let v = rules.decide(p);
             if a.count {
                 let proto = p.payload.and_then(filter::locate).map_or(255, |l| l.proto);
@@ -183,18 +230,12 @@ pub fn run(a: NfqArgs) -> Result<()> {
             }
             Decision::Verdict(v)
         })?;
-        if let Some(s) = zcio::sys::signal::read_signal(&sigfd)? {
-            break Some(s);
-        }
         let now = Instant::now();
-        if end.is_some_and(|e| now >= e) {
-            break None;
-        }
         if let (Some(t), Some(i)) = (next_stats, interval) {
             if now >= t {
                 let st = q.stats();
-                let pps = (st.received - last.1) as f64 / (now - last.0).as_secs_f64();
-                last = (now, st.received);
+                let pps = (st.received - last_rx.1) as f64 / (now - last_rx.0).as_secs_f64();
+                last_rx = (now, st.received);
                 let k: Vec<String> = q
                     .kernel_stats()
                     .unwrap_or_default()
@@ -207,7 +248,7 @@ pub fn run(a: NfqArgs) -> Result<()> {
                     })
                     .collect();
                 eprintln!(
-                    "rx {} ({pps:.0}/s) accept {} drop {} batches {} singles {} held {} overruns {} | {}",
+                    "rx {} ({pps:.0}/s) accept {} drop {} batches {} singles {} held {} overruns {} send failures {} | {}",
                     st.received,
                     st.accepted,
                     st.dropped,
@@ -215,22 +256,118 @@ pub fn run(a: NfqArgs) -> Result<()> {
                     st.singles,
                     st.held,
                     st.overruns,
+                    st.send_failures,
                     k.join("; ")
                 );
                 next_stats = Some(t + i);
             }
         }
-    };
-    let (st, left) = q
-        .close(Verdict::Accept, Duration::from_secs(2))
+    }
+    let (stats, left) = q
+        .close(Verdict::Accept, SHUTDOWN_DRAIN)
         .context("shutting down")?;
+    Ok(Done {
+        stats,
+        left,
+        per_proto,
+    })
+}
+
+/// How long shutdown keeps deciding what the kernel still queues before it unbinds.
+const SHUTDOWN_DRAIN: Duration = Duration::from_millis(25);
+
+/// Runs the daemon: one consumer thread per range of queues (`--threads`), each pinned to
+/// its own CPU when there are several; the main thread waits for SIGINT/SIGTERM or the
+/// duration and stops them.
+pub fn run(a: NfqArgs) -> Result<()> {
+    let (first, last) = parse_range(&a.queue)?;
+    let sigfd = zcio::sys::signal::block_to_fd(&[libc::SIGINT, libc::SIGTERM])
+        .context("blocking SIGINT/SIGTERM")?;
+    let ranges = split_queues(first, last, a.threads);
+    let cpus = zcio::sys::online_cpus().max(1);
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
+    let (signal, results) = std::thread::scope(|sc| -> Result<_> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut handles = Vec::new();
+        for (t, &range) in ranges.iter().enumerate() {
+            let tx = tx.clone();
+            let (a, stop) = (&a, &stop);
+            let cpu = (ranges.len() > 1).then_some(t % cpus);
+            handles.push(sc.spawn(move || worker(a, range, cpu, stop, tx)));
+        }
+        drop(tx);
+        let mut bind_err = None;
+        for r in rx.iter().take(ranges.len()) {
+            match r {
+                Ok(line) => eprintln!("{line}"),
+                Err(e) => {
+                    bind_err.get_or_insert(e);
+                }
+            }
+        }
+        let signal = if bind_err.is_some() {
+            None
+        } else {
+            loop {
+                let ready = zcio::sys::net::poll_one(&sigfd, libc::POLLIN, 20)
+                    .context("waiting for signals")?;
+                if ready > 0 {
+                    if let Some(s) = zcio::sys::signal::read_signal(&sigfd)? {
+                        break Some(s);
+                    }
+                }
+                if end.is_some_and(|e| Instant::now() >= e)
+                    || handles.iter().any(|h| h.is_finished())
+                {
+                    break None;
+                }
+            }
+        };
+        stop.store(true, Ordering::Relaxed);
+        let results: Vec<Result<Done>> = handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("consumer thread panicked")))
+            })
+            .collect();
+        if let Some(e) = bind_err {
+            return Err(e);
+        }
+        Ok((signal, results))
+    })?;
+    let mut total = NfqStats::default();
+    let mut left = 0;
+    let mut per_proto = ProtoCounts::new();
+    let mut first_err = None;
+    for r in results {
+        match r {
+            Ok(d) => {
+                total.add(&d.stats);
+                left += d.left;
+                for (p, (acc, drop)) in d.per_proto {
+                    let e = per_proto.entry(p).or_default();
+                    e.0 += acc;
+                    e.1 += drop;
+                }
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
     match signal {
         Some(s) => eprintln!("zcio nfq: signal {s}: decided every pending packet, unbound"),
         None => eprintln!("zcio nfq: duration reached: decided every pending packet, unbound"),
     }
-    println!("{}", serde_json::to_string(&st)?);
+    println!("{}", serde_json::to_string(&total)?);
     if left > 0 {
-        eprintln!("zcio nfq: {left} packet(s) arrived in the kernel queue during unbind and were dropped by it");
+        eprintln!("zcio nfq: {left} packet(s) were still in the kernel queue at unbind and were dropped by it");
     }
     if a.count {
         for (proto, (acc, drop)) in per_proto {
@@ -249,6 +386,14 @@ mod tests {
         assert_eq!(parse_range("3").unwrap(), (3, 3));
         assert_eq!(parse_range("2-5").unwrap(), (2, 5));
         assert!(parse_range("5-2").is_err());
+    }
+
+    #[test]
+    fn queues_split_evenly_across_threads() {
+        assert_eq!(split_queues(0, 3, 2), vec![(0, 1), (2, 3)]);
+        assert_eq!(split_queues(4, 8, 2), vec![(4, 6), (7, 8)]);
+        assert_eq!(split_queues(0, 1, 8), vec![(0, 0), (1, 1)]);
+        assert_eq!(split_queues(5, 5, 1), vec![(5, 5)]);
     }
 
     fn packet(payload: &[u8]) -> Packet<'_> {

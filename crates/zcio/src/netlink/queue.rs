@@ -260,6 +260,52 @@ pub struct NfqStats {
 }
 
 impl NfqStats {
+    /// Adds another consumer's counters (e.g. one per thread).
+    pub fn add(&mut self, o: &NfqStats) {
+        let NfqStats {
+            received,
+            accepted,
+            dropped,
+            repeated,
+            requeued,
+            batches,
+            batched,
+            singles,
+            held,
+            held_total,
+            overruns,
+            send_syscalls,
+            ring_sends,
+            recv_syscalls,
+            kernel_errors,
+            copies,
+            send_failures,
+            parse_errors,
+            refused,
+            abandoned,
+        } = o;
+        self.received += received;
+        self.accepted += accepted;
+        self.dropped += dropped;
+        self.repeated += repeated;
+        self.requeued += requeued;
+        self.batches += batches;
+        self.batched += batched;
+        self.singles += singles;
+        self.held += held;
+        self.held_total += held_total;
+        self.overruns += overruns;
+        self.send_syscalls += send_syscalls;
+        self.ring_sends += ring_sends;
+        self.recv_syscalls += recv_syscalls;
+        self.kernel_errors += kernel_errors;
+        self.copies += copies;
+        self.send_failures += send_failures;
+        self.parse_errors += parse_errors;
+        self.refused += refused;
+        self.abandoned += abandoned;
+    }
+
     /// Verdicts of every kind.
     pub fn verdicts(&self) -> u64 {
         self.accepted + self.dropped + self.repeated + self.requeued
