@@ -13,7 +13,7 @@
 //! is not lost: it becomes a `COPY` frame. Ready frames are handed out in arrival order.
 #![allow(unsafe_code)]
 
-use super::nlbufring::NlBufRing;
+use super::bufring::PbufRing;
 use super::Region;
 use crate::ring::key::{Key, Op};
 use crate::ring::Ring;
@@ -33,7 +33,9 @@ const RECV_KEY: Key = Key::tagged(Op::Recv, 0);
 #[derive(Debug)]
 struct UringRx {
     ring: Ring,
-    bufs: NlBufRing,
+    bufs: PbufRing,
+    /// Entries added since the last publish.
+    unpublished: u16,
     armed: bool,
     /// Frames currently in the kernel's buffer ring.
     provided: u32,
@@ -504,7 +506,7 @@ impl FrameRing {
         }
         if pushed {
             if let Some(u) = self.uring.as_mut() {
-                u.bufs.publish();
+                u.bufs.advance(std::mem::take(&mut u.unpublished));
             }
         }
     }
@@ -521,7 +523,8 @@ impl FrameRing {
         // SAFETY: the frame is inside `self.region`, which outlives the registration (Drop
         // unregisters before the region goes); its status is RESERVED, so nothing in user
         // space reads or writes it until the CQE with its id returns it.
-        unsafe { u.bufs.push(addr, payload as u32, id as u16) };
+        unsafe { u.bufs.add(addr, payload as u32, id as u16, u.unpublished) };
+        u.unpublished += 1;
         u.provided += 1;
     }
 
@@ -544,11 +547,17 @@ impl FrameRing {
         })
         .map_err(|e| e.to_string())?;
         let entries = (self.count as u16).next_power_of_two();
-        let bufs = NlBufRing::register(&ring, entries, 0)
-            .map_err(|e| format!("IORING_REGISTER_PBUF_RING: {e} (needs Linux 5.19)"))?;
+        let sub = ring.raw().submitter();
+        let bufs = PbufRing::register(ring.raw().as_raw_fd(), entries, 0, false, |a, n, g, f| {
+            // SAFETY: `a` is 0 (kernel-allocated) or the PbufRing's own region, which lives
+            // in `UringRx` until Drop unregisters the group.
+            unsafe { sub.register_buf_ring_with_flags(a, n, g, f) }
+        })
+        .map_err(|e| format!("IORING_REGISTER_PBUF_RING: {e} (needs Linux 5.19)"))?;
         self.uring = Some(UringRx {
             ring,
             bufs,
+            unpublished: 0,
             armed: false,
             provided: 0,
             bgid: 0,
@@ -808,7 +817,7 @@ impl Drop for FrameRing {
                 }
             }
         }
-        let _ = u.bufs.unregister(&u.ring);
+        let _ = u.ring.raw().submitter().unregister_buf_ring(u.bufs.bgid());
         drop(u);
     }
 }
