@@ -1211,3 +1211,79 @@ fn sends_that_keep_failing_unbind_and_leave_packets_to_the_kernel() {
     })
     .unwrap();
 }
+
+#[test]
+fn gso_packets_are_queued_whole_and_a_mangle_of_one_is_refused() {
+    let Some(ns) = host(
+        "gso_packets_are_queued_whole_and_a_mangle_of_one_is_refused",
+        33,
+    ) else {
+        return;
+    };
+    ns.run(|| {
+        let mut q = NfQueue::open(NfQueueConfig {
+            gso: true,
+            copy: zcio::netlink::CopyMode::Packet(0xffff),
+            ..cfg(33)
+        })
+        .unwrap();
+        let mut udp = Udp::new();
+        zcio::sys::setsockopt_int(&udp.tx, zcio::sys::SOL_UDP, zcio::sys::UDP_SEGMENT, 200)
+            .unwrap();
+        // Sends of 10 segments of 200 bytes, each segment starting with its number.
+        let send = |udp: &Udp, round: u32| {
+            let mut buf = vec![0u8; 2000];
+            for i in 0..10u32 {
+                let at = i as usize * 200;
+                buf[at..at + 4].copy_from_slice(&(round * 10 + i).to_be_bytes());
+            }
+            udp.tx.send(&buf).unwrap();
+        };
+        send(&udp, 0);
+        send(&udp, 1);
+        let mut gso = 0;
+        let n = process_n(&mut q, 2, |p| {
+            if p.skb_info.is_some_and(|i| i & NFQA_SKB_GSO != 0) {
+                gso += 1;
+            }
+            assert_eq!(p.payload.unwrap().len(), 20 + 8 + 2000, "queued whole");
+            assert_eq!(p.cap_len, None, "payload copied whole");
+            Verdict::Accept.into()
+        });
+        assert_eq!(n, 2, "20 segments were two GSO packets in the queue");
+        assert_eq!(gso, 2, "NFQA_SKB_GSO set");
+        udp.wait_for(20);
+        let mut got = udp.got.clone();
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            (0..20).collect::<Vec<_>>(),
+            "every segment of the accepted packets"
+        );
+        // The kernel drops a GSO packet whose payload was replaced (even by the same bytes):
+        // zcio refuses the mangle with an error instead, and the packet gets `on_error`.
+        udp.got.clear();
+        send(&udp, 2);
+        let end = Instant::now() + Duration::from_secs(2);
+        let err = loop {
+            match q.process(Some(Duration::from_millis(20)), |p| {
+                Decision::Mangle(Verdict::Accept, p.payload.unwrap().to_vec(), None)
+            }) {
+                Ok(_) => assert!(Instant::now() < end, "the GSO packet never came"),
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(err, zcio::netlink::NfqError::MangleGso { .. }),
+            "{err}"
+        );
+        let st = q.stats();
+        assert_eq!(st.refused, 1);
+        assert_eq!(st.dropped, 1, "on_error (drop) decided it");
+        q.process(Some(Duration::from_millis(20)), |_| Verdict::Accept.into())
+            .unwrap();
+        assert_eq!(waiting(33), 0);
+        assert_eq!(q.stats().kernel_errors, 0);
+    })
+    .unwrap();
+}

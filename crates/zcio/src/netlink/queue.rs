@@ -105,6 +105,20 @@ pub enum NfqError {
         #[source]
         source: io::Error,
     },
+    /// A replacement payload for a GSO packet (queued whole with `NFQA_CFG_F_GSO`): the
+    /// kernel drops such a packet after the mangle (`nfqnl_mangle` leaves `CHECKSUM_NONE`,
+    /// which GSO segmentation refuses), so zcio refuses it and the packet got
+    /// [`NfQueueConfig::on_error`] (or, for [`NfQueue::verdict`], stays held).
+    #[error(
+        "queue {queue}, packet {id}: cannot replace the payload of a GSO packet (the kernel \
+         drops it after the mangle); bind without gso to rewrite packets"
+    )]
+    MangleGso {
+        /// The queue.
+        queue: u16,
+        /// The packet.
+        id: u32,
+    },
     /// Every queue was given up (see [`NfqError::SendFailing`]) or closed.
     #[error("no queue is bound any more")]
     Unbound,
@@ -697,6 +711,12 @@ where
                 *ctx.total += 1;
                 let d = match (ctx.f)(&p) {
                     Decision::Hold => None,
+                    Decision::Mangle(..) if is_gso(&p) => {
+                        ctx.stats.refused += 1;
+                        ctx.deferred
+                            .get_or_insert(NfqError::MangleGso { queue, id: p.id });
+                        Some(Decided::new(ctx.on_error, None, None).expect("a plain verdict fits"))
+                    }
                     d => Some(ctx.decided(queue, p.id, d)),
                 };
                 match &d {
@@ -771,6 +791,11 @@ impl<F> Ctx<'_, F> {
             }
         }
     }
+}
+
+/// Whether the kernel queued `p` as a GSO super-packet.
+fn is_gso(p: &Packet<'_>) -> bool {
+    p.skb_info.is_some_and(|i| i & NFQA_SKB_GSO != 0)
 }
 
 fn to_decided(d: Decision) -> Result<Decided, EmitError> {
@@ -1050,6 +1075,15 @@ impl NfQueue {
         if d == Decision::Hold {
             return Ok(());
         }
+        if matches!(d, Decision::Mangle(..)) && self.with_held(r, |p| is_gso(p)) == Some(true) {
+            return Err(NfqError::MangleGso {
+                queue: r.queue,
+                id: r.id,
+            });
+        }
+        let Some(s) = self.socks.iter_mut().find(|s| s.queue == r.queue) else {
+            return Err(not_held);
+        };
         let d = to_decided(d).map_err(|e| NfqError::Emit {
             queue: r.queue,
             id: Some(r.id),
