@@ -1075,7 +1075,7 @@ impl NfQueue {
         if d == Decision::Hold {
             return Ok(());
         }
-        if matches!(d, Decision::Mangle(..)) && self.with_held(r, |p| is_gso(p)) == Some(true) {
+        if matches!(d, Decision::Mangle(..)) && self.with_held(r, is_gso) == Some(true) {
             return Err(NfqError::MangleGso {
                 queue: r.queue,
                 id: r.id,
