@@ -89,7 +89,6 @@ fn nfq_daemon_filters_and_shuts_down_cleanly() {
             (count(&keep), count(&drop))
         })
         .unwrap();
-    assert_eq!((kept, dropped), (200, 0));
     let st = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -119,6 +118,7 @@ fn nfq_daemon_filters_and_shuts_down_cleanly() {
         .unwrap();
     assert!(status.success(), "exit {status}: {err}");
     assert!(err.contains("signal 15"), "{err}");
+    assert_eq!((kept, dropped), (200, 0), "daemon said: {out}{err}");
     let stats: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
     assert_eq!(stats["received"], 400, "{out}");
     assert_eq!(stats["accepted"], 200);

@@ -969,7 +969,9 @@ impl NfQueue {
             let mut progress = false;
             for k in 0..n {
                 let i = (start + k) % n;
-                let left = budget - total;
+                // An io_uring fill hands over what completed (up to its 64-frame window), so
+                // `total` may pass the budget by less than one receive batch.
+                let left = budget.saturating_sub(total);
                 if left == 0 {
                     return Ok(total);
                 }
@@ -1196,17 +1198,15 @@ impl NfQueue {
     }
 }
 
-/// How long `Drop` keeps deciding packets before it unbinds.
-const DROP_DEADLINE: Duration = Duration::from_millis(100);
-
 impl Drop for NfQueue {
-    /// Held packets and those already delivered to the socket are accepted for at most
-    /// 100 ms (a queue kept full cannot hold the drop longer), then the queues are unbound
-    /// (the kernel drops what it still holds at that point). A verdict whose send failed is
-    /// never covered by a later one: what was not confirmed by then is left to the kernel.
+    /// Sends the verdicts the caller already gave (held packets and packets the caller never
+    /// saw are *not* decided here), then unbinds: the kernel drops what it still holds. A
+    /// `Drop` may run while a thread unwinds from a panic, so it never lets through a packet
+    /// nobody judged; [`NfQueue::close`] decides the rest with a verdict of the caller's
+    /// choosing, within a deadline.
     fn drop(&mut self) {
         if !self.socks.is_empty() {
-            let _ = self.drain(Verdict::Accept, Instant::now() + DROP_DEADLINE);
+            let _ = self.flush();
         }
         self.unbind_all();
     }
