@@ -2,8 +2,13 @@
  *
  * Conventions (like liburing): functions return 0 or a count on success and -errno on failure;
  * handles are opaque and owned by the caller until passed to the matching _free function;
- * no function aborts or unwinds into C. An event ring is used by one thread (the one that
- * created it); zcio_event_poster handles may be used from any thread. */
+ * no function aborts or unwinds into C.
+ *
+ * Threads: every function's comment ends with its rule. Event rings, senders, receivers and
+ * NFQUEUE handles belong to the thread that created them (their io_uring instances are
+ * SINGLE_ISSUER): a call from another thread returns -EPERM and touches nothing (a buffer or fd
+ * passed in stays the caller's). Posters, pools and buffers may be used from any thread (a
+ * buffer by one thread at a time); a received chunk may be freed from any thread. */
 
 #ifndef ZCIO_H
 #define ZCIO_H
@@ -125,6 +130,12 @@
 #define ZCIO_ZC_MIXED 3
 
 /*
+ Completion `zerocopy` value: sent zero-copy, but the kernel did not report whether it
+ copied (Linux before 6.2).
+ */
+#define ZCIO_ZC_UNKNOWN 4
+
+/*
  One buffer from a pool, owned by the caller until handed to `zcio_sender_send` (which
  takes it) or `zcio_buf_free` (which returns it to its pool). Opaque.
  */
@@ -157,7 +168,8 @@ typedef struct zcio_pool zcio_pool;
 typedef struct zcio_receiver zcio_receiver;
 
 /*
- Received bytes, borrowed; `zcio_rx_chunk_free` gives the memory back. Opaque.
+ Received bytes, borrowed; `zcio_rx_chunk_free` gives the memory back (from any thread).
+ Opaque.
  */
 typedef struct zcio_rx_chunk zcio_rx_chunk;
 
@@ -351,6 +363,8 @@ extern "C" {
 
 /*
  The library version, e.g. `"0.1.0"` (static string).
+
+ Thread: any.
  */
 const char *zcio_version(void);
 
@@ -358,32 +372,45 @@ const char *zcio_version(void);
  Creates an event ring (`prefer`: `ZCIO_EVENT_PREFER_*`) into `*out`. Use it from the
  thread that created it. Returns 0 or `-errno` (`-EINVAL` for a bad argument,
  `-EOPNOTSUPP` when io_uring was required but is unavailable).
+
+ Thread: any; the calling thread becomes the ring's owner. Ownership: `*out` is the caller's until `zcio_event_ring_free`.
  */
-int zcio_event_ring_new(struct zcio_event_ring **out, uint32_t prefer);
+int zcio_event_ring_new(struct zcio_event_ring **out,
+                        uint32_t prefer);
 
 /*
  Frees an event ring (NULL is ignored). Registered fds stay open; their polls end.
+
+ Thread: any (the ring is closed and unmapped; posters stay valid). Ownership: the handle is invalid afterwards.
  */
 void zcio_event_ring_free(struct zcio_event_ring *r);
 
 /*
  `"io_uring"` or `"epoll"` (static string; NULL for a NULL handle).
+
+ Thread: any (reads an immutable choice).
  */
 const char *zcio_event_ring_backend(const struct zcio_event_ring *r);
 
 /*
  Registers `fd` for `events` (epoll bits, with `EPOLLET`, `EPOLLONESHOT`,
  `EPOLLEXCLUSIVE`); its events carry `token`. Errors as `EPOLL_CTL_ADD`.
+
+ Thread: the owner only (`-EPERM` from any other). Ownership: `fd` stays the caller's.
  */
 int zcio_event_ring_add(struct zcio_event_ring *r, int fd, uint32_t events, uint64_t token);
 
 /*
  Changes a registration (re-enables a fired `EPOLLONESHOT`). Errors as `EPOLL_CTL_MOD`.
+
+ Thread: the owner only (`-EPERM` from any other).
  */
 int zcio_event_ring_modify(struct zcio_event_ring *r, int fd, uint32_t events, uint64_t token);
 
 /*
  Unregisters `fd`; its unharvested events are dropped. Errors as `EPOLL_CTL_DEL`.
+
+ Thread: the owner only (`-EPERM` from any other).
  */
 int zcio_event_ring_delete(struct zcio_event_ring *r, int fd);
 
@@ -391,12 +418,16 @@ int zcio_event_ring_delete(struct zcio_event_ring *r, int fd);
  Unregisters `fd` if registered, makes the kernel drop its reference, and closes `fd`
  (what `close` does to an epoll registration; a plain `close` would leave the poll holding
  the file open). Takes ownership of `fd`.
+
+ Thread: the owner only (`-EPERM` from any other; `fd` is then not taken).
  */
 int zcio_event_ring_close(struct zcio_event_ring *r, int fd);
 
 /*
  Like `epoll_wait`: fills up to `max` events, blocking up to `timeout_ms` (-1: forever,
  0: no wait). Returns the count (0: timed out) or `-errno` (`-EINTR` on a signal).
+
+ Thread: the owner only (`-EPERM` from any other). Ownership: `out` is the caller's array of `max` entries.
  */
 int zcio_event_ring_wait(struct zcio_event_ring *r,
                          struct zcio_event *out,
@@ -406,39 +437,53 @@ int zcio_event_ring_wait(struct zcio_event_ring *r,
 /*
  Copies events already known to be ready, without a system call on the io_uring backend.
  Returns the count or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other).
  */
 int zcio_event_ring_harvest(struct zcio_event_ring *r, struct zcio_event *out, uint32_t max);
 
 /*
  Fills `*out` with the ring's counters.
+
+ Thread: the owner only (`-EPERM` from any other: the counters are not atomic).
  */
 int zcio_event_ring_stats(const struct zcio_event_ring *r, struct zcio_event_stats *out);
 
 /*
  Creates a poster for the ring into `*out`: any thread may post with it, also after the
  ring is freed (posts then go nowhere). Free it with `zcio_event_poster_free`.
+
+ Thread: any. Ownership: `*out` is the caller's until `zcio_event_poster_free`.
  */
 int zcio_event_ring_poster(const struct zcio_event_ring *r, struct zcio_event_poster **out);
 
 /*
  Posts a user event `(token, events)`; the ring's loop sees it in its next harvest/wait.
  Returns 0, or `-EAGAIN` when the ring's user-event queue is full. Thread-safe.
+
+ Thread: any, concurrently.
  */
 int zcio_event_poster_post(const struct zcio_event_poster *p, uint64_t token, uint32_t events);
 
 /*
  Frees a poster (NULL is ignored).
+
+ Thread: any; each poster is freed once.
  */
 void zcio_event_poster_free(struct zcio_event_poster *p);
 
 /*
  Binds queues `first..=last` (copy mode: whole packets) into `*out`. Needs CAP_NET_ADMIN.
  Returns 0 or `-errno`.
+
+ Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_nfqueue_free`.
  */
 int zcio_nfqueue_open(struct zcio_nfqueue **out, uint16_t first, uint16_t last);
 
 /*
  Unbinds and frees (NULL is ignored).
+
+ Thread: the owner (the queue's rings are bound to it); freed once.
  */
 void zcio_nfqueue_free(struct zcio_nfqueue *q);
 
@@ -446,96 +491,146 @@ void zcio_nfqueue_free(struct zcio_nfqueue *q);
  Receives what is ready on every queue (waiting up to `timeout_ms`, -1: forever), calls
  `cb` for each packet in id order, and sends the verdicts in batches. Returns the number of
  packets handled or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other). `cb` runs on that thread, inside this call; the packet it sees is valid during the callback only.
  */
-int zcio_nfqueue_process(struct zcio_nfqueue *q, int timeout_ms, zcio_nfq_callback cb, void *user);
+int zcio_nfqueue_process(struct zcio_nfqueue *q,
+                         int timeout_ms,
+                         zcio_nfq_callback cb,
+                         void *user);
 
 /*
  How the queue receives: `"frame-ring+io_uring"` or `"frame-ring+recvmmsg"` (static).
+
+ Thread: any (static string).
  */
 const char *zcio_nfqueue_path(const struct zcio_nfqueue *q);
 
 /*
  Creates a receiver without a listener (`mode`: `ZCIO_RX_PLAIN`, `_BUFRING`, `_AUTO`);
  connections are added with `zcio_receiver_add`.
+
+ Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_receiver_free`.
  */
 int zcio_receiver_new(struct zcio_receiver **out, uint32_t mode);
 
 /*
  Creates a receiver that accepts from the listening TCP socket `listen_fd` (ownership
  passes to the receiver) and receives from every accepted connection.
+
+ Thread: any; the calling thread becomes the owner. Ownership: `listen_fd` passes to the receiver (closed on failure too).
  */
-int zcio_receiver_listen(struct zcio_receiver **out, int listen_fd, uint32_t mode);
+int zcio_receiver_listen(struct zcio_receiver **out,
+                         int listen_fd,
+                         uint32_t mode);
 
 /*
  Frees a receiver and closes its sockets (NULL is ignored). Chunks already handed out stay
- valid until freed.
+ valid until freed (from any thread).
+
+ Thread: the owner (its rings are bound to it); freed once.
  */
 void zcio_receiver_free(struct zcio_receiver *r);
 
 /*
  Hands the connected TCP socket `fd` to the receiver (ownership passes); writes its id.
+
+ Thread: the owner only (`-EPERM` from any other; `fd` is then not taken).
  */
 int zcio_receiver_add(struct zcio_receiver *r, int fd, uint64_t *conn);
 
 /*
  Stops receiving on `conn` and closes it (`-ENOENT` for an unknown id).
+
+ Thread: the owner only (`-EPERM` from any other).
  */
 int zcio_receiver_close(struct zcio_receiver *r, uint64_t conn);
 
 /*
  Waits up to `timeout_ms` for the next event: returns 1 with `*out` filled, 0 on timeout,
  or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other). Ownership: a `ZCIO_RX_DATA` event's chunk is the caller's until `zcio_rx_chunk_free`.
  */
-int zcio_receiver_next_event(struct zcio_receiver *r, struct zcio_rx_event *out, int timeout_ms);
+int zcio_receiver_next_event(struct zcio_receiver *r,
+                             struct zcio_rx_event *out,
+                             int timeout_ms);
 
 /*
- Gives a chunk's memory back to the receiver (NULL is ignored).
+ Gives a chunk's memory back to the receiver (NULL is ignored). Any thread may free a
+ chunk, also while the receiver's thread is inside a receiver call (the chunk is then
+ returned when that call ends) and after the receiver was freed. Each chunk is freed once.
+
+ Thread: any (see above).
  */
 void zcio_rx_chunk_free(struct zcio_rx_chunk *c);
 
 /*
  The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`).
+
+ Thread: any.
  */
 const char *zcio_receiver_path(const struct zcio_receiver *r);
 
 /*
  Creates a pool of `count` buffers of `slot_size` bytes into `*out`. Returns 0 or `-errno`.
+
+ Thread: any. Ownership: `*out` until `zcio_pool_free`; the pool is shared by the buffers and senders that use it.
  */
-int zcio_pool_new(struct zcio_pool **out, uintptr_t slot_size, uintptr_t count);
+int zcio_pool_new(struct zcio_pool **out,
+                  uintptr_t slot_size,
+                  uintptr_t count);
 
 /*
  Frees a pool handle (NULL is ignored). Buffers still out keep the memory alive until
  they come back.
+
+ Thread: any; freed once.
  */
 void zcio_pool_free(struct zcio_pool *p);
 
 /*
- Takes a free buffer (length 0) into `*out`; `-EAGAIN` when every buffer is out.
+ Takes a free buffer into `*out`: length 0, its memory zeroed (a buffer's earlier contents,
+ possibly another connection's bytes, never reach a send); `-EAGAIN` when every buffer is
+ out.
+
+ Thread: any. Ownership: the buffer is the caller's until `zcio_sender_send` takes it or
+ `zcio_buf_free`.
  */
 int zcio_pool_get(const struct zcio_pool *p, struct zcio_buf **out);
 
 /*
  The buffer's memory (`zcio_buf_capacity` bytes, writable while the caller owns it).
+
+ Thread: whichever thread owns the buffer (one at a time; buffers may move between threads).
  */
 void *zcio_buf_data(struct zcio_buf *b);
 
 /*
  The buffer's capacity in bytes.
+
+ Thread: the buffer's owner.
  */
 uintptr_t zcio_buf_capacity(const struct zcio_buf *b);
 
 /*
  Sets how many bytes of the buffer are to be sent. `-EINVAL` beyond the capacity.
+
+ Thread: the buffer's owner.
  */
 int zcio_buf_set_len(struct zcio_buf *b, uintptr_t len);
 
 /*
  The buffer's length (bytes to send, or bytes sent for a returned buffer).
+
+ Thread: the buffer's owner.
  */
 uintptr_t zcio_buf_len(const struct zcio_buf *b);
 
 /*
  Returns a buffer to its pool (NULL is ignored).
+
+ Thread: any; the buffer goes back to its pool; freed once (not after `zcio_sender_send` took it).
  */
 void zcio_buf_free(struct zcio_buf *b);
 
@@ -543,39 +638,53 @@ void zcio_buf_free(struct zcio_buf *b);
  Creates a sender for the connected TCP/UDP socket `fd` (ownership passes to the sender,
  which closes it) sending from `pool`, in `mode` (`ZCIO_TX_*`). Returns 0 or `-errno`
  (`fd` is closed on failure too).
+
+ Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_sender_free`.
  */
 int zcio_sender_new(struct zcio_sender **out, int fd, const struct zcio_pool *pool, uint32_t mode);
 
 /*
  Frees a sender and closes its socket (NULL is ignored). Sends in flight are waited for
  by the library so no buffer is released while the kernel reads it.
+
+ Thread: the owner (waiting for sends in flight uses its ring); freed once.
  */
 void zcio_sender_free(struct zcio_sender *s);
 
 /*
  Sends `buf` (taken: the handle is invalid afterwards; the buffer comes back with its
  completion). Writes the ticket to `*ticket` if non-NULL. Returns 0 or `-EINVAL`.
+
+ Thread: the owner only (`-EPERM` from any other; the buffer then stays the caller's).
  */
 int zcio_sender_send(struct zcio_sender *s, struct zcio_buf *buf, uint64_t *ticket);
 
 /*
  Collects finished sends without blocking; returns how many completions are ready.
+
+ Thread: the owner only (`-EPERM` from any other).
  */
 int zcio_sender_poll(struct zcio_sender *s);
 
 /*
  Waits up to `timeout_ms` for at least one completion; returns how many are ready.
+
+ Thread: the owner only (`-EPERM` from any other).
  */
 int zcio_sender_wait(struct zcio_sender *s, int timeout_ms);
 
 /*
  Waits until every send has completed (`-ETIMEDOUT` after `timeout_ms`).
+
+ Thread: the owner only (`-EPERM` from any other).
  */
 int zcio_sender_flush(struct zcio_sender *s, int timeout_ms);
 
 /*
  Takes the oldest ready completion into `*out` and its buffer into `*buf` (the caller owns
  it again: reuse it or `zcio_buf_free` it). Returns 1, or 0 when none is ready.
+
+ Thread: the owner only (`-EPERM` from any other).
  */
 int zcio_sender_next_completion(struct zcio_sender *s,
                                 struct zcio_tx_completion *out,
@@ -584,6 +693,8 @@ int zcio_sender_next_completion(struct zcio_sender *s,
 /*
  The path the sender currently takes, as a static string (`"copy"`, `"msg-zc"`,
  `"uring-zc"`, `"uring-zc-fixed"`); NULL for a NULL handle.
+
+ Thread: any.
  */
 const char *zcio_sender_path(const struct zcio_sender *s);
 

@@ -4,6 +4,12 @@
 //! Conventions, as liburing's: `int` results are a count or 0 on success and `-errno` on
 //! failure; handles are opaque pointers owned by the caller until their `_free`; a Rust panic
 //! never unwinds into C (it is caught and reported as `-ENOTRECOVERABLE`).
+//!
+//! Threads: every function's comment ends with its thread rule. Event rings, senders,
+//! receivers and NFQUEUE handles belong to the thread that created them (their io_uring
+//! instances are `SINGLE_ISSUER`); their calls from another thread return `-EPERM` without
+//! touching anything. Posters, pools and buffers may be used from any thread (a buffer by one
+//! thread at a time), and a received chunk may be freed from any thread.
 #![allow(unsafe_code)]
 // C entry points take C's contracts (valid pointers or NULL, checked); Rust never calls them.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
@@ -35,6 +41,7 @@ pub const ZCIO_EVENT_PREFER_EPOLL: u32 = 2;
 /// 64-bit token), with ready events harvested from shared memory. Opaque.
 pub struct zcio_event_ring {
     ring: EventRing,
+    owner: Owner,
 }
 
 /// A handle that posts user events to one event ring from any thread. Opaque.
@@ -74,6 +81,36 @@ pub struct zcio_event_stats {
     pub poster_wakes: u64,
 }
 
+/// The thread a handle belongs to. The event ring, sender, receiver and NFQUEUE handles run
+/// io_uring instances set up `SINGLE_ISSUER` (the kernel serves only the thread that created
+/// them), and keep single-threaded state: their calls check the calling thread and answer
+/// `-EPERM` from any other, before touching anything (a buffer passed in stays the caller's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owner(u64);
+
+impl Owner {
+    /// The calling thread.
+    pub(crate) fn here() -> Self {
+        use std::cell::Cell;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        thread_local! {
+            static ID: Cell<u64> = const { Cell::new(0) };
+        }
+        Owner(ID.with(|id| {
+            if id.get() == 0 {
+                id.set(NEXT.fetch_add(1, Ordering::Relaxed));
+            }
+            id.get()
+        }))
+    }
+
+    /// Whether the calling thread is this owner.
+    pub(crate) fn is_here(self) -> bool {
+        Self::here() == self
+    }
+}
+
 pub(crate) fn guard(f: impl FnOnce() -> c_int) -> c_int {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(-libc::ENOTRECOVERABLE)
 }
@@ -83,6 +120,8 @@ pub(crate) fn neg(e: &std::io::Error) -> c_int {
 }
 
 /// The library version, e.g. `"0.1.0"` (static string).
+///
+/// Thread: any.
 #[no_mangle]
 pub extern "C" fn zcio_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
@@ -91,6 +130,8 @@ pub extern "C" fn zcio_version() -> *const c_char {
 /// Creates an event ring (`prefer`: `ZCIO_EVENT_PREFER_*`) into `*out`. Use it from the
 /// thread that created it. Returns 0 or `-errno` (`-EINVAL` for a bad argument,
 /// `-EOPNOTSUPP` when io_uring was required but is unavailable).
+///
+/// Thread: any; the calling thread becomes the ring's owner. Ownership: `*out` is the caller's until `zcio_event_ring_free`.
 #[no_mangle]
 pub extern "C" fn zcio_event_ring_new(out: *mut *mut zcio_event_ring, prefer: u32) -> c_int {
     guard(|| {
@@ -109,7 +150,10 @@ pub extern "C" fn zcio_event_ring_new(out: *mut *mut zcio_event_ring, prefer: u3
         };
         match EventRing::with_config(&cfg) {
             Ok(ring) => {
-                let b = Box::new(zcio_event_ring { ring });
+                let b = Box::new(zcio_event_ring {
+                    ring,
+                    owner: Owner::here(),
+                });
                 // SAFETY: `out` is non-null and points to the caller's pointer slot.
                 unsafe { *out = Box::into_raw(b) };
                 0
@@ -121,6 +165,8 @@ pub extern "C" fn zcio_event_ring_new(out: *mut *mut zcio_event_ring, prefer: u3
 }
 
 /// Frees an event ring (NULL is ignored). Registered fds stay open; their polls end.
+///
+/// Thread: any (the ring is closed and unmapped; posters stay valid). Ownership: the handle is invalid afterwards.
 #[no_mangle]
 pub extern "C" fn zcio_event_ring_free(r: *mut zcio_event_ring) {
     if r.is_null() {
@@ -136,12 +182,19 @@ fn with_ring(r: *mut zcio_event_ring, f: impl FnOnce(&mut EventRing) -> c_int) -
     if r.is_null() {
         return -libc::EINVAL;
     }
-    // SAFETY: `r` is a live handle from zcio_event_ring_new, used by one thread at a time.
+    // SAFETY: `r` is a live handle from zcio_event_ring_new; only its (immutable) owner is
+    // read before the thread check.
+    if !unsafe { (*r).owner }.is_here() {
+        return -libc::EPERM;
+    }
+    // SAFETY: the owner thread's exclusive use of its live handle.
     let ring = unsafe { &mut (*r).ring };
     guard(|| f(ring))
 }
 
 /// `"io_uring"` or `"epoll"` (static string; NULL for a NULL handle).
+///
+/// Thread: any (reads an immutable choice).
 #[no_mangle]
 pub extern "C" fn zcio_event_ring_backend(r: *const zcio_event_ring) -> *const c_char {
     if r.is_null() {
@@ -170,6 +223,8 @@ fn ctl(r: *mut zcio_event_ring, op: u8, fd: c_int, events: u32, token: u64) -> c
 
 /// Registers `fd` for `events` (epoll bits, with `EPOLLET`, `EPOLLONESHOT`,
 /// `EPOLLEXCLUSIVE`); its events carry `token`. Errors as `EPOLL_CTL_ADD`.
+///
+/// Thread: the owner only (`-EPERM` from any other). Ownership: `fd` stays the caller's.
 #[no_mangle]
 pub extern "C" fn zcio_event_ring_add(
     r: *mut zcio_event_ring,
@@ -181,6 +236,8 @@ pub extern "C" fn zcio_event_ring_add(
 }
 
 /// Changes a registration (re-enables a fired `EPOLLONESHOT`). Errors as `EPOLL_CTL_MOD`.
+///
+/// Thread: the owner only (`-EPERM` from any other).
 #[no_mangle]
 pub extern "C" fn zcio_event_ring_modify(
     r: *mut zcio_event_ring,
@@ -192,6 +249,8 @@ pub extern "C" fn zcio_event_ring_modify(
 }
 
 /// Unregisters `fd`; its unharvested events are dropped. Errors as `EPOLL_CTL_DEL`.
+///
+/// Thread: the owner only (`-EPERM` from any other).
 #[no_mangle]
 pub extern "C" fn zcio_event_ring_delete(r: *mut zcio_event_ring, fd: c_int) -> c_int {
     ctl(r, 2, fd, 0, 0)
@@ -200,6 +259,8 @@ pub extern "C" fn zcio_event_ring_delete(r: *mut zcio_event_ring, fd: c_int) -> 
 /// Unregisters `fd` if registered, makes the kernel drop its reference, and closes `fd`
 /// (what `close` does to an epoll registration; a plain `close` would leave the poll holding
 /// the file open). Takes ownership of `fd`.
+///
+/// Thread: the owner only (`-EPERM` from any other; `fd` is then not taken).
 #[no_mangle]
 pub extern "C" fn zcio_event_ring_close(r: *mut zcio_event_ring, fd: c_int) -> c_int {
     if fd < 0 {
@@ -233,6 +294,8 @@ const _: () = {
 
 /// Like `epoll_wait`: fills up to `max` events, blocking up to `timeout_ms` (-1: forever,
 /// 0: no wait). Returns the count (0: timed out) or `-errno` (`-EINTR` on a signal).
+///
+/// Thread: the owner only (`-EPERM` from any other). Ownership: `out` is the caller's array of `max` entries.
 #[no_mangle]
 pub extern "C" fn zcio_event_ring_wait(
     r: *mut zcio_event_ring,
@@ -252,6 +315,8 @@ pub extern "C" fn zcio_event_ring_wait(
 
 /// Copies events already known to be ready, without a system call on the io_uring backend.
 /// Returns the count or `-errno`.
+///
+/// Thread: the owner only (`-EPERM` from any other).
 #[no_mangle]
 pub extern "C" fn zcio_event_ring_harvest(
     r: *mut zcio_event_ring,
@@ -268,6 +333,8 @@ pub extern "C" fn zcio_event_ring_harvest(
 }
 
 /// Fills `*out` with the ring's counters.
+///
+/// Thread: the owner only (`-EPERM` from any other: the counters are not atomic).
 #[no_mangle]
 pub extern "C" fn zcio_event_ring_stats(
     r: *const zcio_event_ring,
@@ -275,6 +342,10 @@ pub extern "C" fn zcio_event_ring_stats(
 ) -> c_int {
     if r.is_null() || out.is_null() {
         return -libc::EINVAL;
+    }
+    // SAFETY: `r` is a live handle; only its (immutable) owner is read first.
+    if !unsafe { (*r).owner }.is_here() {
+        return -libc::EPERM;
     }
     guard(|| {
         // SAFETY: `r` is a live handle; `out` points to a writable zcio_event_stats.
@@ -297,6 +368,8 @@ pub extern "C" fn zcio_event_ring_stats(
 
 /// Creates a poster for the ring into `*out`: any thread may post with it, also after the
 /// ring is freed (posts then go nowhere). Free it with `zcio_event_poster_free`.
+///
+/// Thread: any. Ownership: `*out` is the caller's until `zcio_event_poster_free`.
 #[no_mangle]
 pub extern "C" fn zcio_event_ring_poster(
     r: *const zcio_event_ring,
@@ -316,6 +389,8 @@ pub extern "C" fn zcio_event_ring_poster(
 
 /// Posts a user event `(token, events)`; the ring's loop sees it in its next harvest/wait.
 /// Returns 0, or `-EAGAIN` when the ring's user-event queue is full. Thread-safe.
+///
+/// Thread: any, concurrently.
 #[no_mangle]
 pub extern "C" fn zcio_event_poster_post(
     p: *const zcio_event_poster,
@@ -335,6 +410,8 @@ pub extern "C" fn zcio_event_poster_post(
 }
 
 /// Frees a poster (NULL is ignored).
+///
+/// Thread: any; each poster is freed once.
 #[no_mangle]
 pub extern "C" fn zcio_event_poster_free(p: *mut zcio_event_poster) {
     if p.is_null() {

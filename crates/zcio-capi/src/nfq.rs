@@ -19,6 +19,7 @@ pub const ZCIO_NF_REPEAT: u32 = 4;
 /// An NFQUEUE consumer bound to a range of queues. Opaque; one thread at a time.
 pub struct zcio_nfqueue {
     q: NfQueue,
+    owner: crate::Owner,
 }
 
 /// One queued packet, valid during the callback only.
@@ -79,6 +80,8 @@ fn nfq_errno(e: &NfqError) -> c_int {
 
 /// Binds queues `first..=last` (copy mode: whole packets) into `*out`. Needs CAP_NET_ADMIN.
 /// Returns 0 or `-errno`.
+///
+/// Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_nfqueue_free`.
 #[no_mangle]
 pub extern "C" fn zcio_nfqueue_open(out: *mut *mut zcio_nfqueue, first: u16, last: u16) -> c_int {
     if out.is_null() || last < first {
@@ -93,7 +96,12 @@ pub extern "C" fn zcio_nfqueue_open(out: *mut *mut zcio_nfqueue, first: u16, las
         match NfQueue::open(cfg) {
             Ok(q) => {
                 // SAFETY: `out` is non-null.
-                unsafe { *out = Box::into_raw(Box::new(zcio_nfqueue { q })) };
+                unsafe {
+                    *out = Box::into_raw(Box::new(zcio_nfqueue {
+                        q,
+                        owner: crate::Owner::here(),
+                    }))
+                };
                 0
             }
             Err(e) => nfq_errno(&e),
@@ -102,6 +110,8 @@ pub extern "C" fn zcio_nfqueue_open(out: *mut *mut zcio_nfqueue, first: u16, las
 }
 
 /// Unbinds and frees (NULL is ignored).
+///
+/// Thread: the owner (the queue's rings are bound to it); freed once.
 #[no_mangle]
 pub extern "C" fn zcio_nfqueue_free(q: *mut zcio_nfqueue) {
     if !q.is_null() {
@@ -151,6 +161,8 @@ fn decide(
 /// Receives what is ready on every queue (waiting up to `timeout_ms`, -1: forever), calls
 /// `cb` for each packet in id order, and sends the verdicts in batches. Returns the number of
 /// packets handled or `-errno`.
+///
+/// Thread: the owner only (`-EPERM` from any other). `cb` runs on that thread, inside this call; the packet it sees is valid during the callback only.
 #[no_mangle]
 pub extern "C" fn zcio_nfqueue_process(
     q: *mut zcio_nfqueue,
@@ -164,7 +176,11 @@ pub extern "C" fn zcio_nfqueue_process(
     if q.is_null() {
         return -libc::EINVAL;
     }
-    // SAFETY: `q` is a live handle used by one thread at a time.
+    // SAFETY: `q` is a live handle; only its (immutable) owner is read first.
+    if !unsafe { (*q).owner }.is_here() {
+        return -libc::EPERM;
+    }
+    // SAFETY: the owner thread's exclusive use of its live handle.
     let queue = unsafe { &mut (*q).q };
     let timeout = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
     guard(|| match queue.process(timeout, |p| decide(p, cb, user)) {
@@ -174,6 +190,8 @@ pub extern "C" fn zcio_nfqueue_process(
 }
 
 /// How the queue receives: `"frame-ring+io_uring"` or `"frame-ring+recvmmsg"` (static).
+///
+/// Thread: any (static string).
 #[no_mangle]
 pub extern "C" fn zcio_nfqueue_path(q: *const zcio_nfqueue) -> *const libc::c_char {
     if q.is_null() {

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use zcio_core::rx::{ConnId, Receiver, RxChunk, RxConfig, RxError, RxEvent, RxMode, RxPath};
 
@@ -27,15 +29,76 @@ pub const ZCIO_RX_CLOSED: u32 = 3;
 
 /// A receiver of many TCP connections. Opaque; one thread at a time.
 pub struct zcio_receiver {
+    owner: crate::Owner,
     rx: Receiver,
     ids: HashMap<ConnId, u64>,
     conns: HashMap<u64, ConnId>,
     next_id: u64,
+    shared: Arc<Shared>,
 }
 
-/// Received bytes, borrowed; `zcio_rx_chunk_free` gives the memory back. Opaque.
+/// What a receiver and its chunks share. The receiver's buffer bookkeeping (reference counts,
+/// free lists) is single-threaded, so every drop of a chunk and every receiver call happen
+/// under `lock`; a chunk freed on another thread while the receiver's thread holds the lock
+/// (e.g. inside `zcio_receiver_next_event`) is queued in `deferred` and dropped by the
+/// receiver's thread when its call ends.
+struct Shared {
+    lock: Mutex<()>,
+    deferred: Mutex<Deferred>,
+    /// Chunks handed out and not yet dropped. While some are out, a long
+    /// `zcio_receiver_next_event` waits in short slices and drops the chunks other threads
+    /// freed in between: on the buffer-ring path the receiver may need exactly those buffers
+    /// back before more data can arrive.
+    live: AtomicUsize,
+}
+
+struct Deferred {
+    chunks: Vec<ChunkPtr>,
+    /// The receiver was freed: nobody drains the queue any more.
+    gone: bool,
+}
+
+/// A chunk handed to another thread's care.
+struct ChunkPtr(*mut zcio_rx_chunk);
+// SAFETY: the pointer is only dereferenced (dropped) under `Shared::lock`.
+unsafe impl Send for ChunkPtr {}
+
+/// Received bytes, borrowed; `zcio_rx_chunk_free` gives the memory back (from any thread).
+/// Opaque.
 pub struct zcio_rx_chunk {
     chunk: RxChunk,
+    shared: Arc<Shared>,
+}
+
+impl Drop for zcio_rx_chunk {
+    fn drop(&mut self) {
+        self.shared.live.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: a chunk's single-threaded state (reference-counted buffers) is only touched under
+// its receiver's `Shared::lock` (see `zcio_rx_chunk_free`).
+unsafe impl Send for zcio_rx_chunk {}
+
+fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Drops the chunks other threads freed (the caller holds `lock`).
+    fn drain(&self) {
+        let chunks = std::mem::take(
+            &mut self
+                .deferred
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .chunks,
+        );
+        for c in chunks {
+            // SAFETY: queued by zcio_rx_chunk_free, freed exactly once here, under `lock`.
+            drop(unsafe { Box::from_raw(c.0) });
+        }
+    }
 }
 
 /// One receiver event.
@@ -76,10 +139,19 @@ fn config(mode: u32) -> Option<RxConfig> {
 
 fn boxed(out: *mut *mut zcio_receiver, rx: Receiver) -> c_int {
     let r = zcio_receiver {
+        owner: crate::Owner::here(),
         rx,
         ids: HashMap::new(),
         conns: HashMap::new(),
         next_id: 1,
+        shared: Arc::new(Shared {
+            lock: Mutex::new(()),
+            deferred: Mutex::new(Deferred {
+                chunks: Vec::new(),
+                gone: false,
+            }),
+            live: AtomicUsize::new(0),
+        }),
     };
     // SAFETY: `out` is non-null (checked by the callers).
     unsafe { *out = Box::into_raw(Box::new(r)) };
@@ -88,6 +160,8 @@ fn boxed(out: *mut *mut zcio_receiver, rx: Receiver) -> c_int {
 
 /// Creates a receiver without a listener (`mode`: `ZCIO_RX_PLAIN`, `_BUFRING`, `_AUTO`);
 /// connections are added with `zcio_receiver_add`.
+///
+/// Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_receiver_free`.
 #[no_mangle]
 pub extern "C" fn zcio_receiver_new(out: *mut *mut zcio_receiver, mode: u32) -> c_int {
     if out.is_null() {
@@ -104,6 +178,8 @@ pub extern "C" fn zcio_receiver_new(out: *mut *mut zcio_receiver, mode: u32) -> 
 
 /// Creates a receiver that accepts from the listening TCP socket `listen_fd` (ownership
 /// passes to the receiver) and receives from every accepted connection.
+///
+/// Thread: any; the calling thread becomes the owner. Ownership: `listen_fd` passes to the receiver (closed on failure too).
 #[no_mangle]
 pub extern "C" fn zcio_receiver_listen(
     out: *mut *mut zcio_receiver,
@@ -127,12 +203,27 @@ pub extern "C" fn zcio_receiver_listen(
 }
 
 /// Frees a receiver and closes its sockets (NULL is ignored). Chunks already handed out stay
-/// valid until freed.
+/// valid until freed (from any thread).
+///
+/// Thread: the owner (its rings are bound to it); freed once.
 #[no_mangle]
 pub extern "C" fn zcio_receiver_free(r: *mut zcio_receiver) {
     if !r.is_null() {
-        // SAFETY: `r` came from zcio_receiver_new/listen and is freed once.
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(r) })));
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: `r` came from zcio_receiver_new/listen and is freed once.
+            let rx = unsafe { Box::from_raw(r) };
+            let shared = rx.shared.clone();
+            let g = lock(&shared.lock);
+            drop(rx);
+            shared.drain();
+            shared
+                .deferred
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .gone = true;
+            shared.drain();
+            drop(g);
+        }));
     }
 }
 
@@ -140,9 +231,18 @@ fn with_rx(r: *mut zcio_receiver, f: impl FnOnce(&mut zcio_receiver) -> c_int) -
     if r.is_null() {
         return -libc::EINVAL;
     }
-    // SAFETY: `r` is a live receiver handle used by one thread at a time.
+    // SAFETY: `r` is a live receiver handle; only its (immutable) owner is read first.
+    if !unsafe { (*r).owner }.is_here() {
+        return -libc::EPERM;
+    }
+    // SAFETY: the owner thread's exclusive use of its live handle.
     let rx = unsafe { &mut *r };
-    guard(|| f(rx))
+    let shared = rx.shared.clone();
+    let g = lock(&shared.lock);
+    let res = guard(|| f(rx));
+    shared.drain();
+    drop(g);
+    res
 }
 
 impl zcio_receiver {
@@ -164,6 +264,8 @@ impl zcio_receiver {
 }
 
 /// Hands the connected TCP socket `fd` to the receiver (ownership passes); writes its id.
+///
+/// Thread: the owner only (`-EPERM` from any other; `fd` is then not taken).
 #[no_mangle]
 pub extern "C" fn zcio_receiver_add(r: *mut zcio_receiver, fd: c_int, conn: *mut u64) -> c_int {
     if fd < 0 {
@@ -187,6 +289,8 @@ pub extern "C" fn zcio_receiver_add(r: *mut zcio_receiver, fd: c_int, conn: *mut
 }
 
 /// Stops receiving on `conn` and closes it (`-ENOENT` for an unknown id).
+///
+/// Thread: the owner only (`-EPERM` from any other).
 #[no_mangle]
 pub extern "C" fn zcio_receiver_close(r: *mut zcio_receiver, conn: u64) -> c_int {
     with_rx(r, |rx| match rx.conns.get(&conn).copied() {
@@ -201,6 +305,8 @@ pub extern "C" fn zcio_receiver_close(r: *mut zcio_receiver, conn: u64) -> c_int
 
 /// Waits up to `timeout_ms` for the next event: returns 1 with `*out` filled, 0 on timeout,
 /// or `-errno`.
+///
+/// Thread: the owner only (`-EPERM` from any other). Ownership: a `ZCIO_RX_DATA` event's chunk is the caller's until `zcio_rx_chunk_free`.
 #[no_mangle]
 pub extern "C" fn zcio_receiver_next_event(
     r: *mut zcio_receiver,
@@ -212,10 +318,20 @@ pub extern "C" fn zcio_receiver_next_event(
     }
     let timeout = Duration::from_millis(timeout_ms.max(0) as u64);
     with_rx(r, |rx| {
-        let ev = match rx.rx.next_event(timeout) {
-            Ok(Some(ev)) => ev,
-            Ok(None) => return 0,
-            Err(e) => return neg(&e),
+        let deadline = std::time::Instant::now() + timeout;
+        let ev = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let slice = if rx.shared.live.load(Ordering::Relaxed) > 0 {
+                left.min(Duration::from_millis(5))
+            } else {
+                left
+            };
+            match rx.rx.next_event(slice) {
+                Ok(Some(ev)) => break ev,
+                Ok(None) if slice >= left => return 0,
+                Ok(None) => rx.shared.drain(),
+                Err(e) => return neg(&e),
+            }
         };
         let mut e = zcio_rx_event {
             kind: 0,
@@ -234,7 +350,11 @@ pub extern "C" fn zcio_receiver_next_event(
                 e.kind = ZCIO_RX_DATA;
                 e.conn = rx.id(chunk.conn());
                 e.len = chunk.len();
-                let b = Box::into_raw(Box::new(zcio_rx_chunk { chunk }));
+                rx.shared.live.fetch_add(1, Ordering::Relaxed);
+                let b = Box::into_raw(Box::new(zcio_rx_chunk {
+                    chunk,
+                    shared: rx.shared.clone(),
+                }));
                 // SAFETY: `b` was just created; the bytes live as long as the chunk.
                 e.data = unsafe { (*b).chunk.as_ptr().cast() };
                 e.chunk = b;
@@ -252,16 +372,51 @@ pub extern "C" fn zcio_receiver_next_event(
     })
 }
 
-/// Gives a chunk's memory back to the receiver (NULL is ignored).
+/// Gives a chunk's memory back to the receiver (NULL is ignored). Any thread may free a
+/// chunk, also while the receiver's thread is inside a receiver call (the chunk is then
+/// returned when that call ends) and after the receiver was freed. Each chunk is freed once.
+///
+/// Thread: any (see above).
 #[no_mangle]
 pub extern "C" fn zcio_rx_chunk_free(c: *mut zcio_rx_chunk) {
-    if !c.is_null() {
-        // SAFETY: `c` came from zcio_receiver_next_event and is freed once.
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(c) })));
+    if c.is_null() {
+        return;
     }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `c` came from zcio_receiver_next_event and is live until freed here; only
+        // its `shared` handle (thread-safe) is read before the lock is taken.
+        let shared = unsafe { (*c).shared.clone() };
+        let tried = match shared.lock.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        match tried {
+            Some(g) => {
+                // SAFETY: freed once, under the receiver's lock.
+                drop(unsafe { Box::from_raw(c) });
+                drop(g);
+            }
+            None => {
+                let mut d = shared.deferred.lock().unwrap_or_else(|p| p.into_inner());
+                if !d.gone {
+                    d.chunks.push(ChunkPtr(c));
+                    return;
+                }
+                drop(d);
+                // The receiver is gone; whoever holds the lock releases it soon.
+                let g = lock(&shared.lock);
+                // SAFETY: freed once, under the receiver's lock.
+                drop(unsafe { Box::from_raw(c) });
+                drop(g);
+            }
+        };
+    }));
 }
 
 /// The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`).
+///
+/// Thread: any.
 #[no_mangle]
 pub extern "C" fn zcio_receiver_path(r: *const zcio_receiver) -> *const c_char {
     if r.is_null() {

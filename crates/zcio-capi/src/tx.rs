@@ -27,6 +27,9 @@ pub const ZCIO_ZC_ZEROCOPY: u32 = 1;
 pub const ZCIO_ZC_COPIED: u32 = 2;
 /// Completion `zerocopy` value: some parts zero-copy, some copied.
 pub const ZCIO_ZC_MIXED: u32 = 3;
+/// Completion `zerocopy` value: sent zero-copy, but the kernel did not report whether it
+/// copied (Linux before 6.2).
+pub const ZCIO_ZC_UNKNOWN: u32 = 4;
 
 /// A pool of page-aligned send buffers. Opaque.
 pub struct zcio_pool {
@@ -41,6 +44,7 @@ pub struct zcio_buf {
 
 /// A sender owning one connected TCP or UDP socket. Opaque; one thread at a time.
 pub struct zcio_sender {
+    owner: crate::Owner,
     sender: Sender,
 }
 
@@ -75,6 +79,8 @@ fn ms(timeout_ms: c_int) -> Duration {
 }
 
 /// Creates a pool of `count` buffers of `slot_size` bytes into `*out`. Returns 0 or `-errno`.
+///
+/// Thread: any. Ownership: `*out` until `zcio_pool_free`; the pool is shared by the buffers and senders that use it.
 #[no_mangle]
 pub extern "C" fn zcio_pool_new(out: *mut *mut zcio_pool, slot_size: usize, count: usize) -> c_int {
     if out.is_null() {
@@ -92,6 +98,8 @@ pub extern "C" fn zcio_pool_new(out: *mut *mut zcio_pool, slot_size: usize, coun
 
 /// Frees a pool handle (NULL is ignored). Buffers still out keep the memory alive until
 /// they come back.
+///
+/// Thread: any; freed once.
 #[no_mangle]
 pub extern "C" fn zcio_pool_free(p: *mut zcio_pool) {
     if !p.is_null() {
@@ -100,7 +108,12 @@ pub extern "C" fn zcio_pool_free(p: *mut zcio_pool) {
     }
 }
 
-/// Takes a free buffer (length 0) into `*out`; `-EAGAIN` when every buffer is out.
+/// Takes a free buffer into `*out`: length 0, its memory zeroed (a buffer's earlier contents,
+/// possibly another connection's bytes, never reach a send); `-EAGAIN` when every buffer is
+/// out.
+///
+/// Thread: any. Ownership: the buffer is the caller's until `zcio_sender_send` takes it or
+/// `zcio_buf_free`.
 #[no_mangle]
 pub extern "C" fn zcio_pool_get(p: *const zcio_pool, out: *mut *mut zcio_buf) -> c_int {
     if p.is_null() || out.is_null() {
@@ -109,7 +122,11 @@ pub extern "C" fn zcio_pool_get(p: *const zcio_pool, out: *mut *mut zcio_buf) ->
     guard(|| {
         // SAFETY: `p` is a live pool handle.
         match unsafe { (*p).pool.try_get() } {
-            Some(buf) => {
+            Some(mut buf) => {
+                let cap = buf.capacity();
+                buf.set_len(cap);
+                buf.fill(0);
+                buf.set_len(0);
                 // SAFETY: `out` is non-null.
                 unsafe { *out = Box::into_raw(Box::new(zcio_buf { buf })) };
                 0
@@ -120,6 +137,8 @@ pub extern "C" fn zcio_pool_get(p: *const zcio_pool, out: *mut *mut zcio_buf) ->
 }
 
 /// The buffer's memory (`zcio_buf_capacity` bytes, writable while the caller owns it).
+///
+/// Thread: whichever thread owns the buffer (one at a time; buffers may move between threads).
 #[no_mangle]
 pub extern "C" fn zcio_buf_data(b: *mut zcio_buf) -> *mut c_void {
     if b.is_null() {
@@ -137,6 +156,8 @@ pub extern "C" fn zcio_buf_data(b: *mut zcio_buf) -> *mut c_void {
 }
 
 /// The buffer's capacity in bytes.
+///
+/// Thread: the buffer's owner.
 #[no_mangle]
 pub extern "C" fn zcio_buf_capacity(b: *const zcio_buf) -> usize {
     if b.is_null() {
@@ -147,6 +168,8 @@ pub extern "C" fn zcio_buf_capacity(b: *const zcio_buf) -> usize {
 }
 
 /// Sets how many bytes of the buffer are to be sent. `-EINVAL` beyond the capacity.
+///
+/// Thread: the buffer's owner.
 #[no_mangle]
 pub extern "C" fn zcio_buf_set_len(b: *mut zcio_buf, len: usize) -> c_int {
     if b.is_null() {
@@ -164,6 +187,8 @@ pub extern "C" fn zcio_buf_set_len(b: *mut zcio_buf, len: usize) -> c_int {
 }
 
 /// The buffer's length (bytes to send, or bytes sent for a returned buffer).
+///
+/// Thread: the buffer's owner.
 #[no_mangle]
 pub extern "C" fn zcio_buf_len(b: *const zcio_buf) -> usize {
     if b.is_null() {
@@ -174,6 +199,8 @@ pub extern "C" fn zcio_buf_len(b: *const zcio_buf) -> usize {
 }
 
 /// Returns a buffer to its pool (NULL is ignored).
+///
+/// Thread: any; the buffer goes back to its pool; freed once (not after `zcio_sender_send` took it).
 #[no_mangle]
 pub extern "C" fn zcio_buf_free(b: *mut zcio_buf) {
     if !b.is_null() {
@@ -185,6 +212,8 @@ pub extern "C" fn zcio_buf_free(b: *mut zcio_buf) {
 /// Creates a sender for the connected TCP/UDP socket `fd` (ownership passes to the sender,
 /// which closes it) sending from `pool`, in `mode` (`ZCIO_TX_*`). Returns 0 or `-errno`
 /// (`fd` is closed on failure too).
+///
+/// Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_sender_free`.
 #[no_mangle]
 pub extern "C" fn zcio_sender_new(
     out: *mut *mut zcio_sender,
@@ -211,7 +240,12 @@ pub extern "C" fn zcio_sender_new(
         match Sender::new(sock, pool, SenderConfig::new(mode)) {
             Ok(sender) => {
                 // SAFETY: `out` is non-null.
-                unsafe { *out = Box::into_raw(Box::new(zcio_sender { sender })) };
+                unsafe {
+                    *out = Box::into_raw(Box::new(zcio_sender {
+                        owner: crate::Owner::here(),
+                        sender,
+                    }))
+                };
                 0
             }
             Err(e) => tx_errno(&e),
@@ -221,6 +255,8 @@ pub extern "C" fn zcio_sender_new(
 
 /// Frees a sender and closes its socket (NULL is ignored). Sends in flight are waited for
 /// by the library so no buffer is released while the kernel reads it.
+///
+/// Thread: the owner (waiting for sends in flight uses its ring); freed once.
 #[no_mangle]
 pub extern "C" fn zcio_sender_free(s: *mut zcio_sender) {
     if !s.is_null() {
@@ -233,13 +269,19 @@ fn with_sender(s: *mut zcio_sender, f: impl FnOnce(&mut Sender) -> c_int) -> c_i
     if s.is_null() {
         return -libc::EINVAL;
     }
-    // SAFETY: `s` is a live sender handle used by one thread at a time.
+    // SAFETY: `s` is a live sender handle; only its (immutable) owner is read first.
+    if !unsafe { (*s).owner }.is_here() {
+        return -libc::EPERM;
+    }
+    // SAFETY: the owner thread's exclusive use of its live handle.
     let sender = unsafe { &mut (*s).sender };
     guard(|| f(sender))
 }
 
 /// Sends `buf` (taken: the handle is invalid afterwards; the buffer comes back with its
 /// completion). Writes the ticket to `*ticket` if non-NULL. Returns 0 or `-EINVAL`.
+///
+/// Thread: the owner only (`-EPERM` from any other; the buffer then stays the caller's).
 #[no_mangle]
 pub extern "C" fn zcio_sender_send(
     s: *mut zcio_sender,
@@ -262,6 +304,8 @@ pub extern "C" fn zcio_sender_send(
 }
 
 /// Collects finished sends without blocking; returns how many completions are ready.
+///
+/// Thread: the owner only (`-EPERM` from any other).
 #[no_mangle]
 pub extern "C" fn zcio_sender_poll(s: *mut zcio_sender) -> c_int {
     with_sender(s, |sender| match sender.poll() {
@@ -271,6 +315,8 @@ pub extern "C" fn zcio_sender_poll(s: *mut zcio_sender) -> c_int {
 }
 
 /// Waits up to `timeout_ms` for at least one completion; returns how many are ready.
+///
+/// Thread: the owner only (`-EPERM` from any other).
 #[no_mangle]
 pub extern "C" fn zcio_sender_wait(s: *mut zcio_sender, timeout_ms: c_int) -> c_int {
     with_sender(s, |sender| match sender.wait(ms(timeout_ms)) {
@@ -280,6 +326,8 @@ pub extern "C" fn zcio_sender_wait(s: *mut zcio_sender, timeout_ms: c_int) -> c_
 }
 
 /// Waits until every send has completed (`-ETIMEDOUT` after `timeout_ms`).
+///
+/// Thread: the owner only (`-EPERM` from any other).
 #[no_mangle]
 pub extern "C" fn zcio_sender_flush(s: *mut zcio_sender, timeout_ms: c_int) -> c_int {
     with_sender(s, |sender| match sender.flush(ms(timeout_ms)) {
@@ -290,6 +338,8 @@ pub extern "C" fn zcio_sender_flush(s: *mut zcio_sender, timeout_ms: c_int) -> c
 
 /// Takes the oldest ready completion into `*out` and its buffer into `*buf` (the caller owns
 /// it again: reuse it or `zcio_buf_free` it). Returns 1, or 0 when none is ready.
+///
+/// Thread: the owner only (`-EPERM` from any other).
 #[no_mangle]
 pub extern "C" fn zcio_sender_next_completion(
     s: *mut zcio_sender,
@@ -318,6 +368,7 @@ pub extern "C" fn zcio_sender_next_completion(
                 ZcStatus::ZeroCopy => ZCIO_ZC_ZEROCOPY,
                 ZcStatus::Copied => ZCIO_ZC_COPIED,
                 ZcStatus::Mixed => ZCIO_ZC_MIXED,
+                ZcStatus::Unknown => ZCIO_ZC_UNKNOWN,
             },
             error,
         };
@@ -341,6 +392,8 @@ fn path_code(p: Path) -> u32 {
 
 /// The path the sender currently takes, as a static string (`"copy"`, `"msg-zc"`,
 /// `"uring-zc"`, `"uring-zc-fixed"`); NULL for a NULL handle.
+///
+/// Thread: any.
 #[no_mangle]
 pub extern "C" fn zcio_sender_path(s: *const zcio_sender) -> *const c_char {
     if s.is_null() {

@@ -169,6 +169,24 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
         "{out}"
     );
 
+    // The header's thread and ownership rules: chunks freed on another thread (and after
+    // the receiver), pool buffers empty and zeroed, a poster on another thread.
+    let rules_exe = p.join("thread_rules");
+    cc_example(
+        &rules_exe,
+        root.join("crates/zcio-capi/tests/c/thread_rules.c"),
+        &flags,
+        &rpath,
+    );
+    let out = run(&mut Command::new(&rules_exe));
+    assert!(
+        out.contains("8388608 bytes checked")
+            && out.contains("come back empty and zeroed")
+            && out.contains("refuse other threads with -EPERM")
+            && out.ends_with("ok\n"),
+        "{out}"
+    );
+
     // The NFQUEUE example, in a fresh network namespace with an NFQUEUE rule on loopback.
     let nfq_exe = p.join("nfqueue");
     run(Command::new("cc")

@@ -58,6 +58,10 @@ enum Cmd {
         /// List the suites and exit.
         #[arg(long)]
         list: bool,
+        /// Run the suites that cross a network (tx, notify, rx) against `zcio perf server`
+        /// on this host (`HOST` or `HOST:PORT`): a two-host run.
+        #[arg(long, value_name = "HOST")]
+        peer: Option<String>,
     },
     /// NFQUEUE filter daemon: accept all, drop by protocol/port, count; batch verdicts.
     Nfq(nfq::NfqArgs),
@@ -114,6 +118,7 @@ fn run(cli: Cli) -> Result<()> {
             full,
             out,
             list,
+            peer,
         } => {
             if list {
                 for s in bench::suites::all() {
@@ -128,7 +133,7 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 bench::Mode::Default
             };
-            bench::run(&suites, mode, out.clone())?;
+            bench::run(&suites, mode, out.clone(), peer.as_deref())?;
             println!(
                 "\nwrote {} and {}",
                 out.join("results.json").display(),

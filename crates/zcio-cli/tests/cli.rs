@@ -101,7 +101,8 @@ fn probe_on_missing_interface_is_one_error_line_and_exit_1() {
 
 #[test]
 fn unknown_suite_is_one_error_line_and_exit_1() {
-    let dir = std::env::temp_dir().join(format!("zcio-cli-unknown-{}", std::process::id()));
+    let tmp = zcio_testnet::TempDir::new("cli-unknown").unwrap();
+    let dir = tmp.join("out");
     let o = zcio(&["bench", "nosuchsuite", "--out", dir.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     let lines = stderr_lines(&o);
@@ -112,7 +113,8 @@ fn unknown_suite_is_one_error_line_and_exit_1() {
 
 #[test]
 fn quick_bench_writes_results_json_and_html_report() {
-    let dir = std::env::temp_dir().join(format!("zcio-cli-bench-{}", std::process::id()));
+    let tmp = zcio_testnet::TempDir::new("cli-bench").unwrap();
+    let dir = tmp.join("out");
     let o = zcio(&[
         "bench",
         "loopback",
@@ -214,4 +216,38 @@ fn bad_size_is_one_error_line_and_exit_1() {
             "{lines:?}"
         );
     }
+}
+
+#[test]
+fn bench_peer_refuses_suites_that_stay_on_this_host() {
+    let tmp = zcio_testnet::TempDir::new("cli-peer").unwrap();
+    let dir = tmp.join("out");
+    let o = zcio(&[
+        "bench",
+        "event",
+        "--peer",
+        "127.0.0.1:9",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let lines = stderr_lines(&o);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("does not cross a network"), "{lines:?}");
+    assert!(!dir.exists());
+}
+
+#[test]
+fn perf_client_names_an_unreachable_server_and_a_missing_host() {
+    let o = zcio(&["perf", "client", "127.0.0.1", "-p", "9", "-t", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    let lines = stderr_lines(&o);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("127.0.0.1:9"), "{lines:?}");
+    let o = zcio(&["perf", "client", "no-such-host.invalid", "-t", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr_lines(&o)[0].contains("cannot resolve host 'no-such-host.invalid'"));
+    let o = zcio(&["perf", "client"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr_lines(&o)[0].contains("no server given"));
 }

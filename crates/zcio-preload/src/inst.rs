@@ -9,12 +9,17 @@
 //! (the ring is created with `SINGLE_ISSUER`): a call from another thread or a forked child
 //! converts the instance first. A thread blocked in a ring wait holds the instance lock; a
 //! second thread that needs the lock posts a user event to the ring to wake it.
+//!
+//! A registered fd closed where its poll cannot be cancelled at once (a signal handler that
+//! interrupted the shim, another thread, a busy lock, a forked child) is closed anyway and
+//! marked in a lock-free pending bitmap; the owner deletes the registration at its next call.
+//! The shim's own descriptors (ring fd, eventfd) sit above a high floor, close-on-exec, and are
+//! flagged so the program's calls on them fail with `EBADF`.
 
 use crate::real;
 use crate::report::{bump, log, STATS};
 use std::cell::{Cell, UnsafeCell};
-use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 use zcio::event::{CtlError, Event, EventConfig, EventRing, Interest, Poster, Prefer};
@@ -23,6 +28,9 @@ use zcio::event::{CtlError, Event, EventConfig, EventRing, Interest, Poster, Pre
 pub const MAXFD: usize = 1 << 18;
 /// [`FDS`] bit: the fd is a shim epoll instance.
 const F_EPOLL: u32 = 1 << 31;
+/// [`FDS`] bit: the fd is one of the shim's own (an event ring's io_uring fd or eventfd):
+/// the program's `close`/`dup2`/`dup`/`fcntl` on it fail with `EBADF`.
+const F_PRIVATE: u32 = 1 << 30;
 /// [`FDS`] mask: in how many ring-mode instances the fd is registered.
 const F_REGS: u32 = 0xffff;
 
@@ -30,6 +38,16 @@ const F_REGS: u32 = 0xffff;
 static FDS: [AtomicU32; MAXFD] = [const { AtomicU32::new(0) }; MAXFD];
 /// Incremented in the child after `fork`.
 pub static FORK_GEN: AtomicU64 = AtomicU64::new(0);
+/// The process id, refreshed in the child after `fork`: a `vfork` child (which shares the
+/// parent's memory but not its fd table, and runs no atfork handler) sees a different
+/// `getpid()` and must leave the parent's bookkeeping alone.
+pub static PID: AtomicU64 = AtomicU64::new(0);
+/// Registered fds closed where the shim could not cancel their polls at once (a signal
+/// handler that interrupted the shim, another thread, a forked child, a busy lock): the
+/// number is closed, the owner thread deletes the registration at its next call.
+static PENDING: [AtomicU64; MAXFD / 64] = [const { AtomicU64::new(0) }; MAXFD / 64];
+/// Bits set in [`PENDING`] (lets every call skip the scan when zero).
+static PENDING_N: AtomicU64 = AtomicU64::new(0);
 /// Ring-mode instances alive (lets `poll`/`select` skip their scan when zero).
 pub static RING_LIVE: AtomicU64 = AtomicU64::new(0);
 /// The process that last logged "served by the event ring" (once per process).
@@ -65,6 +83,94 @@ pub fn is_registered(fd: libc::c_int) -> bool {
     fd_slot(fd).is_some_and(|s| s.load(Ordering::Relaxed) & F_REGS != 0)
 }
 
+/// Whether `fd` is one of the shim's own descriptors.
+pub fn is_private(fd: libc::c_int) -> bool {
+    fd_slot(fd).is_some_and(|s| s.load(Ordering::Relaxed) & F_PRIVATE != 0)
+}
+
+/// All of `fd`'s flags (0: the shim has nothing to do with it).
+pub fn flags(fd: libc::c_int) -> u32 {
+    fd_slot(fd).map_or(0, |s| s.load(Ordering::Relaxed))
+}
+
+/// Marks a descriptor the event ring created for itself (called by zcio when it moves one
+/// above the private floor).
+pub fn mark_private(fd: libc::c_int) {
+    if let Some(s) = fd_slot(fd) {
+        s.fetch_or(F_PRIVATE, Ordering::Relaxed);
+    }
+}
+
+/// Clears the private mark (the shim closes its own descriptor).
+pub fn clear_private(fd: libc::c_int) {
+    if let Some(s) = fd_slot(fd) {
+        s.fetch_and(!F_PRIVATE, Ordering::Relaxed);
+    }
+}
+
+/// Whether this is the process the shim's state belongs to (false in a `vfork` child).
+pub fn same_process() -> bool {
+    // SAFETY: getpid has no preconditions.
+    PID.load(Ordering::Relaxed) == unsafe { libc::getpid() } as u64
+}
+
+/// Records that registered `fd` was closed (or replaced) without its polls cancelled.
+/// Async-signal-safe: atomics only.
+pub fn mark_pending(fd: libc::c_int) {
+    let Ok(i) = usize::try_from(fd) else { return };
+    if i >= MAXFD {
+        return;
+    }
+    let bit = 1u64 << (i % 64);
+    if PENDING[i / 64].fetch_or(bit, Ordering::AcqRel) & bit == 0 {
+        PENDING_N.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+fn is_pending(i: usize) -> bool {
+    PENDING[i / 64].load(Ordering::Acquire) & (1u64 << (i % 64)) != 0
+}
+
+/// One registration of `fd` ended: the fd's count goes down, and its pending mark goes with
+/// the last one.
+fn unreg(i: usize) {
+    let left = FDS[i].fetch_sub(1, Ordering::AcqRel).wrapping_sub(1) & F_REGS;
+    if left == 0 {
+        let bit = 1u64 << (i % 64);
+        if PENDING[i / 64].fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+            PENDING_N.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Deletes this instance's registrations of fds closed behind its back (see [`PENDING`]);
+/// `ring`: cancel their polls (false in a forked child, whose ring is the parent's).
+fn drain_pending(st: &mut State, ring: bool) {
+    if PENDING_N.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let mut cancelled = false;
+    for i in 0..st.regs.len() {
+        if st.regs[i].is_none() || !is_pending(i) {
+            continue;
+        }
+        st.regs[i] = None;
+        if ring {
+            if let Some(r) = st.ring.as_mut() {
+                let _ = r.delete(i as libc::c_int);
+                cancelled = true;
+            }
+        }
+        bump(&STATS.deferred_closes, 1);
+        unreg(i);
+    }
+    if cancelled {
+        if let Some(r) = st.ring.as_mut() {
+            let _ = r.flush();
+        }
+    }
+}
+
 /// The instance table: a spin lock (held for a few instructions; taken around `fork` so the
 /// child never inherits it locked) over `epfd → instance`.
 struct Table {
@@ -89,6 +195,22 @@ pub fn table_lock() {
     {
         std::thread::yield_now();
     }
+}
+
+/// Takes the table lock unless it stays busy (a signal handler must not spin on a lock the
+/// code it interrupted holds).
+fn table_try_lock() -> bool {
+    for _ in 0..10_000 {
+        if TABLE
+            .lock
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return true;
+        }
+        std::hint::spin_loop();
+    }
+    false
 }
 
 /// Releases the table lock (atfork parent and child).
@@ -142,6 +264,10 @@ pub struct Instance {
     fork_gen: u64,
     ring_mode: AtomicBool,
     contenders: AtomicU32,
+    /// The state, while the owner sleeps in a ring wait with the lock held (null otherwise).
+    /// A child forked meanwhile has no thread that would ever release the lock; it reads the
+    /// interest list through this pointer instead (the wait never touches `regs`).
+    waiting: AtomicPtr<State>,
     poster: Poster,
     state: Mutex<State>,
 }
@@ -184,6 +310,7 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
         fork_gen: FORK_GEN.load(Ordering::Relaxed),
         ring_mode: AtomicBool::new(true),
         contenders: AtomicU32::new(0),
+        waiting: AtomicPtr::new(std::ptr::null_mut()),
         poster: ring.poster(),
         state: Mutex::new(State {
             ring: Some(ring),
@@ -208,6 +335,15 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
     Some(())
 }
 
+/// Forgets that `epfd` is an instance without touching the instance (lock-free, for a signal
+/// handler that closes it): its entry stays in the table, unreachable, until the number is
+/// reused by a new instance (which retires it) or the process ends.
+pub fn forget_instance_fd(epfd: libc::c_int) {
+    if let Some(slot) = fd_slot(epfd) {
+        slot.fetch_and(!F_EPOLL, Ordering::Relaxed);
+    }
+}
+
 /// Removes `epfd`'s instance (on close or when dup2 replaces it); the real fd is the caller's.
 pub fn remove(epfd: libc::c_int) {
     let Some(slot) = fd_slot(epfd) else { return };
@@ -220,9 +356,48 @@ pub fn remove(epfd: libc::c_int) {
     }
 }
 
+/// Whether `inst` was created before a `fork` this process came out of.
+fn forked(inst: &Instance) -> bool {
+    inst.fork_gen != FORK_GEN.load(Ordering::Relaxed)
+}
+
+/// Locks `inst` from any thread; in a forked child only if it is free (a thread of the parent
+/// that held it does not exist here and would never release it): `None` then.
+fn lock_checked(inst: &Instance) -> Option<MutexGuard<'_, State>> {
+    if forked(inst) {
+        return match inst.state.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => {
+                let p = inst.waiting.load(Ordering::Acquire);
+                if inst.ring_mode.load(Ordering::Relaxed) && !p.is_null() {
+                    // SAFETY: the parent's owner thread was inside the ring wait (between the
+                    // two stores in `wait`), which leaves `regs` alone; that thread does not
+                    // exist in this child and nothing else here reaches the state while the
+                    // lock stays held, so this is the only reference.
+                    let st = unsafe { &mut *p };
+                    to_real_in(
+                        inst,
+                        st,
+                        "used in a forked child (forked during a wait)",
+                        true,
+                    );
+                } else if inst.ring_mode.swap(false, Ordering::Relaxed) {
+                    log(format_args!(
+                        "epoll fd {}: forked while another thread used it; registrations lost",
+                        inst.epfd
+                    ));
+                }
+                None
+            }
+        };
+    }
+    lock_any(inst)
+}
+
 /// Drops an instance's ring and its registrations' fd counts, without replaying them.
 fn retire(inst: &Instance) {
-    if let Some(mut st) = lock_any(inst) {
+    if let Some(mut st) = lock_checked(inst) {
         if let Some(ring) = st.ring.take() {
             forget_regs(&mut st);
             finish_ring(inst, ring);
@@ -236,7 +411,7 @@ fn retire(inst: &Instance) {
 fn forget_regs(st: &mut State) {
     for (fd, r) in st.regs.iter_mut().enumerate() {
         if r.take().is_some() {
-            FDS[fd].fetch_sub(1, Ordering::Relaxed);
+            unreg(fd);
         }
     }
 }
@@ -251,7 +426,7 @@ fn finish_ring(inst: &Instance, ring: EventRing) {
 /// Like [`finish_ring`], but cancels the polls now and keeps the ring until the instance goes.
 fn park_ring(inst: &Instance, st: &mut State, mut ring: EventRing) {
     for (fd, r) in st.regs.iter().enumerate() {
-        if r.is_some() {
+        if r.is_some() && !is_pending(fd) {
             let _ = ring.delete(fd as libc::c_int);
         }
     }
@@ -297,10 +472,17 @@ fn to_real(inst: &Instance, st: &mut State, why: &str) {
 }
 
 fn to_real_in(inst: &Instance, st: &mut State, why: &str, forked: bool) {
+    if !forked {
+        // Closed numbers must not be replayed (the number may be another file now).
+        drain_pending(st, true);
+    }
     let Some(ring) = st.ring.take() else { return };
     let mut replayed = 0;
     for (fd, r) in st.regs.iter().enumerate() {
         let Some(r) = r else { continue };
+        if is_pending(fd) {
+            continue;
+        }
         // A fired ONESHOT stays disabled: no readiness bits (epoll adds ERR|HUP itself).
         let events = if r.disabled {
             libc::EPOLLONESHOT as u32
@@ -321,8 +503,12 @@ fn to_real_in(inst: &Instance, st: &mut State, why: &str, forked: bool) {
         replayed += 1;
     }
     if forked {
-        // Only this process's reference to the parent's ring goes; nothing is submitted.
-        finish_ring(inst, ring);
+        // The ring is the parent's: nothing is submitted, and it is not even dropped (a
+        // parent thread may have been inside it when the process forked); the child's copy of
+        // its memory and fds go at exit or exec (the fds are close-on-exec).
+        inst.ring_mode.store(false, Ordering::Relaxed);
+        RING_LIVE.fetch_sub(1, Ordering::Relaxed);
+        std::mem::forget(ring);
     } else {
         park_ring(inst, st, ring);
     }
@@ -338,8 +524,10 @@ fn to_real_in(inst: &Instance, st: &mut State, why: &str, forked: bool) {
 pub fn convert(epfd: libc::c_int, why: &str) {
     if let Some(inst) = lookup(epfd) {
         if inst.ring_mode.load(Ordering::Relaxed) {
-            if let Some(mut st) = lock_any(&inst) {
-                to_real(&inst, &mut st, why);
+            let f = forked(&inst);
+            if let Some(mut st) = lock_checked(&inst) {
+                let why = if f { "used in a forked child" } else { why };
+                to_real_in(&inst, &mut st, why, f);
             }
         }
     }
@@ -355,17 +543,10 @@ fn access(inst: &Instance) -> Access<'_> {
     if !inst.ring_mode.load(Ordering::Relaxed) {
         return Access::Real;
     }
-    if inst.fork_gen != FORK_GEN.load(Ordering::Relaxed) {
+    if forked(inst) {
         // A forked child: the ring belongs to the parent. Replay into the (shared) real epoll.
-        match inst.state.try_lock() {
-            Ok(mut st) => to_real_in(inst, &mut st, "used in a forked child", true),
-            Err(_) => {
-                inst.ring_mode.store(false, Ordering::Relaxed);
-                log(format_args!(
-                    "epoll fd {}: forked while another thread used it; registrations lost",
-                    inst.epfd
-                ));
-            }
+        if let Some(mut st) = lock_checked(inst) {
+            to_real_in(inst, &mut st, "used in a forked child", true);
         }
         return Access::Real;
     }
@@ -378,8 +559,9 @@ fn access(inst: &Instance) -> Access<'_> {
     while inst.contenders.load(Ordering::Acquire) > 0 {
         std::thread::yield_now();
     }
-    let st = inst.state.lock().unwrap_or_else(|p| p.into_inner());
+    let mut st = inst.state.lock().unwrap_or_else(|p| p.into_inner());
     if st.ring.is_some() {
+        drain_pending(&mut st, true);
         Access::Ring(st)
     } else {
         Access::Real
@@ -450,13 +632,13 @@ pub fn ctl(
             match op {
                 libc::EPOLL_CTL_ADD => {
                     if st.regs[i].replace(reg).is_none() {
-                        FDS[i].fetch_add(1, Ordering::Relaxed);
+                        FDS[i].fetch_add(1, Ordering::AcqRel);
                     }
                 }
                 libc::EPOLL_CTL_MOD => st.regs[i] = Some(reg),
                 _ => {
                     if st.regs[i].take().is_some() {
-                        FDS[i].fetch_sub(1, Ordering::Relaxed);
+                        unreg(i);
                     }
                 }
             }
@@ -510,8 +692,11 @@ pub fn wait(
             st.buf.resize(want, Event::default());
         }
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let ring_state: *mut State = st;
         let ring = st.ring.as_mut().expect("ring mode");
+        inst.waiting.store(ring_state, Ordering::Release);
         let r = ring.wait(&mut st.buf[..want], left);
+        inst.waiting.store(std::ptr::null_mut(), Ordering::Release);
         let n = match r {
             Ok(n) => n,
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
@@ -561,43 +746,69 @@ pub fn wait(
     }
 }
 
-/// Bookkeeping for `close(fd)` (or an fd replaced by `dup2`) of a registered fd: each
-/// ring-mode instance cancels its poll before the fd goes, as closing the last reference
-/// ends an epoll registration. Returns the result of the real close (`do_close`) or 0.
+/// Bookkeeping for `close(fd)` (or an fd replaced by `dup2`) of a registered fd, before the
+/// number goes: an armed io_uring poll holds a reference to the file, so each ring-mode
+/// instance must cancel its poll (and have the kernel run the cancellation) first, or the
+/// socket stays open. Returns the result of the real close (`do_close`) or 0.
+///
+/// Takes no lock that can block and allocates nothing of its own (a signal handler may call
+/// `close`): the instance table and each instance are only *tried*; where the poll cannot be
+/// cancelled here (another thread owns the ring, the lock is busy, a forked child), the fd is
+/// marked pending and the owner deletes the registration at its next call (woken with a
+/// user event, so a blocked wait notices at once).
 pub fn close_registered(fd: libc::c_int, do_close: bool) -> libc::c_int {
-    let mut closed = !do_close;
-    for inst in all_instances() {
-        if closed && !is_registered(fd) {
-            break;
+    let i = fd as usize;
+    if !table_try_lock() {
+        mark_pending(fd);
+        return if do_close { real::close(fd) } else { 0 };
+    }
+    let me = tid();
+    // SAFETY: the table lock is held; only shared references are taken, and only while held.
+    let slots = unsafe { &*TABLE.slots.get() };
+    for inst in slots.iter().flatten() {
+        if !inst.ring_mode.load(Ordering::Relaxed) {
+            continue;
         }
-        let mut st = match access(&inst) {
-            Access::Ring(st) => st,
-            Access::Real => continue,
+        if forked(inst) || inst.owner != me {
+            // Not this thread's ring to submit to. Marked before the owner is woken (the
+            // owner's next call drains the mark), while the fd's count is still above zero
+            // (the last registration's end clears it; an instance handled above may already
+            // have ended it).
+            if is_registered(fd) {
+                mark_pending(fd);
+            }
+            if !forked(inst) {
+                let _ = inst.poster.post(WAKE, 0);
+            }
+            continue;
+        }
+        let mut st = match inst.state.try_lock() {
+            Ok(st) => st,
+            Err(_) => {
+                if is_registered(fd) {
+                    mark_pending(fd);
+                }
+                let _ = inst.poster.post(WAKE, 0);
+                continue;
+            }
         };
         let st = &mut *st;
-        let i = fd as usize;
         if st.regs.get(i).map_or(true, Option::is_none) {
             continue;
         }
         st.regs[i] = None;
-        FDS[i].fetch_sub(1, Ordering::Relaxed);
         bump(&STATS.ring_closes, 1);
-        let ring = st.ring.as_mut().expect("ring mode");
-        if !closed && !is_registered(fd) {
-            // SAFETY: the program hands this fd to close(); the ring closes it once, after
-            // cancelling the poll, through the real close (the shim's guard is set).
-            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-            let _ = ring.close(owned);
-            closed = true;
-        } else {
+        if let Some(ring) = st.ring.as_mut() {
             let _ = ring.delete(fd);
-            // Submit the cancellation now, so the kernel drops its reference.
-            let _ = ring.harvest(&mut []);
+            // Submit the cancellation and run it now, so the kernel drops its reference.
+            let _ = ring.flush();
         }
+        unreg(i);
     }
-    if closed {
-        0
-    } else {
+    table_unlock();
+    if do_close {
         real::close(fd)
+    } else {
+        0
     }
 }

@@ -39,6 +39,11 @@ pub struct Stats {
     pub ring_closes: AtomicU64,
     /// Wait calls on shim instances passed to the real epoll (fallen-back instances).
     pub real_waits: AtomicU64,
+    /// Registrations of fds closed where their polls could not be cancelled at once (signal
+    /// handler, other thread, forked child), deleted by the owner's next call.
+    pub deferred_closes: AtomicU64,
+    /// Program calls refused with `EBADF` because they named one of the shim's own fds.
+    pub refused: AtomicU64,
 }
 
 /// The counters.
@@ -51,6 +56,8 @@ pub static STATS: Stats = Stats {
     ring_ctls: AtomicU64::new(0),
     ring_closes: AtomicU64::new(0),
     real_waits: AtomicU64::new(0),
+    deferred_closes: AtomicU64::new(0),
+    refused: AtomicU64::new(0),
 };
 
 pub fn bump(c: &AtomicU64, n: u64) {
@@ -87,17 +94,34 @@ fn write_all(fd: libc::c_int, mut b: &[u8]) {
     }
 }
 
+extern "C" {
+    // glibc ≥ 2.17; not in the libc crate.
+    fn secure_getenv(name: *const libc::c_char) -> *mut libc::c_char;
+}
+
+/// One setting, through `secure_getenv`: a set-user-ID or set-group-ID program (the shim
+/// preloaded system-wide from /etc/ld.so.preload) sees none, so its caller's environment
+/// cannot make it write a file or log.
+fn setting(name: &'static [u8]) -> Option<Vec<u8>> {
+    // SAFETY: `name` is NUL-terminated; secure_getenv returns NULL or a NUL-terminated string
+    // owned by the environment, copied at once (the constructor runs before other threads).
+    unsafe {
+        let p = secure_getenv(name.as_ptr().cast());
+        (!p.is_null()).then(|| std::ffi::CStr::from_ptr(p).to_bytes().to_vec())
+    }
+}
+
 /// Reads the settings from the environment.
 pub fn read_env() {
-    let on = |k: &str| std::env::var(k).map(|v| v == "1" || v == "on" || v == "yes");
-    LOG.store(on("ZCIO_EPOLL_LOG").unwrap_or(false), Ordering::Relaxed);
-    if let Ok(v) = std::env::var("ZCIO_EPOLL") {
-        DISABLED.store(v == "off" || v == "0", Ordering::Relaxed);
+    let on = |k| setting(k).map(|v| v == b"1" || v == b"on" || v == b"yes");
+    LOG.store(on(b"ZCIO_EPOLL_LOG\0").unwrap_or(false), Ordering::Relaxed);
+    if let Some(v) = setting(b"ZCIO_EPOLL\0") {
+        DISABLED.store(v == b"off" || v == b"0", Ordering::Relaxed);
     }
-    if let Ok(v) = std::env::var("ZCIO_EPOLL_TASKRUN") {
-        DEFER_TASKRUN.store(v != "coop", Ordering::Relaxed);
+    if let Some(v) = setting(b"ZCIO_EPOLL_TASKRUN\0") {
+        DEFER_TASKRUN.store(v != b"coop", Ordering::Relaxed);
     }
-    if let Ok(p) = std::env::var("ZCIO_EPOLL_STATS") {
+    if let Some(p) = setting(b"ZCIO_EPOLL_STATS\0") {
         if let Ok(c) = CString::new(p) {
             let _ = STATS_PATH.set(c);
         }
@@ -111,7 +135,7 @@ pub fn line(live_enters: u64) -> String {
     let pid = unsafe { libc::getpid() };
     format!(
         "pid={pid} ring_instances={} fallbacks={} ring_waits={} ring_events={} ring_enters={} \
-         ring_ctls={} ring_closes={} real_waits={}\n",
+         ring_ctls={} ring_closes={} real_waits={} deferred_closes={} refused={}\n",
         g(&STATS.ring_instances),
         g(&STATS.fallbacks),
         g(&STATS.ring_waits),
@@ -120,10 +144,14 @@ pub fn line(live_enters: u64) -> String {
         g(&STATS.ring_ctls),
         g(&STATS.ring_closes),
         g(&STATS.real_waits),
+        g(&STATS.deferred_closes),
+        g(&STATS.refused),
     )
 }
 
-/// Appends the stats line to `ZCIO_EPOLL_STATS` (called at exit).
+/// Appends the stats line to `ZCIO_EPOLL_STATS` (called at exit). The file is opened with
+/// `O_NOFOLLOW` (a symlink planted at the path is refused, not followed) and created `0600`
+/// when missing; only a regular file is written.
 pub fn write_stats(live_enters: u64) {
     let Some(path) = STATS_PATH.get() else { return };
     let l = line(live_enters);
@@ -131,12 +159,30 @@ pub fn write_stats(live_enters: u64) {
     let fd = unsafe {
         libc::open(
             path.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
-            0o644,
+            libc::O_WRONLY
+                | libc::O_CREAT
+                | libc::O_APPEND
+                | libc::O_CLOEXEC
+                | libc::O_NOFOLLOW
+                | libc::O_NONBLOCK
+                | libc::O_NOCTTY,
+            0o600 as libc::c_uint,
         )
     };
+    if fd >= 0 && !is_regular(fd) {
+        crate::real::close(fd);
+        return;
+    }
     if fd >= 0 {
         write_all(fd, l.as_bytes());
         crate::real::close(fd);
+    }
+}
+
+fn is_regular(fd: libc::c_int) -> bool {
+    // SAFETY: zeroed stat is a valid out-buffer; fstat fills it.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG
     }
 }

@@ -1,7 +1,8 @@
 //! Test hosts for zcio: network namespaces joined by veth, created and removed by this crate.
 //!
-//! Addresses come only from 198.18.0.0/15 (RFC 2544 benchmarking) and 2001:db8::/32 (RFC 3849
-//! documentation); each host is its own network namespace, so nothing here is routable outside
+//! Addresses come from 198.18.0.0/15 (RFC 2544 benchmarking) and 2001:db8::/32 (RFC 3849
+//! documentation), or, for [`Pair::with_addrs`], whatever the caller picks ([`PairAddrs::private`]:
+//! 10.77.0.0/24 and fd77::/64); each host is its own network namespace, so nothing here is routable outside
 //! loopback and the namespaces. Namespaces are named `zcio-<pid>-<n>-<tag>`; they are removed
 //! on drop (also while unwinding from a panic), and [`cleanup_stale`] removes those whose
 //! creating process is gone (a killed run).
@@ -22,6 +23,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub mod caps;
 pub mod routes;
 pub mod seccomp;
+pub mod tempdir;
+
+pub use tempdir::TempDir;
 
 /// Name prefix of every namespace this crate creates.
 pub const PREFIX: &str = "zcio-";
@@ -130,6 +134,8 @@ static SEQ: AtomicU32 = AtomicU32::new(0);
 #[derive(Debug)]
 pub struct Netns {
     name: String,
+    /// `/etc/netns/NAME`, when [`Netns::set_hosts`] made it; removed on drop.
+    etc: Option<std::path::PathBuf>,
 }
 
 impl Netns {
@@ -141,9 +147,40 @@ impl Netns {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("{PREFIX}{}-{n}-{tag}", std::process::id());
         ip(&["netns", "add", &name])?;
-        let ns = Self { name };
+        let ns = Self { name, etc: None };
         ns.ip(&["link", "set", "lo", "up"])?;
         Ok(ns)
+    }
+
+    /// Gives programs started with [`Netns::command`] their own `/etc/hosts` with `entries`
+    /// (plus `localhost`): `ip netns exec` bind-mounts `/etc/netns/NAME/hosts` over
+    /// `/etc/hosts` for the program it runs. The machine's own `/etc/hosts` is not touched;
+    /// `/etc/netns/NAME` is removed on drop.
+    pub fn set_hosts(&mut self, entries: &[(&str, std::net::IpAddr)]) -> Result<()> {
+        use std::io::Write;
+        let io = |what: String| move |e| Error::Io { what, source: e };
+        let base = std::path::Path::new("/etc/netns");
+        std::fs::create_dir_all(base).map_err(io("creating /etc/netns".into()))?;
+        let dir = base.join(&self.name);
+        if self.etc.is_none() {
+            // Exclusive: a directory already there (of another run, or planted) is an error.
+            std::fs::create_dir(&dir).map_err(io(format!("creating {}", dir.display())))?;
+            self.etc = Some(dir.clone());
+        }
+        let mut text = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n");
+        for (name, ip) in entries {
+            text.push_str(&format!("{ip}\t{name}\n"));
+        }
+        let path = dir.join("hosts");
+        let _ = std::fs::remove_file(&path);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io(format!("creating {}", path.display())))?;
+        f.write_all(text.as_bytes())
+            .map_err(io(format!("writing {}", path.display())))?;
+        Ok(())
     }
 
     /// The namespace's name (as `ip netns` knows it).
@@ -243,6 +280,9 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        if let Some(dir) = self.etc.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         if let Err(e) = ip(&["netns", "del", &self.name]) {
             eprintln!(
                 "zcio-testnet: could not remove namespace {}: {e}",
@@ -269,6 +309,7 @@ pub fn cleanup_stale() -> usize {
         if std::path::Path::new(&format!("/proc/{pid}")).exists() {
             continue;
         }
+        let _ = std::fs::remove_dir_all(format!("/etc/netns/{name}"));
         if ip(&["netns", "del", &name]).is_ok() {
             removed += 1;
         }
@@ -283,21 +324,62 @@ pub struct Pair {
     pub a: Netns,
     /// Host B.
     pub b: Netns,
-    /// A's IPv4 address (198.18.0.1).
+    /// A's IPv4 address (198.18.0.1 unless chosen).
     pub a4: Ipv4Addr,
-    /// B's IPv4 address (198.18.0.2).
+    /// B's IPv4 address (198.18.0.2 unless chosen).
     pub b4: Ipv4Addr,
-    /// A's IPv6 address (2001:db8::1).
+    /// A's IPv6 address (2001:db8::1 unless chosen).
     pub a6: Ipv6Addr,
-    /// B's IPv6 address (2001:db8::2).
+    /// B's IPv6 address (2001:db8::2 unless chosen).
     pub b6: Ipv6Addr,
     /// Interface name on both sides (`veth0`).
     pub iface: &'static str,
 }
 
+/// Addresses for a [`Pair`]: the two ends' IPv4 (on a /24) and IPv6 (on a /64).
+#[derive(Debug, Clone, Copy)]
+pub struct PairAddrs {
+    /// A's IPv4.
+    pub a4: Ipv4Addr,
+    /// B's IPv4.
+    pub b4: Ipv4Addr,
+    /// A's IPv6.
+    pub a6: Ipv6Addr,
+    /// B's IPv6.
+    pub b6: Ipv6Addr,
+}
+
+impl PairAddrs {
+    /// The default test addresses: 198.18.0.1/2, 2001:db8::1/2.
+    pub fn test_ranges() -> Self {
+        Self {
+            a4: Ipv4Addr::new(198, 18, 0, 1),
+            b4: Ipv4Addr::new(198, 18, 0, 2),
+            a6: "2001:db8::1".parse().expect("literal"),
+            b6: "2001:db8::2".parse().expect("literal"),
+        }
+    }
+
+    /// Private addresses outside the test ranges, 10.77.0.1/2 and fd77::1/2: they exist only
+    /// inside the two namespaces, and show a tool has no address filter of its own.
+    pub fn private() -> Self {
+        Self {
+            a4: Ipv4Addr::new(10, 77, 0, 1),
+            b4: Ipv4Addr::new(10, 77, 0, 2),
+            a6: "fd77::1".parse().expect("literal"),
+            b6: "fd77::2".parse().expect("literal"),
+        }
+    }
+}
+
 impl Pair {
     /// Creates two namespaces joined by veth, addressed and up (IPv6 without DAD).
     pub fn new(tag: &str) -> Result<Self> {
+        Self::with_addrs(tag, PairAddrs::test_ranges())
+    }
+
+    /// Like [`Pair::new`] with chosen addresses.
+    pub fn with_addrs(tag: &str, addrs: PairAddrs) -> Result<Self> {
         let a = Netns::new(&format!("{tag}a"))?;
         let b = Netns::new(&format!("{tag}b"))?;
         let iface = "veth0";
@@ -316,10 +398,10 @@ impl Pair {
         let pair = Self {
             a,
             b,
-            a4: Ipv4Addr::new(198, 18, 0, 1),
-            b4: Ipv4Addr::new(198, 18, 0, 2),
-            a6: "2001:db8::1".parse().expect("literal"),
-            b6: "2001:db8::2".parse().expect("literal"),
+            a4: addrs.a4,
+            b4: addrs.b4,
+            a6: addrs.a6,
+            b6: addrs.b6,
             iface,
         };
         for (ns, v4, v6) in [(&pair.a, pair.a4, pair.a6), (&pair.b, pair.b4, pair.b6)] {

@@ -15,14 +15,15 @@ pub fn add_routes(ns: &Netns, n: u32) -> Result<()> {
     ns.ip(&["link", "add", "rt0", "type", "veth", "peer", "name", "rt1"])?;
     ns.ip(&["link", "set", "rt1", "up"])?;
     ns.ip(&["link", "set", "rt0", "up"])?;
-    let path =
-        std::env::temp_dir().join(format!("zcio-routes-{}-{}", std::process::id(), ns.name()));
     let io = |what: &str, e: std::io::Error| Error::Io {
         what: what.into(),
         source: e,
     };
+    let dir = crate::TempDir::new("routes").map_err(|e| io("creating a temporary directory", e))?;
+    let path = dir.join("batch");
     {
-        let f = std::fs::File::create(&path).map_err(|e| io("creating the batch file", e))?;
+        let f = crate::tempdir::write_new(&path, b"", 0o600)
+            .map_err(|e| io("creating the batch file", e))?;
         let mut w = std::io::BufWriter::new(f);
         let base = u32::from(ROUTE_BASE);
         for i in 0..n {
@@ -32,7 +33,5 @@ pub fn add_routes(ns: &Netns, n: u32) -> Result<()> {
         w.flush().map_err(|e| io("writing the batch file", e))?;
     }
     let p = path.to_string_lossy().into_owned();
-    let r = ns.ip(&["-batch", &p]);
-    let _ = std::fs::remove_file(&path);
-    r.map(drop)
+    ns.ip(&["-batch", &p]).map(drop)
 }

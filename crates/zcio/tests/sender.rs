@@ -705,3 +705,331 @@ fn memlock_limit_on_pinned_pages_is_backpressure_for_send_zc() {
     );
     eprintln!("room waits {}, fallbacks {fallbacks:?}", stats.room_waits);
 }
+
+/// Sends `n` pattern buffers of `size` on a fresh loopback TCP connection with `mode`, calling
+/// `hook` on the sender after `at` sends; returns the book, the tickets, bytes sent and the
+/// receiver's byte count (the receiver checks every byte's position).
+fn tcp_run_with(
+    mode: TxMode,
+    n: usize,
+    size: usize,
+    at: usize,
+    hook: impl FnOnce(&mut Sender),
+) -> (Sender, Book, Vec<Ticket>, u64, JoinHandle<u64>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rx = pattern_reader(l.try_clone().unwrap());
+    let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let pool = Box::leak(Box::new(Pool::new(size, 16, false).unwrap()));
+    let mut tx = Sender::new(sock, pool, cfg(mode)).unwrap();
+    assert_eq!(tx.path(), Path::UringZc, "needs io_uring SEND_ZC");
+    let mut book = Book::default();
+    let mut tickets = vec![];
+    let mut off = 0u64;
+    let mut hook = Some(hook);
+    for i in 0..n {
+        if i == at {
+            (hook.take().unwrap())(&mut tx);
+        }
+        let mut b = book.get(pool, &mut tx);
+        b.set_len(size);
+        common::fill_pattern(&mut b, off);
+        off += size as u64;
+        tickets.push(tx.send(b));
+        book.take(&mut tx);
+    }
+    (tx, book, tickets, off, rx)
+}
+
+/// Whether io_uring SEND_ZC works here; otherwise skips `test` with the reason.
+fn has_send_zc(test: &str) -> bool {
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.connect(rx.local_addr().unwrap()).unwrap();
+    let pool = Pool::new(4096, 1, false).unwrap();
+    let tx = Sender::new(s, &pool, cfg(TxMode::UringZc)).unwrap();
+    tx.path() == Path::UringZc || common::skip(test, &format!("{:?}", tx.fallbacks()))
+}
+
+fn ring_fails_mid_stream(times: u32) {
+    use zcio::ring::send::Fault;
+    let (mut tx, mut book, tickets, off, rx) =
+        tcp_run_with(TxMode::UringZc, 200, 16 << 10, 20, |tx| {
+            assert!(tx.inject_ring_fault(Fault {
+                after_requests: 0,
+                errno: libc::EIO,
+                times,
+            }));
+        });
+    // A ring that fails for good cannot deliver the notifications of sends the kernel
+    // took: those buffers stay with it (never reused) and flush says so.
+    let r = tx.flush(Duration::from_secs(20));
+    book.take(&mut tx);
+    let stuck = tx.in_flight();
+    match r {
+        Ok(()) => assert_eq!(stuck, 0),
+        Err(zcio::tx::TxError::Ring(e)) => {
+            assert!(times == u32::MAX && stuck > 0, "{e}");
+            assert!(e.to_string().contains("abandoned"), "{e}");
+        }
+        Err(e) => panic!("flush: {e}"),
+    }
+    assert_eq!(book.done.len() + stuck, tickets.len());
+    for c in book.done.values() {
+        assert_eq!(c.result(), Ok(c.len), "{c:?}");
+    }
+    assert_eq!(tx.path(), Path::Copy);
+    let fb = tx
+        .fallbacks()
+        .iter()
+        .map(|f| f.to_string())
+        .collect::<Vec<_>>();
+    assert!(
+        fb.iter()
+            .any(|f| f.contains("io_uring_enter failed") && f.contains("by copy")),
+        "{fb:?}"
+    );
+    drop(tx);
+    assert_eq!(
+        rx.join().unwrap(),
+        off,
+        "receiver got every byte once, in order"
+    );
+}
+
+#[test]
+fn ring_failing_for_good_mid_stream_sends_queued_requests_by_copy_in_order() {
+    if has_send_zc("ring_failing_for_good_mid_stream_sends_queued_requests_by_copy_in_order") {
+        ring_fails_mid_stream(u32::MAX);
+    }
+}
+
+#[test]
+fn ring_failing_once_mid_stream_loses_and_repeats_no_byte() {
+    if has_send_zc("ring_failing_once_mid_stream_loses_and_repeats_no_byte") {
+        ring_fails_mid_stream(1);
+    }
+}
+
+#[test]
+fn interrupted_enter_is_retried_and_zero_copy_stays_on() {
+    if !has_send_zc("interrupted_enter_is_retried_and_zero_copy_stays_on") {
+        return;
+    }
+    use zcio::ring::send::Fault;
+    let (mut tx, mut book, tickets, off, rx) =
+        tcp_run_with(TxMode::UringZc, 100, 16 << 10, 10, |tx| {
+            assert!(tx.inject_ring_fault(Fault {
+                after_requests: 0,
+                errno: libc::EINTR,
+                times: 5,
+            }));
+        });
+    book.finish(&mut tx, &tickets);
+    assert_eq!(
+        tx.path(),
+        Path::UringZc,
+        "EINTR disabled zero-copy: {:?}",
+        tx.fallbacks()
+    );
+    assert!(tx.fallbacks().is_empty(), "{:?}", tx.fallbacks());
+    assert_eq!(tx.stats().sends_by_path[2], 100);
+    drop(tx);
+    assert_eq!(rx.join().unwrap(), off);
+}
+
+#[test]
+fn wait_on_a_ring_that_failed_with_sends_in_the_kernel_errors_instead_of_spinning() {
+    if !has_send_zc(
+        "wait_on_a_ring_that_failed_with_sends_in_the_kernel_errors_instead_of_spinning",
+    ) {
+        return;
+    }
+    use zcio::ring::send::Fault;
+    use zcio::tx::TxError;
+    // A peer that does not read and a small send buffer: requests stay in the kernel.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (_peer, _) = l.accept().unwrap();
+    let one: libc::c_int = 4096;
+    // SAFETY (test): plain setsockopt on a live socket with a valid int.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&sock),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as u32,
+        )
+    };
+    assert_eq!(rc, 0);
+    let pool = Pool::new(1 << 20, 8, false).unwrap();
+    let mut tx = Sender::new(sock, &pool, cfg(TxMode::UringZc)).unwrap();
+    assert_eq!(tx.path(), Path::UringZc);
+    for _ in 0..4 {
+        let mut b = pool.try_get().unwrap();
+        b.set_len(1 << 20);
+        b.fill(1);
+        tx.send(b);
+    }
+    tx.poll().unwrap();
+    assert!(tx.in_flight() > 0);
+    assert!(tx.inject_ring_fault(Fault {
+        after_requests: 0,
+        errno: libc::EIO,
+        times: u32::MAX,
+    }));
+    let t0 = std::time::Instant::now();
+    let r = tx.flush(Duration::from_secs(60));
+    assert!(
+        matches!(r, Err(TxError::Ring(_))),
+        "flush on a failed ring: {r:?} after {:?}",
+        t0.elapsed()
+    );
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    // Later sends on the stream fail at once with the error instead of blocking.
+    let b = pool.try_get().unwrap();
+    let t = tx.send(b);
+    tx.poll().unwrap();
+    let (c, _) = tx
+        .completions()
+        .find(|(c, _)| c.ticket == t)
+        .expect("completes at once");
+    assert!(c.error.is_some(), "{c:?}");
+}
+
+#[test]
+fn socket_with_msg_zerocopy_history_is_refused_for_msg_zc_or_mapped_right() {
+    use std::os::fd::AsRawFd;
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rx = pattern_reader(l.try_clone().unwrap());
+    let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let fd = sock.as_raw_fd();
+    // Someone else sent with MSG_ZEROCOPY on this socket first: 5 completion numbers taken.
+    let on: libc::c_int = 1;
+    // SAFETY (test): setsockopt/send on a live socket with valid pointers and lengths.
+    unsafe {
+        assert_eq!(
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                zcio::sys::SO_ZEROCOPY,
+                (&on as *const libc::c_int).cast(),
+                4
+            ),
+            0
+        );
+    }
+    let mut off = 0u64;
+    let mut first = vec![0u8; 1000];
+    for _ in 0..5 {
+        common::fill_pattern(&mut first, off);
+        // SAFETY: as above.
+        let n = unsafe {
+            libc::send(
+                fd,
+                first.as_ptr().cast(),
+                first.len(),
+                zcio::sys::MSG_ZEROCOPY | libc::MSG_NOSIGNAL,
+            )
+        };
+        assert_eq!(n, 1000);
+        off += 1000;
+    }
+    // The sender gets a dup of it.
+    let dup = sock.try_clone().unwrap();
+    drop(sock);
+    let pool = Pool::new(64 << 10, 8, false).unwrap();
+    let mut tx = Sender::new(dup, &pool, cfg(TxMode::MsgZc)).unwrap();
+    let mut book = Book::default();
+    let mut tickets = vec![];
+    for _ in 0..40 {
+        // Bounded: with notifications mapped to the wrong buffers, some never come back.
+        let t0 = std::time::Instant::now();
+        let mut b = loop {
+            if let Some(b) = pool.try_get() {
+                break b;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "buffers never came back: notifications mapped wrong ({:?})",
+                tx.stats()
+            );
+            tx.wait(Duration::from_secs(1)).unwrap();
+            book.take(&mut tx);
+        };
+        b.set_len(16 << 10);
+        common::fill_pattern(&mut b, off);
+        off += b.len() as u64;
+        tickets.push(tx.send(b));
+        book.take(&mut tx);
+    }
+    book.finish(&mut tx, &tickets);
+    match tx.path() {
+        Path::MsgZc => assert_eq!(tx.stats().unmatched_notifications, 0),
+        _ => {
+            let fb = tx
+                .fallbacks()
+                .iter()
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>();
+            assert!(
+                fb.iter()
+                    .any(|f| f.contains("SO_ZEROCOPY") && f.contains("dup")),
+                "refused without a clear reason: {fb:?}"
+            );
+        }
+    }
+    assert_eq!(pool.available(), pool.count());
+    drop(tx);
+    assert_eq!(rx.join().unwrap(), off);
+}
+
+#[test]
+fn auto_measures_both_paths_per_size_on_the_sink_and_records_what_it_learned() {
+    if !common::can_make_hosts(
+        "auto_measures_both_paths_per_size_on_the_sink_and_records_what_it_learned",
+    ) {
+        return;
+    }
+    let sink = Sink::new("txauto").unwrap();
+    let (src, dst) = (
+        SocketAddr::from((sink.src4, 0)),
+        SocketAddr::from((sink.dst4, 9)),
+    );
+    let (stats, done) = sink
+        .host
+        .run(move || {
+            let s = UdpSocket::bind(src).unwrap();
+            s.connect(dst).unwrap();
+            let pool = Pool::new(256 << 10, 32, false).unwrap();
+            let mut c = cfg(TxMode::Auto);
+            c.depth = 16;
+            let mut tx = Sender::new(s, &pool, c).unwrap();
+            let mut book = Book::default();
+            let mut tickets = vec![];
+            for (size, n) in [(1usize << 10, 3000), (256 << 10, 400)] {
+                for _ in 0..n {
+                    let mut b = book.get(&pool, &mut tx);
+                    b.set_len(size);
+                    tickets.push(tx.send(b));
+                    book.take(&mut tx);
+                }
+            }
+            book.finish(&mut tx, &tickets);
+            (tx.stats().clone(), book.done.len())
+        })
+        .unwrap();
+    assert_eq!(done, 3400);
+    // Both sizes were measured on both paths (which one wins depends on the machine).
+    assert!(stats.auto_windows >= 8, "{stats:?}");
+    assert!(stats.auto_size_copies > 0, "{stats:?}");
+    assert!(
+        stats.sends_by_path[0] > 0 && stats.sends_by_path[3] > 0,
+        "{stats:?}"
+    );
+    assert!(stats.auto_copy_below.is_some(), "{stats:?}");
+    assert_eq!(
+        stats.auto_switches_to_copy, 0,
+        "the sink does not copy: {stats:?}"
+    );
+}

@@ -10,6 +10,7 @@
 
 pub mod machine;
 pub mod measure;
+pub mod peer;
 pub mod report;
 pub mod suites;
 
@@ -160,16 +161,24 @@ pub struct Ctx {
     pub mode: Mode,
     /// Where results go.
     pub out_dir: PathBuf,
+    /// `--peer`: the suites that cross a network run against this host.
+    pub peer: Option<std::sync::Arc<peer::Peer>>,
     progress: ProgressBar,
     rows: Vec<Row>,
     notes: Vec<String>,
 }
 
 impl Ctx {
-    fn new(mode: Mode, out_dir: PathBuf, progress: ProgressBar) -> Self {
+    fn new(
+        mode: Mode,
+        out_dir: PathBuf,
+        peer: Option<std::sync::Arc<peer::Peer>>,
+        progress: ProgressBar,
+    ) -> Self {
         Self {
             mode,
             out_dir,
+            peer,
             progress,
             rows: vec![],
             notes: vec![],
@@ -300,17 +309,35 @@ pub struct Results {
     pub mode: Mode,
     /// One entry per suite run.
     pub suites: Vec<SuiteReport>,
+    /// A two-host run (`--peer`): both hosts; `null` for a local run.
+    pub peer: Option<peer::PeerRun>,
 }
 
 /// Runs the named suites (all when empty) and writes `results.json` and `report.html`.
-pub fn run(names: &[String], mode: Mode, out_dir: PathBuf) -> Result<Results> {
+/// With `peer`, only the suites that cross a network run, against that host.
+pub fn run(names: &[String], mode: Mode, out_dir: PathBuf, peer: Option<&str>) -> Result<Results> {
     let all = suites::all();
     for n in names {
         if !all.iter().any(|s| s.name() == n) {
             let known: Vec<&str> = all.iter().map(|s| s.name()).collect();
             anyhow::bail!("unknown suite '{n}'; known suites: {}", known.join(", "));
         }
+        if peer.is_some() && !peer::NETWORK_SUITES.contains(&n.as_str()) {
+            anyhow::bail!(
+                "suite '{n}' does not cross a network; with --peer only {} run (run '{n}' \
+                 without --peer)",
+                peer::NETWORK_SUITES.join(", ")
+            );
+        }
     }
+    let peer = peer
+        .map(|p| peer::Peer::new(p).map(std::sync::Arc::new))
+        .transpose()?;
+    let names: Vec<String> = match (&peer, names.is_empty()) {
+        (Some(_), true) => peer::NETWORK_SUITES.iter().map(|s| s.to_string()).collect(),
+        _ => names.to_vec(),
+    };
+    let names = &names[..];
     std::fs::create_dir_all(&out_dir).map_err(|e| {
         anyhow::anyhow!("cannot create output directory {}: {e}", out_dir.display())
     })?;
@@ -330,7 +357,7 @@ pub fn run(names: &[String], mode: Mode, out_dir: PathBuf) -> Result<Results> {
     let mut reports = vec![];
     for suite in chosen {
         pb.set_prefix(suite.name());
-        let mut ctx = Ctx::new(mode, out_dir.clone(), pb.clone());
+        let mut ctx = Ctx::new(mode, out_dir.clone(), peer.clone(), pb.clone());
         let t0 = std::time::Instant::now();
         let res = suite.run(&mut ctx);
         let mut skipped = None;
@@ -350,7 +377,11 @@ pub fn run(names: &[String], mode: Mode, out_dir: PathBuf) -> Result<Results> {
         }
         let report = SuiteReport {
             name: suite.name().to_string(),
-            about: suite.about().to_string(),
+            about: peer
+                .as_ref()
+                .and_then(|_| peer::about(suite.name()))
+                .unwrap_or(suite.about())
+                .to_string(),
             notes: ctx.notes,
             rows: ctx.rows,
             chart_metric: Some(suite.chart_metric().to_string()),
@@ -365,9 +396,51 @@ pub fn run(names: &[String], mode: Mode, out_dir: PathBuf) -> Result<Results> {
         machine: machine::Machine::read(),
         mode,
         suites: reports,
+        peer: peer.as_ref().and_then(|p| p.run_info()),
     };
     let json = serde_json::to_string_pretty(&results)?;
-    std::fs::write(out_dir.join("results.json"), json)?;
-    std::fs::write(out_dir.join("report.html"), report::html(&results)?)?;
+    write_replacing(&out_dir, "results.json", json.as_bytes())?;
+    write_replacing(&out_dir, "report.html", report::html(&results)?.as_bytes())?;
     Ok(results)
+}
+
+/// Writes `dir/name` through a fresh file created exclusively next to it and renamed over
+/// it: a symlink planted at `dir/name` (an output directory under /tmp, a root run) is
+/// replaced, never written through.
+fn write_replacing(dir: &std::path::Path, name: &str, data: &[u8]) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let target = dir.join(name);
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&tmp)
+        .map_err(|e| anyhow::anyhow!("creating {}: {e}", tmp.display()))?;
+    std::io::Write::write_all(&mut f, data)?;
+    drop(f);
+    std::fs::rename(&tmp, &target)
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", target.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_replace_a_planted_symlink_instead_of_writing_through_it() {
+        let dir = zcio_testnet::TempDir::new("bench-out").unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("results.json")).unwrap();
+        write_replacing(dir.path(), "results.json", b"{}").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        let m = std::fs::symlink_metadata(dir.join("results.json")).unwrap();
+        assert!(m.file_type().is_file());
+        assert_eq!(std::fs::read(dir.join("results.json")).unwrap(), b"{}");
+        write_replacing(dir.path(), "results.json", b"[]").unwrap();
+        assert_eq!(std::fs::read(dir.join("results.json")).unwrap(), b"[]");
+    }
 }

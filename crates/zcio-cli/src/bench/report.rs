@@ -84,6 +84,21 @@ pub fn html(res: &Results) -> Result<String> {
         res.mode,
         m.root
     ));
+    if let Some(p) = &res.peer {
+        h.push_str(&format!(
+            "<p><b>Two-host run</b> against peer {}: this host {} (kernel {}, NIC {}) · peer \
+             {} (kernel {}, NIC {}, {} CPUs). The suites that cross a network ran over that \
+             link; each host measured its own side's CPU.</p>",
+            esc(&p.host),
+            esc(&p.local.hostname),
+            esc(&p.local.kernel),
+            esc(&p.local.nic),
+            esc(&p.remote.hostname),
+            esc(&p.remote.kernel),
+            esc(&p.remote.nic),
+            p.remote.cpus
+        ));
+    }
     for s in &res.suites {
         h.push_str(&format!(
             "<h2>{}</h2><p>{}</p>",

@@ -1,11 +1,14 @@
-//! The perf client: sends `size`-byte buffers through a [`Sender`] for a duration.
+//! The sending loop shared by the perf client, the perf server (`-R`) and the bench suites:
+//! `size`-byte buffers through a [`Sender`] for a duration. The client's command is in
+//! [`super::test`].
 
-use super::{parse_duration, parse_test_addr, pattern, ClientArgs};
-use anyhow::{bail, Context, Result};
+use super::pattern;
+use anyhow::{Context, Result};
 use serde::Serialize;
 use std::collections::VecDeque;
-use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zcio::buf::pool::{Pool, PoolBuf};
 use zcio::stats::{Counters, Fallback};
@@ -45,6 +48,18 @@ pub struct ClientOpts {
     /// Send this long before measuring (a TCP connection's window opens, `auto` settles);
     /// the report covers only what follows.
     pub warmup: Duration,
+    /// Pace sends to this many bit/s (0: as fast as completions allow).
+    pub rate_bps: u64,
+    /// Bytes completed so far, updated while sending (for interval lines).
+    pub progress: Option<Arc<AtomicU64>>,
+    /// Stop early when set (the test was aborted).
+    pub stop: Option<Arc<AtomicBool>>,
+    /// How long to wait at the end for the last completions (a receiver that stopped
+    /// reading makes this run out: an error).
+    pub flush_timeout: Duration,
+    /// UDP: stamp each datagram's first 8 bytes with its stream offset even without
+    /// `verify`, so the receiver can count gaps.
+    pub udp_offsets: bool,
 }
 
 impl ClientOpts {
@@ -64,6 +79,11 @@ impl ClientOpts {
             harvest_only: false,
             working_set: 0,
             warmup: Duration::ZERO,
+            rate_bps: 0,
+            progress: None,
+            stop: None,
+            udp_offsets: false,
+            flush_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -109,82 +129,6 @@ pub struct ClientReport {
     pub fallbacks: Vec<Fallback>,
 }
 
-/// Parses the CLI and runs the client against a server.
-pub fn run(a: ClientArgs) -> Result<()> {
-    let mode: TxMode = a.tx.parse().map_err(anyhow::Error::msg)?;
-    let size = crate::util::parse_size(&a.size).map_err(anyhow::Error::msg)?;
-    if size == 0 {
-        bail!("bad size '{}': must be at least 1 byte", a.size);
-    }
-    if size > 1 << 30 {
-        bail!("bad size '{}': at most 1G", a.size);
-    }
-    let duration = parse_duration(&a.duration)?;
-    if a.depth == 0 {
-        bail!("bad --depth 0: at least one send must be in flight");
-    }
-    let addr = parse_test_addr(&a.connect)?;
-    let mut opts = ClientOpts::new(mode, size, duration);
-    opts.depth = a.depth;
-    opts.notify_limit = a.notify_limit.max(1);
-    opts.verify = a.verify;
-    opts.cpu = a.cpu;
-    opts.udp_end_marker = a.udp;
-    opts.submit_batch = a.batch.max(1);
-    let sock = connect(addr, a.udp)?;
-    let rep = std::thread::spawn(move || drive(sock, &opts))
-        .join()
-        .map_err(|_| anyhow::anyhow!("sender thread panicked"))??;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&rep)?);
-    } else {
-        print_report(&rep);
-    }
-    if rep.errors > 0 {
-        bail!("{} sends failed", rep.errors);
-    }
-    Ok(())
-}
-
-/// Connects a TCP or UDP socket to `addr`.
-pub fn connect(addr: SocketAddr, udp: bool) -> Result<OwnedFd> {
-    if udp {
-        let bind: SocketAddr = if addr.is_ipv4() {
-            "0.0.0.0:0".parse()?
-        } else {
-            "[::]:0".parse()?
-        };
-        let s = UdpSocket::bind(bind).context("binding UDP socket")?;
-        s.connect(addr)
-            .with_context(|| format!("connecting UDP to {addr}"))?;
-        Ok(s.into())
-    } else {
-        let s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-        Ok(s.into())
-    }
-}
-
-fn print_report(r: &ClientReport) {
-    println!(
-        "{} {} (path {}) size {}: {:.2} Gbit/s, {:.3} CPU s/GB, {:.3} syscalls/send ({:.3} for notifications), COPIED {}, {} sends in {:.2} s",
-        r.proto,
-        r.mode,
-        r.path,
-        r.size,
-        r.gbit_s,
-        r.cpu_s_per_gb,
-        r.syscalls_per_send,
-        r.notify_syscalls_per_send,
-        r.copied_fraction
-            .map_or("n/a (no zero-copy attempted)".to_string(), |f| format!("{:.1}%", f * 100.0)),
-        r.sends,
-        r.seconds
-    );
-    for f in &r.fallbacks {
-        println!("fallback: {f}");
-    }
-}
-
 /// Sends on a connected socket for `opts.duration`; runs on the calling thread (create and
 /// drive the sender on the same thread).
 pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
@@ -218,6 +162,7 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
     let mut off = 0u64;
     let mut cpu0 = zcio::sys::thread_cpu_time();
     let mut t0 = Instant::now();
+    let pace0 = t0;
     let mut end = t0 + opts.warmup + opts.duration;
     // What the warm-up did, taken off the report.
     let mut warm: Option<(Counters, TxStats, u64)> = None;
@@ -243,8 +188,41 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
             if now >= end {
                 break;
             }
+            if let Some(p) = &opts.progress {
+                p.store(tx.counters().bytes, Ordering::Relaxed);
+            }
+            if opts
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(Ordering::Relaxed))
+            {
+                break;
+            }
+        }
+        if opts.rate_bps > 0 {
+            // Pace: never more than rate * elapsed on the wire (bytes handed to the sender).
+            let allowed = opts.rate_bps as f64 / 8.0 * pace0.elapsed().as_secs_f64();
+            let ahead = off as f64 - allowed;
+            if ahead > 0.0 {
+                let wait = ahead * 8.0 / opts.rate_bps as f64;
+                std::thread::sleep(Duration::from_secs_f64(wait.min(0.01)));
+                if tx.ready() > 0 {
+                    reap(&mut tx, &mut errors, &mut free);
+                }
+                continue;
+            }
         }
         let Some(mut b) = free.pop_front() else {
+            // Every buffer in flight: a receiver that stopped reading holds them. The clock
+            // and the stop flag are checked here too, or a stalled peer would hold the loop.
+            if Instant::now() >= end
+                || opts
+                    .stop
+                    .as_ref()
+                    .is_some_and(|s| s.load(Ordering::Relaxed))
+            {
+                break;
+            }
             tx.wait(Duration::from_millis(100))?;
             reap(&mut tx, &mut errors, &mut free);
             continue;
@@ -252,6 +230,8 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
         b.set_len(opts.size);
         if opts.verify {
             fill_for(&mut b, off, udp, segment);
+        } else if udp && opts.udp_offsets {
+            stamp_offsets(&mut b, off, segment);
         }
         off += opts.size as u64;
         tx.send(b);
@@ -272,7 +252,7 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
             break;
         }
     }
-    tx.flush(Duration::from_secs(30))?;
+    tx.flush(opts.flush_timeout)?;
     reap(&mut tx, &mut errors, &mut free);
     let seconds = t0.elapsed().as_secs_f64();
     let cpu_s = (zcio::sys::thread_cpu_time() - cpu0).as_secs_f64();
@@ -329,13 +309,18 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
 fn fill_for(b: &mut [u8], off: u64, udp: bool, segment: usize) {
     pattern::fill(b, off);
     if udp {
-        let seg = segment.min(b.len()).max(1);
-        let mut k = 0;
-        while k < b.len() {
-            if b.len() - k >= 8 {
-                b[k..k + 8].copy_from_slice(&(off + k as u64).to_le_bytes());
-            }
-            k += seg;
+        stamp_offsets(b, off, segment);
+    }
+}
+
+/// Writes each datagram's stream offset into its first 8 bytes (datagrams of `segment`).
+fn stamp_offsets(b: &mut [u8], off: u64, segment: usize) {
+    let seg = segment.min(b.len()).max(1);
+    let mut k = 0;
+    while k < b.len() {
+        if b.len() - k >= 8 {
+            b[k..k + 8].copy_from_slice(&(off + k as u64).to_le_bytes());
         }
+        k += seg;
     }
 }

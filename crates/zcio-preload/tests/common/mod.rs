@@ -140,6 +140,17 @@ impl Server {
         }
     }
 
+    /// Starts `cmd` (its own process group; output to `log`), stopped with `stop_signal`.
+    pub fn spawn_with(
+        cmd: Command,
+        stop_signal: i32,
+        port: u16,
+        dir: TempDir,
+        log: PathBuf,
+    ) -> Self {
+        Self::spawn(cmd, stop_signal, port, dir, log)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }

@@ -7,7 +7,7 @@
 //!
 //! | op | fields (low 60 bits) |
 //! |---|---|
-//! | [`Op::SendZc`] | generation (12 bits) · slot (16) · offset in the buffer (32) |
+//! | [`Op::SendZc`] | generation (12 bits) · slot (16) · request number within the slot's use (32) |
 //! | [`Op::Send`] | slot (60) |
 //! | [`Op::Recv`], [`Op::RecvZc`], [`Op::Accept`] | the caller's tag (60) |
 //! | [`Op::Poll`], [`Op::PollUpdate`] | generation (28) · fd (32) |
@@ -77,13 +77,14 @@ impl Key {
     }
 
     /// The key of a `SEND_ZC` request: the slot's generation (masked to
-    /// [`SEND_GEN_MASK`]), the slot and the request's offset in the slot's buffer.
+    /// [`SEND_GEN_MASK`]), the slot and the request's number within that use of the slot
+    /// (the send tracker maps it to the bytes it covers).
     pub const fn send_zc(gen: u16, slot: u16, off: u32) -> Key {
         let gen = (gen & SEND_GEN_MASK) as u64;
         Key::with(Op::SendZc, (gen << 48) | ((slot as u64) << 32) | off as u64)
     }
 
-    /// `(generation, slot, offset)` of a [`Op::SendZc`] key.
+    /// `(generation, slot, request number)` of a [`Op::SendZc`] key.
     pub const fn send_zc_parts(self) -> (u16, u16, u32) {
         (
             ((self.0 >> 48) as u16) & SEND_GEN_MASK,

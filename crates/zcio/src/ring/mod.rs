@@ -149,7 +149,10 @@ fn unavailable_reason(err: &io::Error) -> Option<String> {
 impl<C: cqueue::EntryMarker> Ring<C> {
     /// Creates a ring with the best flags the kernel accepts. CQE32 is selected by the type
     /// parameter (`Ring<cqueue::Entry32>`).
-    pub fn new(cfg: &RingConfig) -> Result<Self, RingError> {
+    pub fn new(cfg: &RingConfig) -> Result<Self, RingError>
+    where
+        C: 'static,
+    {
         let mut wanted: Vec<Flag> = Vec::new();
         let mut flags: Vec<SetupFlag> = Vec::new();
         let mut note = |flag: Flag, requested: bool, reason: Option<String>| {
@@ -250,7 +253,10 @@ impl<C: cqueue::EntryMarker> Ring<C> {
         }
     }
 
-    fn build(cfg: &RingConfig, wanted: &[Flag]) -> io::Result<IoUring<squeue::Entry, C>> {
+    fn build(cfg: &RingConfig, wanted: &[Flag]) -> io::Result<IoUring<squeue::Entry, C>>
+    where
+        C: 'static,
+    {
         let mut b = IoUring::<squeue::Entry, C>::builder();
         b.setup_cqsize(
             cfg.cq_entries
@@ -274,7 +280,40 @@ impl<C: cqueue::EntryMarker> Ring<C> {
                 }
             }
         }
-        b.build(cfg.entries)
+        let ring = b.build(cfg.entries)?;
+        Self::move_private(ring)
+    }
+
+    /// Moves the ring's descriptor above [`crate::sys::private_fd_floor`] (when set): the
+    /// descriptor is duplicated high with close-on-exec and the rings are mapped again from
+    /// it; the low number is closed. (io-uring's `from_fd` exists for 16-byte CQEs only; a
+    /// CQE32 ring stays where it is.)
+    fn move_private(ring: IoUring<squeue::Entry, C>) -> io::Result<IoUring<squeue::Entry, C>>
+    where
+        C: 'static,
+    {
+        use std::any::Any;
+        use std::os::fd::AsRawFd;
+        type Plain = IoUring<squeue::Entry, cqueue::Entry>;
+        let floor = crate::sys::private_fd_floor();
+        if floor == 0 || ring.as_raw_fd() >= floor {
+            return Ok(ring);
+        }
+        let mut slot = Some(ring);
+        let Some(plain) = (&mut slot as &mut dyn Any).downcast_mut::<Option<Plain>>() else {
+            return Ok(slot.expect("ring"));
+        };
+        let r = plain.take().expect("ring");
+        let Some(high) = crate::sys::dup_private(r.as_raw_fd()) else {
+            *plain = Some(r);
+            return Ok(slot.expect("ring"));
+        };
+        let params = r.params().clone();
+        drop(r);
+        // SAFETY: `high` refers to the io_uring instance `params` describes (a duplicate of
+        // its descriptor) and is owned by nobody else; ownership passes to the new IoUring.
+        *plain = Some(unsafe { Plain::from_fd(high, params) }?);
+        Ok(slot.expect("ring"))
     }
 
     /// Which set-up flags were asked for and granted, with reasons for the others.
@@ -318,6 +357,12 @@ impl<C: cqueue::EntryMarker> Ring<C> {
             }
             self.submit()?;
         }
+    }
+
+    /// Free entries in the submission queue.
+    pub fn sq_room(&mut self) -> usize {
+        let sq = self.ring.submission();
+        sq.capacity() - sq.len()
     }
 
     /// Entries queued but not yet handed to the kernel.
@@ -475,6 +520,39 @@ mod tests {
             .unwrap();
         assert!(!dt.granted);
         assert_eq!(dt.reason.as_deref(), Some("not combinable with SQPOLL"));
+    }
+
+    #[test]
+    fn a_ring_moves_above_the_private_fd_floor_and_still_works() {
+        use std::os::fd::AsRawFd;
+        static SEEN: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+        crate::sys::set_private_fd_hook(|fd| SEEN.store(fd, std::sync::atomic::Ordering::Relaxed));
+        crate::sys::set_private_fd_floor(700);
+        let made = Ring::<cqueue::Entry>::new(&RingConfig::default());
+        let ev = crate::sys::eventfd(0);
+        crate::sys::set_private_fd_floor(0);
+        let mut ring = match made {
+            Ok(r) => r,
+            Err(RingError::Unavailable { reason, .. }) => {
+                println!("SKIP: io_uring unavailable: {reason}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let fd = ring.raw().as_raw_fd();
+        assert!(fd >= 700, "ring fd {fd}");
+        // SAFETY: F_GETFD on our own descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        assert!(ev.expect("eventfd").as_raw_fd() >= 700);
+        assert!(SEEN.load(std::sync::atomic::Ordering::Relaxed) >= 700);
+        // The rings were mapped again from the new descriptor: a NOP goes round.
+        // SAFETY: a NOP references no memory.
+        unsafe { ring.push(&opcode::Nop::new().build().user_data(9)) }.unwrap();
+        ring.submit_and_wait(1, None).unwrap();
+        let mut got = vec![];
+        ring.harvest(|c| got.push(c.user_data())).unwrap();
+        assert_eq!(got, vec![9]);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 /// A completion entry type this module can decode: 16-byte CQEs carry no zcrx payload,
 /// 32-byte ones carry `io_uring_zcrx_cqe` in their second half.
-pub trait Cqe: cqueue::EntryMarker {
+pub trait Cqe: cqueue::EntryMarker + 'static {
     /// `(user_data, res, flags, zcrx offset)`.
     fn parts(&self) -> (u64, i32, u32, Option<u64>);
 }

@@ -17,22 +17,20 @@
 //! anything queued after it. Datagram sockets need no ordering and get no links.
 #![allow(unsafe_code)]
 
-use super::key::{self, Key, Op};
+use super::key::{self, Op};
 use super::{Ring, RingConfig, RingError};
 use crate::buf::pool::{Pool, PoolBuf, PoolPin};
 use crate::sys::{
     IORING_CQE_F_MORE, IORING_CQE_F_NOTIF, IORING_NOTIF_USAGE_ZC_COPIED,
     IORING_SEND_ZC_REPORT_USAGE,
 };
+use crate::tx::core::{Key, Request, SendTracker, Usage};
 use io_uring::{opcode, squeue, types};
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Longest chain submitted at once on a stream socket.
-const MAX_CHAIN: usize = 256;
 /// Longest single request (the SQE length field is 32 bits).
 const MAX_REQ: usize = 1 << 30;
 
@@ -51,107 +49,100 @@ pub struct SendDone {
     pub notifs_zerocopy: u32,
     /// Notifications that said the kernel copied the data after all.
     pub notifs_copied: u32,
+    /// Notifications of requests that moved bytes but carried no usage report (the ring
+    /// does not set `IORING_SEND_ZC_REPORT_USAGE`: kernels before 6.2): copied or not is
+    /// unknown.
+    pub notifs_unknown: u32,
     /// Byte ranges `(offset, len)` never handed to the kernel because the ring gave up (see
-    /// [`SendRing::gave_up`]); the caller sends them another way.
+    /// [`SendRing::gave_up`]); the caller sends them another way, in tag order.
     pub unsent: Vec<(usize, usize)>,
 }
 
-#[derive(Debug)]
-struct Slot {
-    buf: PoolBuf,
-    tag: u64,
-    done: usize,
-    reqs: u32,
-    /// Notifications announced by `F_MORE` on a result that sent bytes, not yet seen.
-    notifs: u32,
-    /// Notifications announced by `F_MORE` on a result that sent nothing (their usage
-    /// report says nothing about this send's bytes), not yet seen.
-    notifs_idle: u32,
-    /// Failed results without `F_MORE`: the kernel may still post a notification for them
-    /// (a request that passed prep flushes its notification in cleanup, cancelled links
-    /// included). Settled by the first harvest after the next enter.
-    unsure: u32,
-    unsure_at: u64,
-    gen: u16,
-    staged: u32,
-    zc: u32,
-    copied: u32,
-    error: Option<i32>,
-    unsent: Vec<(usize, usize)>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Req {
-    slot: u32,
-    off: usize,
-    len: usize,
-}
-
 /// Counters of a [`SendRing`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SendRingStats {
-    /// SEND_ZC requests pushed.
-    pub requests: u64,
-    /// Result CQEs seen.
-    pub results: u64,
-    /// Notification CQEs seen.
-    pub notifs: u64,
-    /// Notification CQEs with `IORING_NOTIF_USAGE_ZC_COPIED`.
-    pub notifs_copied: u64,
-    /// Requests resubmitted (short sends continued, cancelled links, ENOBUFS retries).
-    pub resubmits: u64,
-    /// Times submission paused for room (ENOBUFS/ENOMEM) until a notification came.
-    pub room_waits: u64,
-    /// Notifications that matched no request awaiting one (late ones of failed requests).
-    pub stray_notifs: u64,
+pub type SendRingStats = crate::tx::core::TrackStats;
+
+/// A failure injected into a [`SendRing`] for tests (feature `fault-injection`).
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// Fail `io_uring_enter` once this many requests have been pushed.
+    pub after_requests: u64,
+    /// The errno the failing enters return.
+    pub errno: i32,
+    /// How many enters fail (then the ring works again); `u32::MAX` = for ever.
+    pub times: u32,
 }
 
-/// A send-only io_uring bound to one socket, owning every buffer in flight.
+/// A send-only io_uring bound to one socket, owning every buffer in flight. The decisions
+/// (when a buffer is finished, what goes next, what is resubmitted) are made by
+/// `tx::core::SendTracker`; this type turns its requests into SQEs and CQEs into its events.
 pub struct SendRing {
     // Field order matters: the ring is dropped (and its registration released) before the
     // registered pool's pin.
     ring: Ring,
     fd: RawFd,
-    stream: bool,
-    chunk: usize,
-    msg_flags: i32,
-    slots: Vec<Option<Slot>>,
-    free: Vec<u32>,
-    staged: VecDeque<Req>,
-    chain: Vec<(Req, Option<i32>)>,
-    chain_pending: usize,
-    in_kernel: usize,
-    notifs_pending: usize,
-    gens: Vec<u16>,
-    unsettled: Vec<u32>,
-    chain_cap: usize,
-    live: usize,
-    blocked: bool,
-    fatal: Option<i32>,
-    gave_up: Option<i32>,
-    done: VecDeque<SendDone>,
+    tracker: SendTracker<PoolBuf>,
+    report_usage: bool,
+    reqs: Vec<Request>,
     cqes: Vec<(u64, i32, u32)>,
-    stats: SendRingStats,
     own_enters: u64,
     fixed_file: bool,
     fixed: Option<(u64, PoolPin)>,
+    #[cfg(feature = "fault-injection")]
+    fault: Option<Fault>,
+    /// Requests pushed to the SQ since the last successful enter, in order.
+    unentered: Vec<Key>,
+    /// Set when the ring was abandoned after failing: it is never entered again.
+    dead: Option<i32>,
     _sock: Arc<OwnedFd>,
+}
+
+/// How [`SendRing::recover`] left the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Every request handed to the kernel has its result: the bytes it took are in the
+    /// socket, and the unsent ranges can follow them (in ticket order) by another path.
+    Settled,
+    /// The kernel still holds requests whose results cannot be collected: whether their
+    /// bytes went out is unknown, so on a stream nothing may be sent after them.
+    Unknown,
 }
 
 impl std::fmt::Debug for SendRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SendRing")
             .field("fd", &self.fd)
-            .field("stream", &self.stream)
-            .field("live", &self.live)
-            .field("stats", &self.stats)
+            .field("live", &self.tracker.live())
+            .field("stats", self.tracker.stats())
             .finish()
     }
+}
+
+/// The request's user_data (`ring::key`): the 32-bit field carries the request's number
+/// within the slot's use (the tracker remembers its offset).
+fn encode(k: Key) -> u64 {
+    key::Key::send_zc(k.gen, k.slot as u16, k.req).raw()
+}
+
+/// The tracker's key of a CQE's user_data, or `None` if no SEND_ZC of ours made it.
+fn decode(ud: u64) -> Option<Key> {
+    let key = key::Key::from_raw(ud);
+    if key.op() != Some(Op::SendZc) {
+        return None;
+    }
+    let (gen, slot, req) = key.send_zc_parts();
+    Some(Key {
+        slot: u32::from(slot),
+        gen,
+        req,
+    })
 }
 
 impl SendRing {
     /// A ring for sends on `sock`. `stream` selects linked, ordered submission (TCP);
     /// `chunk` is the most bytes one request carries (datagram sockets: one GSO write).
+    /// Requests ask for usage reports (`IORING_SEND_ZC_REPORT_USAGE`, Linux 6.2); see
+    /// [`SendRing::set_report_usage`].
     pub fn new(
         sock: Arc<OwnedFd>,
         stream: bool,
@@ -159,7 +150,11 @@ impl SendRing {
         cfg: &RingConfig,
     ) -> Result<Self, RingError> {
         let ring = Ring::new(cfg)?;
-        let chunk = chunk.clamp(1, MAX_REQ);
+        let chunk = if stream {
+            MAX_REQ
+        } else {
+            chunk.clamp(1, MAX_REQ)
+        };
         // The socket as registered file 0: requests then skip the per-request file table
         // lookup and reference count (fget/fput). The fd stays open for the ring's lifetime
         // (`_sock`). Without registration (ENOMEM/EINVAL) requests name the fd.
@@ -171,31 +166,32 @@ impl SendRing {
         Ok(Self {
             ring,
             fd: sock.as_raw_fd(),
-            stream,
-            chunk: if stream { MAX_REQ } else { chunk },
-            msg_flags: libc::MSG_NOSIGNAL | if stream { libc::MSG_WAITALL } else { 0 },
-            slots: Vec::new(),
-            free: Vec::new(),
-            staged: VecDeque::new(),
-            chain: Vec::new(),
-            chain_pending: 0,
-            in_kernel: 0,
-            notifs_pending: 0,
-            gens: Vec::new(),
-            unsettled: Vec::new(),
-            chain_cap: MAX_CHAIN,
-            live: 0,
-            blocked: false,
-            fatal: None,
-            gave_up: None,
-            done: VecDeque::new(),
+            tracker: SendTracker::new(stream, chunk),
+            report_usage: true,
+            reqs: Vec::new(),
             cqes: Vec::new(),
-            stats: SendRingStats::default(),
             own_enters: 0,
             fixed_file,
             fixed: None,
+            #[cfg(feature = "fault-injection")]
+            fault: None,
+            unentered: Vec::new(),
+            dead: None,
             _sock: sock,
         })
+    }
+
+    /// Whether requests ask for `IORING_SEND_ZC_REPORT_USAGE` (Linux 6.2; the kernel
+    /// rejects SEND_ZC with it before). Without it notifications say nothing about copying
+    /// and are counted as unknown ([`SendDone::notifs_unknown`]).
+    pub fn set_report_usage(&mut self, on: bool) {
+        self.report_usage = on;
+    }
+
+    /// Makes `io_uring_enter` fail as `fault` says (tests of the failure paths).
+    #[cfg(feature = "fault-injection")]
+    pub fn inject(&mut self, fault: Fault) {
+        self.fault = Some(fault);
     }
 
     /// Whether the kernel knows `IORING_OP_SEND_ZC`.
@@ -229,83 +225,37 @@ impl SendRing {
     /// or after the ring gave up, the buffer completes at once with that error (or unsent).
     pub fn send(&mut self, tag: u64, buf: PoolBuf) {
         let len = buf.len();
-        let mut slot = Slot {
-            buf,
-            tag,
-            done: 0,
-            reqs: 0,
-            notifs: 0,
-            notifs_idle: 0,
-            unsure: 0,
-            unsure_at: 0,
-            gen: 0,
-            staged: 0,
-            zc: 0,
-            copied: 0,
-            error: None,
-            unsent: Vec::new(),
-        };
-        if len == 0 {
-            self.emit(slot);
-            return;
-        }
-        if let Some(e) = self.fatal {
-            slot.error = Some(e);
-            self.emit(slot);
-            return;
-        }
-        if self.gave_up.is_some() {
-            slot.unsent.push((0, len));
-            self.emit(slot);
-            return;
-        }
-        let idx = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.slots.push(None);
-                self.gens.push(0);
-                (self.slots.len() - 1) as u32
-            }
-        };
-        // A new generation per use of the slot: a late notification of an earlier use can
-        // never be taken for this one.
-        self.gens[idx as usize] = self.gens[idx as usize].wrapping_add(1) & key::SEND_GEN_MASK;
-        slot.gen = self.gens[idx as usize];
-        let mut off = 0;
-        while off < len {
-            let n = (len - off).min(self.chunk);
-            self.staged.push_back(Req {
-                slot: idx,
-                off,
-                len: n,
-            });
-            slot.staged += 1;
-            off += n;
-        }
-        self.slots[idx as usize] = Some(slot);
-        self.live += 1;
+        self.tracker.stage(tag, buf, len);
     }
 
     /// Sends still owned by the ring (queued, in the kernel, or awaiting a notification).
     pub fn in_flight(&self) -> usize {
-        self.live
+        self.tracker.live()
     }
 
     /// Requests queued here but not yet handed to the kernel.
     pub fn staged(&self) -> usize {
-        self.staged.len()
+        self.tracker.staged()
     }
 
     /// Whether requests are in the kernel without their result CQE yet.
     pub fn results_pending(&self) -> bool {
-        self.in_kernel > 0
+        self.tracker.in_kernel() > 0
     }
 
     /// The errno that made the ring stop submitting (`EOPNOTSUPP`: the socket does not do
-    /// SEND_ZC; `ENOBUFS`/`ENOMEM`: no room even with nothing in flight). Sends returned
-    /// after that carry their unsent ranges.
+    /// SEND_ZC; `ENOBUFS`/`ENOMEM`: no room even with nothing in flight; or the error of a
+    /// failed `io_uring_enter` passed to [`SendRing::give_up`]). Sends returned after that
+    /// carry their unsent ranges.
     pub fn gave_up(&self) -> Option<i32> {
-        self.gave_up
+        self.tracker.gave_up()
+    }
+
+    /// Stops submitting: requests not yet handed to the kernel (and any that come back
+    /// cancelled or short) become unsent ranges of their sends; requests in the kernel finish
+    /// as usual.
+    pub fn give_up(&mut self, errno: i32) {
+        self.tracker.give_up(errno);
     }
 
     /// `io_uring_enter` calls made.
@@ -315,7 +265,7 @@ impl SendRing {
 
     /// Counters.
     pub fn stats(&self) -> &SendRingStats {
-        &self.stats
+        self.tracker.stats()
     }
 
     /// Pushes what may be pushed and enters the kernel if there is anything to submit.
@@ -323,14 +273,14 @@ impl SendRing {
         self.pump()?;
         self.enter_submit()?;
         self.harvest()?;
-        if self.chain_pending > 0 && self.task_work_pending() {
+        if self.tracker.chain_out() && self.task_work_pending() {
             // A chain member met a full socket buffer and was retried from poll: under
             // DEFER_TASKRUN that retry is task work that runs only when we enter with
             // GETEVENTS. Run it now rather than when the caller next waits.
             self.enter_getevents()?;
             self.harvest()?;
         }
-        if !self.staged.is_empty() && self.chain_pending == 0 {
+        if self.tracker.staged() > 0 && !self.tracker.chain_out() {
             // The previous chain ended during this enter: start the next one.
             self.pump()?;
             self.enter_submit()?;
@@ -345,7 +295,9 @@ impl SendRing {
     /// collects again. No syscall when the kernel has nothing pending for us.
     pub fn reap_notifications(&mut self) -> io::Result<()> {
         self.harvest()?;
-        if (self.notifs_pending > 0 || self.in_kernel > 0) && self.task_work_pending() {
+        if (self.tracker.notifs_pending() > 0 || self.tracker.in_kernel() > 0)
+            && self.task_work_pending()
+        {
             self.enter_getevents()?;
             self.harvest()?;
         }
@@ -375,45 +327,129 @@ impl SendRing {
         unsafe { self.ring.raw().submission_shared() }.taskrun()
     }
 
-    /// One `io_uring_enter(pending, 0, GETEVENTS)`.
+    /// The injected failure, if one is due now (it stands for the enter that failed: the
+    /// kernel took none of the queued entries).
+    fn fault_due(&mut self) -> io::Result<()> {
+        if let Some(e) = self.dead {
+            return Err(io::Error::from_raw_os_error(e));
+        }
+        #[cfg(feature = "fault-injection")]
+        if let Some(f) = self.fault.as_mut() {
+            if self.tracker.stats().requests > f.after_requests && f.times > 0 {
+                if f.times != u32::MAX {
+                    f.times -= 1;
+                }
+                self.own_enters += 1;
+                return Err(io::Error::from_raw_os_error(f.errno));
+            }
+        }
+        Ok(())
+    }
+
+    /// One `io_uring_enter(pending, 0, GETEVENTS)`; a signal (`EINTR`) is retried.
     fn enter_getevents(&mut self) -> io::Result<()> {
-        let pending = self.ring.pending();
-        self.own_enters += 1;
-        // SAFETY: no argument pointer is passed; the entries submitted are the ones `push`
-        // queued, whose buffer contract `push` upholds.
-        let res = unsafe {
-            self.ring.raw().submitter().enter::<libc::sigset_t>(
-                pending as u32,
-                0,
-                io_uring::EnterFlags::GETEVENTS.bits(),
-                None,
-            )
-        };
-        match res {
-            Ok(_) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(()),
-            Err(e) => Err(e),
+        loop {
+            let res = self.fault_due().and_then(|()| {
+                let pending = self.ring.pending();
+                self.own_enters += 1;
+                // SAFETY: no argument pointer is passed; the entries submitted are the ones
+                // `push` queued, whose buffer contract `push` upholds.
+                unsafe {
+                    self.ring.raw().submitter().enter::<libc::sigset_t>(
+                        pending as u32,
+                        0,
+                        io_uring::EnterFlags::GETEVENTS.bits(),
+                        None,
+                    )
+                }
+            });
+            match res {
+                Ok(_) => {
+                    self.entered_ok();
+                    return Ok(());
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    self.entered_ok();
+                    return Ok(());
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(e),
+            }
         }
     }
 
+    /// An enter went through: task work ran, and the kernel took what was queued.
+    fn entered_ok(&mut self) {
+        self.tracker.entered(self.enters());
+        let pending = self.ring.pending();
+        let taken = self.unentered.len().saturating_sub(pending);
+        self.unentered.drain(..taken);
+    }
+
+    /// After an `io_uring_enter` failed with `err`: stops submitting (requests not yet
+    /// handed to the kernel become unsent ranges) and tries, for up to `timeout`, to collect
+    /// the results of the requests the kernel holds. If the ring cannot be entered any more,
+    /// it is abandoned: entries the kernel never took become unsent too, and it is never
+    /// entered again (so they can never go out after their bytes were sent another way).
+    pub fn recover(&mut self, err: &io::Error, timeout: Duration) -> Recovery {
+        let errno = err.raw_os_error().unwrap_or(libc::EIO);
+        self.tracker.give_up(errno);
+        let ok = matches!(self.settle_results(timeout), Ok(true));
+        if !ok {
+            let _ = self.harvest();
+            self.dead.get_or_insert(errno);
+            let pending = self.ring.pending().min(self.unentered.len());
+            let never = self.unentered.split_off(self.unentered.len() - pending);
+            for k in never.into_iter().rev() {
+                self.tracker.withdraw(k);
+            }
+        }
+        if self.tracker.in_kernel() == 0 && self.tracker.staged() == 0 {
+            Recovery::Settled
+        } else {
+            Recovery::Unknown
+        }
+    }
+
+    /// Whether the ring was abandoned after failing (see [`SendRing::recover`]).
+    pub fn is_dead(&self) -> bool {
+        self.dead.is_some()
+    }
+
+    /// Hands every unsent range decided so far to `f` in tag and offset order (see
+    /// [`SendRing::recover`]); `f(tag, bytes)` sends them another way and returns how many
+    /// bytes it sent and its errno.
+    pub fn send_unsent(&mut self, mut f: impl FnMut(u64, &[u8]) -> (usize, Option<i32>)) {
+        self.tracker
+            .send_unsent(|tag, buf, off, len| f(tag, &buf[off..off + len]));
+    }
+
     /// Submits, then waits until at least one CQE arrives or `timeout` passes (no wait when
-    /// nothing is in the kernel), and harvests.
+    /// nothing is in the kernel), and harvests. A signal ends the wait early (`Ok`).
     pub fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         self.pump()?;
-        let before = self.done.len();
+        let before = self.tracker.done_len();
         self.harvest()?;
-        if self.done.len() > before && self.ring.pending() == 0 {
+        if self.tracker.done_len() > before && self.ring.pending() == 0 {
             // Something came back already: no need to enter.
             return Ok(());
         }
-        if self.in_kernel == 0 && self.notifs_pending == 0 {
+        if self.tracker.in_kernel() == 0 && self.tracker.notifs_pending() == 0 {
             self.enter_submit()?;
         } else {
-            self.ring.submit_and_wait(1, timeout)?;
+            let res = self
+                .fault_due()
+                .and_then(|()| self.ring.submit_and_wait(1, timeout));
+            match res {
+                Ok(_) => self.entered_ok(),
+                // A signal cut the wait short: harvest what is there, the caller waits again.
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(e),
+            }
         }
         self.harvest()?;
         // Results may have unblocked staged requests (next chain, retries): push them now.
-        if !self.staged.is_empty() {
+        if self.tracker.staged() > 0 {
             self.pump()?;
             self.enter_submit()?;
             self.harvest()?;
@@ -424,7 +460,22 @@ impl SendRing {
     /// Waits until nothing is in flight or `timeout` passes; returns whether all came back.
     pub fn drain(&mut self, timeout: Duration) -> io::Result<bool> {
         let end = Instant::now() + timeout;
-        while self.live > 0 {
+        while self.tracker.live() > 0 {
+            let now = Instant::now();
+            if now >= end {
+                return Ok(false);
+            }
+            self.wait(Some((end - now).min(Duration::from_millis(100))))?;
+        }
+        Ok(true)
+    }
+
+    /// Waits until no request is in the kernel without its result (the bytes of every
+    /// request handed over are then in the socket or failed) or `timeout` passes; returns
+    /// whether that happened.
+    pub fn settle_results(&mut self, timeout: Duration) -> io::Result<bool> {
+        let end = Instant::now() + timeout;
+        while self.tracker.in_kernel() > 0 || self.ring.pending() > 0 {
             let now = Instant::now();
             if now >= end {
                 return Ok(false);
@@ -436,367 +487,121 @@ impl SendRing {
 
     /// Takes the next finished send.
     pub fn next_done(&mut self) -> Option<SendDone> {
-        self.done.pop_front()
+        self.tracker.next_done().map(|f| SendDone {
+            tag: f.tag,
+            buf: f.buf,
+            bytes: f.bytes,
+            error: f.error,
+            notifs_zerocopy: f.zc,
+            notifs_copied: f.copied,
+            notifs_unknown: f.unknown,
+            unsent: f.unsent,
+        })
     }
 
     /// Finished sends waiting to be taken.
     pub fn done_len(&self) -> usize {
-        self.done.len()
+        self.tracker.done_len()
     }
 
     fn pump(&mut self) -> io::Result<()> {
-        if self.staged.is_empty() {
+        if self.tracker.staged() == 0 {
             return Ok(());
         }
-        if self.blocked {
-            if self.notifs_pending > 0 || self.in_kernel > 0 {
-                return Ok(());
-            }
-            // No room although nothing of ours is in flight: the limit is not ours to wait
-            // out (RLIMIT_MEMLOCK, optmem_max below one send). Hand everything back.
-            self.give_up(libc::ENOBUFS);
-            return Ok(());
+        // Only as many as the SQ has room for: a linked chain must not be cut by a
+        // submission (the kernel ends a chain at the end of each submit batch).
+        let room = self.ring.sq_room();
+        let mut reqs = std::mem::take(&mut self.reqs);
+        self.tracker.pop_requests(room, &mut reqs);
+        for r in reqs.drain(..) {
+            self.push(r)?;
+            self.unentered.push(r.key);
         }
-        if self.stream {
-            if self.chain_pending > 0 {
-                return Ok(());
-            }
-            let n = self.staged.len().min(self.chain_cap);
-            for i in 0..n {
-                let req = self.staged.pop_front().expect("counted");
-                self.push(req, i + 1 < n)?;
-                self.chain.push((req, None));
-            }
-            self.chain_pending = n;
-        } else {
-            while let Some(req) = self.staged.pop_front() {
-                self.push(req, false)?;
-            }
-        }
+        self.reqs = reqs;
         Ok(())
     }
 
-    fn push(&mut self, req: Req, link: bool) -> io::Result<()> {
-        let slot = self.slots[req.slot as usize]
-            .as_mut()
-            .expect("staged request has a live slot");
-        // SAFETY (pointer arithmetic): `off + len <= buf.len()`, checked when staging.
-        let ptr = unsafe { slot.buf.as_ptr().add(req.off) };
-        let fixed = matches!(&self.fixed, Some((id, _)) if *id == slot.buf.pool_id());
+    fn push(&mut self, req: Request) -> io::Result<()> {
+        let buf = self.tracker.buf(req.key.slot);
+        let off = req.off;
+        assert!(off + req.len <= buf.len(), "request inside its buffer");
+        // SAFETY (pointer arithmetic): `off + len <= buf.len()`, checked above.
+        let ptr = unsafe { buf.as_ptr().add(off) };
+        let fixed = matches!(&self.fixed, Some((id, _)) if *id == buf.pool_id());
         let mut op = if self.fixed_file {
             opcode::SendZc::new(types::Fixed(0), ptr, req.len as u32)
         } else {
             opcode::SendZc::new(types::Fd(self.fd), ptr, req.len as u32)
         }
-        .flags(self.msg_flags)
-        .zc_flags(IORING_SEND_ZC_REPORT_USAGE);
+        .flags(libc::MSG_NOSIGNAL | if self.stream() { libc::MSG_WAITALL } else { 0 });
+        if self.report_usage {
+            op = op.zc_flags(IORING_SEND_ZC_REPORT_USAGE);
+        }
         if fixed {
             op = op.buf_index(Some(0));
         }
-        let mut sqe = op
-            .build()
-            .user_data(Key::send_zc(slot.gen, req.slot as u16, req.off as u32).raw());
-        if link {
+        let mut sqe = op.build().user_data(encode(req.key));
+        if req.link {
             sqe = sqe.flags(squeue::Flags::IO_LINK);
         }
-        slot.staged -= 1;
-        slot.reqs += 1;
-        self.in_kernel += 1;
-        self.stats.requests += 1;
-        // SAFETY: the SQE points at `len` bytes of `slot.buf` (and, when fixed, inside the
-        // registered pool kept mapped by `self.fixed`). The PoolBuf stays in `self.slots`
+        // SAFETY: the SQE points at `len` bytes of the slot's buffer (and, when fixed, inside
+        // the registered pool kept mapped by `self.fixed`). The tracker keeps the PoolBuf
         // until this request's result CQE and, when that CQE has F_MORE, its notification
-        // CQE have been harvested (`finish` checks `reqs == 0 && notifs == 0`). A failed
-        // result without F_MORE sent nothing, so the kernel does not read the buffer for it;
-        // its possible late notification is matched by generation, never to a new use. On drop with
-        // requests outstanding the buffers are leaked, never reused. The socket fd stays open
-        // as `self._sock` is held for the ring's lifetime.
+        // CQE have been harvested (`SendTracker::finish`). A failed result without F_MORE
+        // sent nothing, so the kernel does not read the buffer for it; its possible late
+        // notification is matched by generation, never to a new use. On drop with requests
+        // outstanding the buffers are leaked, never reused. The socket fd stays open as
+        // `self._sock` is held for the ring's lifetime. `pump` only pops as many requests as
+        // the SQ has room for, so this push never has to submit.
         unsafe { self.ring.push(&sqe) }
+    }
+
+    fn stream(&self) -> bool {
+        self.tracker.is_stream()
     }
 
     fn harvest(&mut self) -> io::Result<()> {
         let mut cqes = std::mem::take(&mut self.cqes);
-        self.ring
-            .harvest(|c| cqes.push((c.user_data(), c.result(), c.flags())))?;
+        let res = self
+            .ring
+            .harvest(|c| cqes.push((c.user_data(), c.result(), c.flags())));
+        self.tracker.entered(self.enters());
         for &(ud, res, flags) in &cqes {
-            self.on_cqe(ud, res, flags);
+            let Some(key) = decode(ud) else {
+                self.tracker.stray();
+                continue;
+            };
+            if flags & IORING_CQE_F_NOTIF != 0 {
+                let usage = if !self.report_usage {
+                    Usage::Unknown
+                } else if (res as u32) & IORING_NOTIF_USAGE_ZC_COPIED != 0 {
+                    Usage::Copied
+                } else {
+                    Usage::ZeroCopy
+                };
+                self.tracker.on_notif(key, usage);
+            } else {
+                self.tracker
+                    .on_result(key, res, flags & IORING_CQE_F_MORE != 0);
+            }
         }
         cqes.clear();
         self.cqes = cqes;
-        self.settle();
-        Ok(())
+        self.tracker.settle();
+        res.map(|_| ())
     }
-
-    /// Failed requests whose notification, if the kernel posts one, would have been posted
-    /// by now (an enter with GETEVENTS ran the task work after their result was seen): stop
-    /// waiting for it.
-    fn settle(&mut self) {
-        if self.unsettled.is_empty() {
-            return;
-        }
-        let enters = self.enters();
-        let mut keep = Vec::new();
-        for idx in std::mem::take(&mut self.unsettled) {
-            let Some(Some(slot)) = self.slots.get_mut(idx as usize) else {
-                continue;
-            };
-            if slot.unsure == 0 {
-                continue;
-            }
-            if enters > slot.unsure_at {
-                slot.unsure = 0;
-                self.finish(idx);
-            } else if !keep.contains(&idx) {
-                keep.push(idx);
-            }
-        }
-        self.unsettled = keep;
-    }
-
-    fn on_cqe(&mut self, ud: u64, res: i32, flags: u32) {
-        let key = Key::from_raw(ud);
-        if key.op() != Some(Op::SendZc) {
-            self.stats.stray_notifs += 1;
-            return;
-        }
-        let (gen, idx, off) = key.send_zc_parts();
-        let (idx, off) = (u32::from(idx), off as usize);
-        let live = matches!(self.slots.get(idx as usize), Some(Some(sl)) if sl.gen == gen);
-        if flags & IORING_CQE_F_NOTIF != 0 {
-            self.stats.notifs += 1;
-            if !live {
-                self.stats.stray_notifs += 1;
-                return;
-            }
-            let slot = self.slots[idx as usize].as_mut().expect("live");
-            if slot.notifs_idle > 0 {
-                // Belongs to a request that sent nothing: no usage to report.
-                slot.notifs_idle -= 1;
-                self.notifs_pending -= 1;
-            } else if slot.unsure > 0 && slot.notifs == 0 {
-                slot.unsure -= 1;
-            } else if slot.notifs > 0 {
-                // The kernel released pages of a send: room may be back.
-                self.blocked = false;
-                slot.notifs -= 1;
-                self.notifs_pending -= 1;
-                if (res as u32) & IORING_NOTIF_USAGE_ZC_COPIED != 0 {
-                    slot.copied += 1;
-                    self.stats.notifs_copied += 1;
-                } else {
-                    slot.zc += 1;
-                }
-            } else {
-                self.stats.stray_notifs += 1;
-                return;
-            }
-            self.finish(idx);
-            return;
-        }
-        if !live {
-            // Cannot happen: a slot is only freed once all its results are in.
-            self.stats.stray_notifs += 1;
-            return;
-        }
-        self.stats.results += 1;
-        self.in_kernel -= 1;
-        let more = flags & IORING_CQE_F_MORE != 0;
-        if more {
-            self.notifs_pending += 1;
-        }
-        let stream = self.stream;
-        let enters = self.enters();
-        let slot = self.slot(idx);
-        if !stream {
-            // Stream results are applied in chain order by `end_chain`.
-            slot.reqs -= 1;
-        }
-        if more && res > 0 {
-            slot.notifs += 1;
-        } else if more {
-            slot.notifs_idle += 1;
-        } else if res < 0 {
-            slot.unsure += 1;
-            slot.unsure_at = enters;
-            self.unsettled.push(idx);
-        }
-        if stream {
-            if let Some(e) = self
-                .chain
-                .iter_mut()
-                .find(|(r, res)| r.slot == idx && r.off == off && res.is_none())
-            {
-                e.1 = Some(res);
-            }
-            self.chain_pending -= 1;
-            if self.chain_pending == 0 {
-                self.end_chain();
-            }
-        } else {
-            let chunk = self.chunk;
-            let slot = self.slot(idx);
-            let len = (slot.buf.len() - off).min(chunk);
-            let req = Req {
-                slot: idx,
-                off,
-                len,
-            };
-            if res >= 0 {
-                slot.done += res as usize;
-            } else if is_room(-res) {
-                slot.staged += 1;
-                self.staged.push_front(req);
-                self.stats.resubmits += 1;
-                self.stats.room_waits += 1;
-                self.blocked = true;
-            } else if -res == libc::EOPNOTSUPP {
-                slot.unsent.push((req.off, req.len));
-                self.give_up(libc::EOPNOTSUPP);
-            } else {
-                slot.error.get_or_insert(-res);
-            }
-            self.finish(idx);
-        }
-    }
-
-    fn end_chain(&mut self) {
-        let chain = std::mem::take(&mut self.chain);
-        let n = chain.len();
-        let mut room = false;
-        let mut front: Vec<Req> = Vec::new();
-        let mut touched = Vec::new();
-        for (req, res) in chain {
-            let res = res.unwrap_or(-libc::ECANCELED);
-            touched.push(req.slot);
-            let fatal = self.fatal;
-            let slot = self.slot(req.slot);
-            slot.reqs -= 1;
-            if res >= 0 {
-                let n = res as usize;
-                slot.done += n;
-                if n < req.len {
-                    slot.staged += 1;
-                    front.push(Req {
-                        slot: req.slot,
-                        off: req.off + n,
-                        len: req.len - n,
-                    });
-                }
-            } else if -res == libc::ECANCELED && fatal.is_none() {
-                slot.staged += 1;
-                front.push(req);
-            } else if is_room(-res) && fatal.is_none() {
-                slot.staged += 1;
-                front.push(req);
-                room = true;
-            } else if -res == libc::EOPNOTSUPP {
-                slot.unsent.push((req.off, req.len));
-                self.gave_up = Some(libc::EOPNOTSUPP);
-            } else {
-                let e = fatal.unwrap_or(-res);
-                slot.error.get_or_insert(e);
-                self.fatal.get_or_insert(e);
-            }
-        }
-        if room {
-            // With links, one request without room (ENOMEM/ENOBUFS, often at prep) fails
-            // the whole chain, whose other requests held room meanwhile: shorter chains
-            // first, and wait for a notification only once a single request lacks room.
-            self.stats.room_waits += 1;
-            if n > 1 {
-                self.chain_cap = (n / 2).max(1);
-            } else {
-                self.blocked = true;
-            }
-        } else if self.chain_cap < MAX_CHAIN {
-            self.chain_cap = (self.chain_cap * 2).min(MAX_CHAIN);
-        }
-        self.stats.resubmits += front.len() as u64;
-        for r in front.into_iter().rev() {
-            self.staged.push_front(r);
-        }
-        if let Some(e) = self.fatal {
-            // Everything still owned by the ring failed with the connection: mark it, so
-            // buffers that come back later (on notification) carry the error too.
-            for s in self.slots.iter_mut().flatten() {
-                s.error.get_or_insert(e);
-            }
-            while let Some(r) = self.staged.pop_front() {
-                let slot = self.slot(r.slot);
-                slot.staged -= 1;
-                slot.error.get_or_insert(e);
-                touched.push(r.slot);
-            }
-        } else if let Some(e) = self.gave_up {
-            self.give_up(e);
-        }
-        for idx in touched {
-            self.finish(idx);
-        }
-    }
-
-    /// Stops submitting: every staged request becomes an unsent range of its send.
-    fn give_up(&mut self, errno: i32) {
-        self.gave_up.get_or_insert(errno);
-        let mut touched = Vec::new();
-        while let Some(r) = self.staged.pop_front() {
-            let slot = self.slot(r.slot);
-            slot.staged -= 1;
-            slot.unsent.push((r.off, r.len));
-            touched.push(r.slot);
-        }
-        for idx in touched {
-            self.finish(idx);
-        }
-    }
-
-    fn slot(&mut self, idx: u32) -> &mut Slot {
-        self.slots[idx as usize]
-            .as_mut()
-            .expect("CQE for a live slot")
-    }
-
-    fn finish(&mut self, idx: u32) {
-        let ready = matches!(&self.slots[idx as usize],
-            Some(s) if s.reqs == 0 && s.notifs == 0 && s.notifs_idle == 0 && s.unsure == 0
-                && s.staged == 0);
-        if !ready {
-            return;
-        }
-        let slot = self.slots[idx as usize].take().expect("checked");
-        self.free.push(idx);
-        self.live -= 1;
-        self.emit(slot);
-    }
-
-    fn emit(&mut self, mut slot: Slot) {
-        slot.unsent.sort_unstable();
-        self.done.push_back(SendDone {
-            tag: slot.tag,
-            buf: slot.buf,
-            bytes: slot.done,
-            error: slot.error,
-            notifs_zerocopy: slot.zc,
-            notifs_copied: slot.copied,
-            unsent: slot.unsent,
-        });
-    }
-}
-
-fn is_room(errno: i32) -> bool {
-    errno == libc::ENOBUFS || errno == libc::ENOMEM || errno == libc::EAGAIN
 }
 
 impl Drop for SendRing {
     fn drop(&mut self) {
-        if self.live > 0 {
+        if self.tracker.live() > 0 && self.dead.is_none() {
             // Give the kernel a moment to hand the buffers back.
             let _ = self.drain(Duration::from_secs(2));
         }
         let mut leaked = 0;
-        for s in self.slots.iter_mut().filter_map(Option::take) {
+        for buf in self.tracker.take_live() {
             // The kernel may still read these pages: never let the pool reuse them.
-            std::mem::forget(s.buf);
+            std::mem::forget(buf);
             leaked += 1;
         }
         if leaked > 0 {

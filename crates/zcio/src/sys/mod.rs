@@ -113,6 +113,61 @@ pub(crate) fn owned(fd: RawFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
+/// Lowest number for the descriptors zcio creates for its own objects (io_uring fds, wake-up
+/// eventfds); 0 (the default) leaves them where the kernel puts them.
+static PRIVATE_FD_FLOOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Makes the descriptors zcio creates for its own objects from now on live at `floor` or
+/// above, close-on-exec (what an `LD_PRELOAD` shim needs: the program's own descriptors stay
+/// at the numbers it expects, and a program that closes or `dup2`s onto "its" low numbers
+/// does not hit zcio's). 0 turns it off.
+pub fn set_private_fd_floor(floor: i32) {
+    PRIVATE_FD_FLOOR.store(floor.max(0), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Called with every descriptor [`dup_private`] creates (an `LD_PRELOAD` shim marks them so
+/// it can refuse the program's `close`/`dup2` on them). Set once.
+static PRIVATE_FD_HOOK: std::sync::OnceLock<fn(RawFd)> = std::sync::OnceLock::new();
+
+/// Sets the hook called with every private descriptor zcio creates (first call wins).
+pub fn set_private_fd_hook(hook: fn(RawFd)) {
+    let _ = PRIVATE_FD_HOOK.set(hook);
+}
+
+/// The floor set by [`set_private_fd_floor`].
+pub fn private_fd_floor() -> i32 {
+    PRIVATE_FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Moves a descriptor zcio just created for itself to [`private_fd_floor`] or above
+/// (`F_DUPFD_CLOEXEC`); unchanged when no floor is set, it is already there, or the move
+/// fails (e.g. `RLIMIT_NOFILE` below the floor).
+pub fn move_private_fd(fd: OwnedFd) -> OwnedFd {
+    let floor = private_fd_floor();
+    if floor == 0 || fd.as_raw_fd() >= floor {
+        return fd;
+    }
+    match dup_private(fd.as_raw_fd()) {
+        Some(high) => owned(high),
+        None => fd,
+    }
+}
+
+/// A close-on-exec duplicate of `fd` at [`private_fd_floor`] or above (the caller owns it),
+/// or `None` when no floor is set or the kernel refused.
+pub fn dup_private(fd: RawFd) -> Option<RawFd> {
+    let floor = private_fd_floor();
+    if floor == 0 {
+        return None;
+    }
+    // SAFETY: F_DUPFD_CLOEXEC takes plain integers; returns a new descriptor or -1.
+    let high = syscall!(fcntl(fd, libc::F_DUPFD_CLOEXEC, floor)).ok()?;
+    if let Some(hook) = PRIVATE_FD_HOOK.get() {
+        hook(high);
+    }
+    Some(high)
+}
+
 /// `setsockopt` with an `int` value.
 pub fn setsockopt_int(fd: &impl AsRawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
     let ptr = &value as *const i32 as *const libc::c_void;
@@ -227,7 +282,7 @@ pub fn online_cpus() -> usize {
 pub fn eventfd(initial: u32) -> io::Result<OwnedFd> {
     // SAFETY: eventfd takes plain integers.
     let fd = syscall!(eventfd(initial, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))?;
-    Ok(owned(fd))
+    Ok(move_private_fd(owned(fd)))
 }
 
 /// Reads `/proc/sys/...` style integer files.

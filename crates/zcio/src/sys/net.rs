@@ -156,3 +156,56 @@ pub fn poll_many(fds: &[&impl AsRawFd], events: i16, timeout_ms: i32) -> io::Res
     let n = syscall!(poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms))?;
     Ok(n > 0)
 }
+
+/// The `struct tcp_info` fields zcio reports (`getsockopt(TCP_INFO)`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpInfo {
+    /// `tcpi_total_retrans`: segments retransmitted over the connection's life.
+    pub total_retrans: u32,
+    /// `tcpi_rtt`: smoothed round-trip time, microseconds.
+    pub rtt_us: u32,
+    /// `tcpi_segs_out`: segments sent (Linux 4.2; 0 before).
+    pub segs_out: u32,
+    /// `tcpi_bytes_retrans`: bytes retransmitted (Linux 4.19; 0 before).
+    pub bytes_retrans: u64,
+}
+
+/// Offsets in `struct tcp_info` (include/uapi/linux/tcp.h), checked against the C header.
+const TCPI_RTT: usize = 68;
+const TCPI_TOTAL_RETRANS: usize = 100;
+const TCPI_SEGS_OUT: usize = 136;
+const TCPI_BYTES_RETRANS: usize = 208;
+/// `sizeof(struct tcp_info)` on 6.x kernels; older kernels fill less (fields then read 0).
+const TCPI_LEN: usize = 232;
+
+/// `getsockopt(IPPROTO_TCP, TCP_INFO)`: retransmits and RTT of a TCP socket.
+pub fn tcp_info(fd: &impl AsRawFd) -> io::Result<TcpInfo> {
+    let mut buf = [0u8; TCPI_LEN];
+    let mut len = TCPI_LEN as libc::socklen_t;
+    // SAFETY: `buf`/`len` describe a writable byte buffer alive for the call; the kernel
+    // writes at most `len` bytes and stores the length it wrote.
+    syscall!(getsockopt(
+        fd.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_INFO,
+        buf.as_mut_ptr().cast(),
+        &mut len
+    ))?;
+    let got = (len as usize).min(TCPI_LEN);
+    let u32_at = |o: usize| {
+        buf.get(o..o + 4)
+            .filter(|_| o + 4 <= got)
+            .map_or(0, |b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+    };
+    let u64_at = |o: usize| {
+        buf.get(o..o + 8)
+            .filter(|_| o + 8 <= got)
+            .map_or(0, |b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
+    };
+    Ok(TcpInfo {
+        total_retrans: u32_at(TCPI_TOTAL_RETRANS),
+        rtt_us: u32_at(TCPI_RTT),
+        segs_out: u32_at(TCPI_SEGS_OUT),
+        bytes_retrans: u64_at(TCPI_BYTES_RETRANS),
+    })
+}

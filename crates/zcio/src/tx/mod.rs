@@ -45,15 +45,18 @@
 //! ```
 
 mod copy;
+pub(crate) mod core;
 mod msgzc;
+mod policy;
 mod track;
 
 use crate::buf::pool::{Pool, PoolBuf};
-use crate::ring::send::{SendDone, SendRing};
+use crate::ring::send::{Recovery, SendDone, SendRing};
 use crate::ring::{RingConfig, RingError};
 use crate::stats::{Counters, Fallback};
 use crate::sys::{self, net};
 use msgzc::{MsgDone, MsgZc};
+use policy::{AutoPolicy, Choice, Event};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::io;
@@ -158,6 +161,10 @@ pub struct SenderConfig {
     /// `auto`: after switching, try zero-copy again after this many copy sends (doubling
     /// each time the probe is copied again, up to 64×).
     pub reprobe_every: u64,
+    /// `auto`: choose copy or zero-copy per size from the sender CPU time each costs,
+    /// measured on this socket (see `docs/design/tx.md`). Off: every size goes zero-copy
+    /// unless COPIED completions say the path copies anyway.
+    pub auto_by_size: bool,
 }
 
 impl SenderConfig {
@@ -171,6 +178,7 @@ impl SenderConfig {
             udp_gso: true,
             copied_streak: 4,
             reprobe_every: 4096,
+            auto_by_size: true,
         }
     }
 }
@@ -194,8 +202,11 @@ pub enum ZcStatus {
     ZeroCopy,
     /// Every completion said the kernel copied after all.
     Copied,
-    /// Some parts zero-copy, some copied.
+    /// Some parts zero-copy, some copied (or not reported).
     Mixed,
+    /// Sent zero-copy, but the kernel did not say whether it copied
+    /// (`IORING_SEND_ZC_REPORT_USAGE` needs Linux 6.2).
+    Unknown,
 }
 
 /// Why a send failed (all or part of its bytes were not accepted, or the connection failed
@@ -315,6 +326,15 @@ pub struct TxStats {
     pub auto_reprobes: u64,
     /// `auto`: re-probes that switched back to zero-copy.
     pub auto_switches_back: u64,
+    /// `auto`: sends that went by copy because copy costs less at their size.
+    pub auto_size_copies: u64,
+    /// `auto`: measurement windows counted (runs of sends of one size class on one path).
+    pub auto_windows: u64,
+    /// `auto`: windows spent re-measuring the path not chosen.
+    pub auto_explores: u64,
+    /// `auto`: the learned size below which copy is cheaper (`None` before a size class was
+    /// measured on both paths; 0 when zero-copy won everywhere measured).
+    pub auto_copy_below: Option<u64>,
     /// Completion sequence numbers that matched no send (should be 0).
     pub unmatched_notifications: u64,
     /// Non-zero-copy records read from the error queue (ICMP, local errors).
@@ -358,20 +378,27 @@ impl Metas {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Auto {
+    /// The zero-copy path `auto` uses (none: copy only).
     zc: Option<Path>,
-    streak: u32,
-    in_copy: bool,
-    since_switch: u64,
-    interval: u64,
+    /// The COPIED re-probe in flight.
     probe: Option<u64>,
+    /// Copy sends since the probe went out (msg-zc reaps every 8).
+    copies: u64,
+    policy: AutoPolicy,
 }
 
 /// A zero-copy sender on one connected TCP or UDP socket. See the [module docs](self).
 ///
 /// Not for sharing between threads: with io_uring paths the ring belongs to the thread that
-/// created the sender (`SINGLE_ISSUER`), so create it on the thread that sends.
+/// created the sender (`SINGLE_ISSUER`: `io_uring_enter` from another thread fails with
+/// `EEXIST`), so create it on the thread that sends. A `Sender` is therefore not `Send`:
+///
+/// ```compile_fail
+/// fn needs_send<T: Send>() {}
+/// needs_send::<zcio::tx::Sender>();
+/// ```
 pub struct Sender {
     // Backends first: they are dropped (draining what is in flight) before the socket.
     ring: Option<SendRing>,
@@ -393,6 +420,13 @@ pub struct Sender {
     ring_enters_seen: u64,
     ring_room_seen: u64,
     msg_seen: msgzc::MsgStats,
+    /// The ring stopped being used for new sends (it gave up or failed).
+    retired: bool,
+    /// A stream whose ring was abandoned with requests of unknown outcome: every later send
+    /// fails with this errno.
+    broken: Option<i32>,
+    /// `SINGLE_ISSUER`: the ring belongs to the creating thread, so a `Sender` is not `Send`.
+    _one_thread: std::marker::PhantomData<*const ()>,
 }
 
 impl std::fmt::Debug for Sender {
@@ -490,8 +524,10 @@ impl Sender {
             cfg: cfg.clone(),
             path: Path::Copy,
             auto: Auto {
-                interval: cfg.reprobe_every.max(1),
-                ..Auto::default()
+                zc: None,
+                probe: None,
+                copies: 0,
+                policy: AutoPolicy::new(cfg.copied_streak, cfg.reprobe_every, cfg.auto_by_size),
             },
             next_ticket: 0,
             meta: Metas::default(),
@@ -502,8 +538,21 @@ impl Sender {
             ring_enters_seen: 0,
             ring_room_seen: 0,
             msg_seen: msgzc::MsgStats::default(),
+            retired: false,
+            broken: None,
+            _one_thread: std::marker::PhantomData,
         };
-        s.path = s.setup(pool)?;
+        s.path = if cfg.mode == TxMode::Auto && family.is_none() {
+            s.fallbacks.push(Fallback::new(
+                "auto",
+                "copy",
+                "not an AF_INET/AF_INET6 socket: zero-copy send needs TCP or UDP (SEND_ZC \
+                 answers EOPNOTSUPP, SO_ZEROCOPY is refused)",
+            ));
+            Path::Copy
+        } else {
+            s.setup(pool)?
+        };
         if cfg.mode == TxMode::Auto {
             s.auto.zc = (s.path != Path::Copy).then_some(s.path);
         }
@@ -525,7 +574,7 @@ impl Sender {
                 Ok(mut ring) => match ring.supports_send_zc() {
                     Ok(true) => {
                         let mut path = Path::UringZc;
-                        if want == TxMode::UringZcFixed {
+                        if matches!(want, TxMode::UringZcFixed | TxMode::Auto) {
                             match ring.register_pool(pool) {
                                 Ok(()) => path = Path::UringZcFixed,
                                 Err(e) => self.fallbacks.push(Fallback::new(
@@ -569,18 +618,18 @@ impl Sender {
                 self.msg = Some(m);
                 Ok(Path::MsgZc)
             }
-            Err(e) => {
-                self.fallbacks.push(Fallback::new(
-                    from,
-                    "copy",
-                    format!(
-                        "setsockopt(SO_ZEROCOPY) refused: {e}; MSG_ZEROCOPY needs a TCP or UDP \
-                         socket (AF_INET/AF_INET6) on Linux 4.14+ (UDP 5.0+)"
-                    ),
-                ));
+            Err(reason) => {
+                self.fallbacks.push(Fallback::new(from, "copy", reason));
                 Ok(Path::Copy)
             }
         }
+    }
+
+    /// Makes the io_uring's `io_uring_enter` calls fail as `fault` says (tests of the
+    /// failure paths); returns whether this sender has a ring.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_ring_fault(&mut self, fault: crate::ring::send::Fault) -> bool {
+        self.ring.as_mut().map(|r| r.inject(fault)).is_some()
     }
 
     /// The path new sends take now.
@@ -632,6 +681,15 @@ impl Sender {
     /// Sends handed to the kernel whose completion has not been produced yet.
     pub fn in_flight(&self) -> usize {
         self.ring.as_ref().map_or(0, |r| r.in_flight())
+            + self.msg.as_ref().map_or(0, |m| m.in_flight())
+    }
+
+    /// Sends in flight that can still come back (those of an abandoned ring cannot).
+    fn in_flight_active(&self) -> usize {
+        self.ring
+            .as_ref()
+            .filter(|r| !r.is_dead())
+            .map_or(0, |r| r.in_flight())
             + self.msg.as_ref().map_or(0, |m| m.in_flight())
     }
 
@@ -690,13 +748,28 @@ impl Sender {
             );
             return Ticket(ticket);
         }
-        while self.in_flight() >= self.cfg.depth.max(1) {
+        if let Some(errno) = self.broken {
+            // The ring failed with requests of unknown outcome ahead of this one.
+            self.push_ready(
+                done(
+                    ticket,
+                    len,
+                    0,
+                    Path::Copy,
+                    ZcStatus::NotAttempted,
+                    Some(SendError::Os { errno }),
+                ),
+                buf,
+            );
+            return Ticket(ticket);
+        }
+        while self.in_flight_active() >= self.cfg.depth.max(1) {
             self.stats.depth_waits += 1;
             if self.wait_inner(Duration::from_millis(100)).is_err() {
                 break;
             }
         }
-        let path = self.route(ticket);
+        let path = self.route(ticket, len);
         match path {
             Path::Copy => {
                 self.ordered_for_copy();
@@ -748,13 +821,17 @@ impl Sender {
         if let Some(r) = self.ring.as_mut() {
             // Submit only what is queued; completions already posted are read without a
             // syscall (notifications of earlier sends ride on the next submitting enter).
-            let res = if r.staged() > 0 {
+            let res = if r.is_dead() {
+                Ok(())
+            } else if r.staged() > 0 {
                 r.submit()
             } else {
                 r.harvest_ready()
             };
             self.account_ring(true);
-            res.map_err(TxError::Ring)?;
+            if let Err(e) = res {
+                self.ring_failed(e);
+            }
         }
         Ok(self.reap_and_collect())
     }
@@ -765,10 +842,12 @@ impl Sender {
     /// error queue as `poll` does. For callers that look for completions after every send
     /// without giving up submission batching. Returns the number of completions ready.
     pub fn harvest(&mut self) -> Result<usize, TxError> {
-        if let Some(r) = self.ring.as_mut() {
+        if let Some(r) = self.ring.as_mut().filter(|r| !r.is_dead()) {
             let res = r.harvest_ready();
             self.account_ring(false);
-            res.map_err(TxError::Ring)?;
+            if let Err(e) = res {
+                self.ring_failed(e);
+            }
         }
         Ok(self.reap_and_collect())
     }
@@ -830,7 +909,14 @@ impl Sender {
 
     fn wait_inner(&mut self, timeout: Duration) -> Result<(), TxError> {
         if let Some(r) = self.ring.as_mut() {
-            if r.in_flight() > 0 {
+            if r.in_flight() > 0
+                && r.is_dead()
+                && self.msg.as_ref().map_or(true, |m| m.in_flight() == 0)
+            {
+                // Nothing can come back from an abandoned ring: say so instead of spinning.
+                return Err(self.dead_ring_error());
+            }
+            if r.in_flight() > 0 && !r.is_dead() {
                 let sub = r.staged() > 0;
                 let res = r.wait(Some(timeout.min(Duration::from_millis(100))));
                 self.account_ring(sub);
@@ -850,7 +936,7 @@ impl Sender {
 
     fn submit_all(&mut self) -> Result<(), TxError> {
         while let Some(r) = self.ring.as_mut() {
-            if r.staged() == 0 {
+            if r.staged() == 0 || r.is_dead() {
                 break;
             }
             let res = if r.results_pending() {
@@ -859,7 +945,9 @@ impl Sender {
                 r.submit()
             };
             self.account_ring(true);
-            res.map_err(TxError::Ring)?;
+            if let Err(e) = res {
+                self.ring_failed(e);
+            }
             self.collect();
         }
         Ok(())
@@ -873,34 +961,55 @@ impl Sender {
         }
         loop {
             let Some(r) = self.ring.as_mut() else { return };
-            if r.staged() == 0 && !r.results_pending() {
+            if r.is_dead() || (r.staged() == 0 && !r.results_pending()) {
                 return;
             }
             let res = r.wait(Some(Duration::from_millis(100)));
             self.account_ring(true);
             if let Err(e) = res {
+                // Settles or abandons the ring: either way the loop ends next round.
                 self.ring_failed(e);
-                return;
             }
             self.collect();
         }
     }
 
-    fn route(&mut self, ticket: u64) -> Path {
-        if self.cfg.mode != TxMode::Auto || !self.auto.in_copy {
+    fn route(&mut self, ticket: u64, len: usize) -> Path {
+        if self.cfg.mode != TxMode::Auto {
             return self.path;
         }
         let Some(zc) = self.auto.zc else {
             return Path::Copy;
         };
-        self.auto.since_switch += 1;
-        if self.auto.probe.is_none() && self.auto.since_switch >= self.auto.interval {
-            self.auto.since_switch = 0;
-            self.auto.probe = Some(ticket);
-            self.stats.auto_reprobes += 1;
-            return zc;
+        let d = self.auto.policy.decide(len);
+        if d.clock {
+            self.auto
+                .policy
+                .clock(sys::thread_cpu_time().as_nanos() as u64);
         }
-        Path::Copy
+        if d.probe {
+            self.auto.probe = Some(ticket);
+            self.auto.copies = 0;
+        }
+        self.sync_policy_stats();
+        match d.choice {
+            Choice::Copy => {
+                self.auto.copies += 1;
+                Path::Copy
+            }
+            Choice::ZeroCopy => zc,
+        }
+    }
+
+    fn sync_policy_stats(&mut self) {
+        let p = self.auto.policy.stats();
+        self.stats.auto_switches_to_copy = p.switches_to_copy;
+        self.stats.auto_reprobes = p.reprobes;
+        self.stats.auto_switches_back = p.switches_back;
+        self.stats.auto_size_copies = p.size_copies;
+        self.stats.auto_windows = p.windows;
+        self.stats.auto_explores = p.explores;
+        self.stats.auto_copy_below = self.auto.policy.copy_below().map(|b| b as u64);
     }
 
     /// `auto` sending by copy with a zero-copy probe out: nothing else would collect the
@@ -908,7 +1017,7 @@ impl Sender {
     /// look for it here. io_uring: no syscall unless the kernel flagged pending task work
     /// (the probe's notification); msg-zc: one error-queue read every 8 copy sends.
     fn collect_probe(&mut self) {
-        if let Some(r) = self.ring.as_mut() {
+        if let Some(r) = self.ring.as_mut().filter(|r| !r.is_dead()) {
             if r.in_flight() > 0 {
                 let res = r.reap_notifications();
                 self.account_ring(false);
@@ -918,7 +1027,7 @@ impl Sender {
             }
         }
         if let Some(m) = self.msg.as_mut() {
-            if m.in_flight() > 0 && self.auto.since_switch % 8 == 0 {
+            if m.in_flight() > 0 && self.auto.copies % 8 == 0 {
                 m.reap();
             }
         }
@@ -929,46 +1038,27 @@ impl Sender {
         if self.cfg.mode != TxMode::Auto {
             return;
         }
-        if self.auto.probe == Some(ticket) {
+        let probe = self.auto.probe == Some(ticket);
+        if probe {
             self.auto.probe = None;
-            if status == ZcStatus::ZeroCopy {
-                self.auto.in_copy = false;
-                self.auto.streak = 0;
-                self.auto.interval = self.cfg.reprobe_every.max(1);
-                self.path = self.auto.zc.unwrap_or(Path::Copy);
-                self.stats.auto_switches_back += 1;
-            } else {
-                self.auto.interval =
-                    (self.auto.interval * 2).min(self.cfg.reprobe_every.max(1) * 64);
-            }
-            return;
         }
-        if self.auto.in_copy {
-            return;
-        }
-        match status {
-            ZcStatus::Copied | ZcStatus::Mixed => {
-                self.auto.streak += 1;
-                if self.auto.streak >= self.cfg.copied_streak.max(1) {
-                    self.auto.in_copy = true;
-                    self.auto.since_switch = 0;
-                    self.stats.auto_switches_to_copy += 1;
-                    if self.stats.auto_switches_to_copy == 1 {
-                        let from = self.auto.zc.map_or("zero-copy", Path::name);
-                        let reason = format!(
-                            "{} zero-copy completions in a row came back COPIED: this path copies \
-                             anyway (loopback or local delivery), so zero-copy only adds \
-                             notification cost; sending by copy, re-probing every {} sends",
-                            self.auto.streak, self.auto.interval
-                        );
-                        self.fallbacks.push(Fallback::new(from, "copy", reason));
-                    }
-                    self.path = Path::Copy;
+        match self.auto.policy.observe(status, probe) {
+            Some(Event::SwitchedToCopy { streak, interval }) => {
+                if self.auto.policy.stats().switches_to_copy == 1 {
+                    let from = self.auto.zc.map_or("zero-copy", Path::name);
+                    let reason = format!(
+                        "{streak} zero-copy completions in a row came back COPIED: this path \
+                         copies anyway (loopback or local delivery), so zero-copy only adds \
+                         notification cost; sending by copy, re-probing every {interval} sends"
+                    );
+                    self.fallbacks.push(Fallback::new(from, "copy", reason));
                 }
+                self.path = Path::Copy;
             }
-            ZcStatus::ZeroCopy => self.auto.streak = 0,
-            ZcStatus::NotAttempted => {}
+            Some(Event::SwitchedBack) => self.path = self.auto.zc.unwrap_or(Path::Copy),
+            None => {}
         }
+        self.sync_policy_stats();
     }
 
     fn syscalls_send(&mut self, n: u64) {
@@ -995,15 +1085,74 @@ impl Sender {
         }
     }
 
+    /// `io_uring_enter` failed (`e`): the ring is not used for new sends any more. Requests
+    /// it had not handed to the kernel become unsent ranges; once the kernel's requests have
+    /// their results, those ranges go out by copy in ticket order, so a stream keeps every
+    /// byte once and in order. If the results cannot be collected (the ring cannot be
+    /// entered any more), the ring is abandoned and, on a stream, every later send fails with
+    /// the error: what the kernel did with its requests is unknown, and sending after them
+    /// could reorder or duplicate bytes.
     fn ring_failed(&mut self, e: io::Error) {
-        // io_uring_enter itself failed: nothing more can be submitted on this ring.
+        let Some(r) = self.ring.as_mut() else { return };
+        if r.is_dead() {
+            return;
+        }
+        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+        let rec = r.recover(&e, Duration::from_secs(5));
+        self.account_ring(true);
         self.fallbacks.push(Fallback::new(
             self.path.name(),
             "copy",
-            format!("io_uring_enter failed: {e}"),
+            match rec {
+                Recovery::Settled => format!(
+                    "io_uring_enter failed: {e}; requests not yet submitted were sent by copy,                      in order"
+                ),
+                Recovery::Unknown => format!(
+                    "io_uring_enter failed: {e}, and the results of requests in the kernel                      cannot be collected; the ring is abandoned (its buffers are not reused)"
+                ),
+            },
         ));
         self.path = Path::Copy;
         self.auto.zc = None;
+        self.retired = true;
+        if rec == Recovery::Unknown && self.stream {
+            self.broken = Some(errno);
+        }
+        self.send_unsent();
+        self.collect();
+    }
+
+    /// The error of waiting on an abandoned ring.
+    fn dead_ring_error(&self) -> TxError {
+        TxError::Ring(io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            format!(
+                "{} sends are stuck in an io_uring that failed and was abandoned; their \
+                 buffers will not come back",
+                self.ring.as_ref().map_or(0, |r| r.in_flight())
+            ),
+        ))
+    }
+
+    /// Sends every unsent range of the ring by copy, in ticket order (or, on a broken stream,
+    /// fails them).
+    fn send_unsent(&mut self) {
+        let Some(r) = self.ring.as_mut() else { return };
+        let sock = self.sock.clone();
+        let chunk = self.chunk;
+        let broken = self.broken;
+        let (mut calls, mut copies) = (0, 0);
+        r.send_unsent(|_, data| {
+            if let Some(e) = broken {
+                return (0, Some(e));
+            }
+            let out = copy::send_all(&*sock, data, chunk);
+            calls += out.syscalls;
+            copies += 1;
+            (out.bytes, out.error)
+        });
+        self.syscalls_send(calls);
+        self.stats.room_copies += copies;
     }
 
     fn push_ready(&mut self, c: Completion, buf: PoolBuf) {
@@ -1044,8 +1193,8 @@ impl Sender {
     }
 
     fn collect(&mut self) {
-        if let Some(r) = self.ring.as_mut() {
-            if let Some(errno) = r.gave_up() {
+        if let Some(errno) = self.ring.as_ref().and_then(|r| r.gave_up()) {
+            if !self.retired {
                 self.retire_ring(errno);
             }
         }
@@ -1076,16 +1225,13 @@ impl Sender {
         }
     }
 
+    /// The ring stopped submitting by itself (`EOPNOTSUPP`: the socket does no SEND_ZC;
+    /// `ENOBUFS`: no room with nothing in flight): once the kernel's requests have their
+    /// results, the unsent ranges go by copy in ticket order, and new sends take the copy
+    /// path. The ring stays until its buffers are back.
     fn retire_ring(&mut self, errno: i32) {
-        let Some(mut ring) = self.ring.take() else {
-            return;
-        };
-        let _ = ring.drain(Duration::from_secs(5));
-        let mut all = Vec::new();
-        while let Some(d) = ring.next_done() {
-            all.push(d);
-        }
-        all.sort_by_key(|d| d.tag);
+        let Some(r) = self.ring.as_mut() else { return };
+        self.retired = true;
         let reason = match errno {
             libc::EOPNOTSUPP => "SEND_ZC refused by this socket (EOPNOTSUPP): zero-copy needs a \
                                  TCP or UDP socket"
@@ -1098,20 +1244,14 @@ impl Sender {
         };
         self.fallbacks
             .push(Fallback::new(self.path.name(), "copy", reason));
-        if ring.in_flight() == 0 {
-            let d = ring.enters() - self.ring_enters_seen;
-            self.counters.syscalls += d;
-            self.stats.notify_syscalls += d;
-            self.ring_enters_seen = 0;
-            self.ring_room_seen = 0;
-            drop(ring);
-        } else {
-            self.ring = Some(ring);
-        }
         self.path = Path::Copy;
         self.auto.zc = None;
-        for d in all {
-            self.finish_ring(d);
+        let res = r.settle_results(Duration::from_secs(5));
+        self.account_ring(true);
+        match res {
+            Ok(true) => self.send_unsent(),
+            Ok(false) => self.ring_failed(io::Error::from_raw_os_error(libc::ETIMEDOUT)),
+            Err(e) => self.ring_failed(e),
         }
     }
 
@@ -1131,8 +1271,9 @@ impl Sender {
                 error.get_or_insert(SendError::from_errno(e));
             }
         }
-        self.counters.notifications += u64::from(d.notifs_zerocopy + d.notifs_copied);
-        let status = status_of(d.notifs_zerocopy, d.notifs_copied);
+        self.counters.notifications +=
+            u64::from(d.notifs_zerocopy + d.notifs_copied + d.notifs_unknown);
+        let status = status_of(d.notifs_zerocopy, d.notifs_copied, d.notifs_unknown);
         self.count_zc(status, d.bytes);
         self.observe(d.tag, status);
         self.push_ready(
@@ -1147,7 +1288,7 @@ impl Sender {
             path: Path::MsgZc,
         });
         self.counters.notifications += u64::from(d.ranges_zc + d.ranges_copied);
-        let status = status_of(d.ranges_zc, d.ranges_copied);
+        let status = status_of(d.ranges_zc, d.ranges_copied, 0);
         self.count_zc(status, d.zc_bytes);
         self.observe(d.tag, status);
         let error = d.error.map(SendError::from_errno);
@@ -1168,7 +1309,7 @@ impl Sender {
         match status {
             ZcStatus::ZeroCopy => self.counters.zerocopy_bytes += bytes as u64,
             ZcStatus::Copied | ZcStatus::Mixed => self.counters.copied_bytes += bytes as u64,
-            ZcStatus::NotAttempted => {}
+            ZcStatus::NotAttempted | ZcStatus::Unknown => {}
         }
     }
 }
@@ -1191,11 +1332,12 @@ fn done(
     }
 }
 
-fn status_of(zc: u32, copied: u32) -> ZcStatus {
-    match (zc, copied) {
-        (0, 0) => ZcStatus::NotAttempted,
-        (_, 0) => ZcStatus::ZeroCopy,
-        (0, _) => ZcStatus::Copied,
+fn status_of(zc: u32, copied: u32, unknown: u32) -> ZcStatus {
+    match (zc, copied, unknown) {
+        (0, 0, 0) => ZcStatus::NotAttempted,
+        (_, 0, 0) => ZcStatus::ZeroCopy,
+        (0, _, 0) => ZcStatus::Copied,
+        (0, 0, _) => ZcStatus::Unknown,
         _ => ZcStatus::Mixed,
     }
 }

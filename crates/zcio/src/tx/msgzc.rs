@@ -75,14 +75,37 @@ pub(crate) struct MsgZc {
 }
 
 impl MsgZc {
-    /// Enables `SO_ZEROCOPY`; the error says why the socket refused.
+    /// Enables `SO_ZEROCOPY`; the error says why the socket cannot be used (in words).
+    ///
+    /// A socket that already has `SO_ZEROCOPY` on is refused: it (or another descriptor of
+    /// the same socket, e.g. a dup) may have sent with `MSG_ZEROCOPY` before, and the
+    /// kernel's completion numbers count from the socket's first such send, not from ours;
+    /// there is no call that reads the counter, so every range would be matched to the
+    /// wrong buffer.
     pub(crate) fn new(
         fd: Arc<OwnedFd>,
         stream: bool,
         chunk: usize,
         notify_limit: usize,
-    ) -> io::Result<Self> {
-        net::enable_zerocopy(&*fd)?;
+    ) -> Result<Self, String> {
+        if matches!(
+            crate::sys::getsockopt_int(&*fd, libc::SOL_SOCKET, crate::sys::SO_ZEROCOPY),
+            Ok(v) if v != 0
+        ) {
+            return Err(
+                "the socket already has SO_ZEROCOPY on: it (or a dup of it) may have \
+                        sent with MSG_ZEROCOPY before, and its completion numbers cannot be \
+                        matched to this sender's buffers; pass a socket that never enabled \
+                        SO_ZEROCOPY to use msg-zc"
+                    .to_string(),
+            );
+        }
+        net::enable_zerocopy(&*fd).map_err(|e| {
+            format!(
+                "setsockopt(SO_ZEROCOPY) refused: {e}; MSG_ZEROCOPY needs a TCP or UDP socket \
+                 (AF_INET/AF_INET6) on Linux 4.14+ (UDP 5.0+)"
+            )
+        })?;
         Ok(Self {
             fd,
             stream,

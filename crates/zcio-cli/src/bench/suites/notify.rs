@@ -246,6 +246,9 @@ impl Suite for Notify {
         "mb_per_s"
     }
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
+        if let Some(peer) = ctx.peer.clone() {
+            return crate::bench::peer::notify(ctx, &peer);
+        }
         if let Err(e) = zcio_testnet::check_privileges() {
             return Err(ctx.skip(format!("needs test hosts: {e}")));
         }

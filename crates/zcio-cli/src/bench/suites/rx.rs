@@ -155,6 +155,9 @@ impl Suite for Rx {
         "receiver_cpu"
     }
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
+        if let Some(peer) = ctx.peer.clone() {
+            return crate::bench::peer::rx(ctx, &peer);
+        }
         let dur = ctx.run_time();
         let lo = zcio::rx::zcrx::check_interface("lo", 0);
         ctx.note(format!(

@@ -9,10 +9,12 @@ use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use zcio_testnet::tempdir::{read_nofollow, write_new, TempDir};
 
 /// The suite.
 pub struct Shim;
@@ -91,6 +93,45 @@ impl Suite for Shim {
         } else {
             ctx.note("redis-server or redis-benchmark missing: redis case skipped");
         }
+        // Two more loops: lighttpd (its own, epoll_create1) and haproxy (its own, 1 thread
+        // here), both under wrk like nginx.
+        for name in ["lighttpd", "haproxy"] {
+            let (Some(bin), Some(wrk)) = (which(name), which("wrk")) else {
+                ctx.note(format!(
+                    "{name} or wrk missing (scripts/deps): {name} case skipped"
+                ));
+                continue;
+            };
+            let start = |shim: Option<&Shimmed>| match name {
+                "lighttpd" => Server::lighttpd(&bin, &[b'x'; 1024], shim),
+                _ => Server::haproxy(&bin, shim),
+            };
+            let native = start(None)?;
+            let shimmed = start(Some(&Shimmed(&shim, &[])))?;
+            ctx.compare(
+                &format!("{name}, 1 KiB response, wrk 1 thread 32 conns"),
+                ("native epoll", "libzcio_epoll.so"),
+                METRICS,
+                || wrk_run(&wrk, &native, secs),
+                || wrk_run(&wrk, &shimmed, secs),
+            )?;
+            drop(native);
+            let mut shimmed = shimmed;
+            if name == "haproxy" {
+                // haproxy stops on SIGUSR1 (soft stop); SIGTERM leaves it running until the
+                // group is killed, which would lose its exit stats.
+                kill(shimmed.child.id() as i32, libc::SIGUSR1);
+                let deadline = Instant::now() + Duration::from_secs(3);
+                while Instant::now() < deadline && !matches!(shimmed.child.try_wait(), Ok(Some(_)))
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            if let Some(st) = shimmed.finish()? {
+                ctx.note(format!("{name} under the shim: {st}"));
+            }
+            ran = true;
+        }
         if !ran {
             return Err(ctx.skip("neither nginx+wrk nor redis-server+redis-benchmark installed"));
         }
@@ -133,22 +174,63 @@ struct Shimmed<'a>(&'a Path, &'a [(&'a str, &'a str)]);
 struct Server {
     child: Child,
     port: u16,
-    dir: PathBuf,
+    dir: TempDir,
     shim: bool,
 }
 
+/// The account nginx workers run as when the bench runs as root: `(user, group, uid, gid)`.
+/// The files they must read or write are given to it; nothing is made world-accessible.
+fn worker_account() -> Option<(String, String, u32, u32)> {
+    if !zcio::sys::is_root() {
+        return None;
+    }
+    let id = |flag: &str| -> Option<String> {
+        let o = Command::new("id").args([flag, "nobody"]).output().ok()?;
+        o.status
+            .success()
+            .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    Some((
+        "nobody".into(),
+        id("-gn")?,
+        id("-u")?.parse().ok()?,
+        id("-g")?.parse().ok()?,
+    ))
+}
+
+/// A directory (mode 0700) owned by the worker account when there is one.
+fn private_dir(path: &Path, owner: Option<(u32, u32)>) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().mode(0o700).create(path)?;
+    if let Some((u, g)) = owner {
+        std::os::unix::fs::lchown(path, Some(u), Some(g))?;
+    }
+    Ok(())
+}
+
 impl Server {
-    fn spawn(mut cmd: Command, port: u16, dir: PathBuf, shim: Option<&Shimmed>) -> Result<Self> {
+    fn spawn(
+        mut cmd: Command,
+        port: u16,
+        dir: TempDir,
+        shim: Option<&Shimmed>,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Self> {
         if let Some(Shimmed(s, env)) = shim {
             for (k, v) in *env {
                 cmd.env(k, v);
             }
+            // Created exclusively (never through a planted symlink), 0600, owned by the
+            // process that appends to it; the directory is not writable by it, so the file
+            // cannot be swapped for a link.
             let stats = dir.join("stats");
-            std::fs::write(&stats, "")?;
-            std::fs::set_permissions(&stats, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
+            let f = write_new(&stats, b"", 0o600)?;
+            if let Some((u, g)) = owner {
+                std::os::unix::fs::fchown(&f, Some(u), Some(g))?;
+            }
             cmd.env("LD_PRELOAD", s).env("ZCIO_EPOLL_STATS", &stats);
         }
-        let log = std::fs::File::create(dir.join("out.log"))?;
+        let log = write_new(&dir.join("out.log"), b"", 0o600)?;
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -165,7 +247,7 @@ impl Server {
             if Instant::now() > deadline {
                 bail!(
                     "server on port {port} did not start: see {}",
-                    s.dir.display()
+                    s.dir.path().display()
                 );
             }
             std::thread::sleep(Duration::from_millis(30));
@@ -174,43 +256,87 @@ impl Server {
     }
 
     fn nginx(nginx: &Path, body: &[u8], shim: Option<&Shimmed>) -> Result<Self> {
-        let dir = tempdir("nginx")?;
-        std::fs::create_dir_all(dir.join("www/tmp"))?;
-        std::fs::write(dir.join("www/file"), body)?;
-        Command::new("chmod")
-            .args(["-R", "a+rX"])
-            .arg(&dir)
-            .status()?;
+        let dir = TempDir::new("bench-nginx")?;
+        // As root, the master keeps root and the workers run as `nobody`: the directory
+        // becomes traversable (0711, not listable, not writable), and only www/ (the file
+        // served, the temp paths) and the stats file belong to the workers.
+        let worker = worker_account();
+        let owner = worker.as_ref().map(|w| (w.2, w.3));
+        if owner.is_some() {
+            std::fs::set_permissions(dir.path(), PermissionsExt::from_mode(0o711))?;
+        }
+        private_dir(&dir.join("www"), owner)?;
+        private_dir(&dir.join("www/tmp"), owner)?;
+        let f = write_new(&dir.join("www/file"), body, 0o600)?;
+        if let Some((u, g)) = owner {
+            std::os::unix::fs::fchown(&f, Some(u), Some(g))?;
+        }
         let port = free_port()?;
-        let d = dir.display();
+        let d = dir.path().display();
+        let user = worker
+            .as_ref()
+            .map_or(String::new(), |w| format!("user {} {};\n", w.0, w.1));
         let conf = format!(
-            "daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/nginx.pid;\n\
+            "{user}daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/nginx.pid;\n\
              error_log {d}/error.log warn;\nevents {{ worker_connections 4096; }}\n\
              http {{\n access_log off;\n sendfile on;\n tcp_nopush on;\n keepalive_requests 100000000;\n\
              client_body_temp_path {d}/www/tmp;\n proxy_temp_path {d}/www/tmp;\n\
              fastcgi_temp_path {d}/www/tmp;\n uwsgi_temp_path {d}/www/tmp;\n scgi_temp_path {d}/www/tmp;\n\
              server {{ listen 127.0.0.1:{port}; root {d}/www; location / {{ }} }}\n}}\n"
         );
-        std::fs::write(dir.join("nginx.conf"), conf)?;
+        write_new(&dir.join("nginx.conf"), conf.as_bytes(), 0o600)?;
         let mut cmd = Command::new(nginx);
         cmd.arg("-p")
-            .arg(&dir)
+            .arg(dir.path())
             .arg("-c")
             .arg(dir.join("nginx.conf"));
         cmd.arg("-e").arg(dir.join("error.log"));
-        Self::spawn(cmd, port, dir, shim)
+        Self::spawn(cmd, port, dir, shim, owner)
+    }
+
+    fn lighttpd(bin: &Path, body: &[u8], shim: Option<&Shimmed>) -> Result<Self> {
+        let dir = TempDir::new("bench-lighttpd")?;
+        private_dir(&dir.join("www"), None)?;
+        write_new(&dir.join("www/file"), body, 0o600)?;
+        let port = free_port()?;
+        let conf = format!(
+            "server.document-root = \"{d}/www\"\nserver.port = {port}\n\
+             server.bind = \"127.0.0.1\"\nserver.event-handler = \"linux-sysepoll\"\n\
+             server.errorlog = \"{d}/error.log\"\nserver.max-keep-alive-requests = 100000000\n\
+             server.max-connections = 4096\n",
+            d = dir.path().display()
+        );
+        write_new(&dir.join("lighttpd.conf"), conf.as_bytes(), 0o600)?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("-D").arg("-f").arg(dir.join("lighttpd.conf"));
+        Self::spawn(cmd, port, dir, shim, None)
+    }
+
+    fn haproxy(bin: &Path, shim: Option<&Shimmed>) -> Result<Self> {
+        let dir = TempDir::new("bench-haproxy")?;
+        let port = free_port()?;
+        let body = "x".repeat(1024);
+        let conf = format!(
+            "global\n  nbthread 1\ndefaults\n  mode http\n  timeout client 30s\n  \
+             timeout connect 5s\n  timeout server 30s\nfrontend fe\n  bind 127.0.0.1:{port}\n  \
+             http-request return status 200 content-type text/plain string \"{body}\"\n"
+        );
+        write_new(&dir.join("haproxy.cfg"), conf.as_bytes(), 0o600)?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("-db").arg("-f").arg(dir.join("haproxy.cfg"));
+        Self::spawn(cmd, port, dir, shim, None)
     }
 
     fn redis(redis: &Path, shim: Option<&Shimmed>) -> Result<Self> {
-        let dir = tempdir("redis")?;
+        let dir = TempDir::new("bench-redis")?;
         let port = free_port()?;
         let mut cmd = Command::new(redis);
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(["--protected-mode", "no"])
             .arg("--dir")
-            .arg(&dir);
-        Self::spawn(cmd, port, dir, shim)
+            .arg(dir.path());
+        Self::spawn(cmd, port, dir, shim, None)
     }
 
     /// CPU seconds (user + system) of the server and its children (nginx workers).
@@ -237,7 +363,7 @@ impl Server {
         if !self.shim {
             return Ok(None);
         }
-        let stats = std::fs::read_to_string(self.dir.join("stats")).unwrap_or_default();
+        let stats = read_nofollow(&self.dir.join("stats")).unwrap_or_default();
         let waits: u64 = stats
             .split_whitespace()
             .filter_map(|kv| kv.strip_prefix("ring_waits="))
@@ -269,8 +395,8 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // The directory goes with `self.dir`, after the server has stopped.
         self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -283,16 +409,6 @@ fn kill(pid: i32, sig: i32) {
         .arg(pid.to_string())
         .stderr(Stdio::null())
         .status();
-}
-
-fn tempdir(tag: &str) -> Result<PathBuf> {
-    let d = std::env::temp_dir().join(format!(
-        "zcio-bench-{tag}-{}-{}",
-        std::process::id(),
-        free_port()?
-    ));
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
 }
 
 fn proc_stat_fields(pid: u32) -> Option<Vec<String>> {

@@ -156,6 +156,9 @@ impl Suite for Tx {
         "sender_cpu"
     }
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
+        if let Some(peer) = ctx.peer.clone() {
+            return crate::bench::peer::tx(ctx, &peer);
+        }
         let dur = ctx.pick(
             Duration::from_millis(80),
             Duration::from_millis(250),
@@ -325,6 +328,109 @@ impl Suite for Tx {
                 },
             )?;
         }
+        sweep(ctx, pair.is_some(), sink.as_ref(), dur, warmup, ws)?;
         Ok(())
     }
+}
+
+/// Sizes of the `auto` sweep.
+const SWEEP: &[usize] = &[
+    256,
+    1 << 10,
+    4 << 10,
+    16 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+];
+
+/// The better of two samples, metric by metric (`throughput` higher, `sender_cpu` lower),
+/// with a note naming which side won each.
+fn best_of(copy: &Sample, zc: &Sample) -> Sample {
+    let mut s = Sample::default();
+    for m in METRICS {
+        let (Some(&a), Some(&b)) = (copy.values.get(m.name), zc.values.get(m.name)) else {
+            continue;
+        };
+        let zc_wins = match m.better {
+            Better::Higher => b > a,
+            Better::Lower => b < a,
+        };
+        s.set(m.name, if zc_wins { b } else { a });
+        if matches!(m.name, "throughput" | "sender_cpu") {
+            s.note(format!(
+                "{}: best was {} ({a:.4} copy vs {b:.4} zero-copy)",
+                m.name,
+                if zc_wins { "zero-copy" } else { "copy" }
+            ));
+        }
+    }
+    s
+}
+
+/// `auto` against the better of copy and zero-copy (`uring-zc-fixed`, the path `auto` takes
+/// when it can register the pool), measured in the same round, at every size from 256 B to
+/// 1 MiB, over TCP loopback (completions COPIED) and UDP with GSO to the sink (zero-copy).
+/// Rows `sweep <path> <size> auto vs best`; every side gets the same warm-up, in which `auto`
+/// learns.
+fn sweep(
+    ctx: &mut Ctx,
+    hosts: bool,
+    sink: Option<&Sink>,
+    dur: Duration,
+    warmup: Duration,
+    ws: usize,
+) -> Result<()> {
+    let mut routes = vec![(Route::Loopback, "tcp-lo")];
+    if hosts {
+        routes.push((Route::Sink, "udp-gso-sink"));
+    }
+    ctx.note(format!(
+        "sweep: each row's baseline is the better of copy and uring-zc-fixed in the same round          (metric by metric), its zcio value auto; every side sends {warmup:?} before {dur:?}          measured; auto learns the size below which copy is cheaper in that warm-up"
+    ));
+    for (route, tag) in routes {
+        for &size in SWEEP {
+            let case = format!("sweep {tag} {} auto vs best", size_label(size));
+            if !wanted(&case) {
+                continue;
+            }
+            let mk = |m: TxMode| {
+                let mut o = ClientOpts::new(m, size, dur);
+                o.depth = ((4 << 20) / size).clamp(16, 1024);
+                o.submit_batch = 16;
+                o.working_set = ws;
+                o.warmup = warmup;
+                o
+            };
+            ctx.compare(
+                &case,
+                ("best of copy, uring-zc-fixed", "auto"),
+                &METRICS[..2],
+                || {
+                    let copy = sample(&run_once(route, None, sink, &mk(TxMode::Copy))?)?;
+                    let zc = sample(&run_once(route, None, sink, &mk(TxMode::UringZcFixed))?)?;
+                    Ok(best_of(&copy, &zc))
+                },
+                || {
+                    let rep = run_once(route, None, sink, &mk(TxMode::Auto))?;
+                    let mut s = sample(&rep)?;
+                    s.note(format!(
+                        "auto (path {}): {} of {} sends by copy for their size, copy below {}, {} \
+                         windows measured ({} re-measuring), {} switch(es) to copy on COPIED",
+                        rep.path,
+                        rep.stats.auto_size_copies,
+                        rep.sends,
+                        rep.stats
+                            .auto_copy_below
+                            .map_or("(not learned)".to_string(), |b| size_label(b as usize)),
+                        rep.stats.auto_windows,
+                        rep.stats.auto_explores,
+                        rep.stats.auto_switches_to_copy
+                    ));
+                    Ok(s)
+                },
+            )?;
+        }
+    }
+    Ok(())
 }

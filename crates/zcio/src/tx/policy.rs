@@ -1,0 +1,543 @@
+//! `auto`'s decisions without I/O: [`AutoPolicy`] takes observations (completions with what
+//! they said about copying, CPU time measured over runs of sends) and returns decisions
+//! (copy or zero-copy for a send of a given size, and when the caller should read the clock).
+//!
+//! Two signals, per socket:
+//!
+//! - **COPIED**: `copied_streak` zero-copy completions in a row that say the kernel copied
+//!   anyway (loopback, local delivery) switch every size to copy; every `reprobe_every` copy
+//!   sends one zero-copy probe goes out, and a probe that comes back not copied switches back
+//!   (else the interval doubles, up to 64×).
+//! - **Cost by size**: sizes are grouped by power of two. For each group the policy measures
+//!   the sender's CPU time per byte over *windows* of `WINDOW` consecutive sends of that group
+//!   on one path (the first window after a change of path is a warm-up and is not counted:
+//!   the notifications of the previous path's sends land in it). Until both paths have
+//!   `MIN_SAMPLES` windows, it alternates; then it takes the cheaper and re-measures the other
+//!   now and then (every `gap` windows, doubling while the answer stays, back to the minimum
+//!   when it changes). Groups never measured follow the nearest measured ones (copy below the
+//!   learned threshold, zero-copy above), or the prior threshold before anything is measured.
+
+use super::ZcStatus;
+
+/// Sends per measurement window (fewer for large sends: a window ends after
+/// `WINDOW_BYTES`, but has at least `WINDOW_MIN` sends).
+pub(crate) const WINDOW: u32 = 32;
+const WINDOW_BYTES: u64 = 4 << 20;
+const WINDOW_MIN: u32 = 4;
+/// Windows of each path a size group needs before the cheaper one is chosen.
+const MIN_SAMPLES: u32 = 2;
+/// Re-measurement gap (windows of the chosen path between two of the other), first and
+/// longest.
+const GAP_MIN: u32 = 16;
+const GAP_MAX: u32 = 512;
+/// A chosen path is changed only when the other costs this fraction less.
+const HYSTERESIS: f64 = 0.03;
+/// Before anything is measured, sizes below this go by copy.
+pub(crate) const PRIOR_COPY_BELOW: usize = 8 << 10;
+const GROUPS: usize = 40;
+
+/// Which way one send goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Choice {
+    Copy,
+    ZeroCopy,
+}
+
+/// What the policy wants for one send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Decision {
+    pub(crate) choice: Choice,
+    /// The caller reads the thread's CPU clock before this send and passes it to
+    /// [`AutoPolicy::clock`].
+    pub(crate) clock: bool,
+    /// This send is a COPIED re-probe (its completion goes to [`AutoPolicy::observe`] with
+    /// `probe = true`).
+    pub(crate) probe: bool,
+}
+
+/// A change the caller records (fallbacks, stats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// COPIED completions switched every size to copy (`streak` in a row).
+    SwitchedToCopy { streak: u32, interval: u64 },
+    /// A re-probe found zero-copy working: back to deciding by size.
+    SwitchedBack,
+}
+
+/// Counters of the policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct PolicyStats {
+    pub(crate) switches_to_copy: u64,
+    pub(crate) reprobes: u64,
+    pub(crate) switches_back: u64,
+    /// Sends sent by copy because copy is cheaper at their size.
+    pub(crate) size_copies: u64,
+    /// Measurement windows run on the path not chosen (re-measuring).
+    pub(crate) explores: u64,
+    /// Measurement windows counted.
+    pub(crate) windows: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Cost {
+    /// Nanoseconds of CPU per byte, exponentially weighted (1/4 per window).
+    per_byte: f64,
+    samples: u32,
+}
+
+impl Cost {
+    fn add(&mut self, x: f64) {
+        self.per_byte = if self.samples == 0 {
+            x
+        } else {
+            self.per_byte + (x - self.per_byte) / 4.0
+        };
+        self.samples = self.samples.saturating_add(1);
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    cost: [Cost; 2],
+    /// The chosen path, once both are measured.
+    chosen: Option<Choice>,
+    /// Windows of the chosen path left before the other is measured again.
+    until_explore: u32,
+    gap: u32,
+}
+
+impl Default for Group {
+    fn default() -> Self {
+        Self {
+            cost: [Cost::default(); 2],
+            chosen: None,
+            until_explore: GAP_MIN,
+            gap: GAP_MIN,
+        }
+    }
+}
+
+/// The window being measured.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    group: usize,
+    choice: Choice,
+    sends: u32,
+    bytes: u64,
+    start_ns: Option<u64>,
+    /// Warm-up window: run, not counted.
+    warmup: bool,
+}
+
+impl Window {
+    fn full(&self) -> bool {
+        self.sends >= WINDOW || (self.sends >= WINDOW_MIN && self.bytes >= WINDOW_BYTES)
+    }
+}
+
+/// `auto`'s per-socket policy. See the [module docs](self).
+#[derive(Debug)]
+pub(crate) struct AutoPolicy {
+    copied_streak: u32,
+    reprobe_every: u64,
+    streak: u32,
+    in_copy: bool,
+    since_switch: u64,
+    interval: u64,
+    probe_out: bool,
+    groups: [Group; GROUPS],
+    win: Option<Window>,
+    /// A full window to close (count) at the next clock read.
+    pending_close: Option<Window>,
+    /// The path of the last window (a change means the next one is a warm-up).
+    last_choice: Option<Choice>,
+    /// Whether sizing by cost is on (off: every send zero-copy unless COPIED says copy).
+    by_size: bool,
+    stats: PolicyStats,
+}
+
+fn group_of(len: usize) -> usize {
+    (usize::BITS - len.max(1).leading_zeros()) as usize % GROUPS
+}
+
+fn idx(c: Choice) -> usize {
+    match c {
+        Choice::Copy => 0,
+        Choice::ZeroCopy => 1,
+    }
+}
+
+impl AutoPolicy {
+    pub(crate) fn new(copied_streak: u32, reprobe_every: u64, by_size: bool) -> Self {
+        Self {
+            copied_streak: copied_streak.max(1),
+            reprobe_every: reprobe_every.max(1),
+            streak: 0,
+            in_copy: false,
+            since_switch: 0,
+            interval: reprobe_every.max(1),
+            probe_out: false,
+            groups: [Group::default(); GROUPS],
+            win: None,
+            pending_close: None,
+            last_choice: None,
+            by_size,
+            stats: PolicyStats::default(),
+        }
+    }
+
+    /// The decision for a send of `len` bytes.
+    pub(crate) fn decide(&mut self, len: usize) -> Decision {
+        if self.in_copy {
+            self.since_switch += 1;
+            if !self.probe_out && self.since_switch >= self.interval {
+                self.since_switch = 0;
+                self.probe_out = true;
+                self.stats.reprobes += 1;
+                return Decision {
+                    choice: Choice::ZeroCopy,
+                    clock: false,
+                    probe: true,
+                };
+            }
+            self.win = None;
+            return Decision {
+                choice: Choice::Copy,
+                clock: false,
+                probe: false,
+            };
+        }
+        if !self.by_size {
+            return Decision {
+                choice: Choice::ZeroCopy,
+                clock: false,
+                probe: false,
+            };
+        }
+        let g = group_of(len);
+        // Continue the current window if this send belongs to it.
+        if let Some(w) = self.win.as_mut() {
+            if w.group == g && !w.full() {
+                w.sends += 1;
+                w.bytes += len as u64;
+                let choice = w.choice;
+                return self.count(Decision {
+                    choice,
+                    clock: false,
+                    probe: false,
+                });
+            }
+        }
+        // A new window starts (the previous one, if full, is closed by this clock read).
+        let choice = self.next_choice(g, len);
+        let warmup =
+            self.last_choice != Some(choice) || self.win.is_some_and(|w| w.group != g || !w.full());
+        let closing = self.win.filter(|w| w.full() && w.start_ns.is_some());
+        self.pending_close = closing;
+        self.last_choice = Some(choice);
+        self.win = Some(Window {
+            group: g,
+            choice,
+            sends: 1,
+            bytes: len as u64,
+            start_ns: None,
+            warmup,
+        });
+        self.count(Decision {
+            choice,
+            clock: true,
+            probe: false,
+        })
+    }
+
+    fn count(&mut self, d: Decision) -> Decision {
+        if d.choice == Choice::Copy {
+            self.stats.size_copies += 1;
+        }
+        d
+    }
+
+    /// Which path the next window of group `g` measures or uses.
+    fn next_choice(&mut self, g: usize, len: usize) -> Choice {
+        let prior = self.estimate(g, len);
+        let grp = &mut self.groups[g];
+        let c = grp.cost;
+        if c[0].samples < MIN_SAMPLES || c[1].samples < MIN_SAMPLES {
+            // Learn: the path with fewer counted windows, the cheaper-looking one first.
+            return if c[idx(prior)].samples <= c[idx(other(prior))].samples {
+                prior
+            } else {
+                other(prior)
+            };
+        }
+        let mut best = if c[0].per_byte <= c[1].per_byte {
+            Choice::Copy
+        } else {
+            Choice::ZeroCopy
+        };
+        if let Some(cur) = grp.chosen {
+            // Hysteresis: measurements are noisy; change only for a clear gain.
+            if c[idx(best)].per_byte > c[idx(cur)].per_byte * (1.0 - HYSTERESIS) {
+                best = cur;
+            }
+        }
+        if grp.chosen != Some(best) {
+            grp.chosen = Some(best);
+            grp.gap = GAP_MIN;
+            grp.until_explore = GAP_MIN;
+        }
+        if grp.until_explore == 0 {
+            grp.gap = (grp.gap * 2).min(GAP_MAX);
+            grp.until_explore = grp.gap;
+            self.stats.explores += 1;
+            // Two windows: a warm-up and a counted one.
+            return other(best);
+        }
+        if self.last_choice == Some(other(best))
+            && self.win.is_some_and(|w| w.group == g && w.warmup)
+        {
+            // The exploration's counted window follows its warm-up.
+            return other(best);
+        }
+        grp.until_explore -= 1;
+        best
+    }
+
+    /// The decision for group `g` from what is known: its own measurements, else the
+    /// nearest measured groups, else the prior threshold.
+    fn estimate(&self, g: usize, len: usize) -> Choice {
+        let known = |i: usize| {
+            let c = self.groups[i].cost;
+            (c[0].samples >= MIN_SAMPLES && c[1].samples >= MIN_SAMPLES).then(|| {
+                if c[0].per_byte <= c[1].per_byte {
+                    Choice::Copy
+                } else {
+                    Choice::ZeroCopy
+                }
+            })
+        };
+        if let Some(c) = known(g) {
+            return c;
+        }
+        // Copy is cheaper below some size: a smaller group that prefers zero-copy means
+        // zero-copy here, a larger one that prefers copy means copy here.
+        if (0..g).rev().any(|i| known(i) == Some(Choice::ZeroCopy)) {
+            return Choice::ZeroCopy;
+        }
+        if (g + 1..GROUPS).any(|i| known(i) == Some(Choice::Copy)) {
+            return Choice::Copy;
+        }
+        if len < PRIOR_COPY_BELOW {
+            Choice::Copy
+        } else {
+            Choice::ZeroCopy
+        }
+    }
+
+    /// The thread's CPU clock, read before the send whose decision asked for it.
+    pub(crate) fn clock(&mut self, now_ns: u64) {
+        if let Some(w) = self.pending_close.take() {
+            if !w.warmup && w.bytes > 0 {
+                let start = w.start_ns.expect("filtered");
+                let per_byte = now_ns.saturating_sub(start) as f64 / w.bytes as f64;
+                self.groups[w.group].cost[idx(w.choice)].add(per_byte);
+                self.stats.windows += 1;
+            }
+        }
+        if let Some(w) = self.win.as_mut() {
+            if w.start_ns.is_none() {
+                w.start_ns = Some(now_ns);
+            }
+        }
+    }
+
+    /// A zero-copy send completed with `status`; `probe` = it was a COPIED re-probe.
+    pub(crate) fn observe(&mut self, status: ZcStatus, probe: bool) -> Option<Event> {
+        if probe {
+            self.probe_out = false;
+            if status == ZcStatus::ZeroCopy {
+                self.in_copy = false;
+                self.streak = 0;
+                self.interval = self.reprobe_every;
+                self.stats.switches_back += 1;
+                self.last_choice = None;
+                return Some(Event::SwitchedBack);
+            }
+            self.interval = (self.interval * 2).min(self.reprobe_every * 64);
+            return None;
+        }
+        if self.in_copy {
+            return None;
+        }
+        match status {
+            ZcStatus::Copied | ZcStatus::Mixed => {
+                self.streak += 1;
+                if self.streak >= self.copied_streak {
+                    self.in_copy = true;
+                    self.since_switch = 0;
+                    self.stats.switches_to_copy += 1;
+                    self.win = None;
+                    return Some(Event::SwitchedToCopy {
+                        streak: self.streak,
+                        interval: self.interval,
+                    });
+                }
+            }
+            ZcStatus::ZeroCopy => self.streak = 0,
+            ZcStatus::NotAttempted | ZcStatus::Unknown => {}
+        }
+        None
+    }
+
+    /// Whether COPIED completions put every size on copy.
+    #[cfg(test)]
+    pub(crate) fn in_copy(&self) -> bool {
+        self.in_copy
+    }
+
+    /// The learned size below which copy is cheaper: the smallest size whose group (and
+    /// every larger measured group) prefers zero-copy; 0 if nothing measured prefers copy
+    /// (`None` before any group is measured on both paths).
+    pub(crate) fn copy_below(&self) -> Option<usize> {
+        let mut any = false;
+        let mut below = 0usize;
+        for (i, g) in self.groups.iter().enumerate() {
+            let c = g.cost;
+            if c[0].samples >= MIN_SAMPLES && c[1].samples >= MIN_SAMPLES {
+                any = true;
+                if c[0].per_byte <= c[1].per_byte {
+                    // Every size of group i (up to 2^i - 1... 2^i) is cheaper by copy.
+                    below = below.max(1usize << i.min(usize::BITS as usize - 1));
+                }
+            }
+        }
+        any.then_some(below)
+    }
+
+    pub(crate) fn stats(&self) -> &PolicyStats {
+        &self.stats
+    }
+}
+
+fn other(c: Choice) -> Choice {
+    match c {
+        Choice::Copy => Choice::ZeroCopy,
+        Choice::ZeroCopy => Choice::Copy,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drives `p` with sends of `len` whose CPU cost per byte is `copy`/`zc` ns; returns the
+    /// choices made.
+    fn run(
+        p: &mut AutoPolicy,
+        len: usize,
+        copy: f64,
+        zc: f64,
+        n: usize,
+        clock: &mut u64,
+    ) -> Vec<Choice> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let d = p.decide(len);
+            if d.clock {
+                p.clock(*clock);
+            }
+            *clock += (len as f64 * if d.choice == Choice::Copy { copy } else { zc }) as u64;
+            out.push(d.choice);
+        }
+        out
+    }
+
+    #[test]
+    fn learns_copy_for_small_sends_and_zero_copy_for_large_ones() {
+        let mut p = AutoPolicy::new(4, 4096, true);
+        let mut t = 0;
+        // 256 B: copy 2 ns/B, zero-copy 6 ns/B (notification cost dominates).
+        let small = run(&mut p, 256, 2.0, 6.0, 20_000, &mut t);
+        // 256 KiB: copy 0.3 ns/B, zero-copy 0.1 ns/B.
+        let large = run(&mut p, 256 << 10, 0.3, 0.1, 20_000, &mut t);
+        let zc_small = small[10_000..]
+            .iter()
+            .filter(|c| **c == Choice::ZeroCopy)
+            .count();
+        let copy_large = large[10_000..]
+            .iter()
+            .filter(|c| **c == Choice::Copy)
+            .count();
+        // Settled: the worse path only for re-measuring (two windows per gap).
+        assert!(zc_small < 10_000 / 50, "{zc_small}");
+        assert!(copy_large < 10_000 / 50, "{copy_large}");
+        // Large windows end after 4 MiB: both sizes were measured on both paths.
+        let g = |len: usize| p.groups[group_of(len)].cost;
+        assert!(g(256)[0].samples >= MIN_SAMPLES && g(256)[1].samples >= MIN_SAMPLES);
+        assert!(g(256 << 10)[0].samples >= MIN_SAMPLES && g(256 << 10)[1].samples >= MIN_SAMPLES);
+        let below = p.copy_below().unwrap();
+        assert!((256..256 << 10).contains(&below), "{below}");
+        assert!(p.stats().size_copies > 0);
+        assert!(p.stats().explores > 0);
+    }
+
+    #[test]
+    fn relearns_when_costs_change() {
+        let mut p = AutoPolicy::new(4, 4096, true);
+        let mut t = 0;
+        let a = run(&mut p, 16 << 10, 1.0, 0.5, 20_000, &mut t);
+        assert_eq!(*a.last().unwrap(), Choice::ZeroCopy);
+        // Now zero-copy got expensive (say, the route changed): back to copy.
+        let b = run(&mut p, 16 << 10, 1.0, 3.0, 60_000, &mut t);
+        let zc_late = b[40_000..]
+            .iter()
+            .filter(|c| **c == Choice::ZeroCopy)
+            .count();
+        assert!(zc_late < 20_000 / 20, "{zc_late}");
+    }
+
+    #[test]
+    fn unmeasured_sizes_follow_the_learned_threshold() {
+        let mut p = AutoPolicy::new(4, 4096, true);
+        let mut t = 0;
+        run(&mut p, 2 << 10, 1.0, 2.0, 5_000, &mut t);
+        run(&mut p, 64 << 10, 1.0, 0.3, 5_000, &mut t);
+        assert_eq!(p.estimate(group_of(1 << 10), 1 << 10), Choice::Copy);
+        assert_eq!(p.estimate(group_of(1 << 20), 1 << 20), Choice::ZeroCopy);
+    }
+
+    #[test]
+    fn copied_streak_switches_everything_to_copy_and_a_good_probe_switches_back() {
+        let mut p = AutoPolicy::new(3, 10, false);
+        assert_eq!(p.decide(1 << 20).choice, Choice::ZeroCopy);
+        assert_eq!(p.observe(ZcStatus::Copied, false), None);
+        assert_eq!(p.observe(ZcStatus::Copied, false), None);
+        assert!(matches!(
+            p.observe(ZcStatus::Copied, false),
+            Some(Event::SwitchedToCopy { streak: 3, .. })
+        ));
+        let ds: Vec<_> = (0..10).map(|_| p.decide(1 << 20)).collect();
+        assert!(ds[..9].iter().all(|d| d.choice == Choice::Copy));
+        assert!(ds[9].probe && ds[9].choice == Choice::ZeroCopy);
+        // A copied probe doubles the interval.
+        assert_eq!(p.observe(ZcStatus::Copied, true), None);
+        let ds: Vec<_> = (0..20).map(|_| p.decide(1 << 20)).collect();
+        assert_eq!(ds.iter().filter(|d| d.probe).count(), 1);
+        assert!(ds[19].probe);
+        assert_eq!(
+            p.observe(ZcStatus::ZeroCopy, true),
+            Some(Event::SwitchedBack)
+        );
+        assert!(!p.in_copy());
+        assert_eq!(p.stats().reprobes, 2);
+    }
+
+    #[test]
+    fn unknown_usage_never_counts_as_copied_or_zero_copy() {
+        let mut p = AutoPolicy::new(2, 10, false);
+        for _ in 0..10 {
+            assert_eq!(p.observe(ZcStatus::Unknown, false), None);
+        }
+        assert!(!p.in_copy());
+    }
+}
