@@ -69,7 +69,10 @@ pub type zcio_nfq_callback = Option<
 
 fn nfq_errno(e: &NfqError) -> c_int {
     let io = match e {
-        NfqError::Socket { source, .. } | NfqError::Config { source, .. } => Some(source),
+        NfqError::Socket { source, .. }
+        | NfqError::Config { source, .. }
+        | NfqError::Send { source, .. }
+        | NfqError::SendFailing { source, .. } => Some(source),
         _ => None,
     };
     -io.and_then(|e| e.raw_os_error()).unwrap_or(libc::EIO)

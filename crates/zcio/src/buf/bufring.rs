@@ -96,80 +96,62 @@ impl Drop for RingMem {
     }
 }
 
-/// A registered provided-buffer ring with its buffers.
-pub struct BufRing {
+/// The ring of `io_uring_buf` entries itself, registered under one group id, shaped like
+/// liburing's `io_uring_buf_ring_add` / `io_uring_buf_ring_advance`: [`PbufRing::add`] writes
+/// an entry `offset` slots past the published tail (invisible to the kernel), and
+/// [`PbufRing::advance`] publishes that many entries with one store-release of the tail.
+///
+/// It owns the ring memory only; the buffers are the owner's ([`BufRing`] keeps its own
+/// region, the netlink frame ring lends its frames). Every io_uring provided-buffer ring in
+/// zcio is one of these.
+pub struct PbufRing {
     mem: RingMem,
-    bufs: Region,
     entries: u16,
-    buf_size: u32,
+    /// Published tail (free-running u16, as the kernel reads it).
+    tail: Cell<u16>,
     bgid: u16,
-    incremental: bool,
     kernel_allocated: bool,
     fallback: Option<String>,
-    /// Next tail value to publish (free-running u16, as the kernel reads it).
-    tail: Cell<u16>,
-    /// Per buffer id: ring position it was last published at (for bundles).
-    pos: RefCell<Vec<u16>>,
-    /// Per buffer id: bytes the kernel has consumed (incremental mode).
-    consumed: RefCell<Vec<u32>>,
-    /// Per buffer id: leases alive.
-    refs: RefCell<Vec<u32>>,
-    /// Per buffer id: the kernel is done with it (no `F_BUF_MORE` seen).
-    done: RefCell<Vec<bool>>,
-    lent: Cell<u32>,
-    recycled: Cell<u64>,
-    /// Free buffers not in the ring, most recently returned last (LIFO).
-    stack: RefCell<Vec<u16>>,
-    /// Ring slots written / seen consumed (from completions), free-running.
-    written: Cell<u64>,
-    seen: Cell<u64>,
-    /// Wanted ring occupancy.
-    hot: Cell<u16>,
-    /// A completion consumed the last buffer in the ring.
-    ran_dry: Cell<bool>,
 }
 
-impl std::fmt::Debug for BufRing {
+impl std::fmt::Debug for PbufRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BufRing")
+        f.debug_struct("PbufRing")
             .field("bgid", &self.bgid)
             .field("entries", &self.entries)
-            .field("buf_size", &self.buf_size)
-            .field("incremental", &self.incremental)
+            .field("tail", &self.tail.get())
             .field("kernel_allocated", &self.kernel_allocated)
-            .field("lent", &self.lent.get())
             .finish()
     }
 }
 
-impl BufRing {
-    /// Registers a buffer ring with the io_uring whose descriptor is `ring_fd`, using
-    /// `register(ring_addr, entries, bgid, flags)` for the `IORING_REGISTER_PBUF_RING` call.
-    /// Tries a kernel-allocated ring first, then user memory. Every buffer starts in the ring.
+impl PbufRing {
+    /// Registers a ring of `entries` (a power of two ≤ 32768) under `bgid` with the io_uring
+    /// whose descriptor is `ring_fd`, through `register(ring_addr, entries, bgid, flags)` (the
+    /// `IORING_REGISTER_PBUF_RING` call). A kernel-allocated ring (`IOU_PBUF_RING_MMAP`, 6.4)
+    /// is tried first, then user memory; which one is recorded in [`PbufRing::fallback`].
     ///
-    /// The returned ring must be dropped after the io_uring stops using it: unregister it, or
-    /// drop it after the io_uring (whose teardown releases the group).
+    /// The ring must be unregistered (or the io_uring closed) before the buffers it was
+    /// given go away; the ring memory itself may be dropped at any time after that.
     pub fn register(
         ring_fd: i32,
-        cfg: &BufRingConfig,
+        entries: u16,
+        bgid: u16,
+        incremental: bool,
         mut register: impl FnMut(u64, u16, u16, u16) -> io::Result<()>,
     ) -> io::Result<Self> {
-        if !cfg.entries.is_power_of_two() || cfg.entries > 32768 || cfg.buf_size == 0 {
+        if !entries.is_power_of_two() || entries > 32768 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "buffer ring entries must be a power of two ≤ 32768 and buffers non-empty",
+                "buffer ring entries must be a power of two ≤ 32768",
             ));
         }
-        let inc = if cfg.incremental {
-            IOU_PBUF_RING_INC
-        } else {
-            0
-        };
-        let ring_len = cfg.entries as usize * std::mem::size_of::<IoUringBuf>();
+        let inc = if incremental { IOU_PBUF_RING_INC } else { 0 };
+        let ring_len = entries as usize * std::mem::size_of::<IoUringBuf>();
         let mut fallback = None;
-        let mem = match register(0, cfg.entries, cfg.bgid, IOU_PBUF_RING_MMAP | inc) {
+        let mem = match register(0, entries, bgid, IOU_PBUF_RING_MMAP | inc) {
             Ok(()) => {
-                let off = IORING_OFF_PBUF_RING | (u64::from(cfg.bgid) << IORING_OFF_PBUF_SHIFT);
+                let off = IORING_OFF_PBUF_RING | (u64::from(bgid) << IORING_OFF_PBUF_SHIFT);
                 // SAFETY: maps the kernel's ring for this group; the result is checked.
                 let p = unsafe {
                     libc::mmap(
@@ -195,24 +177,157 @@ impl BufRing {
                      in user memory"
                 ));
                 let r = Region::new(ring_len, false)?;
-                register(r.as_ptr() as u64, cfg.entries, cfg.bgid, inc)?;
+                register(r.as_ptr() as u64, entries, bgid, inc)?;
                 RingMem::User(r)
             }
             Err(e) => return Err(e),
         };
-        let kernel_allocated = matches!(mem, RingMem::Kernel { .. });
+        Ok(Self {
+            kernel_allocated: matches!(mem, RingMem::Kernel { .. }),
+            mem,
+            entries,
+            tail: Cell::new(0),
+            bgid,
+            fallback,
+        })
+    }
+
+    /// Writes buffer `bid` (`addr`, `len` bytes) into the slot `offset` entries past the
+    /// published tail (`io_uring_buf_ring_add`); the kernel sees it after
+    /// [`PbufRing::advance`].
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr+len` must stay valid for writes, and untouched by user space, from the
+    /// `advance` that publishes it until the kernel hands buffer `bid` back in a completion
+    /// (or the ring is unregistered). At most `entries` buffers may be in the ring at once,
+    /// so the slot written is not one the kernel may still read.
+    pub unsafe fn add(&self, addr: *mut u8, len: u32, bid: u16, offset: u16) {
+        let slot = (self.tail.get().wrapping_add(offset) & (self.entries - 1)) as usize;
+        // SAFETY: `slot` < entries, inside the ring mapping, which lives as long as `self`;
+        // the caller guarantees the kernel is not reading it (it is past the published
+        // tail). Field-wise writes keep entry 0's `resv` (the tail) untouched.
+        unsafe {
+            let e = self.mem.ptr().add(slot);
+            std::ptr::addr_of_mut!((*e).addr).write_volatile(addr as u64);
+            std::ptr::addr_of_mut!((*e).len).write_volatile(len);
+            std::ptr::addr_of_mut!((*e).bid).write_volatile(bid);
+        }
+    }
+
+    /// Publishes `count` entries written by [`PbufRing::add`] (`io_uring_buf_ring_advance`):
+    /// one store-release of the tail.
+    pub fn advance(&self, count: u16) {
+        let t = self.tail.get().wrapping_add(count);
+        self.tail.set(t);
+        // SAFETY: entry 0's `resv` field is the ring tail, 2-byte aligned (offset 14 of an
+        // 8-aligned struct); the ring mapping lives as long as `self`; the kernel only reads
+        // it, and AtomicU16 has the layout of u16.
+        let tail =
+            unsafe { &*(std::ptr::addr_of_mut!((*self.mem.ptr()).resv) as *const AtomicU16) };
+        tail.store(t, Ordering::Release);
+    }
+
+    /// The published tail (ring position of the next entry).
+    pub fn tail(&self) -> u16 {
+        self.tail.get()
+    }
+
+    /// The buffer id in the entry at ring position `pos` (for bundles: the kernel consumed
+    /// consecutive entries from the first one its completion names).
+    pub fn bid_at(&self, pos: u16) -> u16 {
+        let slot = (pos & (self.entries - 1)) as usize;
+        // SAFETY: `slot` < entries, inside the mapping; a plain read of a u16 the kernel
+        // only reads.
+        unsafe { std::ptr::addr_of!((*self.mem.ptr().add(slot)).bid).read_volatile() }
+    }
+
+    /// Entries.
+    pub fn entries(&self) -> u16 {
+        self.entries
+    }
+    /// Buffer group id.
+    pub fn bgid(&self) -> u16 {
+        self.bgid
+    }
+    /// Whether the ring memory was allocated by the kernel.
+    pub fn kernel_allocated(&self) -> bool {
+        self.kernel_allocated
+    }
+    /// Why the ring is in user memory, when a kernel-allocated one was refused.
+    pub fn fallback(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+}
+
+/// A registered provided-buffer ring with its buffers.
+pub struct BufRing {
+    ring: PbufRing,
+    bufs: Region,
+    entries: u16,
+    buf_size: u32,
+    incremental: bool,
+    /// Per buffer id: ring position it was last published at (for bundles).
+    pos: RefCell<Vec<u16>>,
+    /// Per buffer id: bytes the kernel has consumed (incremental mode).
+    consumed: RefCell<Vec<u32>>,
+    /// Per buffer id: leases alive.
+    refs: RefCell<Vec<u32>>,
+    /// Per buffer id: the kernel is done with it (no `F_BUF_MORE` seen).
+    done: RefCell<Vec<bool>>,
+    lent: Cell<u32>,
+    recycled: Cell<u64>,
+    /// Free buffers not in the ring, most recently returned last (LIFO).
+    stack: RefCell<Vec<u16>>,
+    /// Ring slots written / seen consumed (from completions), free-running.
+    written: Cell<u64>,
+    seen: Cell<u64>,
+    /// Wanted ring occupancy.
+    hot: Cell<u16>,
+    /// A completion consumed the last buffer in the ring.
+    ran_dry: Cell<bool>,
+}
+
+impl std::fmt::Debug for BufRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufRing")
+            .field("bgid", &self.ring.bgid)
+            .field("entries", &self.entries)
+            .field("buf_size", &self.buf_size)
+            .field("incremental", &self.incremental)
+            .field("kernel_allocated", &self.ring.kernel_allocated)
+            .field("lent", &self.lent.get())
+            .finish()
+    }
+}
+
+impl BufRing {
+    /// Registers a buffer ring with the io_uring whose descriptor is `ring_fd`, using
+    /// `register(ring_addr, entries, bgid, flags)` for the `IORING_REGISTER_PBUF_RING` call.
+    /// Tries a kernel-allocated ring first, then user memory. Every buffer starts in the ring.
+    ///
+    /// The returned ring must be dropped after the io_uring stops using it: unregister it, or
+    /// drop it after the io_uring (whose teardown releases the group).
+    pub fn register(
+        ring_fd: i32,
+        cfg: &BufRingConfig,
+        register: impl FnMut(u64, u16, u16, u16) -> io::Result<()>,
+    ) -> io::Result<Self> {
+        if cfg.buf_size == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "buffer ring buffers must be non-empty",
+            ));
+        }
+        let ring = PbufRing::register(ring_fd, cfg.entries, cfg.bgid, cfg.incremental, register)?;
         let bufs = Region::new(cfg.entries as usize * cfg.buf_size as usize, cfg.huge_pages)?;
         let n = cfg.entries as usize;
         let me = Self {
-            mem,
+            ring,
             bufs,
             entries: cfg.entries,
             buf_size: cfg.buf_size,
-            bgid: cfg.bgid,
             incremental: cfg.incremental,
-            kernel_allocated,
-            fallback,
-            tail: Cell::new(0),
             pos: RefCell::new(vec![0; n]),
             consumed: RefCell::new(vec![0; n]),
             refs: RefCell::new(vec![0; n]),
@@ -233,32 +348,20 @@ impl BufRing {
         Ok(me)
     }
 
-    fn tail_atomic(&self) -> &AtomicU16 {
-        // SAFETY: entry 0's `resv` field is the ring tail, 2-byte aligned (offset 14 of an
-        // 8-aligned struct); the ring mapping lives as long as `self`; the kernel only reads
-        // it, and AtomicU16 has the layout of u16.
-        unsafe { &*(std::ptr::addr_of_mut!((*self.mem.ptr()).resv) as *const AtomicU16) }
-    }
-
-    /// Writes buffer `bid` into the slot at the local tail (not yet visible to the kernel).
-    fn write_entry(&self, bid: u16) {
-        let t = self.tail.get();
-        let slot = (t & (self.entries - 1)) as usize;
-        let addr = self.bufs.as_ptr() as u64 + u64::from(bid) * u64::from(self.buf_size);
-        // SAFETY: `slot` < entries, inside the ring mapping. The slot at the tail is not in
-        // the kernel's [head, tail) window: at most `entries - 1` buffers are in the ring when
-        // one is being returned, so the kernel does not read it until the tail is published.
-        // Field-wise writes keep entry 0's `resv` (the tail) untouched.
-        unsafe {
-            let e = self.mem.ptr().add(slot);
-            std::ptr::addr_of_mut!((*e).addr).write_volatile(addr);
-            std::ptr::addr_of_mut!((*e).len).write_volatile(self.buf_size);
-            std::ptr::addr_of_mut!((*e).bid).write_volatile(bid);
-        }
-        self.pos.borrow_mut()[bid as usize] = t;
+    /// Writes buffer `bid` into the ring `offset` entries past the published tail (not yet
+    /// visible to the kernel).
+    fn write_entry(&self, bid: u16, offset: u16) {
+        let addr = self
+            .bufs
+            .as_ptr()
+            .wrapping_add(bid as usize * self.buf_size as usize);
+        // SAFETY: buffer `bid` lies inside `self.bufs`, which lives as long as the ring; it is
+        // on the free stack (no lease reads it, the kernel does not have it), and at most
+        // `entries` buffers exist, so the slot is not one the kernel may still read.
+        unsafe { self.ring.add(addr, self.buf_size, bid, offset) };
+        self.pos.borrow_mut()[bid as usize] = self.ring.tail().wrapping_add(offset);
         self.consumed.borrow_mut()[bid as usize] = 0;
         self.done.borrow_mut()[bid as usize] = false;
-        self.tail.set(t.wrapping_add(1));
         self.written.set(self.written.get() + 1);
         self.recycled.set(self.recycled.get() + 1);
     }
@@ -273,16 +376,16 @@ impl BufRing {
     /// wanted number, and publishes the tail once.
     pub fn top_up(&self) {
         let want = u64::from(self.hot.get());
-        let mut wrote = false;
+        let mut n: u16 = 0;
         while self.in_ring() < want {
             let Some(bid) = self.stack.borrow_mut().pop() else {
                 break;
             };
-            self.write_entry(bid);
-            wrote = true;
+            self.write_entry(bid, n);
+            n += 1;
         }
-        if wrote {
-            self.publish();
+        if n > 0 {
+            self.ring.advance(n);
         }
     }
 
@@ -308,11 +411,6 @@ impl BufRing {
     /// Wanted ring occupancy now.
     pub fn hot(&self) -> u16 {
         self.hot.get()
-    }
-
-    /// Makes every written entry visible to the kernel (store-release of the tail).
-    fn publish(&self) {
-        self.tail_atomic().store(self.tail.get(), Ordering::Release);
     }
 
     /// Turns one buffer-select completion (`res` > 0 bytes, `flags`) into leases, calling `f`
@@ -363,14 +461,13 @@ impl BufRing {
         let start = self.pos.borrow()[first as usize];
         let mut k: u16 = 0;
         while left > 0 {
-            let slot = (start.wrapping_add(k) & (self.entries - 1)) as usize;
+            // The kernel consumed these slots (they are part of the bundle) and user space
+            // has not rewritten them: slots are reused in order and only after their
+            // completion has been seen.
             let bid = if k == 0 {
                 first
             } else {
-                // SAFETY: `slot` < entries; the kernel consumed this slot (it is part of the
-                // bundle) and user space has not rewritten it: slots are reused in order and
-                // only after their completion has been seen.
-                unsafe { std::ptr::addr_of!((*self.mem.ptr().add(slot)).bid).read_volatile() }
+                self.ring.bid_at(start.wrapping_add(k))
             };
             if bid >= self.entries {
                 return Err(io::Error::other("bundle names an unknown buffer"));
@@ -425,7 +522,7 @@ impl BufRing {
 
     /// Buffer group id.
     pub fn bgid(&self) -> u16 {
-        self.bgid
+        self.ring.bgid()
     }
     /// Number of buffers.
     pub fn entries(&self) -> u16 {
@@ -441,11 +538,11 @@ impl BufRing {
     }
     /// Whether the ring memory was allocated by the kernel.
     pub fn kernel_allocated(&self) -> bool {
-        self.kernel_allocated
+        self.ring.kernel_allocated()
     }
     /// Why the ring is in user memory, when a kernel-allocated one was refused.
     pub fn fallback(&self) -> Option<&str> {
-        self.fallback.as_deref()
+        self.ring.fallback()
     }
     /// Buffers currently lent to the application (at least one lease alive).
     pub fn lent(&self) -> u32 {

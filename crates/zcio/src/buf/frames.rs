@@ -11,14 +11,15 @@
 //! Frames are filled by `recvmmsg(2)`, one datagram per frame, in one syscall per batch. Each
 //! datagram gets a second iovec into a per-slot spill area, so a datagram longer than a frame
 //! is not lost: it becomes a `COPY` frame. Ready frames are handed out in arrival order.
+//!
+//! Or by io_uring: [`crate::ring::recv::FrameRecv`] (the ring, the multishot receive, the
+//! provided-buffer ring and the verdict sends) lends the frames to the kernel; this module
+//! keeps the memory and the frame states and turns its completions into ready frames.
 #![allow(unsafe_code)]
 
-use super::nlbufring::NlBufRing;
 use super::Region;
-use crate::ring::key::{Key, Op};
-use crate::ring::Ring;
+use crate::ring::recv::{FrameEvent, FrameRecv};
 use crate::sys::{assert_layout, syscall};
-use io_uring::{cqueue, opcode, types};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -26,25 +27,6 @@ use std::time::Duration;
 
 /// Frames lent to the kernel at a time in io_uring mode (the rest wait on a LIFO stack).
 const URING_WINDOW: u32 = 64;
-/// The one multishot receive of a frame ring.
-const RECV_KEY: Key = Key::tagged(Op::Recv, 0);
-
-/// The io_uring producer: a multishot recv into a provided-buffer ring of frames.
-#[derive(Debug)]
-struct UringRx {
-    ring: Ring,
-    bufs: NlBufRing,
-    armed: bool,
-    /// Frames currently in the kernel's buffer ring.
-    provided: u32,
-    bgid: u16,
-    /// Send buffers owned by the kernel until their CQE (index = slot in the user data).
-    sends: Vec<Option<Vec<u8>>>,
-    /// Send buffers back from the kernel, for reuse.
-    spare: Vec<Vec<u8>>,
-    /// The first failed send since the caller last asked.
-    send_err: Option<io::Error>,
-}
 
 /// Header at the start of every frame (the layout of the old `struct nl_mmap_hdr` minus
 /// credentials).
@@ -151,7 +133,7 @@ pub const MAX_BATCH: usize = 64;
 #[derive(Debug)]
 pub struct FrameRing {
     // Declared first: torn down (in Drop) before the frames it writes into.
-    uring: Option<UringRx>,
+    uring: Option<FrameRecv>,
     region: Region,
     frame_size: usize,
     count: u32,
@@ -493,22 +475,18 @@ impl FrameRing {
 
     fn top_up(&mut self) {
         let window = self.uring_window();
-        let mut pushed = false;
-        while self.uring.as_ref().is_some_and(|u| u.provided < window) {
+        while self.uring.as_ref().is_some_and(|u| u.provided() < window) {
             let Some(id) = self.free.pop_back() else {
                 break;
             };
             self.provide(id);
-            pushed = true;
         }
-        if pushed {
-            if let Some(u) = self.uring.as_mut() {
-                u.bufs.publish();
-            }
+        if let Some(u) = self.uring.as_mut() {
+            u.publish();
         }
     }
 
-    /// Hands a frame to the kernel's buffer ring (status RESERVED); publish separately.
+    /// Hands a frame to the kernel's buffer ring (status RESERVED); published by `top_up`.
     fn provide(&mut self, id: u32) {
         let payload = self.frame_payload();
         let addr = self
@@ -517,83 +495,48 @@ impl FrameRing {
             .wrapping_add(id as usize * self.frame_size + FRAME_HDR_LEN);
         self.set_status(id, FrameStatus::Reserved);
         let Some(u) = self.uring.as_mut() else { return };
-        // SAFETY: the frame is inside `self.region`, which outlives the registration (Drop
-        // unregisters before the region goes); its status is RESERVED, so nothing in user
-        // space reads or writes it until the CQE with its id returns it.
-        unsafe { u.bufs.push(addr, payload as u32, id as u16) };
-        u.provided += 1;
+        // SAFETY: the frame is inside `self.region`, which outlives the producer (`uring` is
+        // declared first, so it is dropped — receive cancelled, buffer ring unregistered —
+        // before the region); its status is RESERVED, so nothing in user space reads or
+        // writes it until the completion with its id returns it.
+        unsafe { u.provide(addr, payload as u32, id as u16) };
     }
 
     /// Switches the producer to io_uring: a multishot `recv` on the socket picks frames from a
-    /// provided-buffer ring. On error the ring stays in `recvmmsg` mode and the error says why.
-    /// Datagrams larger than a frame cannot spill here: size frames for the largest datagram
-    /// (the caller clamps the nfqueue copy range).
+    /// provided-buffer ring ([`FrameRecv`]). On error the ring stays in `recvmmsg` mode and
+    /// the error says why. Datagrams larger than a frame cannot spill here: size frames for
+    /// the largest datagram (the caller clamps the nfqueue copy range).
     pub fn enable_uring(&mut self) -> Result<(), String> {
         if self.uring.is_some() {
             return Ok(());
         }
-        if self.count > 32768 {
-            return Err("more than 32768 frames: a buffer ring holds at most 32768".into());
-        }
-        let cq = (self.count * 2).clamp(256, 65536);
-        let ring = Ring::new(&crate::ring::RingConfig {
-            entries: 16,
-            cq_entries: Some(cq),
-            ..Default::default()
-        })
-        .map_err(|e| e.to_string())?;
-        let entries = (self.count as u16).next_power_of_two();
-        let bufs = NlBufRing::register(&ring, entries, 0)
-            .map_err(|e| format!("IORING_REGISTER_PBUF_RING: {e} (needs Linux 5.19)"))?;
-        self.uring = Some(UringRx {
-            ring,
-            bufs,
-            armed: false,
-            provided: 0,
-            bgid: 0,
-            sends: Vec::new(),
-            spare: Vec::new(),
-            send_err: None,
-        });
+        self.uring = Some(FrameRecv::new(self.count)?);
         self.top_up();
         Ok(())
     }
 
     /// In io_uring mode: queues `buf` (whole netlink messages for the kernel) as a send on
-    /// `fd`. The ring owns the buffer until its completion; the send is submitted with the
-    /// next ring entry (the next fill) or by [`FrameRing::submit_sends`]. Outside io_uring
-    /// mode the buffer comes back as `Err`.
-    pub fn queue_send(&mut self, fd: &impl AsRawFd, buf: Vec<u8>) -> Result<(), Vec<u8>> {
-        let Some(u) = self.uring.as_mut() else {
-            return Err(buf);
-        };
-        let slot = match u.sends.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                u.sends.push(None);
-                u.sends.len() - 1
-            }
-        };
-        let e = opcode::Send::new(types::Fd(fd.as_raw_fd()), buf.as_ptr(), buf.len() as u32)
-            .build()
-            .user_data(Key::send(slot).raw());
-        // SAFETY: `buf` is moved into `u.sends[slot]` below and stays there (heap storage
-        // unmoved, never touched) until the CQE with this slot is harvested.
-        if unsafe { u.ring.push(&e) }.is_err() {
-            return Err(buf);
+    /// `fd` ([`FrameRecv::queue_send`]); its result comes back under `token` from
+    /// [`FrameRing::take_send_results`]. Outside io_uring mode, or when the submission queue
+    /// is full, the buffer comes back as `Err`.
+    pub fn queue_send(
+        &mut self,
+        fd: &impl AsRawFd,
+        buf: Vec<u8>,
+        token: u64,
+    ) -> Result<(), Vec<u8>> {
+        match self.uring.as_mut() {
+            Some(u) => u.queue_send(fd, buf, token),
+            None => Err(buf),
         }
-        u.sends[slot] = Some(buf);
-        Ok(())
     }
 
     /// Submits queued sends now (no syscall when none are queued).
     pub fn submit_sends(&mut self) -> io::Result<()> {
         if let Some(u) = self.uring.as_mut() {
-            if u.ring.pending() > 0 {
-                let before = u.ring.enters();
-                u.ring.submit()?;
-                self.stats.syscalls += u.ring.enters() - before;
-            }
+            let before = u.enters();
+            u.submit_sends()?;
+            self.stats.syscalls += u.enters() - before;
         }
         Ok(())
     }
@@ -602,13 +545,20 @@ impl FrameRing {
     pub fn spare_send_buf(&mut self) -> Vec<u8> {
         self.uring
             .as_mut()
-            .and_then(|u| u.spare.pop())
-            .unwrap_or_else(|| Vec::with_capacity(4096))
+            .map_or_else(|| Vec::with_capacity(4096), |u| u.spare_send_buf())
     }
 
-    /// The first send that failed since the last call, if any.
-    pub fn take_send_error(&mut self) -> Option<io::Error> {
-        self.uring.as_mut().and_then(|u| u.send_err.take())
+    /// Results of the sends completed since the last call, appended to `out` as
+    /// `(token, result)`; a short send is an error (a netlink datagram goes whole or not).
+    pub fn take_send_results(&mut self, out: &mut Vec<(u64, io::Result<()>)>) {
+        if let Some(u) = self.uring.as_mut() {
+            u.take_send_results(out);
+        }
+    }
+
+    /// Sends queued or submitted whose completion has not been harvested yet.
+    pub fn sends_outstanding(&self) -> usize {
+        self.uring.as_ref().map_or(0, |u| u.sends_outstanding())
     }
 
     /// Whether frames are filled by io_uring multishot receive.
@@ -638,108 +588,57 @@ impl FrameRing {
     fn fill_uring_once(&mut self, fd: &impl AsRawFd, wait: Duration) -> Result<Fill, FrameError> {
         let mut fill = Fill::default();
         self.top_up();
-        let Some(u) = self.uring.as_mut() else {
+        let Some(mut u) = self.uring.take() else {
             return Ok(fill);
         };
-        if !u.armed {
-            if u.provided == 0 {
-                // Every frame is ready or held: nothing to receive into.
+        if !u.armed() && u.provided() == 0 {
+            // Every frame is ready or held: nothing to receive into.
+            self.uring = Some(u);
+            self.stats.full += 1;
+            fill.full = true;
+            return Ok(fill);
+        }
+        let before = u.enters();
+        let mut err = None;
+        let r = u.wait(fd, wait, |ev| match ev {
+            FrameEvent::Data { bid, len } => {
+                let bid = u32::from(bid);
+                if bid >= self.count {
+                    return;
+                }
+                if len as usize >= self.frame_payload() {
+                    // A full frame may be a cut datagram: the parser will see a short message.
+                    self.stats.truncated += 1;
+                }
+                self.seq = self.seq.wrapping_add(1);
+                self.set_hdr(
+                    bid,
+                    FrameHdr {
+                        status: FrameStatus::Valid as u32,
+                        len,
+                        flags: 0,
+                        seq: self.seq,
+                    },
+                );
+                self.ready.push_back(bid);
+                self.stats.frames += 1;
+                fill.frames += 1;
+            }
+            FrameEvent::Dry => {
                 self.stats.full += 1;
                 fill.full = true;
-                return Ok(fill);
             }
-            let e = opcode::RecvMulti::new(types::Fd(fd.as_raw_fd()), u.bgid)
-                .build()
-                .user_data(RECV_KEY.raw());
-            // SAFETY: the receive writes only into buffers of the registered ring (frames in
-            // RESERVED state inside `self.region`, which outlives the request: Drop cancels it
-            // and waits for its last CQE first); the socket is the caller's and is passed to
-            // every fill.
-            unsafe { u.ring.push(&e) }?;
-            u.armed = true;
-        }
-        let before = u.ring.enters();
-        let ready_now = u.ring.ready();
-        if ready_now == 0 {
-            if wait.is_zero() {
-                u.ring.submit()?;
-            } else {
-                let t = (wait != Duration::MAX).then_some(wait);
-                u.ring.submit_and_wait(1, t)?;
+            FrameEvent::Overrun => {
+                self.stats.overruns += 1;
+                fill.overrun = true;
             }
-        }
-        let mut got: Vec<(u32, i32, u32)> = Vec::new();
-        let mut sent: Vec<(usize, i32)> = Vec::new();
-        u.ring.harvest(|c| {
-            let key = Key::from_raw(c.user_data());
-            if key == RECV_KEY {
-                got.push((
-                    cqueue::buffer_select(c.flags()).map_or(u32::MAX, u32::from),
-                    c.result(),
-                    c.flags(),
-                ));
-            } else if key.op() == Some(Op::Send) {
-                sent.push((key.tag() as usize, c.result()));
+            FrameEvent::Error(e) => {
+                err.get_or_insert(e);
             }
-        })?;
-        for (slot, res) in sent {
-            if let Some(mut b) = u.sends.get_mut(slot).and_then(Option::take) {
-                if res < 0 && u.send_err.is_none() {
-                    u.send_err = Some(io::Error::from_raw_os_error(-res));
-                } else if res >= 0 && (res as usize) < b.len() && u.send_err.is_none() {
-                    u.send_err = Some(io::Error::other(format!(
-                        "short netlink send: {res} of {} bytes",
-                        b.len()
-                    )));
-                }
-                b.clear();
-                u.spare.push(b);
-            }
-        }
-        self.stats.syscalls += u.ring.enters() - before;
-        let mut err = None;
-        for (bid, res, flags) in got {
-            let u = self.uring.as_mut().expect("uring mode");
-            if !cqueue::more(flags) {
-                u.armed = false;
-            }
-            if res < 0 {
-                if res == -libc::ENOBUFS {
-                    if u.provided == 0 {
-                        self.stats.full += 1;
-                        fill.full = true;
-                    } else {
-                        self.stats.overruns += 1;
-                        fill.overrun = true;
-                    }
-                } else if res != -libc::ECANCELED {
-                    err = Some(io::Error::from_raw_os_error(-res));
-                }
-                continue;
-            }
-            if bid == u32::MAX || bid >= self.count {
-                continue;
-            }
-            u.provided -= 1;
-            let len = res as u32;
-            if len as usize >= self.frame_payload() {
-                // A full frame may be a cut datagram: the parser will see a short message.
-                self.stats.truncated += 1;
-            }
-            self.seq = self.seq.wrapping_add(1);
-            self.set_hdr(
-                bid,
-                FrameHdr {
-                    status: FrameStatus::Valid as u32,
-                    len,
-                    flags: 0,
-                    seq: self.seq,
-                },
-            );
-            self.ready.push_back(bid);
-            self.stats.frames += 1;
-            fill.frames += 1;
-        }
+        });
+        self.stats.syscalls += u.enters() - before;
+        self.uring = Some(u);
+        r?;
         if let Some(e) = err {
             if fill.frames == 0 {
                 return Err(FrameError::Io(e));
@@ -757,39 +656,6 @@ impl FrameRing {
         // A COPY frame keeps its out-of-line buffer; its status word says SKIP.
         self.set_status(id.0, FrameStatus::Skip);
         self.held += 1;
-    }
-}
-
-impl Drop for FrameRing {
-    /// Cancels the multishot receive and waits for its last completion, then unregisters the
-    /// buffer ring, so the kernel never writes into frames after they are unmapped.
-    fn drop(&mut self) {
-        let Some(mut u) = self.uring.take() else {
-            return;
-        };
-        if u.armed {
-            let e = opcode::AsyncCancel::new(RECV_KEY.raw())
-                .build()
-                .user_data(Key::cancel().raw());
-            // SAFETY: a cancel request references no memory.
-            if unsafe { u.ring.push(&e) }.is_ok() {
-                let deadline = std::time::Instant::now() + Duration::from_secs(1);
-                while u.armed && std::time::Instant::now() < deadline {
-                    let _ = u.ring.submit_and_wait(1, Some(Duration::from_millis(50)));
-                    let mut done = false;
-                    let _ = u.ring.harvest(|c| {
-                        if Key::from_raw(c.user_data()) == RECV_KEY && !cqueue::more(c.flags()) {
-                            done = true;
-                        }
-                    });
-                    if done {
-                        u.armed = false;
-                    }
-                }
-            }
-        }
-        let _ = u.bufs.unregister(&u.ring);
-        drop(u);
     }
 }
 

@@ -6,7 +6,6 @@ pub mod bufring;
 pub mod frames;
 #[cfg(not(loom))]
 pub mod mpsc;
-pub mod nlbufring;
 pub mod pool;
 pub mod refill;
 

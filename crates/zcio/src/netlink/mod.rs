@@ -13,6 +13,7 @@ pub mod msg;
 pub mod nfqmsg;
 pub mod queue;
 pub mod route;
+pub mod tracker;
 
 pub use nfqmsg::{CopyMode, Packet, Verdict};
 pub use queue::{
@@ -50,7 +51,8 @@ pub fn fuzz_parse(data: &[u8]) -> Result<(), msg::ParseError> {
         match nfqmsg::parse_one(&m) {
             Ok(nfqmsg::AnyMsg::Packet(p)) => {
                 let mut out = Vec::new();
-                p.emit(&mut out, m.seq, m.pid);
+                p.emit(&mut out, m.seq, m.pid)
+                    .expect("a parsed packet re-emits");
                 let (m2, _) = msg::NlMsg::parse(&out).expect("emitted packet parses");
                 let p2 = nfqmsg::Packet::parse(&m2).expect("emitted packet parses");
                 assert_eq!(p2.id, p.id);
@@ -58,13 +60,13 @@ pub fn fuzz_parse(data: &[u8]) -> Result<(), msg::ParseError> {
             }
             Ok(nfqmsg::AnyMsg::Verdict(v)) => {
                 let mut out = Vec::new();
-                v.emit(&mut out, m.seq);
+                v.emit(&mut out, m.seq).expect("a parsed verdict re-emits");
                 let (m2, _) = msg::NlMsg::parse(&out).expect("emitted verdict parses");
                 assert_eq!(nfqmsg::VerdictMsg::parse(&m2).as_ref(), Ok(&v));
             }
             Ok(nfqmsg::AnyMsg::Config(c)) => {
                 let mut out = Vec::new();
-                c.emit(&mut out, m.seq);
+                c.emit(&mut out, m.seq).expect("a parsed config re-emits");
                 let (m2, _) = msg::NlMsg::parse(&out).expect("emitted config parses");
                 assert_eq!(nfqmsg::ConfigMsg::parse(&m2).as_ref(), Ok(&c));
             }

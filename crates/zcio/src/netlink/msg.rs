@@ -105,11 +105,12 @@ impl<'a> NlMsg<'a> {
     }
 
     /// Appends this message (header + payload, padded) to `out`.
-    pub fn emit(&self, out: &mut Vec<u8>) {
-        emit_header(out, self.ty, self.flags, self.seq, self.pid);
-        let start = out.len() - NLMSG_HDRLEN;
-        out.extend_from_slice(self.payload);
-        finish(out, start);
+    pub fn emit(&self, out: &mut Vec<u8>) -> Result<(), EmitError> {
+        emit_whole(out, |out| {
+            emit_header(out, self.ty, self.flags, self.seq, self.pid);
+            out.extend_from_slice(self.payload);
+            Ok(())
+        })
     }
 
     /// For an `NLMSG_ERROR` message: the errno (0 for an ACK, negative for an error).
@@ -257,6 +258,38 @@ impl<'a> Iterator for Attrs<'a> {
     }
 }
 
+/// Largest attribute payload: `nla_len` is a u16 that counts the 4-byte header too.
+pub const MAX_ATTR_PAYLOAD: usize = u16::MAX as usize - NLA_HDRLEN;
+
+/// Largest message zcio emits: `nlmsg_len` is a u32, but no socket buffer holds more than a
+/// few MiB; anything larger is a caller's mistake, refused instead of truncated.
+pub const MAX_MSG_LEN: usize = 1 << 30;
+
+/// Why a message could not be emitted. Nothing is appended when emitting fails.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EmitError {
+    /// An attribute's payload does not fit `nla_len` (u16).
+    #[error(
+        "attribute type {ty} with {len} bytes exceeds the netlink attribute limit of {max} bytes"
+    )]
+    AttrTooLong {
+        /// Attribute type (flags included).
+        ty: u16,
+        /// Payload bytes asked for.
+        len: usize,
+        /// Largest payload an attribute carries.
+        max: usize,
+    },
+    /// A message exceeds [`MAX_MSG_LEN`].
+    #[error("netlink message of {len} bytes exceeds {max} bytes")]
+    MsgTooLong {
+        /// Bytes of the message.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
 /// Appends a netlink header with a zero length (fixed by [`finish`]).
 pub fn emit_header(out: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, pid: u32) {
     out.extend_from_slice(&0u32.to_ne_bytes());
@@ -266,17 +299,35 @@ pub fn emit_header(out: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, pid: u32) {
     out.extend_from_slice(&pid.to_ne_bytes());
 }
 
-/// Writes the length of the message that starts at `start` and pads it to 4 bytes.
-pub fn finish(out: &mut Vec<u8>, start: usize) {
-    let len = (out.len() - start) as u32;
-    out[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+/// Writes the length of the message that starts at `start` and pads it to 4 bytes. A message
+/// longer than [`MAX_MSG_LEN`] is removed from `out` again and refused.
+pub fn finish(out: &mut Vec<u8>, start: usize) -> Result<(), EmitError> {
+    let len = out.len() - start;
+    if len > MAX_MSG_LEN {
+        out.truncate(start);
+        return Err(EmitError::MsgTooLong {
+            len,
+            max: MAX_MSG_LEN,
+        });
+    }
+    out[start..start + 4].copy_from_slice(&(len as u32).to_ne_bytes());
     while out.len() % 4 != start % 4 {
         out.push(0);
     }
+    Ok(())
 }
 
-/// Appends an attribute (raw type, flags included) with its payload, padded.
-pub fn emit_attr(out: &mut Vec<u8>, raw_ty: u16, value: &[u8]) {
+/// Appends an attribute (raw type, flags included) with its payload, padded. A payload longer
+/// than [`MAX_ATTR_PAYLOAD`] is refused (its length would wrap and the kernel would read the
+/// rest of the payload as more attributes); nothing is appended then.
+pub fn emit_attr(out: &mut Vec<u8>, raw_ty: u16, value: &[u8]) -> Result<(), EmitError> {
+    if value.len() > MAX_ATTR_PAYLOAD {
+        return Err(EmitError::AttrTooLong {
+            ty: raw_ty,
+            len: value.len(),
+            max: MAX_ATTR_PAYLOAD,
+        });
+    }
     let len = (NLA_HDRLEN + value.len()) as u16;
     out.extend_from_slice(&len.to_ne_bytes());
     out.extend_from_slice(&raw_ty.to_ne_bytes());
@@ -284,6 +335,21 @@ pub fn emit_attr(out: &mut Vec<u8>, raw_ty: u16, value: &[u8]) {
     for _ in value.len()..align(value.len()) {
         out.push(0);
     }
+    Ok(())
+}
+
+/// Runs `body` to emit one message that starts at `out.len()`; when it fails, whatever it
+/// appended is removed, so `out` keeps only whole messages.
+pub fn emit_whole(
+    out: &mut Vec<u8>,
+    body: impl FnOnce(&mut Vec<u8>) -> Result<(), EmitError>,
+) -> Result<(), EmitError> {
+    let start = out.len();
+    let r = body(out).and_then(|()| finish(out, start));
+    if r.is_err() {
+        out.truncate(start);
+    }
+    r
 }
 
 /// Re-emits a whole datagram from its parsed messages and attribute lists: the generic
@@ -301,10 +367,12 @@ pub fn reemit(buf: &[u8], payload_prefix: usize) -> Result<Vec<u8>, ParseError> 
             out.extend_from_slice(&m.payload[..payload_prefix]);
             for a in attrs(&m.payload[payload_prefix..]) {
                 let a = a?;
-                emit_attr(&mut out, a.raw_ty, a.value);
+                // A parsed attribute's length came from a u16: it always fits again.
+                emit_attr(&mut out, a.raw_ty, a.value).expect("parsed attribute re-emits");
             }
         }
-        finish(&mut out, start);
+        // A parsed message's length came from a u32 and fitted the buffer.
+        finish(&mut out, start).expect("parsed message re-emits");
     }
     Ok(out)
 }

@@ -1,7 +1,7 @@
 //! nfnetlink_queue messages: CONFIG, PACKET, VERDICT and VERDICT_BATCH, parsed in place and
 //! emitted back to back into one send buffer.
 
-use super::msg::{attrs, emit_attr, emit_header, finish, Attr, NlMsg, ParseError};
+use super::msg::{attrs, emit_attr, emit_header, emit_whole, Attr, EmitError, NlMsg, ParseError};
 use crate::sys::netlink::{NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST};
 use crate::sys::nfqueue::*;
 
@@ -200,8 +200,11 @@ impl<'a> Packet<'a> {
 
     /// Emits this packet as the kernel would (attribute order of `nfqnl_build_packet_message`
     /// for the attributes modelled here; uninterpreted attributes are not re-emitted).
-    pub fn emit(&self, out: &mut Vec<u8>, seq: u32, pid: u32) {
-        let start = out.len();
+    pub fn emit(&self, out: &mut Vec<u8>, seq: u32, pid: u32) -> Result<(), EmitError> {
+        emit_whole(out, |out| self.emit_body(out, seq, pid))
+    }
+
+    fn emit_body(&self, out: &mut Vec<u8>, seq: u32, pid: u32) -> Result<(), EmitError> {
         emit_header(out, nfq_type(NFQNL_MSG_PACKET), 0, seq, pid);
         NfGen {
             family: self.family,
@@ -213,42 +216,66 @@ impl<'a> Packet<'a> {
         hdr[0..4].copy_from_slice(&self.id.to_be_bytes());
         hdr[4..6].copy_from_slice(&self.hw_protocol.to_be_bytes());
         hdr[6] = self.hook;
-        emit_attr(out, NFQA_PACKET_HDR, &hdr);
-        let be = |out: &mut Vec<u8>, ty: u16, v: Option<u32>| {
+        emit_attr(out, NFQA_PACKET_HDR, &hdr)?;
+        let be = |out: &mut Vec<u8>, ty: u16, v: Option<u32>| -> Result<(), EmitError> {
             if let Some(v) = v {
-                emit_attr(out, ty, &v.to_be_bytes());
+                emit_attr(out, ty, &v.to_be_bytes())?;
             }
+            Ok(())
         };
-        be(out, NFQA_IFINDEX_INDEV, self.indev);
-        be(out, NFQA_IFINDEX_PHYSINDEV, self.physindev);
-        be(out, NFQA_IFINDEX_OUTDEV, self.outdev);
-        be(out, NFQA_IFINDEX_PHYSOUTDEV, self.physoutdev);
-        be(out, NFQA_MARK, self.mark);
+        be(out, NFQA_IFINDEX_INDEV, self.indev)?;
+        be(out, NFQA_IFINDEX_PHYSINDEV, self.physindev)?;
+        be(out, NFQA_IFINDEX_OUTDEV, self.outdev)?;
+        be(out, NFQA_IFINDEX_PHYSOUTDEV, self.physoutdev)?;
+        be(out, NFQA_MARK, self.mark)?;
         if let Some(hw) = self.hwaddr {
+            if hw.len() > 8 {
+                return Err(EmitError::AttrTooLong {
+                    ty: NFQA_HWADDR,
+                    len: hw.len(),
+                    max: 8,
+                });
+            }
             let mut b = [0u8; 12];
             b[0..2].copy_from_slice(&(hw.len() as u16).to_be_bytes());
             b[4..4 + hw.len()].copy_from_slice(hw);
-            emit_attr(out, NFQA_HWADDR, &b);
+            emit_attr(out, NFQA_HWADDR, &b)?;
         }
         if let Some((s, u)) = self.timestamp {
             let mut b = [0u8; 16];
             b[0..8].copy_from_slice(&s.to_be_bytes());
             b[8..16].copy_from_slice(&u.to_be_bytes());
-            emit_attr(out, NFQA_TIMESTAMP, &b);
+            emit_attr(out, NFQA_TIMESTAMP, &b)?;
         }
-        be(out, NFQA_UID, self.uid);
-        be(out, NFQA_GID, self.gid);
+        be(out, NFQA_UID, self.uid)?;
+        be(out, NFQA_GID, self.gid)?;
         if let Some(ct) = self.ct {
-            emit_attr(out, NFQA_CT | NLA_F_NESTED, ct);
+            emit_attr(out, NFQA_CT | NLA_F_NESTED, ct)?;
         }
-        be(out, NFQA_CT_INFO, self.ct_info);
-        be(out, NFQA_CAP_LEN, self.cap_len);
-        be(out, NFQA_SKB_INFO, self.skb_info);
+        be(out, NFQA_CT_INFO, self.ct_info)?;
+        be(out, NFQA_CAP_LEN, self.cap_len)?;
+        be(out, NFQA_SKB_INFO, self.skb_info)?;
         if let Some(p) = self.payload {
-            emit_attr(out, NFQA_PAYLOAD, p);
+            emit_attr(out, NFQA_PAYLOAD, p)?;
         }
-        finish(out, start);
+        Ok(())
     }
+}
+
+/// The id of a `NFQNL_MSG_PACKET` that does not parse as a whole (a bad attribute further
+/// on): read from its `NFQA_PACKET_HDR` when the attributes up to it are well formed.
+pub fn packet_id(m: &NlMsg<'_>) -> Option<u32> {
+    if m.ty != nfq_type(NFQNL_MSG_PACKET) {
+        return None;
+    }
+    for a in attrs(m.payload.get(NFGENMSG_LEN..)?) {
+        let a = a.ok()?;
+        if a.ty == NFQA_PACKET_HDR {
+            let b = a.value.get(..4)?;
+            return Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        }
+    }
+    None
 }
 
 /// A verdict message (`NFQNL_MSG_VERDICT` or `NFQNL_MSG_VERDICT_BATCH`).
@@ -288,31 +315,32 @@ impl<'a> VerdictMsg<'a> {
     }
 
     /// Appends the message to `out`.
-    pub fn emit(&self, out: &mut Vec<u8>, seq: u32) {
-        let start = out.len();
-        let ty = if self.batch {
-            NFQNL_MSG_VERDICT_BATCH
-        } else {
-            NFQNL_MSG_VERDICT
-        };
-        emit_header(out, nfq_type(ty), NLM_F_REQUEST, seq, 0);
-        NfGen {
-            family: libc::AF_UNSPEC as u8,
-            version: NFNETLINK_V0,
-            res_id: self.queue,
-        }
-        .emit(out);
-        let mut hdr = [0u8; 8];
-        hdr[0..4].copy_from_slice(&self.verdict.to_wire().to_be_bytes());
-        hdr[4..8].copy_from_slice(&self.id.to_be_bytes());
-        emit_attr(out, NFQA_VERDICT_HDR, &hdr);
-        if let Some(m) = self.mark {
-            emit_attr(out, NFQA_MARK, &m.to_be_bytes());
-        }
-        if let Some(p) = self.payload {
-            emit_attr(out, NFQA_PAYLOAD, p);
-        }
-        finish(out, start);
+    pub fn emit(&self, out: &mut Vec<u8>, seq: u32) -> Result<(), EmitError> {
+        emit_whole(out, |out| {
+            let ty = if self.batch {
+                NFQNL_MSG_VERDICT_BATCH
+            } else {
+                NFQNL_MSG_VERDICT
+            };
+            emit_header(out, nfq_type(ty), NLM_F_REQUEST, seq, 0);
+            NfGen {
+                family: libc::AF_UNSPEC as u8,
+                version: NFNETLINK_V0,
+                res_id: self.queue,
+            }
+            .emit(out);
+            let mut hdr = [0u8; 8];
+            hdr[0..4].copy_from_slice(&self.verdict.to_wire().to_be_bytes());
+            hdr[4..8].copy_from_slice(&self.id.to_be_bytes());
+            emit_attr(out, NFQA_VERDICT_HDR, &hdr)?;
+            if let Some(m) = self.mark {
+                emit_attr(out, NFQA_MARK, &m.to_be_bytes())?;
+            }
+            if let Some(p) = self.payload {
+                emit_attr(out, NFQA_PAYLOAD, p)?;
+            }
+            Ok(())
+        })
     }
 
     /// Parses a verdict message.
@@ -380,38 +408,39 @@ pub struct ConfigMsg {
 
 impl ConfigMsg {
     /// Appends the message (with `NLM_F_ACK`) to `out`.
-    pub fn emit(&self, out: &mut Vec<u8>, seq: u32) {
-        let start = out.len();
-        emit_header(
-            out,
-            nfq_type(NFQNL_MSG_CONFIG),
-            NLM_F_REQUEST | NLM_F_ACK,
-            seq,
-            0,
-        );
-        NfGen {
-            family: libc::AF_UNSPEC as u8,
-            version: NFNETLINK_V0,
-            res_id: self.queue,
-        }
-        .emit(out);
-        if let Some(c) = self.cmd {
-            emit_attr(out, NFQA_CFG_CMD, &[c, 0, 0, 0]);
-        }
-        if let Some((range, mode)) = self.params {
-            let mut b = [0u8; 5];
-            b[0..4].copy_from_slice(&range.to_be_bytes());
-            b[4] = mode;
-            emit_attr(out, NFQA_CFG_PARAMS, &b);
-        }
-        if let Some(m) = self.maxlen {
-            emit_attr(out, NFQA_CFG_QUEUE_MAXLEN, &m.to_be_bytes());
-        }
-        if let Some((mask, flags)) = self.flags {
-            emit_attr(out, NFQA_CFG_MASK, &mask.to_be_bytes());
-            emit_attr(out, NFQA_CFG_FLAGS, &flags.to_be_bytes());
-        }
-        finish(out, start);
+    pub fn emit(&self, out: &mut Vec<u8>, seq: u32) -> Result<(), EmitError> {
+        emit_whole(out, |out| {
+            emit_header(
+                out,
+                nfq_type(NFQNL_MSG_CONFIG),
+                NLM_F_REQUEST | NLM_F_ACK,
+                seq,
+                0,
+            );
+            NfGen {
+                family: libc::AF_UNSPEC as u8,
+                version: NFNETLINK_V0,
+                res_id: self.queue,
+            }
+            .emit(out);
+            if let Some(c) = self.cmd {
+                emit_attr(out, NFQA_CFG_CMD, &[c, 0, 0, 0])?;
+            }
+            if let Some((range, mode)) = self.params {
+                let mut b = [0u8; 5];
+                b[0..4].copy_from_slice(&range.to_be_bytes());
+                b[4] = mode;
+                emit_attr(out, NFQA_CFG_PARAMS, &b)?;
+            }
+            if let Some(m) = self.maxlen {
+                emit_attr(out, NFQA_CFG_QUEUE_MAXLEN, &m.to_be_bytes())?;
+            }
+            if let Some((mask, flags)) = self.flags {
+                emit_attr(out, NFQA_CFG_MASK, &mask.to_be_bytes())?;
+                emit_attr(out, NFQA_CFG_FLAGS, &flags.to_be_bytes())?;
+            }
+            Ok(())
+        })
     }
 
     /// Parses a config message.

@@ -165,7 +165,7 @@ impl RouteSocket {
         let start = 0;
         req.resize(req.len() + hdr, 0);
         req[16] = family; // the first byte of every rtnetlink header is the family
-        finish(&mut req, start);
+        finish(&mut req, start).expect("a dump request header is a few bytes");
         nl::send_to_kernel(&self.fd, &req).map_err(|e| DumpError::Io {
             what: "sending the dump request",
             source: e,

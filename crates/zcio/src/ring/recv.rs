@@ -446,3 +446,307 @@ impl<C: Cqe> Drop for RecvRing<C> {
         }
     }
 }
+
+/// The one multishot receive of a [`FrameRecv`].
+const FRAME_RECV_KEY: Key = Key::tagged(Op::Recv, 0);
+
+/// What one completion of a [`FrameRecv`]'s multishot receive said.
+#[derive(Debug)]
+pub enum FrameEvent {
+    /// A datagram of `len` bytes landed in buffer (frame) `bid`.
+    Data {
+        /// The buffer id the frame was provided under.
+        bid: u16,
+        /// Bytes received.
+        len: u32,
+    },
+    /// `ENOBUFS` with no buffer provided: every frame is ready or held.
+    Dry,
+    /// `ENOBUFS` with buffers provided: the socket overran (messages were lost).
+    Overrun,
+    /// Another error.
+    Error(io::Error),
+}
+
+/// The netlink frame ring's io_uring producer: one multishot `RECV` on a socket that picks
+/// frames from a provided-buffer ring ([`crate::buf::bufring::PbufRing`]), and the verdict
+/// sends that ride the same ring (submitted with the next wait, so a receive → decide →
+/// verdict cycle costs one `io_uring_enter`). The frames themselves (memory and states) are
+/// [`crate::buf::frames::FrameRing`]'s; this owns only the ring and the requests.
+///
+/// Dropping it cancels the multishot receive, waits for its last completion and unregisters
+/// the buffer ring, so the kernel never writes into a frame after that.
+#[derive(Debug)]
+pub struct FrameRecv {
+    ring: Ring,
+    bufs: crate::buf::bufring::PbufRing,
+    /// Entries added since the last publish.
+    unpublished: u16,
+    armed: bool,
+    /// Buffers currently in the kernel's buffer ring.
+    provided: u32,
+    /// Send buffers owned by the kernel until their CQE (index = the key's tag), with the
+    /// caller's token.
+    sends: Vec<Option<(u64, Vec<u8>)>>,
+    /// Send buffers back from the kernel, for reuse.
+    spare: Vec<Vec<u8>>,
+    /// Completed sends not yet taken by the caller: token and result.
+    done: Vec<(u64, io::Result<()>)>,
+    /// Scratch for one harvest.
+    got: Vec<(u32, i32, u32)>,
+    sent: Vec<(usize, i32)>,
+}
+
+impl FrameRecv {
+    /// A ring with a buffer ring of room for `count` buffers (≤ 32768) under group 0. The
+    /// error says why io_uring cannot be used (the caller records it as a fallback).
+    pub fn new(count: u32) -> Result<Self, String> {
+        if count > 32768 {
+            return Err("more than 32768 frames: a buffer ring holds at most 32768".into());
+        }
+        let cq = (count * 2).clamp(256, 65536);
+        let ring = Ring::new(&RingConfig {
+            entries: 16,
+            cq_entries: Some(cq),
+            ..Default::default()
+        })
+        .map_err(|e| e.to_string())?;
+        let entries = (count as u16).next_power_of_two();
+        let sub = ring.raw().submitter();
+        let bufs = crate::buf::bufring::PbufRing::register(
+            ring.raw().as_raw_fd(),
+            entries,
+            0,
+            false,
+            |a, n, g, f| {
+                // SAFETY: `a` is 0 (kernel-allocated) or the PbufRing's own region, which
+                // lives in `self` until Drop unregisters the group.
+                unsafe { sub.register_buf_ring_with_flags(a, n, g, f) }
+            },
+        )
+        .map_err(|e| format!("IORING_REGISTER_PBUF_RING: {e} (needs Linux 5.19)"))?;
+        Ok(Self {
+            ring,
+            bufs,
+            unpublished: 0,
+            armed: false,
+            provided: 0,
+            sends: Vec::new(),
+            spare: Vec::new(),
+            done: Vec::new(),
+            got: Vec::new(),
+            sent: Vec::new(),
+        })
+    }
+
+    /// Adds a buffer to the buffer ring; it becomes visible at [`FrameRecv::publish`].
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr+len` must stay valid for writes, and untouched by the caller, until a
+    /// [`FrameEvent::Data`] with `bid` hands it back or this `FrameRecv` is dropped (its Drop
+    /// cancels the receive and waits for the last completion first).
+    pub unsafe fn provide(&mut self, addr: *mut u8, len: u32, bid: u16) {
+        // SAFETY: forwarded contract; at most `count` buffers are provided at once, so the
+        // slot is not one the kernel may still read.
+        unsafe { self.bufs.add(addr, len, bid, self.unpublished) };
+        self.unpublished += 1;
+        self.provided += 1;
+    }
+
+    /// Publishes every buffer added since the last call.
+    pub fn publish(&mut self) {
+        if self.unpublished > 0 {
+            self.bufs.advance(std::mem::take(&mut self.unpublished));
+        }
+    }
+
+    /// Buffers in the kernel's buffer ring now.
+    pub fn provided(&self) -> u32 {
+        self.provided
+    }
+
+    /// Whether the multishot receive is armed.
+    pub fn armed(&self) -> bool {
+        self.armed
+    }
+
+    /// `io_uring_enter` calls made so far.
+    pub fn enters(&self) -> u64 {
+        self.ring.enters()
+    }
+
+    /// Queues `buf` (whole netlink messages for the kernel) as a send on `fd`. The ring owns
+    /// the buffer until its completion, whose result comes back under `token` from
+    /// [`FrameRecv::take_send_results`]; it is submitted with the next wait or by
+    /// [`FrameRecv::submit_sends`]. When the submission queue is full the buffer comes back.
+    pub fn queue_send(
+        &mut self,
+        fd: &impl AsRawFd,
+        buf: Vec<u8>,
+        token: u64,
+    ) -> Result<(), Vec<u8>> {
+        let slot = match self.sends.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.sends.push(None);
+                self.sends.len() - 1
+            }
+        };
+        let e = opcode::Send::new(types::Fd(fd.as_raw_fd()), buf.as_ptr(), buf.len() as u32)
+            .build()
+            .user_data(Key::send(slot).raw());
+        // SAFETY: `buf` is moved into `self.sends[slot]` below and stays there (heap storage
+        // unmoved, never touched) until the CQE with this slot is harvested.
+        if unsafe { self.ring.push(&e) }.is_err() {
+            return Err(buf);
+        }
+        self.sends[slot] = Some((token, buf));
+        Ok(())
+    }
+
+    /// Submits queued sends now (no syscall when none are queued).
+    pub fn submit_sends(&mut self) -> io::Result<()> {
+        if self.ring.pending() > 0 {
+            self.ring.submit()?;
+        }
+        Ok(())
+    }
+
+    /// An empty buffer for the next send (recycled from completed sends when possible).
+    pub fn spare_send_buf(&mut self) -> Vec<u8> {
+        self.spare.pop().unwrap_or_else(|| Vec::with_capacity(4096))
+    }
+
+    /// Results of the sends completed since the last call, appended to `out`; a short send
+    /// is an error (a netlink datagram goes whole or not at all).
+    pub fn take_send_results(&mut self, out: &mut Vec<(u64, io::Result<()>)>) {
+        out.append(&mut self.done);
+    }
+
+    /// Sends queued or submitted whose completion has not been harvested yet.
+    pub fn sends_outstanding(&self) -> usize {
+        self.sends.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// Arms the multishot receive on `fd` if needed (the caller checks that buffers are
+    /// provided), submits what is queued and waits up to `wait` (`ZERO`: not at all; `MAX`:
+    /// forever) for a completion unless some are ready, then harvests: send results are kept
+    /// for [`FrameRecv::take_send_results`], receive completions go to `f` in order.
+    pub fn wait(
+        &mut self,
+        fd: &impl AsRawFd,
+        wait: Duration,
+        mut f: impl FnMut(FrameEvent),
+    ) -> io::Result<()> {
+        if !self.armed {
+            let e = opcode::RecvMulti::new(types::Fd(fd.as_raw_fd()), self.bufs.bgid())
+                .build()
+                .user_data(FRAME_RECV_KEY.raw());
+            // SAFETY: the receive writes only into buffers added with `provide`, whose
+            // contract keeps them valid until their completion or until Drop has cancelled
+            // this request and seen its last completion; the socket is passed to every wait.
+            unsafe { self.ring.push(&e) }?;
+            self.armed = true;
+        }
+        if self.ring.ready() == 0 {
+            if wait.is_zero() {
+                self.ring.submit()?;
+            } else {
+                let t = (wait != Duration::MAX).then_some(wait);
+                self.ring.submit_and_wait(1, t)?;
+            }
+        }
+        let (got, sent) = (&mut self.got, &mut self.sent);
+        self.ring.harvest(|c| {
+            let key = Key::from_raw(c.user_data());
+            if key == FRAME_RECV_KEY {
+                got.push((
+                    cqueue::buffer_select(c.flags()).map_or(u32::MAX, u32::from),
+                    c.result(),
+                    c.flags(),
+                ));
+            } else if key.op() == Some(Op::Send) {
+                sent.push((key.tag() as usize, c.result()));
+            }
+        })?;
+        for (slot, res) in self.sent.drain(..) {
+            if let Some((token, mut b)) = self.sends.get_mut(slot).and_then(Option::take) {
+                let r = if res < 0 {
+                    Err(io::Error::from_raw_os_error(-res))
+                } else if (res as usize) < b.len() {
+                    Err(io::Error::other(format!(
+                        "short netlink send: {res} of {} bytes",
+                        b.len()
+                    )))
+                } else {
+                    Ok(())
+                };
+                self.done.push((token, r));
+                b.clear();
+                self.spare.push(b);
+            }
+        }
+        for (bid, res, flags) in self.got.drain(..) {
+            if !cqueue::more(flags) {
+                self.armed = false;
+            }
+            if res < 0 {
+                if res == -libc::ENOBUFS {
+                    f(if self.provided == 0 {
+                        FrameEvent::Dry
+                    } else {
+                        FrameEvent::Overrun
+                    });
+                } else if res != -libc::ECANCELED {
+                    f(FrameEvent::Error(io::Error::from_raw_os_error(-res)));
+                }
+                continue;
+            }
+            let Ok(bid) = u16::try_from(bid) else {
+                continue;
+            };
+            self.provided = self.provided.saturating_sub(1);
+            f(FrameEvent::Data {
+                bid,
+                len: res as u32,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FrameRecv {
+    fn drop(&mut self) {
+        if self.armed {
+            let e = opcode::AsyncCancel::new(FRAME_RECV_KEY.raw())
+                .build()
+                .user_data(Key::cancel().raw());
+            // SAFETY: a cancel request references no memory.
+            if unsafe { self.ring.push(&e) }.is_ok() {
+                let deadline = Instant::now() + Duration::from_secs(1);
+                while self.armed && Instant::now() < deadline {
+                    let _ = self
+                        .ring
+                        .submit_and_wait(1, Some(Duration::from_millis(50)));
+                    let mut done = false;
+                    let _ = self.ring.harvest(|c| {
+                        if Key::from_raw(c.user_data()) == FRAME_RECV_KEY
+                            && !cqueue::more(c.flags())
+                        {
+                            done = true;
+                        }
+                    });
+                    if done {
+                        self.armed = false;
+                    }
+                }
+            }
+        }
+        let _ = self
+            .ring
+            .raw()
+            .submitter()
+            .unregister_buf_ring(self.bufs.bgid());
+    }
+}

@@ -82,6 +82,12 @@ pub const NFQA_CAP_LEN: u16 = 13;
 pub const NFQA_SKB_INFO: u16 = 14;
 /// Expectation (3.16).
 pub const NFQA_EXP: u16 = 15;
+/// `NFQA_SKB_INFO` flag: the checksum is not computed yet (3.10).
+pub const NFQA_SKB_CSUMNOTREADY: u32 = 1 << 0;
+/// `NFQA_SKB_INFO` flag: the packet is a GSO super-packet (3.10).
+pub const NFQA_SKB_GSO: u32 = 1 << 1;
+/// `NFQA_SKB_INFO` flag: the checksum was verified (3.11).
+pub const NFQA_SKB_CSUM_NOTVERIFIED: u32 = 1 << 2;
 /// UID (3.16).
 pub const NFQA_UID: u16 = 16;
 /// GID (3.16).

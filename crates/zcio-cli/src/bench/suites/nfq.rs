@@ -115,10 +115,23 @@ impl Suite for Nfq {
                     &case,
                     (label, "zcio ring+batch"),
                     METRICS,
-                    || run_once(&ns, base, size, count),
-                    || run_once(&ns, Kind::Zcio, size, count),
+                    || run_once(&ns, base, size, count, false),
+                    || run_once(&ns, Kind::Zcio, size, count, false),
                 )?;
             }
+        }
+        // NFQA_CFG_F_GSO on both sides: the sender's 64-segment GSO packets are queued whole
+        // (one message and one verdict per super-packet; libnetfilter_queue users set the same
+        // flag). consumer_cpu stays per delivered datagram (segment).
+        for size in [64usize, 1400] {
+            let count = if size > 1000 { count / 2 } else { count };
+            ctx.compare(
+                &format!("udp {size}B GSO vs libnfq batch32+recvmmsg GSO"),
+                ("libnfq batch32+recvmmsg GSO", "zcio ring+batch GSO"),
+                METRICS,
+                || run_once(&ns, Kind::Batch32, size, count, true),
+                || run_once(&ns, Kind::Zcio, size, count, true),
+            )?;
         }
         // The two frame-ring producers against each other.
         for size in [64usize, 1400] {
@@ -127,13 +140,150 @@ impl Suite for Nfq {
                 &format!("udp {size}B zcio producers"),
                 ("zcio ring, recvmmsg fill", "zcio ring, io_uring fill"),
                 METRICS,
-                || run_once(&ns, Kind::ZcioRecvmmsg, size, count),
-                || run_once(&ns, Kind::Zcio, size, count),
+                || run_once(&ns, Kind::ZcioRecvmmsg, size, count, false),
+                || run_once(&ns, Kind::Zcio, size, count, false),
             )?;
         }
         drop(ns);
+        pair_cases(ctx, count)?;
         dump_case(ctx)
     }
+}
+
+/// Two queues, two threads: `--queue-balance 7:8 --queue-cpu-fanout`, a sender pinned to each
+/// CPU (so each fills the queue of its CPU), then one consumer per queue pinned to that CPU —
+/// `zcio nfq --threads 2` against two libnetfilter_queue-style batch32+recvmmsg consumers.
+fn pair_cases(ctx: &mut Ctx, count: u64) -> Result<()> {
+    if zcio::sys::online_cpus() < 2 {
+        ctx.note("2-queue 2-thread case skipped: one CPU");
+        return Ok(());
+    }
+    let ns = Netns::new("nfqb2").context("namespace")?;
+    let o = ns
+        .command("iptables")
+        .args(["-A", "INPUT", "-p", "udp", "--dport", &PORT.to_string()])
+        .args(["-j", "NFQUEUE", "--queue-balance"])
+        .arg(format!("{}:{}", QUEUE, QUEUE + 1))
+        .arg("--queue-cpu-fanout")
+        .output()?;
+    anyhow::ensure!(
+        o.status.success(),
+        "iptables --queue-cpu-fanout refused: {}",
+        String::from_utf8_lossy(&o.stderr).trim()
+    );
+    for size in [64usize, 1400] {
+        let count = if size > 1000 { count / 2 } else { count };
+        ctx.compare(
+            &format!("udp {size}B 2 queues 2 threads"),
+            ("2x libnfq batch32+recvmmsg", "zcio 2 threads"),
+            METRICS,
+            || run_pair(&ns, false, size, count),
+            || run_pair(&ns, true, size, count),
+        )?;
+    }
+    Ok(())
+}
+
+fn run_pair(ns: &Netns, zcio: bool, size: usize, count: u64) -> Result<Sample> {
+    let stop_recv = Arc::new(AtomicBool::new(false));
+    let received = Arc::new(AtomicU64::new(0));
+    let ready = Arc::new(Barrier::new(5));
+    let filled = Arc::new(Barrier::new(4));
+    let (sr, rc, mut rd) = (stop_recv.clone(), received.clone(), Gate::new(&ready));
+    let receiver = ns.spawn(move || -> std::io::Result<()> {
+        let s = UdpSocket::bind(("127.0.0.1", PORT))?;
+        let _ = nl::set_rcvbuf(&s, 64 << 20, true);
+        s.set_read_timeout(Some(Duration::from_millis(10)))?;
+        let mut rb = nl::RecvBatch::new(64, 2048);
+        rd.wait();
+        loop {
+            match rb.recv(&s, libc::MSG_WAITFORONE) {
+                Ok(n) => {
+                    rc.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if sr.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    })?;
+    let per = count / 2;
+    let qmax = per as u32 + 4096;
+    let mut consumers = Vec::new();
+    let mut senders = Vec::new();
+    for i in 0..2u16 {
+        let q = QUEUE + i;
+        let (mut cd, mut cf) = (Gate::new(&ready), Gate::new(&filled));
+        consumers.push(ns.spawn(move || -> Result<ConsumerResult> {
+            let _ = zcio::sys::pin_thread(usize::from(i));
+            if zcio {
+                consume_zcio(q, qmax, true, false, &mut cd, &mut cf)
+            } else {
+                consume_batch32(q, qmax, false, &mut cd, &mut cf)
+            }
+        })?);
+        let (mut sd, mut sf) = (Gate::new(&ready), Gate::new(&filled));
+        senders.push(ns.spawn(move || -> std::io::Result<u64> {
+            // The CPU that sends is the CPU that queues (loopback delivers on it).
+            let _ = zcio::sys::pin_thread(usize::from(i));
+            let s = UdpSocket::bind("127.0.0.1:0")?;
+            s.connect(("127.0.0.1", PORT))?;
+            let segs = (65000 / (size + 8)).min(64);
+            zcio::sys::setsockopt_int(&s, zcio::sys::SOL_UDP, zcio::sys::UDP_SEGMENT, size as i32)?;
+            let buf = vec![0x5au8; size * segs];
+            sd.wait();
+            let mut sent = 0u64;
+            while sent < per {
+                let k = (per - sent).min(segs as u64) as usize;
+                match s.send(&buf[..k * size]) {
+                    Ok(_) => sent += k as u64,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            sf.wait();
+            Ok(sent)
+        })?);
+    }
+    let mut sent = 0;
+    for h in senders {
+        sent += h.join().map_err(|_| anyhow!("sender panicked"))??;
+    }
+    let mut cs = Vec::new();
+    for h in consumers {
+        cs.push(h.join().map_err(|_| anyhow!("consumer panicked"))??);
+    }
+    let verdicts: u64 = cs.iter().map(|c| c.verdicts).sum();
+    let end = Instant::now() + Duration::from_secs(2);
+    while received.load(Ordering::Relaxed) < verdicts && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    stop_recv.store(true, Ordering::Relaxed);
+    receiver
+        .join()
+        .map_err(|_| anyhow!("receiver panicked"))??;
+    let delivered = received.load(Ordering::Relaxed);
+    anyhow::ensure!(delivered > 0, "no packet was delivered through the queues");
+    let cpu: f64 = cs.iter().map(|c| c.cpu).sum();
+    let wall = cs.iter().map(|c| c.wall).fold(0.0, f64::max);
+    let syscalls: u64 = cs.iter().map(|c| c.syscalls).sum();
+    let mut smp = Sample::default();
+    smp.set("consumer_cpu", cpu / delivered as f64 * 1e6)
+        .set("delivered", delivered as f64 / wall.max(1e-9))
+        .set("syscalls_per_pkt", syscalls as f64 / delivered as f64)
+        .set("copied_fraction", 1.0);
+    smp.note(format!(
+        "{} {size}B x2 [{}]: {sent} datagrams queued on 2 CPUs, per-queue verdicts {:?}; \
+         delivered = received / the slower consumer's drain time",
+        if zcio { "zcio" } else { "libnfq batch32" },
+        cs[0].path,
+        cs.iter().map(|c| c.verdicts).collect::<Vec<_>>()
+    ));
+    Ok(smp)
 }
 
 struct ConsumerResult {
@@ -198,21 +348,21 @@ fn baseline_result(
     }
 }
 
-fn waiting() -> u64 {
+fn waiting(q: u16) -> u64 {
     kernel_queue_stats()
         .ok()
-        .and_then(|v| v.into_iter().find(|k| k.queue == QUEUE))
+        .and_then(|v| v.into_iter().find(|k| k.queue == q))
         .map_or(0, |k| k.waiting)
 }
 
-fn kstats() -> (u64, u64) {
+fn kstats(q: u16) -> (u64, u64) {
     kernel_queue_stats()
         .ok()
-        .and_then(|v| v.into_iter().find(|k| k.queue == QUEUE))
+        .and_then(|v| v.into_iter().find(|k| k.queue == q))
         .map_or((0, 0), |k| (k.queue_dropped, k.user_dropped))
 }
 
-fn run_once(ns: &Netns, kind: Kind, size: usize, count: u64) -> Result<Sample> {
+fn run_once(ns: &Netns, kind: Kind, size: usize, count: u64, gso: bool) -> Result<Sample> {
     let cpus = zcio::sys::online_cpus();
     let (c_send, c_cons) = if cpus > 1 { (0, 1) } else { (0, 0) };
     let stop_recv = Arc::new(AtomicBool::new(false));
@@ -249,14 +399,14 @@ fn run_once(ns: &Netns, kind: Kind, size: usize, count: u64) -> Result<Sample> {
     let qmax = count as u32 + 4096;
     let consumer = ns.spawn(move || -> Result<ConsumerResult> {
         let _ = zcio::sys::pin_thread(c_cons);
-        let k0 = kstats();
+        let k0 = kstats(QUEUE);
         let r = match kind {
-            Kind::Zcio => consume_zcio(qmax, true, &mut cd, &mut cf),
-            Kind::ZcioRecvmmsg => consume_zcio(qmax, false, &mut cd, &mut cf),
-            Kind::PerPacket => consume_per_packet(qmax, &mut cd, &mut cf),
-            Kind::Batch32 => consume_batch32(qmax, &mut cd, &mut cf),
+            Kind::Zcio => consume_zcio(QUEUE, qmax, true, gso, &mut cd, &mut cf),
+            Kind::ZcioRecvmmsg => consume_zcio(QUEUE, qmax, false, gso, &mut cd, &mut cf),
+            Kind::PerPacket => consume_per_packet(QUEUE, qmax, gso, &mut cd, &mut cf),
+            Kind::Batch32 => consume_batch32(QUEUE, qmax, gso, &mut cd, &mut cf),
         };
-        let k1 = kstats();
+        let k1 = kstats(QUEUE);
         r.map(|mut c| {
             c.queue_dropped = k1.0.saturating_sub(k0.0);
             c.user_dropped = k1.1.saturating_sub(k0.1);
@@ -321,7 +471,7 @@ fn run_once(ns: &Netns, kind: Kind, size: usize, count: u64) -> Result<Sample> {
             c.queue_dropped, c.user_dropped
         ));
     }
-    if c.verdicts != delivered {
+    if c.verdicts != delivered && !gso {
         s.note(format!(
             "{kind:?} {size}B: {} accept verdicts but {delivered} delivered",
             c.verdicts
@@ -373,31 +523,34 @@ fn io_worker_cpu() -> (usize, f64) {
 }
 
 fn consume_zcio(
+    q: u16,
     qmax: u32,
     uring: bool,
+    gso: bool,
     ready: &mut Gate,
     filled: &mut Gate,
 ) -> Result<ConsumerResult> {
     // Copy range: everything a 4 KiB frame holds (all test packets are copied whole, as with
     // 0xffff on the baselines), so frames are filled by io_uring.
-    let mut q = NfQueue::open(NfQueueConfig {
-        first: QUEUE,
-        last: QUEUE,
+    let mut nq = NfQueue::open(NfQueueConfig {
+        first: q,
+        last: q,
         copy: CopyMode::Packet((4096 - 16 - zcio::netlink::queue::FRAME_OVERHEAD) as u32),
         batch: 32,
         uring,
         rcvbuf: Some((RCVBUF, true)),
         max_len: Some(qmax),
+        gso,
         ..NfQueueConfig::default()
     })?;
     ready.wait();
     filled.wait();
-    let path = q.path();
+    let path = nq.path();
     let (_, wq0) = io_worker_cpu();
     let span = Span::start();
     loop {
-        let n = q.process(Some(IDLE), |p| Decision::Verdict(accept_filter(p)))?;
-        if n == 0 && waiting() == 0 {
+        let n = nq.process(Some(IDLE), |p| Decision::Verdict(accept_filter(p)))?;
+        if n == 0 && waiting(q) == 0 {
             break;
         }
     }
@@ -409,7 +562,7 @@ fn consume_zcio(
     } else {
         path
     };
-    let st = q.stats();
+    let st = nq.stats();
     Ok(ConsumerResult {
         path,
         cpu,
@@ -423,26 +576,28 @@ fn consume_zcio(
     })
 }
 
-/// Binds `QUEUE` on a plain netlink socket the way libnetfilter_queue does.
-fn bind_plain(qmax: u32) -> Result<std::os::fd::OwnedFd> {
+/// Binds queue `q` on a plain netlink socket the way libnetfilter_queue does.
+fn bind_plain(q: u16, qmax: u32, gso: bool) -> Result<std::os::fd::OwnedFd> {
     let fd = nl::socket(nl::NETLINK_NETFILTER)?;
     nl::bind(&fd, 0, 0)?;
     nl::set_rcvbuf(&fd, RCVBUF, true)?;
     let mut out = vec![];
     ConfigMsg {
-        queue: QUEUE,
+        queue: q,
         cmd: Some(NFQNL_CFG_CMD_BIND),
         ..Default::default()
     }
-    .emit(&mut out, 1);
+    .emit(&mut out, 1)
+    .expect("message fits");
     ConfigMsg {
-        queue: QUEUE,
+        queue: q,
         params: Some((0xffff, NFQNL_COPY_PACKET)),
         maxlen: Some(qmax),
-        flags: Some((0xf, 0)),
+        flags: Some((0xf, if gso { NFQA_CFG_F_GSO } else { 0 })),
         ..Default::default()
     }
-    .emit(&mut out, 2);
+    .emit(&mut out, 2)
+    .expect("message fits");
     nl::send_to_kernel(&fd, &out)?;
     let mut buf = vec![0u8; 8192];
     let mut acks = 0;
@@ -452,7 +607,7 @@ fn bind_plain(qmax: u32) -> Result<std::os::fd::OwnedFd> {
             let m = m?;
             if m.ty == nl::NLMSG_ERROR {
                 let c = m.error_code()?;
-                anyhow::ensure!(c == 0, "bind queue {QUEUE}: errno {}", -c);
+                anyhow::ensure!(c == 0, "bind queue {q}: errno {}", -c);
                 acks += 1;
             }
         }
@@ -460,31 +615,39 @@ fn bind_plain(qmax: u32) -> Result<std::os::fd::OwnedFd> {
     Ok(fd)
 }
 
-fn unbind_plain(fd: &std::os::fd::OwnedFd) {
+fn unbind_plain(fd: &std::os::fd::OwnedFd, q: u16) {
     let mut out = vec![];
     ConfigMsg {
-        queue: QUEUE,
+        queue: q,
         cmd: Some(NFQNL_CFG_CMD_UNBIND),
         ..Default::default()
     }
-    .emit(&mut out, 9);
+    .emit(&mut out, 9)
+    .expect("message fits");
     let _ = nl::send_to_kernel(fd, &out);
 }
 
-fn verdict(out: &mut Vec<u8>, batch: bool, id: u32, v: Verdict, seq: u32) {
+fn verdict(out: &mut Vec<u8>, q: u16, batch: bool, id: u32, v: Verdict, seq: u32) {
     VerdictMsg {
-        queue: QUEUE,
+        queue: q,
         batch,
         verdict: v,
         id,
         mark: None,
         payload: None,
     }
-    .emit(out, seq);
+    .emit(out, seq)
+    .expect("message fits");
 }
 
-fn consume_per_packet(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<ConsumerResult> {
-    let fd = bind_plain(qmax)?;
+fn consume_per_packet(
+    q: u16,
+    qmax: u32,
+    gso: bool,
+    ready: &mut Gate,
+    filled: &mut Gate,
+) -> Result<ConsumerResult> {
+    let fd = bind_plain(q, qmax, gso)?;
     let mut buf = vec![0u8; 0xffff + 4096];
     let mut out = Vec::with_capacity(64);
     let (mut syscalls, mut verdicts, mut seq) = (0u64, 0u64, 0u32);
@@ -500,7 +663,7 @@ fn consume_per_packet(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<
                     let v = accept_filter(&p);
                     out.clear();
                     seq = seq.wrapping_add(1);
-                    verdict(&mut out, false, p.id, v, seq);
+                    verdict(&mut out, q, false, p.id, v, seq);
                     syscalls += 1;
                     nl::send_to_kernel(&fd, &out)?;
                     if v == Verdict::Accept {
@@ -511,7 +674,7 @@ fn consume_per_packet(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 syscalls += 1;
                 let r = zcio::sys::net::poll_one(&fd, libc::POLLIN, IDLE.as_millis() as i32)?;
-                if r == 0 && waiting() == 0 {
+                if r == 0 && waiting(q) == 0 {
                     break;
                 }
             }
@@ -520,7 +683,7 @@ fn consume_per_packet(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<
         }
     }
     let (wall, cpu) = span.stop();
-    unbind_plain(&fd);
+    unbind_plain(&fd, q);
     Ok(baseline_result(
         "recv + sendto per packet",
         cpu,
@@ -530,8 +693,14 @@ fn consume_per_packet(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<
     ))
 }
 
-fn consume_batch32(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<ConsumerResult> {
-    let fd = bind_plain(qmax)?;
+fn consume_batch32(
+    q: u16,
+    qmax: u32,
+    gso: bool,
+    ready: &mut Gate,
+    filled: &mut Gate,
+) -> Result<ConsumerResult> {
+    let fd = bind_plain(q, qmax, gso)?;
     let mut rb = nl::RecvBatch::new(32, 0xffff + 4096);
     let mut out = Vec::with_capacity(4096);
     let (mut syscalls, mut verdicts, mut seq) = (0u64, 0u64, 0u32);
@@ -544,7 +713,7 @@ fn consume_batch32(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<Con
         if let Some(id) = last.take() {
             out.clear();
             *seq = seq.wrapping_add(1);
-            verdict(out, true, id, Verdict::Accept, *seq);
+            verdict(out, q, true, id, Verdict::Accept, *seq);
             *sys += 1;
             nl::send_to_kernel(&fd, out)
         } else {
@@ -569,7 +738,7 @@ fn consume_batch32(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<Con
                                 flush(&mut out, &mut last, &mut seq, &mut syscalls)?;
                                 out.clear();
                                 seq = seq.wrapping_add(1);
-                                verdict(&mut out, false, p.id, v, seq);
+                                verdict(&mut out, q, false, p.id, v, seq);
                                 syscalls += 1;
                                 nl::send_to_kernel(&fd, &out)?;
                             }
@@ -587,7 +756,7 @@ fn consume_batch32(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<Con
                 since = 0;
                 syscalls += 1;
                 let r = zcio::sys::net::poll_one(&fd, libc::POLLIN, IDLE.as_millis() as i32)?;
-                if r == 0 && waiting() == 0 {
+                if r == 0 && waiting(q) == 0 {
                     break;
                 }
             }
@@ -596,7 +765,7 @@ fn consume_batch32(qmax: u32, ready: &mut Gate, filled: &mut Gate) -> Result<Con
         }
     }
     let (wall, cpu) = span.stop();
-    unbind_plain(&fd);
+    unbind_plain(&fd, q);
     Ok(baseline_result(
         "recvmmsg(32) + batch verdict",
         cpu,
