@@ -207,7 +207,10 @@ def report(kver, results_path, console_path):
         print(f"  note: {n}")
     for b, name, text in failures:
         print(f"  FAILED {b}::{name}")
-        for t in [t for t in text if t.strip()][:20]:
+        text = [t for t in text if t.strip() and not t.startswith("note: run with")]
+        # The panic message first: a test's own debug output before it can be long.
+        at = next((i for i, t in enumerate(text) if " panicked at " in t), 0)
+        for t in text[at : at + 12]:
             print(f"    {t}")
     ok = failed == 0 and complete and bins_ok
     if not complete:
