@@ -59,6 +59,13 @@
 #define ZCIO_RX_BUFRING 1
 
 /*
+ io_uring zcrx without a device (`ZCRX_REG_NODEV`, Linux 7.1): `RECV_ZC` into a registered
+ area, returned through the refill ring; the kernel copies every byte. Older kernels fall
+ back to bufring (then plain), recorded. A NIC queue is not taken by the C API yet.
+ */
+#define ZCIO_RX_ZCRX 2
+
+/*
  The best that works here (bufring, else plain; the fallback is recorded). zcrx needs an
  interface queue, which the C API does not take yet.
  */
@@ -123,6 +130,12 @@
  Completion `zerocopy` value: some parts zero-copy, some copied.
  */
 #define ZCIO_ZC_MIXED 3
+
+/*
+ Completion `zerocopy` value: io_uring zero-copy send on a kernel without
+ `IORING_SEND_ZC_REPORT_USAGE` (before 6.2): whether the kernel copied is unknown.
+ */
+#define ZCIO_ZC_UNREPORTED 4
 
 /*
  One buffer from a pool, owned by the caller until handed to `zcio_sender_send` (which
@@ -455,7 +468,8 @@ int zcio_nfqueue_process(struct zcio_nfqueue *q, int timeout_ms, zcio_nfq_callba
 const char *zcio_nfqueue_path(const struct zcio_nfqueue *q);
 
 /*
- Creates a receiver without a listener (`mode`: `ZCIO_RX_PLAIN`, `_BUFRING`, `_AUTO`);
+ Creates a receiver without a listener (`mode`: `ZCIO_RX_PLAIN`, `_BUFRING`, `_ZCRX`,
+ `_AUTO`);
  connections are added with `zcio_receiver_add`.
  */
 int zcio_receiver_new(struct zcio_receiver **out, uint32_t mode);
@@ -494,7 +508,7 @@ int zcio_receiver_next_event(struct zcio_receiver *r, struct zcio_rx_event *out,
 void zcio_rx_chunk_free(struct zcio_rx_chunk *c);
 
 /*
- The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`).
+ The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`, `"zcrx-nodev"`).
  */
 const char *zcio_receiver_path(const struct zcio_receiver *r);
 

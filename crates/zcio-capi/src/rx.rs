@@ -14,6 +14,10 @@ use zcio_core::rx::{ConnId, Receiver, RxChunk, RxConfig, RxError, RxEvent, RxMod
 pub const ZCIO_RX_PLAIN: u32 = 0;
 /// Multishot receive into a provided-buffer ring.
 pub const ZCIO_RX_BUFRING: u32 = 1;
+/// io_uring zcrx without a device (`ZCRX_REG_NODEV`, Linux 7.1): `RECV_ZC` into a registered
+/// area, returned through the refill ring; the kernel copies every byte. Older kernels fall
+/// back to bufring (then plain), recorded. A NIC queue is not taken by the C API yet.
+pub const ZCIO_RX_ZCRX: u32 = 2;
 /// The best that works here (bufring, else plain; the fallback is recorded). zcrx needs an
 /// interface queue, which the C API does not take yet.
 pub const ZCIO_RX_AUTO: u32 = 3;
@@ -68,6 +72,7 @@ fn config(mode: u32) -> Option<RxConfig> {
     let mode = match mode {
         ZCIO_RX_PLAIN => RxMode::Plain,
         ZCIO_RX_BUFRING => RxMode::BufRing,
+        ZCIO_RX_ZCRX => RxMode::Zcrx,
         ZCIO_RX_AUTO => RxMode::Auto,
         _ => return None,
     };
@@ -86,7 +91,8 @@ fn boxed(out: *mut *mut zcio_receiver, rx: Receiver) -> c_int {
     0
 }
 
-/// Creates a receiver without a listener (`mode`: `ZCIO_RX_PLAIN`, `_BUFRING`, `_AUTO`);
+/// Creates a receiver without a listener (`mode`: `ZCIO_RX_PLAIN`, `_BUFRING`, `_ZCRX`,
+/// `_AUTO`);
 /// connections are added with `zcio_receiver_add`.
 #[no_mangle]
 pub extern "C" fn zcio_receiver_new(out: *mut *mut zcio_receiver, mode: u32) -> c_int {
@@ -261,7 +267,7 @@ pub extern "C" fn zcio_rx_chunk_free(c: *mut zcio_rx_chunk) {
     }
 }
 
-/// The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`).
+/// The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`, `"zcrx-nodev"`).
 #[no_mangle]
 pub extern "C" fn zcio_receiver_path(r: *const zcio_receiver) -> *const c_char {
     if r.is_null() {
@@ -272,5 +278,6 @@ pub extern "C" fn zcio_receiver_path(r: *const zcio_receiver) -> *const c_char {
         RxPath::Plain => c"plain".as_ptr(),
         RxPath::BufRing => c"bufring".as_ptr(),
         RxPath::Zcrx => c"zcrx".as_ptr(),
+        RxPath::ZcrxNodev => c"zcrx-nodev".as_ptr(),
     }
 }

@@ -27,6 +27,9 @@ pub const ZCIO_ZC_ZEROCOPY: u32 = 1;
 pub const ZCIO_ZC_COPIED: u32 = 2;
 /// Completion `zerocopy` value: some parts zero-copy, some copied.
 pub const ZCIO_ZC_MIXED: u32 = 3;
+/// Completion `zerocopy` value: io_uring zero-copy send on a kernel without
+/// `IORING_SEND_ZC_REPORT_USAGE` (before 6.2): whether the kernel copied is unknown.
+pub const ZCIO_ZC_UNREPORTED: u32 = 4;
 
 /// A pool of page-aligned send buffers. Opaque.
 pub struct zcio_pool {
@@ -318,6 +321,7 @@ pub extern "C" fn zcio_sender_next_completion(
                 ZcStatus::ZeroCopy => ZCIO_ZC_ZEROCOPY,
                 ZcStatus::Copied => ZCIO_ZC_COPIED,
                 ZcStatus::Mixed => ZCIO_ZC_MIXED,
+                ZcStatus::Unreported => ZCIO_ZC_UNREPORTED,
             },
             error,
         };

@@ -10,6 +10,7 @@
 //! [`Ring::harvest`] flushes the kernel's overflow list whenever the ring says it has one.
 #![allow(unsafe_code)]
 
+pub mod features;
 pub mod poll;
 pub mod recv;
 pub mod send;

@@ -19,10 +19,7 @@
 
 use super::{Ring, RingConfig, RingError};
 use crate::buf::pool::{Pool, PoolBuf, PoolPin};
-use crate::sys::{
-    IORING_CQE_F_MORE, IORING_CQE_F_NOTIF, IORING_NOTIF_USAGE_ZC_COPIED,
-    IORING_SEND_ZC_REPORT_USAGE,
-};
+use crate::sys::{IORING_CQE_F_MORE, IORING_CQE_F_NOTIF, IORING_NOTIF_USAGE_ZC_COPIED};
 use io_uring::{opcode, squeue, types};
 use std::collections::VecDeque;
 use std::io;
@@ -50,6 +47,9 @@ pub struct SendDone {
     pub notifs_zerocopy: u32,
     /// Notifications that said the kernel copied the data after all.
     pub notifs_copied: u32,
+    /// Notifications that said nothing about copying: the kernel lacks
+    /// `IORING_SEND_ZC_REPORT_USAGE` (before 6.2), see [`SendRing::reports_usage`].
+    pub notifs_unreported: u32,
     /// Byte ranges `(offset, len)` never handed to the kernel because the ring gave up (see
     /// [`SendRing::gave_up`]); the caller sends them another way.
     pub unsent: Vec<(usize, usize)>,
@@ -75,6 +75,7 @@ struct Slot {
     staged: u32,
     zc: u32,
     copied: u32,
+    unreported: u32,
     error: Option<i32>,
     unsent: Vec<(usize, usize)>,
 }
@@ -133,6 +134,8 @@ pub struct SendRing {
     stats: SendRingStats,
     own_enters: u64,
     fixed_file: bool,
+    /// `zc_flags` of every SEND_ZC, from the probed features.
+    zc_flags: u16,
     fixed: Option<(u64, PoolPin)>,
     _sock: Arc<OwnedFd>,
 }
@@ -192,9 +195,16 @@ impl SendRing {
             stats: SendRingStats::default(),
             own_enters: 0,
             fixed_file,
+            zc_flags: super::features::Features::get().send_zc_flags(),
             fixed: None,
             _sock: sock,
         })
+    }
+
+    /// Whether notifications report copies (`IORING_SEND_ZC_REPORT_USAGE`, 6.2, probed by a
+    /// real request at set-up). Without it a notification only says the pages are free.
+    pub fn reports_usage(&self) -> bool {
+        self.zc_flags & crate::sys::IORING_SEND_ZC_REPORT_USAGE != 0
     }
 
     /// Whether the kernel knows `IORING_OP_SEND_ZC`.
@@ -241,6 +251,7 @@ impl SendRing {
             staged: 0,
             zc: 0,
             copied: 0,
+            unreported: 0,
             error: None,
             unsent: Vec::new(),
         };
@@ -488,7 +499,7 @@ impl SendRing {
             opcode::SendZc::new(types::Fd(self.fd), ptr, req.len as u32)
         }
         .flags(self.msg_flags)
-        .zc_flags(IORING_SEND_ZC_REPORT_USAGE);
+        .zc_flags(self.zc_flags);
         if fixed {
             op = op.buf_index(Some(0));
         }
@@ -563,6 +574,7 @@ impl SendRing {
                 self.stats.stray_notifs += 1;
                 return;
             }
+            let reports_usage = self.reports_usage();
             let slot = self.slots[idx as usize].as_mut().expect("live");
             if slot.notifs_idle > 0 {
                 // Belongs to a request that sent nothing: no usage to report.
@@ -575,7 +587,9 @@ impl SendRing {
                 self.blocked = false;
                 slot.notifs -= 1;
                 self.notifs_pending -= 1;
-                if (res as u32) & IORING_NOTIF_USAGE_ZC_COPIED != 0 {
+                if !reports_usage {
+                    slot.unreported += 1;
+                } else if (res as u32) & IORING_NOTIF_USAGE_ZC_COPIED != 0 {
                     slot.copied += 1;
                     self.stats.notifs_copied += 1;
                 } else {
@@ -773,6 +787,7 @@ impl SendRing {
             error: slot.error,
             notifs_zerocopy: slot.zc,
             notifs_copied: slot.copied,
+            notifs_unreported: slot.unreported,
             unsent: slot.unsent,
         });
     }

@@ -196,6 +196,10 @@ pub enum ZcStatus {
     Copied,
     /// Some parts zero-copy, some copied.
     Mixed,
+    /// Sent with io_uring `SEND_ZC` on a kernel without `IORING_SEND_ZC_REPORT_USAGE`
+    /// (before 6.2): the notification freed the buffer but did not say whether the kernel
+    /// copied. Counted neither as zero-copy nor as copied bytes.
+    Unreported,
 }
 
 /// Why a send failed (all or part of its bytes were not accepted, or the connection failed
@@ -523,6 +527,20 @@ impl Sender {
             };
             match SendRing::new(self.sock.clone(), self.stream, self.chunk, &ring_cfg) {
                 Ok(mut ring) => match ring.supports_send_zc() {
+                    // Auto's copy detection needs the usage report; MSG_ZEROCOPY has it.
+                    Ok(true) if want == TxMode::Auto && !ring.reports_usage() => {
+                        self.fallbacks.push(Fallback::new(
+                            from.clone(),
+                            "msg-zc",
+                            format!(
+                                "{}; Auto needs to know when zero-copy was copied, which \
+                                 MSG_ZEROCOPY completions say",
+                                crate::ring::features::Features::get()
+                                    .why_not(crate::ring::features::Features::SEND_ZC_REPORT_USAGE)
+                                    .unwrap_or_default()
+                            ),
+                        ))
+                    }
                     Ok(true) => {
                         let mut path = Path::UringZc;
                         if want == TxMode::UringZcFixed {
@@ -967,7 +985,7 @@ impl Sender {
                 }
             }
             ZcStatus::ZeroCopy => self.auto.streak = 0,
-            ZcStatus::NotAttempted => {}
+            ZcStatus::NotAttempted | ZcStatus::Unreported => {}
         }
     }
 
@@ -1131,8 +1149,13 @@ impl Sender {
                 error.get_or_insert(SendError::from_errno(e));
             }
         }
-        self.counters.notifications += u64::from(d.notifs_zerocopy + d.notifs_copied);
-        let status = status_of(d.notifs_zerocopy, d.notifs_copied);
+        self.counters.notifications +=
+            u64::from(d.notifs_zerocopy + d.notifs_copied + d.notifs_unreported);
+        let status = if d.notifs_unreported > 0 {
+            ZcStatus::Unreported
+        } else {
+            status_of(d.notifs_zerocopy, d.notifs_copied)
+        };
         self.count_zc(status, d.bytes);
         self.observe(d.tag, status);
         self.push_ready(
@@ -1168,7 +1191,7 @@ impl Sender {
         match status {
             ZcStatus::ZeroCopy => self.counters.zerocopy_bytes += bytes as u64,
             ZcStatus::Copied | ZcStatus::Mixed => self.counters.copied_bytes += bytes as u64,
-            ZcStatus::NotAttempted => {}
+            ZcStatus::NotAttempted | ZcStatus::Unreported => {}
         }
     }
 }
