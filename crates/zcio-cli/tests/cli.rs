@@ -215,3 +215,84 @@ fn bad_size_is_one_error_line_and_exit_1() {
         );
     }
 }
+
+/// `zcio perf server --rx zcrx --verify` receives a verified stream through device-less zcrx
+/// (Linux 7.1+) and says that the kernel copied it; before 7.1 it falls back to bufring and
+/// says why. The zcrx half is a kernel-feature skip on older kernels (fails under
+/// `ZCIO_REQUIRE_ZCRX=1`, set by `scripts/vmtest` in the 7.x guest).
+#[test]
+fn zcrx_perf_server_receives_a_verified_stream() {
+    use std::io::{BufRead, BufReader, Read};
+    let test = "zcrx_perf_server_receives_a_verified_stream";
+    let mut server = Command::new(env!("CARGO_BIN_EXE_zcio"))
+        .args([
+            "perf",
+            "server",
+            "--bind",
+            "127.0.0.1:0",
+            "--rx",
+            "zcrx",
+            "--verify",
+            "--once",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run zcio perf server");
+    let mut err = BufReader::new(server.stderr.take().unwrap());
+    let (mut addr, mut notes) = (None, Vec::new());
+    let mut line = String::new();
+    while addr.is_none() {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "server: {notes:?}");
+        notes.push(line.trim().to_string());
+        if let Some(a) = line.trim().strip_prefix("zcio perf server: TCP on ") {
+            addr = Some(a.to_string());
+        }
+    }
+    let addr = addr.unwrap();
+    let client = zcio(&[
+        "perf",
+        "client",
+        "--connect",
+        &addr,
+        "--size",
+        "64K",
+        "--duration",
+        "1s",
+        "--verify",
+        "--tx",
+        "copy",
+    ]);
+    assert!(client.status.success(), "{:?}", stderr_lines(&client));
+    let mut out = String::new();
+    server
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    notes.extend(rest.lines().map(String::from));
+    assert!(server.wait().unwrap().success(), "{notes:?}");
+    let v: Value = serde_json::from_str(out.trim()).expect("one JSON report");
+    assert_eq!(v["verified"], true, "{v}");
+    assert!(v["corrupt_at"].is_null(), "{v}");
+    assert!(v["bytes"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["copied_fraction"], 1.0, "{v}");
+    if v["rx_path"] == "zcrx-nodev" {
+        return;
+    }
+    assert_eq!(v["rx_path"], "bufring", "{v} {notes:?}");
+    let why = notes
+        .iter()
+        .find(|n| n.contains("fallback zcrx (device-less) -> bufring"))
+        .unwrap_or_else(|| panic!("no recorded fallback: {notes:?}"));
+    if zcio_testnet::is_root() {
+        zcio_testnet::skip_kernel_feature(test, "ZCIO_REQUIRE_ZCRX", why);
+    } else {
+        zcio_testnet::skip(test, why);
+    }
+}

@@ -45,10 +45,13 @@ pub struct ServerArgs {
     #[arg(long)]
     pub once: bool,
     /// TCP receive path: plain (epoll + recv), bufring (provided-buffer ring + multishot recv),
-    /// zcrx (io_uring zero-copy receive; needs a capable NIC), auto (best available).
+    /// zcrx (io_uring zero-copy receive: on the NIC queue of --zcrx-queue, else device-less on
+    /// Linux 7.1+, where the kernel copies into the zcrx area; older kernels fall back to
+    /// bufring), auto (best available).
     #[arg(long, default_value = "auto")]
     pub rx: String,
-    /// Interface and rx queue for zcrx (`IF:QUEUE`), with `--rx zcrx|auto`.
+    /// Interface and rx queue for zcrx (`IF:QUEUE`), with `--rx zcrx|auto`; without it
+    /// `--rx zcrx` is device-less.
     #[arg(long)]
     pub zcrx_queue: Option<String>,
     /// Print reports as JSON.

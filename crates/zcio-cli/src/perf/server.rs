@@ -34,6 +34,10 @@ pub struct RecvReport {
     pub rx_path: String,
     /// Syscalls the receiver made so far (all connections).
     pub syscalls: u64,
+    /// Fraction of the received bytes the kernel copied (TCP): 1.0 for plain, bufring and
+    /// device-less zcrx (the kernel copies into the zcrx area), 0.0 for NIC zcrx (whose own
+    /// copy fallback the kernel does not report).
+    pub copied_fraction: Option<f64>,
 }
 
 /// Parses the CLI and serves.
@@ -47,7 +51,7 @@ pub fn run(a: ServerArgs) -> Result<()> {
             println!("{}", serde_json::to_string(r)?);
         } else {
             println!(
-                "{}: {} bytes in {:.2} s = {:.2} Gbit/s, {} reads, receiver CPU {:.2} s{}{}",
+                "{}: {} bytes in {:.2} s = {:.2} Gbit/s, {} reads, receiver CPU {:.2} s{}{}{}",
                 r.peer,
                 r.bytes,
                 r.seconds,
@@ -56,7 +60,15 @@ pub fn run(a: ServerArgs) -> Result<()> {
                 r.cpu_s,
                 if r.verified { ", verified" } else { "" },
                 r.corrupt_at
-                    .map_or(String::new(), |o| format!(", CORRUPT at offset {o}"))
+                    .map_or(String::new(), |o| format!(", CORRUPT at offset {o}")),
+                match (r.rx_path.as_str(), r.copied_fraction) {
+                    ("", _) => String::new(),
+                    ("zcrx-nodev", _) => ", path zcrx-nodev (device-less: the kernel copied \
+                                         every byte into the zcrx area, COPIED 1.0)"
+                        .to_string(),
+                    (p, Some(f)) => format!(", path {p}, COPIED {f:.2}"),
+                    (p, None) => format!(", path {p}"),
+                }
             );
         }
         Ok(())
@@ -79,9 +91,6 @@ pub fn run(a: ServerArgs) -> Result<()> {
     let mode: RxMode =
         a.rx.parse()
             .map_err(|e| anyhow::anyhow!("--rx {}: {e}", a.rx))?;
-    if mode == RxMode::Zcrx && a.zcrx_queue.is_none() {
-        anyhow::bail!("--rx zcrx needs --zcrx-queue IF:QUEUE (the NIC rx queue to bind)");
-    }
     let mut cfg = RxConfig::with_mode(mode);
     if let Some(q) = &a.zcrx_queue {
         let (iface, queue) = q
@@ -123,6 +132,14 @@ pub fn run(a: ServerArgs) -> Result<()> {
         for mut r in done.drain(..) {
             r.rx_path = rx.path().name().to_string();
             r.syscalls = rx.counters().syscalls;
+            let c = rx.counters();
+            r.copied_fraction = if rx.path().copies() {
+                Some(1.0)
+            } else if c.bytes > 0 {
+                Some(c.copy_fallback_bytes as f64 / c.bytes as f64)
+            } else {
+                None
+            };
             emit(&r)?;
             if r.corrupt_at.is_some() {
                 anyhow::bail!("stream corrupt at offset {}", r.corrupt_at.unwrap_or(0));
