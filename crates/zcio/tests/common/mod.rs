@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod streams;
+
 #[allow(unused_imports)] // not every test file skips by hand
 pub use zcio_testnet::{can_make_hosts, skip};
 
