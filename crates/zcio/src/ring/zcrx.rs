@@ -46,6 +46,14 @@ pub enum ZcrxBind<'a> {
 impl ZcrxBind<'_> {
     /// Explains a registration errno for this kind of binding.
     pub fn explain(&self, errno: i32) -> &'static str {
+        // A kernel without zcrx answers EINVAL (unknown register opcode) before looking at
+        // the device: say that, not what a NIC would need.
+        if errno == libc::EINVAL
+            && !super::features::Features::get().has(super::features::Features::RECV_ZC)
+        {
+            return "this kernel has no zcrx (IORING_REGISTER_ZCRX_IFQ and RECV_ZC need Linux \
+                    6.15; device-less zcrx 7.1)";
+        }
         match self {
             ZcrxBind::Queue { .. } => explain_register_errno(errno),
             ZcrxBind::NoDev => explain_nodev_errno(errno),
