@@ -48,9 +48,7 @@ impl ZcrxBind<'_> {
     pub fn explain(&self, errno: i32) -> &'static str {
         // A kernel without zcrx answers EINVAL (unknown register opcode) before looking at
         // the device: say that, not what a NIC would need.
-        if errno == libc::EINVAL
-            && !super::features::Features::get().has(super::features::Features::RECV_ZC)
-        {
+        if errno == libc::EINVAL && !super::features::kernel_has_recv_zc() {
             return "this kernel has no zcrx (IORING_REGISTER_ZCRX_IFQ and RECV_ZC need Linux \
                     6.15; device-less zcrx 7.1)";
         }
