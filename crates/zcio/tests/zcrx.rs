@@ -164,7 +164,7 @@ fn zcrx_deviceless_consumer_holding_chunks_slows_the_sender_and_loses_nothing() 
         common::check_pattern(&c, off).unwrap();
         off += c.len() as u64;
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + common::scaled(Duration::from_secs(60));
     while off < total {
         assert!(Instant::now() < deadline, "stuck at {off} of {total}");
         rx.poll(Duration::from_millis(50), &mut |ev| {
@@ -250,7 +250,7 @@ fn zcrx_deviceless_peer_reset_is_reported_after_the_bytes_before_it() {
     let mut off = 0u64;
     let mut closed = None;
     let mut acked = false;
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + common::scaled(Duration::from_secs(20));
     while closed.is_none() {
         assert!(Instant::now() < deadline, "no close seen");
         rx.poll(Duration::from_millis(50), &mut |ev| match ev {
@@ -298,7 +298,7 @@ fn zcrx_deviceless_teardown_with_chunks_held_keeps_them_readable() {
     });
     let mut kept = Vec::new();
     let mut off = 0u64;
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + common::scaled(Duration::from_secs(20));
     while off < (1 << 20) {
         assert!(Instant::now() < deadline, "no data");
         rx.poll(Duration::from_millis(50), &mut |ev| {

@@ -27,3 +27,14 @@ pub fn check_pattern(buf: &[u8], off: u64) -> Result<(), u64> {
     }
     Ok(())
 }
+
+/// A time limit scaled by `ZCIO_TIME_SCALE` (set by `scripts/vmtest` in its software-emulated
+/// guests, where everything runs many times slower); unscaled when unset.
+pub fn scaled(d: std::time::Duration) -> std::time::Duration {
+    let k = std::env::var("ZCIO_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1);
+    d * k
+}

@@ -100,7 +100,7 @@ pub fn run_streams(name: &str, cfg: &RxConfig, path: RxPath, conns: usize, len: 
 pub fn collect(rx: &mut Receiver, conns: usize, path: RxPath) -> Vec<Stream> {
     let mut streams: HashMap<ConnId, Stream> = HashMap::new();
     let mut done = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + super::scaled(Duration::from_secs(30));
     while done.len() < conns {
         assert!(
             Instant::now() < deadline,
