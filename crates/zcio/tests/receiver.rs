@@ -368,7 +368,12 @@ fn chunks_outlive_the_receiver_and_close_cancels_a_busy_connection() {
         let mut conn = None;
         let deadline = Instant::now() + Duration::from_secs(10);
         while off < (1 << 20) {
-            assert!(Instant::now() < deadline, "{name}: no data");
+            assert!(
+                Instant::now() < deadline,
+                "{name}: no data after {off} B: {} {:?}",
+                rx.describe(),
+                rx.counters()
+            );
             rx.poll(Duration::from_millis(50), &mut |ev| match ev {
                 RxEvent::Accepted(id) => conn = Some(id),
                 RxEvent::Data(c) => {

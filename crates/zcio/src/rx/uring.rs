@@ -45,6 +45,8 @@ pub(crate) struct RingRx<C: Cqe> {
     urgent: bool,
     terminated: bool,
     enters_seen: u64,
+    /// `recycled()` when the current harvest began.
+    harvest_mark: u64,
     scratch: Vec<Completion>,
     desc: String,
 }
@@ -217,6 +219,7 @@ impl<C: Cqe> RingRx<C> {
             urgent: false,
             terminated: false,
             enters_seen: 0,
+            harvest_mark: 0,
             scratch: Vec::new(),
             desc,
         }
@@ -346,7 +349,11 @@ impl<C: Cqe> RingRx<C> {
                     // not yet refilled): wait for one to come back, then re-arm; the data
                     // waits in the socket.
                     c.enobufs += 1;
-                    let at = self.recycled().0;
+                    // Not the count now: chunks of this same harvest may already have come back
+                    // (and been put in the ring), and if the application holds the rest, no
+                    // later return would ever wake this connection (seen on 6.1, where a
+                    // multishot recv ends with ENOBUFS instead of bundling).
+                    let at = self.harvest_mark;
                     self.waiting.push((id, at));
                     if let Some(b) = &self.bufs {
                         // Free buffers (if any) go in now; the rest come as chunks drop.
@@ -365,6 +372,9 @@ impl<C: Cqe> RingRx<C> {
 
     fn drain_ready(&mut self, c: &mut RxCounters, f: &mut dyn FnMut(RxEvent)) -> io::Result<usize> {
         let mut scratch = std::mem::take(&mut self.scratch);
+        // Buffers returned from here on (chunks the application drops while it handles these
+        // completions) came back after the kernel found the ring or area empty.
+        self.harvest_mark = self.recycled().0;
         let res = self.rr.harvest(|comp| scratch.push(comp));
         let mut events = 0;
         let mut out = Ok(());
