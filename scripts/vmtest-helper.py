@@ -110,10 +110,21 @@ SECTION = re.compile(r"^---- (\S+) stdout ----$")
 TESTLINE = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)(?:, (.*))?$")
 
 
+FINISHED = re.compile(r"; finished in [0-9.]+s")
+# Measured durations a test or the kernel printed (`in 2.69s`, `1.5ms`, `[  584.27]`): removed
+# from every line the report echoes, since emulation makes them meaningless.
+DURATION = re.compile(r"\b(?:in )?\d+(?:\.\d+)?(?:s|ms|µs|us|ns)\b(?! *[/a-z])|^\[ *\d+\.\d+\] ?")
+
+
+def scrub(line):
+    return DURATION.sub("", line)
+
+
 def report(kver, results_path, console_path):
     try:
         with open(results_path, errors="replace") as f:
-            lines = [l.rstrip("\r\n").replace("\r", "") for l in f]
+            # No timing figure from a guest is passed on: emulation makes them meaningless.
+            lines = [FINISHED.sub("", l.rstrip("\r\n").replace("\r", "")) for l in f]
     except FileNotFoundError:
         lines = []
     passed = failed = skipped = 0
@@ -211,7 +222,7 @@ def report(kver, results_path, console_path):
         # The panic message first: a test's own debug output before it can be long.
         at = next((i for i, t in enumerate(text) if " panicked at " in t), 0)
         for t in text[at : at + 12]:
-            print(f"    {t}")
+            print(f"    {scrub(t)}")
     ok = failed == 0 and complete and bins_ok
     if not complete:
         print(f"  guest {kver} did not finish; last console lines:")
@@ -221,11 +232,11 @@ def report(kver, results_path, console_path):
         except FileNotFoundError:
             tail = ["(no console log)"]
         for t in tail:
-            print(f"    | {t}")
+            print(f"    | {scrub(t)}")
         if lines:
             print("  last result lines:")
             for t in lines[-15:]:
-                print(f"    | {t}")
+                print(f"    | {scrub(t)}")
     return 0 if ok else 1
 
 
