@@ -239,7 +239,13 @@ fn tiny_buffer_ring_rearms_after_enobufs_without_loss() {
         t.join().unwrap();
         assert_eq!(streams[0].got, 4 << 20);
         let c = rx.counters();
-        assert!(c.enobufs > 0, "a 2-buffer ring never ran dry: {c:?}");
+        // Without bundles a dry ring ends the receive with ENOBUFS; with bundles (6.10+) the
+        // kernel may end it with data instead ("no more immediate buffers"), counted as
+        // ring_dry (seen on 6.12 in vmtest). Either way it was re-armed and nothing was lost.
+        assert!(
+            c.enobufs + c.ring_dry > 0,
+            "a 2-buffer ring never ran dry: {c:?}"
+        );
         assert!(c.rearms >= c.enobufs, "{c:?}");
     }
 }
