@@ -64,6 +64,13 @@
 #define ZCIO_RX_BUFRING 1
 
 /*
+ io_uring zcrx without a device (`ZCRX_REG_NODEV`, Linux 7.1): `RECV_ZC` into a registered
+ area, returned through the refill ring; the kernel copies every byte. Older kernels fall
+ back to bufring (then plain), recorded. A NIC queue is not taken by the C API yet.
+ */
+#define ZCIO_RX_ZCRX 2
+
+/*
  The best that works here (bufring, else plain; the fallback is recorded). zcrx needs an
  interface queue, which the C API does not take yet.
  */
@@ -508,7 +515,8 @@ int zcio_nfqueue_process(struct zcio_nfqueue *q,
 const char *zcio_nfqueue_path(const struct zcio_nfqueue *q);
 
 /*
- Creates a receiver without a listener (`mode`: `ZCIO_RX_PLAIN`, `_BUFRING`, `_AUTO`);
+ Creates a receiver without a listener (`mode`: `ZCIO_RX_PLAIN`, `_BUFRING`, `_ZCRX`,
+ `_AUTO`);
  connections are added with `zcio_receiver_add`.
 
  Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_receiver_free`.
@@ -567,7 +575,7 @@ int zcio_receiver_next_event(struct zcio_receiver *r,
 void zcio_rx_chunk_free(struct zcio_rx_chunk *c);
 
 /*
- The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`).
+ The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`, `"zcrx-nodev"`).
 
  Thread: any.
  */

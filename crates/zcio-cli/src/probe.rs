@@ -93,6 +93,21 @@ fn print_human(r: &Report) {
             }
         }
     }
+    if !u.features.is_empty() {
+        println!("  features newer than 6.1 (how checked):");
+        for f in &u.features {
+            let state = if f.supported {
+                "yes".to_string()
+            } else {
+                format!("no: {}", f.reason.clone().unwrap_or_default())
+            };
+            println!(
+                "    {:<28} {:<5} ({}) {state}",
+                f.name, f.since, f.checked_by
+            );
+        }
+    }
+    println!("zcrx device-less  {}", yn(&u.zcrx_deviceless));
     println!("MSG_ZEROCOPY");
     for z in &r.zerocopy {
         println!("  {:<15} {}", z.proto, yn(&z.check));

@@ -251,3 +251,86 @@ fn perf_client_names_an_unreachable_server_and_a_missing_host() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr_lines(&o)[0].contains("no server given"));
 }
+
+/// `zcio perf server --rx zcrx --verify` receives a verified stream through device-less zcrx
+/// (Linux 7.1+) and says that the kernel copied it; before 7.1 it falls back to bufring and
+/// says why. The zcrx half is a kernel-feature skip on older kernels (fails under
+/// `ZCIO_REQUIRE_ZCRX=1`, set by `scripts/vmtest` in the 7.x guest).
+#[test]
+fn zcrx_perf_server_receives_a_verified_stream() {
+    use std::io::{BufRead, BufReader};
+    let test = "zcrx_perf_server_receives_a_verified_stream";
+    let mut server = Command::new(env!("CARGO_BIN_EXE_zcio"))
+        .args([
+            "perf",
+            "server",
+            "-B",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "--rx",
+            "zcrx",
+            "--verify",
+            "-1",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run zcio perf server");
+    let mut err = BufReader::new(server.stderr.take().unwrap());
+    let (mut port, mut notes) = (None, Vec::new());
+    let mut line = String::new();
+    while port.is_none() {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "server: {notes:?}");
+        notes.push(line.trim().to_string());
+        port = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+            .map(|a| a.port().to_string());
+    }
+    let port = port.unwrap();
+    let client = zcio(&[
+        "perf",
+        "client",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-t",
+        "1",
+        "-l",
+        "64K",
+        "--verify",
+        "--tx",
+        "copy",
+        "--json",
+    ]);
+    assert!(client.status.success(), "{:?}", stderr_lines(&client));
+    assert!(server.wait().unwrap().success(), "{notes:?}");
+    let v: Value =
+        serde_json::from_str(String::from_utf8_lossy(&client.stdout).trim()).expect("JSON");
+    let s = &v["server"]["streams"][0];
+    assert_eq!(s["verified"], true, "{v}");
+    assert!(s["corrupt_at"].is_null(), "{v}");
+    assert!(s["bytes"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(s["copied_fraction"], 1.0, "{v}");
+    if s["path"] == "zcrx-nodev" {
+        return;
+    }
+    assert_eq!(s["path"], "bufring", "{v}");
+    let why = s["fallbacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|n| n.contains("zcrx (device-less)") && n.contains("bufring"))
+        .unwrap_or_else(|| panic!("no recorded fallback: {v}"))
+        .to_string();
+    if zcio_testnet::is_root() {
+        zcio_testnet::skip_kernel_feature(test, "ZCIO_REQUIRE_ZCRX", &why);
+    } else {
+        zcio_testnet::skip(test, &why);
+    }
+}

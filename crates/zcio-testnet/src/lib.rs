@@ -83,6 +83,19 @@ pub fn skip(test: &str, reason: &str) -> bool {
     false
 }
 
+/// Skips a test because this kernel lacks a feature (prints the reason, returns `false`).
+///
+/// A missing kernel feature is not a missing privilege, so `ZCIO_REQUIRE_PRIV=1` (CI on the
+/// host) does not turn this skip into a failure; `require_env=1` does. `scripts/vmtest` sets
+/// such a variable (`ZCIO_REQUIRE_ZCRX=1`) in the guest whose kernel must have the feature.
+pub fn skip_kernel_feature(test: &str, require_env: &str, reason: &str) -> bool {
+    if std::env::var(require_env).is_ok_and(|v| v == "1") {
+        panic!("{test}: required by {require_env}=1 but unavailable: {reason}");
+    }
+    eprintln!("SKIP {test}: {reason}");
+    false
+}
+
 /// `true` when test hosts can be made here; otherwise skips with the reason (see [`skip`]).
 pub fn can_make_hosts(test: &str) -> bool {
     match check_privileges() {

@@ -60,11 +60,13 @@ pub struct ServerArgs {
     /// Serve one test and exit (`-1` in iperf3).
     #[arg(short = '1', long, visible_alias = "one-off")]
     pub once: bool,
-    /// Receive path when the server receives: plain, bufring, zcrx, auto (auto: the client's
-    /// choice, which defaults to the best available).
+    /// Receive path when the server receives: plain, bufring, zcrx (on the NIC queue of
+    /// --zcrx-queue, else device-less on Linux 7.1+, where the kernel copies into the zcrx
+    /// area; older kernels fall back to bufring with the reason), auto (the client's choice,
+    /// which defaults to the best available).
     #[arg(long, default_value = "auto")]
     pub rx: String,
-    /// Interface and rx queue for zcrx (`IF:QUEUE`).
+    /// Interface and rx queue for zcrx (`IF:QUEUE`); without it `--rx zcrx` is device-less.
     #[arg(long)]
     pub zcrx_queue: Option<String>,
     /// Print one JSON line per test.

@@ -198,7 +198,8 @@ pub struct StreamReport {
     pub notify_syscalls: u64,
     /// Path in use (send or receive path).
     pub path: String,
-    /// Sender: fraction of zero-copy-attempted bytes the kernel copied.
+    /// Sender: fraction of zero-copy-attempted bytes the kernel copied. Receiver (TCP): fraction
+    /// of the bytes the kernel copied into the application's memory (1.0 except NIC zcrx).
     pub copied_fraction: Option<f64>,
     /// TCP: segments retransmitted (`TCP_INFO`), sender side.
     pub retransmits: Option<u32>,
@@ -247,7 +248,7 @@ pub struct SideReport {
     /// Syscalls per operation (send or receive chunk).
     #[serde(deserialize_with = "f64_or_nan")]
     pub syscalls_per_op: f64,
-    /// Sender: COPIED fraction over all streams (bytes-weighted).
+    /// COPIED fraction over all streams (bytes-weighted; see [`StreamReport::copied_fraction`]).
     pub copied_fraction: Option<f64>,
     /// TCP sender: retransmitted segments, summed.
     pub retransmits: Option<u64>,

@@ -140,9 +140,6 @@ impl ServerConfig {
             }
             None => None,
         };
-        if rx == Some(RxMode::Zcrx) && zcrx.is_none() {
-            bail!("--rx zcrx needs --zcrx-queue IF:QUEUE (the NIC rx queue to bind)");
-        }
         if a.max_conns == 0 || a.max_tests == 0 {
             bail!("--max-conns and --max-tests must be at least 1");
         }

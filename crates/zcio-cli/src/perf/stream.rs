@@ -175,7 +175,13 @@ pub fn recv_tcp(s: TcpStream, o: &RecvOpts) -> StreamReport {
         }
     }
     r.path = rx.path().name().to_string();
-    r.syscalls = rx.counters().syscalls;
+    let c = rx.counters();
+    r.syscalls = c.syscalls;
+    // Receive side: plain and buffer-ring receives copy every byte, and so does device-less
+    // zcrx (the kernel copies into the zcrx area); only NIC zcrx delivers bytes uncopied.
+    if r.bytes > 0 {
+        r.copied_fraction = Some(1.0 - c.zerocopy_bytes.min(r.bytes) as f64 / r.bytes as f64);
+    }
     finish(&mut r, t0, cpu0);
     r
 }

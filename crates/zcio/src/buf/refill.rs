@@ -192,6 +192,7 @@ pub struct ZcrxArea {
     refill: RefillRing,
     token: u64,
     lent: Cell<u64>,
+    returned: Cell<u64>,
 }
 
 impl std::fmt::Debug for ZcrxArea {
@@ -212,6 +213,7 @@ impl ZcrxArea {
             refill,
             token,
             lent: Cell::new(0),
+            returned: Cell::new(0),
         }
     }
 
@@ -226,6 +228,10 @@ impl ZcrxArea {
     /// Ranges lent to the application now.
     pub fn lent(&self) -> u64 {
         self.lent.get()
+    }
+    /// Ranges given back (through the refill ring) so far.
+    pub fn returned(&self) -> u64 {
+        self.returned.get()
     }
 
     /// Decodes one `RECV_ZC` completion (`res` bytes; `zcrx_cqe_off` = the
@@ -308,6 +314,7 @@ impl std::ops::Deref for ZcrxLease {
 impl Drop for ZcrxLease {
     fn drop(&mut self) {
         self.area.lent.set(self.area.lent.get() - 1);
+        self.area.returned.set(self.area.returned.get() + 1);
         self.area.refill.push(self.area.token | self.off, self.len);
     }
 }

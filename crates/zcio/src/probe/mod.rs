@@ -91,6 +91,11 @@ pub struct IoUringReport {
     pub reason: Option<String>,
     /// Set-up flags tried with the default configuration (and SQPOLL and CQE32 separately).
     pub setup_flags: Vec<SetupFlag>,
+    /// Features newer than Linux 6.1 that zcio uses, each checked the way zcio would use it
+    /// (a real request, registration or query where a feature bit or opcode says too little).
+    pub features: Vec<crate::ring::features::Feature>,
+    /// Device-less zcrx (`ZCRX_REG_NODEV`, 7.1): usable here, independent of any interface.
+    pub zcrx_deviceless: Check,
     /// Opcodes the kernel supports, from `IORING_REGISTER_PROBE`.
     pub opcodes: Vec<Opcode>,
 }
@@ -213,6 +218,8 @@ fn probe_io_uring() -> IoUringReport {
         reason: None,
         setup_flags: vec![],
         opcodes: vec![],
+        features: vec![],
+        zcrx_deviceless: Check::unchecked("no io_uring"),
     };
     match Ring::<io_uring::cqueue::Entry>::new(&RingConfig::default()) {
         Ok(ring) => {
@@ -239,6 +246,9 @@ fn probe_io_uring() -> IoUringReport {
         Err(e) => rep.reason = Some(e.to_string()),
     }
     if rep.available {
+        let feats = crate::ring::features::Features::get();
+        rep.features = feats.list.clone();
+        rep.zcrx_deviceless = zcrx_deviceless(&feats);
         let sq = RingConfig {
             sqpoll_idle_ms: Some(10),
             ..RingConfig::default()
@@ -265,6 +275,28 @@ fn probe_io_uring() -> IoUringReport {
         });
     }
     rep
+}
+
+/// Device-less zcrx as the receiver would use it: the feature (query or attempt) and, where
+/// the query said yes, a real registration (which needs CAP_NET_ADMIN).
+fn zcrx_deviceless(f: &crate::ring::features::Features) -> Check {
+    use crate::ring::features::Features as F;
+    if let Some(why) = f.why_not(F::ZCRX_NODEV) {
+        return Check::no(why);
+    }
+    let flush = match f.why_not(F::ZCRX_FLUSH_RQ) {
+        None => "refill through ZCRX_CTRL_FLUSH_RQ".to_string(),
+        Some(w) => format!("but no refill flush: {w}"),
+    };
+    match crate::ring::features::attempt_nodev() {
+        Ok(()) => Check::yes(Some(format!(
+            "RECV_ZC on any TCP socket into a registered area, {flush}; the kernel copies \
+             every byte (COPIED 1.0), no NIC needed"
+        ))),
+        Err(e) => Check::no(format!(
+            "the kernel supports it, but registration failed: {e}"
+        )),
+    }
 }
 
 fn probe_zerocopy() -> Vec<ZerocopySupport> {

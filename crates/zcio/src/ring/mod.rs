@@ -11,6 +11,7 @@
 #![allow(unsafe_code)]
 
 pub mod epwait;
+pub mod features;
 pub mod key;
 pub mod poll;
 pub mod recv;

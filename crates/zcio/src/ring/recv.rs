@@ -8,7 +8,7 @@
 //! before the ring and the memory are released.
 
 use super::key::{self, Key, Op};
-use super::zcrx::{refill_region_len, register_ifq, IfqError};
+use super::zcrx::{flush_refill, refill_region_len, register_ifq, IfqError, ZcrxBind};
 use super::{Ring, RingConfig, RingError};
 use crate::buf::bufring::{BufLease, BufRing, BufRingConfig};
 use crate::buf::refill::{RefillRing, ZcrxArea, ZcrxLease};
@@ -107,6 +107,9 @@ pub struct ZcrxQueue {
     pub area: Rc<ZcrxArea>,
     /// `zcrx_id` for `RECV_ZC`.
     pub id: u32,
+    /// Registered without a device (`ZCRX_REG_NODEV`): the kernel copies, and the refill ring
+    /// is consumed only by [`RecvRing::flush_refill`].
+    pub nodev: bool,
 }
 
 /// A ring for multishot receives and accepts; see the module docs.
@@ -363,6 +366,27 @@ impl<C: Cqe> RecvRing<C> {
         }
     }
 
+    /// Publishes queued returns and, for a device-less zcrx whose refill ring holds entries
+    /// the kernel has not consumed, asks the kernel to consume them (`ZCRX_CTRL_FLUSH_RQ`, one
+    /// `io_uring_register` call; a NIC's page pool consumes the ring by itself). Returns
+    /// how many such calls were made.
+    pub fn flush_refill(&mut self) -> io::Result<u64> {
+        let Some(z) = &self.zcrx else {
+            return Ok(0);
+        };
+        let rq = z.area.refill();
+        rq.flush();
+        let mut calls = 0;
+        // Returns that found the ring full fit once the kernel has consumed it: a few rounds
+        // drain any backlog (each round frees the whole ring).
+        while z.nodev && rq.tail() != rq.head() && calls < 8 {
+            flush_refill(&self.ring, z.id)?;
+            calls += 1;
+            rq.flush();
+        }
+        Ok(calls)
+    }
+
     fn drain(&mut self) {
         if self.armed.is_empty() {
             return;
@@ -398,29 +422,21 @@ impl<C: Cqe> RecvRing<C> {
 }
 
 impl RecvRing<cqueue::Entry32> {
-    /// Registers `iface` rx queue `queue` for zero-copy receive with an `area_len`-byte area
-    /// (on huge pages if `huge`) and a refill ring of `rq_entries`. The ring must have CQE32,
-    /// SINGLE_ISSUER and DEFER_TASKRUN.
+    /// Registers a zcrx instance bound to `bind` (a NIC rx queue, or no device) with an
+    /// `area_len`-byte area (on huge pages if `huge`) and a refill ring of `rq_entries`. The
+    /// ring must have CQE32, SINGLE_ISSUER and DEFER_TASKRUN.
     pub fn register_zcrx(
         &mut self,
-        iface: &str,
-        queue: u32,
+        bind: ZcrxBind<'_>,
         area_len: usize,
         rq_entries: u32,
         huge: bool,
     ) -> Result<Rc<ZcrxArea>, IfqError> {
-        let wrap = |source: io::Error| IfqError {
-            iface: iface.to_string(),
-            queue,
-            explanation: crate::sys::zcrx::explain_register_errno(
-                source.raw_os_error().unwrap_or(0),
-            ),
-            source,
-        };
+        let wrap = |source: io::Error| IfqError::new(bind, source);
         let rq_entries = rq_entries.max(1).next_power_of_two();
         let area = Region::new(area_len, huge).map_err(wrap)?;
         let refill = Region::new(refill_region_len(rq_entries), false).map_err(wrap)?;
-        let reg = register_ifq(&self.ring, iface, queue, &area, &refill, rq_entries)?;
+        let reg = register_ifq(&self.ring, bind, &area, &refill, rq_entries)?;
         let rq = RefillRing::new(
             refill,
             reg.head_off,
@@ -433,6 +449,7 @@ impl RecvRing<cqueue::Entry32> {
         self.zcrx = Some(ZcrxQueue {
             area: Rc::clone(&za),
             id: reg.zcrx_id,
+            nodev: bind == ZcrxBind::NoDev,
         });
         Ok(za)
     }

@@ -167,7 +167,10 @@ impl SendRing {
             ring,
             fd: sock.as_raw_fd(),
             tracker: SendTracker::new(stream, chunk),
-            report_usage: true,
+            // Probed once per process by a real request (`ring::features`): a kernel without
+            // the flag refuses every SEND_ZC that carries it.
+            report_usage: super::features::Features::get()
+                .has(super::features::Features::SEND_ZC_REPORT_USAGE),
             reqs: Vec::new(),
             cqes: Vec::new(),
             own_enters: 0,
@@ -186,6 +189,12 @@ impl SendRing {
     /// and are counted as unknown ([`SendDone::notifs_unknown`]).
     pub fn set_report_usage(&mut self, on: bool) {
         self.report_usage = on;
+    }
+
+    /// Whether notifications report copies (`IORING_SEND_ZC_REPORT_USAGE`, 6.2, probed by a
+    /// real request at set-up). Without it a notification only says the pages are free.
+    pub fn reports_usage(&self) -> bool {
+        self.report_usage
     }
 
     /// Makes `io_uring_enter` fail as `fault` says (tests of the failure paths).

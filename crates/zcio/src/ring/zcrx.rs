@@ -1,10 +1,12 @@
-//! Registration of an interface rx queue for zero-copy receive (`IORING_REGISTER_ZCRX_IFQ`).
+//! Registration of an interface rx queue for zero-copy receive (`IORING_REGISTER_ZCRX_IFQ`),
+//! or of a device-less zcrx (`ZCRX_REG_NODEV`, Linux 7.1), and the refill-ring flush the
+//! device-less mode needs (`IORING_REGISTER_ZCRX_CTRL` / `ZCRX_CTRL_FLUSH_RQ`).
 
 use super::Ring;
 use crate::buf::{align_up, page_size, Region};
 use crate::sys::zcrx::{
-    explain_register_errno, io_uring_region_desc, io_uring_zcrx_area_reg, io_uring_zcrx_ifq_reg,
-    IORING_MEM_REGION_TYPE_USER,
+    explain_nodev_errno, explain_register_errno, io_uring_region_desc, io_uring_zcrx_area_reg,
+    io_uring_zcrx_ifq_reg, IORING_MEM_REGION_TYPE_USER, ZCRX_REG_NODEV,
 };
 use io_uring::cqueue::Entry32;
 use std::io;
@@ -26,14 +28,56 @@ pub struct IfqRegistration {
     pub rq_entries: u32,
 }
 
+/// What a zcrx instance is bound to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZcrxBind<'a> {
+    /// A NIC rx queue (flows must be steered to it).
+    Queue {
+        /// Interface name.
+        iface: &'a str,
+        /// Rx queue index.
+        queue: u32,
+    },
+    /// No device (`ZCRX_REG_NODEV`, Linux 7.1): `RECV_ZC` on any TCP socket, the kernel copies
+    /// into the area.
+    NoDev,
+}
+
+impl ZcrxBind<'_> {
+    /// Explains a registration errno for this kind of binding.
+    pub fn explain(&self, errno: i32) -> &'static str {
+        // A kernel without zcrx answers EINVAL (unknown register opcode) before looking at
+        // the device: say that, not what a NIC would need.
+        if errno == libc::EINVAL && !super::features::kernel_has_recv_zc() {
+            return "this kernel has no zcrx (IORING_REGISTER_ZCRX_IFQ and RECV_ZC need Linux \
+                    6.15; device-less zcrx 7.1)";
+        }
+        match self {
+            ZcrxBind::Queue { .. } => explain_register_errno(errno),
+            ZcrxBind::NoDev => explain_nodev_errno(errno),
+        }
+    }
+}
+
+impl std::fmt::Display for ZcrxBind<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ZcrxBind::Queue { iface, queue } => write!(f, "{iface} rx queue {queue}"),
+            ZcrxBind::NoDev => write!(f, "no device (ZCRX_REG_NODEV)"),
+        }
+    }
+}
+
 /// Why zcrx registration failed, with the errno explained.
 #[derive(Debug, thiserror::Error)]
-#[error("zcrx registration on {iface} rx queue {queue} failed: {explanation} ({source})")]
+#[error("zcrx registration on {} failed: {explanation} ({source})", self.target())]
 pub struct IfqError {
-    /// Interface name.
+    /// Interface name (empty for a device-less registration).
     pub iface: String,
     /// Rx queue index.
     pub queue: u32,
+    /// The registration was device-less (`ZCRX_REG_NODEV`).
+    pub nodev: bool,
     /// What the errno means here.
     pub explanation: &'static str,
     /// The kernel's error.
@@ -41,31 +85,61 @@ pub struct IfqError {
     pub source: io::Error,
 }
 
+impl IfqError {
+    pub(crate) fn new(bind: ZcrxBind<'_>, source: io::Error) -> Self {
+        let (iface, queue, nodev) = match bind {
+            ZcrxBind::Queue { iface, queue } => (iface.to_string(), queue, false),
+            ZcrxBind::NoDev => (String::new(), 0, true),
+        };
+        Self {
+            iface,
+            queue,
+            nodev,
+            explanation: bind.explain(source.raw_os_error().unwrap_or(0)),
+            source,
+        }
+    }
+
+    /// What was being registered, in words.
+    pub fn target(&self) -> String {
+        if self.nodev {
+            ZcrxBind::NoDev.to_string()
+        } else {
+            ZcrxBind::Queue {
+                iface: &self.iface,
+                queue: self.queue,
+            }
+            .to_string()
+        }
+    }
+}
+
 /// Size of the user-supplied refill-ring region for `rq_entries` entries.
 pub fn refill_region_len(rq_entries: u32) -> usize {
     align_up(page_size() + rq_entries as usize * 16, page_size())
 }
 
-/// Registers `iface`'s rx queue `queue` with `area` as receive memory and `refill` as the
-/// refill ring. Both regions must outlive the ring. Needs a ring with CQE32, SINGLE_ISSUER and
-/// DEFER_TASKRUN, CAP_NET_ADMIN, and a NIC whose driver supports the queue API with header
-/// split.
+/// Registers `bind` (a NIC rx queue, or no device) with `area` as receive memory and `refill`
+/// as the refill ring. Both regions must outlive the ring. Needs a ring with CQE32,
+/// SINGLE_ISSUER and DEFER_TASKRUN, CAP_NET_ADMIN, and for a queue a NIC whose driver
+/// supports the queue API with header split; device-less needs Linux 7.1.
 pub fn register_ifq(
     ring: &Ring<Entry32>,
-    iface: &str,
-    queue: u32,
+    bind: ZcrxBind<'_>,
     area: &Region,
     refill: &Region,
     rq_entries: u32,
 ) -> Result<IfqRegistration, IfqError> {
-    let err = |source: io::Error| IfqError {
-        iface: iface.to_string(),
-        queue,
-        explanation: explain_register_errno(source.raw_os_error().unwrap_or(0)),
-        source,
+    let err = |source: io::Error| IfqError::new(bind, source);
+    let (if_idx, queue, flags) = match bind {
+        ZcrxBind::Queue { iface, queue } => (
+            crate::sys::net::if_index(iface)
+                .ok_or_else(|| err(io::Error::from_raw_os_error(libc::ENODEV)))?,
+            queue,
+            0,
+        ),
+        ZcrxBind::NoDev => (0, 0, ZCRX_REG_NODEV),
     };
-    let if_idx = crate::sys::net::if_index(iface)
-        .ok_or_else(|| err(io::Error::from_raw_os_error(libc::ENODEV)))?;
     if refill.len() < refill_region_len(rq_entries) {
         return Err(err(io::Error::from_raw_os_error(libc::EINVAL)));
     }
@@ -81,6 +155,7 @@ pub fn register_ifq(
     reg.if_idx = if_idx;
     reg.if_rxq = queue;
     reg.rq_entries = rq_entries;
+    reg.flags = flags;
     reg.area_ptr = &mut area_reg as *mut _ as u64;
     reg.region_ptr = &mut region as *mut _ as u64;
     ring.raw().submitter().register_ifq(&reg).map_err(err)?;
@@ -92,6 +167,15 @@ pub fn register_ifq(
         rqes_off: reg.offsets.rqes,
         rq_entries: reg.rq_entries,
     })
+}
+
+/// Asks the kernel to consume the refill ring of zcrx `zcrx_id` now (`ZCRX_CTRL_FLUSH_RQ`).
+pub fn flush_refill<C: io_uring::cqueue::EntryMarker>(
+    ring: &Ring<C>,
+    zcrx_id: u32,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    crate::sys::zcrx::zcrx_flush_rq(ring.raw().as_raw_fd(), zcrx_id)
 }
 
 fn zeroed_area() -> io_uring_zcrx_area_reg {

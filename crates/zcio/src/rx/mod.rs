@@ -86,26 +86,38 @@ pub enum RxPath {
     BufRing,
     /// Written by the NIC into the zcrx area; no copy.
     Zcrx,
+    /// Device-less zcrx (`ZCRX_REG_NODEV`, Linux 7.1): `RECV_ZC` completions over the zcrx
+    /// area and refill ring, but the kernel copied the bytes into the area (no NIC DMA).
+    ZcrxNodev,
 }
 
 impl RxPath {
-    /// Short name: `plain`, `bufring`, `zcrx`.
+    /// Short name: `plain`, `bufring`, `zcrx`, `zcrx-nodev`.
     pub fn name(self) -> &'static str {
         match self {
             RxPath::Plain => "plain",
             RxPath::BufRing => "bufring",
             RxPath::Zcrx => "zcrx",
+            RxPath::ZcrxNodev => "zcrx-nodev",
         }
+    }
+
+    /// Whether the kernel copied the bytes this path delivers (all but NIC zcrx).
+    pub fn copies(self) -> bool {
+        self != RxPath::Zcrx
     }
 }
 
-/// Where zcrx binds: an interface rx queue.
+/// Where zcrx binds: an interface rx queue, or no device at all.
 #[derive(Debug, Clone)]
 pub struct ZcrxTarget {
-    /// Interface name.
+    /// Interface name (ignored when `deviceless`).
     pub iface: String,
-    /// Rx queue index (flows must be steered to it).
+    /// Rx queue index (flows must be steered to it; ignored when `deviceless`).
     pub queue: u32,
+    /// Register without a device (`ZCRX_REG_NODEV`, Linux 7.1): `RECV_ZC` works on any TCP
+    /// socket, and the kernel copies every byte into the area (COPIED fraction 1).
+    pub deviceless: bool,
     /// Area size in bytes.
     pub area_len: usize,
     /// Refill ring entries.
@@ -123,6 +135,31 @@ impl ZcrxTarget {
             area_len: 16 << 20,
             rq_entries: 4096,
             huge_pages: true,
+            deviceless: false,
+        }
+    }
+
+    /// A device-less target (`ZCRX_REG_NODEV`): 8 MiB area of 4 KiB pages, 4096 refill
+    /// entries (more than the area has pages, so returns never wait for room).
+    pub fn deviceless() -> Self {
+        Self {
+            iface: String::new(),
+            queue: 0,
+            area_len: 8 << 20,
+            rq_entries: 4096,
+            huge_pages: false,
+            deviceless: true,
+        }
+    }
+
+    pub(crate) fn bind(&self) -> crate::ring::zcrx::ZcrxBind<'_> {
+        if self.deviceless {
+            crate::ring::zcrx::ZcrxBind::NoDev
+        } else {
+            crate::ring::zcrx::ZcrxBind::Queue {
+                iface: &self.iface,
+                queue: self.queue,
+            }
         }
     }
 }
@@ -151,7 +188,8 @@ pub struct RxConfig {
     pub batch: usize,
     /// How long a wait may hold a first completion back while gathering `batch`.
     pub min_wait: Duration,
-    /// zcrx interface queue; with [`RxMode::Auto`] and `None`, loopback listeners try `lo`.
+    /// zcrx interface queue (or [`ZcrxTarget::deviceless`]); with [`RxMode::Auto`] and
+    /// `None`, loopback listeners try `lo`; with [`RxMode::Zcrx`] and `None`, device-less.
     pub zcrx: Option<ZcrxTarget>,
     /// Buffers on huge pages if possible.
     pub huge_pages: bool,
@@ -305,11 +343,14 @@ pub struct RxCounters {
     pub ring_dry: u64,
     /// Times the receiver held a connection back because every buffer was lent.
     pub backpressure_waits: u64,
-    /// Bytes delivered without a copy (zcrx).
+    /// Bytes delivered without a copy (NIC zcrx).
     pub zerocopy_bytes: u64,
-    /// Bytes zcrx delivered by copy fallback. The kernel does not flag these per completion
-    /// (as of 6.18), so this stays 0 and cannot tell copied from zero-copy zcrx bytes.
+    /// Bytes zcrx delivered by a kernel copy: every byte of a device-less zcrx (its COPIED
+    /// fraction is 1). A NIC queue's own copy fallback (packets that arrived on another queue)
+    /// is not flagged per completion (as of 7.2), so it is not counted here.
     pub copy_fallback_bytes: u64,
+    /// `IORING_REGISTER_ZCRX_CTRL` refill flushes made (device-less zcrx; also in `syscalls`).
+    pub refill_flushes: u64,
     /// Connections accepted.
     pub accepted: u64,
 }
@@ -323,7 +364,8 @@ pub enum RxError {
     /// zcrx registration failed.
     #[error(transparent)]
     Zcrx(#[from] IfqError),
-    /// zcrx was asked for without an interface queue.
+    /// zcrx was asked for without an interface queue (no longer returned: without a queue,
+    /// [`RxMode::Zcrx`] registers device-less or falls back).
     #[error("zcrx needs an interface rx queue: set RxConfig::zcrx")]
     NoZcrxTarget,
     /// Registering the provided-buffer ring failed.
@@ -387,10 +429,25 @@ impl Receiver {
         let backend: Box<dyn Backend> = match cfg.mode {
             RxMode::Plain => Box::new(plain::PlainRx::new(cfg)?),
             RxMode::BufRing => Box::new(uring::RingRx::bufring(cfg, &mut fallbacks)?),
-            RxMode::Zcrx => {
-                let t = cfg.zcrx.clone().ok_or(RxError::NoZcrxTarget)?;
-                Box::new(uring::RingRx::zcrx(cfg, &t)?)
-            }
+            RxMode::Zcrx => match cfg.zcrx.clone() {
+                // A NIC queue the caller named: its registration error is the answer.
+                Some(t) if !t.deviceless => Box::new(uring::RingRx::zcrx(cfg, &t)?),
+                // No queue: device-less (Linux 7.1); older kernels fall back, recorded.
+                t => {
+                    let t = t.unwrap_or_else(ZcrxTarget::deviceless);
+                    match uring::RingRx::zcrx(cfg, &t) {
+                        Ok(b) => Box::new(b),
+                        Err(e) => {
+                            fallbacks.push(Fallback::new(
+                                "zcrx (device-less)",
+                                "bufring",
+                                e.to_string(),
+                            ));
+                            Self::bufring_or_plain(cfg, &mut fallbacks)?
+                        }
+                    }
+                }
+            },
             RxMode::Auto => {
                 let target = cfg.zcrx.clone().or_else(|| match local {
                     Some(ip) if ip.is_loopback() => Some(ZcrxTarget::new("lo", 0)),
@@ -407,14 +464,17 @@ impl Receiver {
                 match zc {
                     Ok(b) => Box::new(b),
                     Err(reason) => {
-                        fallbacks.push(Fallback::new("zcrx", "bufring", reason));
-                        match uring::RingRx::bufring(cfg, &mut fallbacks) {
-                            Ok(b) => Box::new(b),
-                            Err(e) => {
-                                fallbacks.push(Fallback::new("bufring", "plain", e.to_string()));
-                                Box::new(plain::PlainRx::new(cfg)?)
-                            }
-                        }
+                        fallbacks.push(Fallback::new(
+                            "zcrx",
+                            "bufring",
+                            format!(
+                                "{reason}; device-less zcrx is not chosen by Auto: the kernel \
+                                 copies every byte into its area (COPIED 1.0), as bufring does \
+                                 into provided buffers, with one more syscall per refill \
+                                 (RxMode::Zcrx selects it)"
+                            ),
+                        ));
+                        Self::bufring_or_plain(cfg, &mut fallbacks)?
                     }
                 }
             }
@@ -424,6 +484,19 @@ impl Receiver {
             counters: RxCounters::default(),
             fallbacks,
             queue: VecDeque::new(),
+        })
+    }
+
+    fn bufring_or_plain(
+        cfg: &RxConfig,
+        fallbacks: &mut Vec<Fallback>,
+    ) -> Result<Box<dyn Backend>, RxError> {
+        Ok(match uring::RingRx::bufring(cfg, fallbacks) {
+            Ok(b) => Box::new(b),
+            Err(e) => {
+                fallbacks.push(Fallback::new("bufring", "plain", e.to_string()));
+                Box::new(plain::PlainRx::new(cfg)?)
+            }
         })
     }
 

@@ -29,6 +29,8 @@ pub(crate) struct RingRx<C: Cqe> {
     bufs: Option<Rc<BufRing>>,
     zarea: Option<Rc<ZcrxArea>>,
     zc: bool,
+    /// Device-less zcrx: the kernel copies; refill needs `ZCRX_CTRL_FLUSH_RQ`.
+    nodev: bool,
     bundle: bool,
     conns: Slab<RConn>,
     listener: Option<Rc<OwnedFd>>,
@@ -43,6 +45,8 @@ pub(crate) struct RingRx<C: Cqe> {
     urgent: bool,
     terminated: bool,
     enters_seen: u64,
+    /// `recycled()` when the current harvest began.
+    harvest_mark: u64,
     scratch: Vec<Completion>,
     desc: String,
 }
@@ -159,16 +163,25 @@ impl RingRx<cqueue::Entry32> {
                 ))));
             }
         }
-        let area = rr.register_zcrx(&t.iface, t.queue, t.area_len, t.rq_entries, t.huge_pages)?;
-        let desc = format!(
-            "zcrx: {} rx queue {}, {} B area, {} refill entries",
-            t.iface,
-            t.queue,
-            t.area_len,
-            area.refill().entries()
-        );
+        let bind = t.bind();
+        let area = rr.register_zcrx(bind, t.area_len, t.rq_entries, t.huge_pages)?;
+        let desc = if t.deviceless {
+            format!(
+                "zcrx device-less (ZCRX_REG_NODEV): RECV_ZC into a {} B area, {} refill \
+                 entries; the kernel copies every byte (COPIED 1.0)",
+                t.area_len,
+                area.refill().entries()
+            )
+        } else {
+            format!(
+                "zcrx: {bind}, {} B area, {} refill entries",
+                t.area_len,
+                area.refill().entries()
+            )
+        };
         let mut me = Self::with(rr, None, true, false, cfg, desc);
         me.zarea = Some(area);
+        me.nodev = t.deviceless;
         Ok(me)
     }
 }
@@ -192,6 +205,7 @@ impl<C: Cqe> RingRx<C> {
             bufs,
             zarea: None,
             zc,
+            nodev: false,
             bundle,
             conns: Slab::new(),
             listener: None,
@@ -205,6 +219,7 @@ impl<C: Cqe> RingRx<C> {
             urgent: false,
             terminated: false,
             enters_seen: 0,
+            harvest_mark: 0,
             scratch: Vec::new(),
             desc,
         }
@@ -222,15 +237,21 @@ impl<C: Cqe> RingRx<C> {
         }
     }
 
+    /// Buffers (or zcrx ranges) returned so far, and lent now.
+    fn recycled(&self) -> (u64, u64) {
+        match (&self.bufs, &self.zarea) {
+            (Some(b), _) => (b.recycled(), u64::from(b.lent())),
+            (None, Some(z)) => (z.returned(), z.lent()),
+            (None, None) => (u64::MAX, 0),
+        }
+    }
+
     /// Re-arms connections that ran out of buffers once some came back.
     fn rearm_waiting(&mut self, c: &mut RxCounters) -> io::Result<()> {
         if self.waiting.is_empty() {
             return Ok(());
         }
-        let (recycled, lent) = match &self.bufs {
-            Some(b) => (b.recycled(), b.lent()),
-            None => (u64::MAX, 0),
-        };
+        let (recycled, lent) = self.recycled();
         let mut i = 0;
         while i < self.waiting.len() {
             let (id, at) = self.waiting[i];
@@ -261,12 +282,15 @@ impl<C: Cqe> RingRx<C> {
                     Some(conn) if !conn.closing => {
                         let path = match &lease {
                             Lease::Buf(_) => RxPath::BufRing,
+                            Lease::Zcrx(_) if self.nodev => RxPath::ZcrxNodev,
                             Lease::Zcrx(_) => RxPath::Zcrx,
                         };
                         c.bytes += lease.len() as u64;
                         c.chunks += 1;
-                        if path == RxPath::Zcrx {
-                            c.zerocopy_bytes += lease.len() as u64;
+                        match path {
+                            RxPath::Zcrx => c.zerocopy_bytes += lease.len() as u64,
+                            RxPath::ZcrxNodev => c.copy_fallback_bytes += lease.len() as u64,
+                            _ => {}
                         }
                         f(RxEvent::Data(RxChunk {
                             conn: id,
@@ -320,9 +344,16 @@ impl<C: Cqe> RingRx<C> {
                     self.arm(id)?;
                     c.rearms += 1;
                     Ok(0)
-                } else if res == -libc::ENOBUFS {
+                } else if res == -libc::ENOBUFS || (self.zc && res == -libc::ENOMEM) {
+                    // Out of buffers (a zcrx area answers ENOMEM when every page is lent or
+                    // not yet refilled): wait for one to come back, then re-arm; the data
+                    // waits in the socket.
                     c.enobufs += 1;
-                    let at = self.bufs.as_ref().map_or(0, |b| b.recycled());
+                    // Not the count now: chunks of this same harvest may already have come back
+                    // (and been put in the ring), and if the application holds the rest, no
+                    // later return would ever wake this connection (seen on 6.1, where a
+                    // multishot recv ends with ENOBUFS instead of bundling).
+                    let at = self.harvest_mark;
                     self.waiting.push((id, at));
                     if let Some(b) = &self.bufs {
                         // Free buffers (if any) go in now; the rest come as chunks drop.
@@ -341,6 +372,9 @@ impl<C: Cqe> RingRx<C> {
 
     fn drain_ready(&mut self, c: &mut RxCounters, f: &mut dyn FnMut(RxEvent)) -> io::Result<usize> {
         let mut scratch = std::mem::take(&mut self.scratch);
+        // Buffers returned from here on (chunks the application drops while it handles these
+        // completions) came back after the kernel found the ring or area empty.
+        self.harvest_mark = self.recycled().0;
         let res = self.rr.harvest(|comp| scratch.push(comp));
         let mut events = 0;
         let mut out = Ok(());
@@ -395,7 +429,9 @@ impl<C: Cqe> RingRx<C> {
 
 impl<C: Cqe> Backend for RingRx<C> {
     fn path(&self) -> RxPath {
-        if self.zc {
+        if self.nodev {
+            RxPath::ZcrxNodev
+        } else if self.zc {
             RxPath::Zcrx
         } else {
             RxPath::BufRing
@@ -446,11 +482,13 @@ impl<C: Cqe> Backend for RingRx<C> {
         c: &mut RxCounters,
         f: &mut dyn FnMut(RxEvent),
     ) -> io::Result<usize> {
+        // Returns that found the refill ring full go out now that the kernel had time; a
+        // device-less zcrx has the kernel consume the ring now. Before re-arming, so that a
+        // receive waiting for area pages finds them.
+        let flushes = self.rr.flush_refill()?;
+        c.refill_flushes += flushes;
+        c.syscalls += flushes;
         self.rearm_waiting(c)?;
-        if let Some(z) = &self.zarea {
-            // Returns that found the refill ring full go out now that the kernel had time.
-            z.refill().flush();
-        }
         let mut n = self.drain_ready(c, f)?;
         if n == 0 {
             if self.urgent {

@@ -5,6 +5,7 @@
 //! says what to run.
 
 use crate::ring::recv::RecvRing;
+use crate::ring::zcrx::ZcrxBind;
 use crate::ring::RingConfig;
 use io_uring::cqueue;
 use std::process::Command;
@@ -61,7 +62,7 @@ fn attempt(iface: &str, queue: u32) -> (bool, Option<i32>, String) {
             );
         }
     }
-    match rr.register_zcrx(iface, queue, 1 << 20, 64, false) {
+    match rr.register_zcrx(ZcrxBind::Queue { iface, queue }, 1 << 20, 64, false) {
         Ok(_) => (
             true,
             None,

@@ -303,6 +303,19 @@ pub fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
     Ok(owned(fd))
 }
 
+/// `socketpair(2)` with `SOCK_CLOEXEC` added.
+pub fn socketpair(domain: i32, ty: i32) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1; 2];
+    // SAFETY: `fds` is a writable array of two ints for the call.
+    syscall!(socketpair(
+        domain,
+        ty | libc::SOCK_CLOEXEC,
+        0,
+        fds.as_mut_ptr()
+    ))?;
+    Ok((owned(fds[0]), owned(fds[1])))
+}
+
 /// Effective capability set of this process (`CapEff` from `/proc/self/status`).
 pub fn effective_caps() -> u64 {
     std::fs::read_to_string("/proc/self/status")

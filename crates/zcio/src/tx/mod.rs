@@ -572,6 +572,20 @@ impl Sender {
             };
             match SendRing::new(self.sock.clone(), self.stream, self.chunk, &ring_cfg) {
                 Ok(mut ring) => match ring.supports_send_zc() {
+                    // Auto's copy detection needs the usage report; MSG_ZEROCOPY has it.
+                    Ok(true) if want == TxMode::Auto && !ring.reports_usage() => {
+                        self.fallbacks.push(Fallback::new(
+                            from.clone(),
+                            "msg-zc",
+                            format!(
+                                "{}; Auto needs to know when zero-copy was copied, which \
+                                 MSG_ZEROCOPY completions say",
+                                crate::ring::features::Features::get()
+                                    .why_not(crate::ring::features::Features::SEND_ZC_REPORT_USAGE)
+                                    .unwrap_or_default()
+                            ),
+                        ))
+                    }
                     Ok(true) => {
                         let mut path = Path::UringZc;
                         if matches!(want, TxMode::UringZcFixed | TxMode::Auto) {

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod streams;
+
 #[allow(unused_imports)] // not every test file skips by hand
 pub use zcio_testnet::{can_make_hosts, skip};
 
@@ -24,4 +26,15 @@ pub fn check_pattern(buf: &[u8], off: u64) -> Result<(), u64> {
         }
     }
     Ok(())
+}
+
+/// A time limit scaled by `ZCIO_TIME_SCALE` (set by `scripts/vmtest` in its software-emulated
+/// guests, where everything runs many times slower); unscaled when unset.
+pub fn scaled(d: std::time::Duration) -> std::time::Duration {
+    let k = std::env::var("ZCIO_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1);
+    d * k
 }

@@ -169,6 +169,16 @@ impl Suite for Rx {
              buffer ring copy from there (COPIED fraction 1.0); zcrx, the only no-copy \
              receive, needs a NIC with header split",
         );
+        let f = zcio::ring::features::Features::get();
+        ctx.note(
+            match f.why_not(zcio::ring::features::Features::ZCRX_NODEV) {
+                None => "device-less zcrx (ZCRX_REG_NODEV) is available but not benchmarked as \
+                         a zero-copy path: the kernel copies every byte into the zcrx area \
+                         (COPIED fraction 1.0), like the buffer ring"
+                    .to_string(),
+                Some(why) => format!("device-less zcrx unavailable: {why}"),
+            },
+        );
         let pair = if zcio_testnet::is_root() {
             match Pair::new("rxb") {
                 Ok(p) => Some(p),

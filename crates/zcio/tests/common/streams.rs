@@ -1,0 +1,154 @@
+//! Pattern streams into a `Receiver`: senders, per-connection checkers, socket options.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+use zcio::rx::{ConnId, Receiver, RxConfig, RxEvent, RxPath};
+
+/// Sends an 8-byte header with the stream's pattern base, then `len` pattern bytes.
+pub fn send_stream(
+    addr: SocketAddr,
+    base: u64,
+    len: u64,
+    write: usize,
+) -> std::io::Result<TcpStream> {
+    let mut s = TcpStream::connect(addr)?;
+    s.write_all(&base.to_le_bytes())?;
+    let mut buf = vec![0u8; write];
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(write as u64) as usize;
+        super::fill_pattern(&mut buf[..n], base + off);
+        s.write_all(&buf[..n])?;
+        off += n as u64;
+    }
+    Ok(s)
+}
+
+/// Per-connection checker: header, then the pattern in order.
+#[derive(Default)]
+pub struct Stream {
+    pub header: Vec<u8>,
+    pub base: u64,
+    pub got: u64,
+}
+
+impl Stream {
+    pub fn eat(&mut self, mut data: &[u8]) {
+        if self.header.len() < 8 {
+            let n = (8 - self.header.len()).min(data.len());
+            self.header.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.header.len() == 8 {
+                self.base = u64::from_le_bytes(self.header[..].try_into().unwrap());
+            }
+        }
+        if let Err(bad) = super::check_pattern(data, self.base + self.got) {
+            panic!(
+                "stream {:#x}: byte at offset {} is wrong (reordered or corrupt)",
+                self.base,
+                bad - self.base
+            );
+        }
+        self.got += data.len() as u64;
+    }
+}
+
+pub fn run_streams(name: &str, cfg: &RxConfig, path: RxPath, conns: usize, len: u64) {
+    let t0 = Instant::now();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut rx = Receiver::listen(listener, cfg).unwrap();
+    assert_eq!(rx.path(), path, "{name}: {}", rx.describe());
+    let senders: Vec<_> = (0..conns)
+        .map(|k| {
+            std::thread::spawn(move || {
+                let s = send_stream(addr, (k as u64) << 36, len, 48 << 10).unwrap();
+                s.shutdown(std::net::Shutdown::Write).unwrap();
+                // Keep the socket until the receiver has seen the end.
+                let mut b = [0u8; 1];
+                let _ = std::io::Read::read(&mut &s, &mut b);
+            })
+        })
+        .collect();
+    let streams = collect(&mut rx, conns, path);
+    for t in senders {
+        t.join().unwrap();
+    }
+    let mut bases: Vec<u64> = streams.iter().map(|s| s.base).collect();
+    bases.sort_unstable();
+    assert_eq!(
+        bases,
+        (0..conns as u64).map(|k| k << 36).collect::<Vec<_>>()
+    );
+    for s in &streams {
+        assert_eq!(s.got, len, "{name}: stream {:#x} short", s.base);
+    }
+    let c = rx.counters();
+    eprintln!(
+        "{name} x{conns} in {:?}: {} {c:?} fallbacks {:?}",
+        t0.elapsed(),
+        rx.describe(),
+        rx.fallbacks()
+    );
+    assert_eq!(c.bytes, conns as u64 * (len + 8), "{name}: {c:?}");
+    assert_eq!(rx.open_connections(), 0);
+}
+
+/// Receives until `conns` streams have ended; returns them.
+pub fn collect(rx: &mut Receiver, conns: usize, path: RxPath) -> Vec<Stream> {
+    let mut streams: HashMap<ConnId, Stream> = HashMap::new();
+    let mut done = Vec::new();
+    let deadline = Instant::now() + super::scaled(Duration::from_secs(30));
+    while done.len() < conns {
+        assert!(
+            Instant::now() < deadline,
+            "timed out: {} of {conns} done",
+            done.len()
+        );
+        rx.poll(Duration::from_millis(100), &mut |ev| match ev {
+            RxEvent::Accepted(id) => {
+                streams.insert(id, Stream::default());
+            }
+            RxEvent::Data(chunk) => {
+                assert_eq!(chunk.path(), path);
+                streams
+                    .get_mut(&chunk.conn())
+                    .expect("data for an accepted connection")
+                    .eat(&chunk);
+            }
+            RxEvent::Closed(id, err) => {
+                assert!(err.is_none(), "{id}: {err:?}");
+                done.push(streams.remove(&id).expect("known connection"));
+            }
+        })
+        .unwrap();
+    }
+    done
+}
+
+/// Sets `SO_RCVBUF`/`SO_SNDBUF` small so that a stalled receiver stalls the sender quickly.
+pub fn small_buffers(fd: &impl std::os::fd::AsRawFd, opt: i32) {
+    zcio::sys::setsockopt_int(fd, libc::SOL_SOCKET, opt, 32 << 10).unwrap();
+}
+
+/// `SO_LINGER {on, 0}`: closing sends a reset instead of a FIN.
+pub fn set_linger_zero(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `l` lives for the call and its size is passed.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        )
+    };
+    assert_eq!(r, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+}
