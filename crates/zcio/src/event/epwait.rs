@@ -16,11 +16,12 @@
 //! ring's eventfd poll (not in the epoll set: epoll `data` is the caller's token, unchanged),
 //! [`Key::cancel`] for cancels.
 
+use super::NewError;
 use super::{CtlError, Event};
 use crate::buf::mpsc::MpscRing;
 use crate::ring::epwait::EpollWaitBuf;
 use crate::ring::key::{Key, Op};
-use crate::ring::{Ring, RingConfig, RingError, SetupFlag};
+use crate::ring::{Ring, RingConfig, SetupFlag};
 use crate::sys::epoll as ep;
 use crate::sys::IORING_CQE_F_MORE;
 use std::io;
@@ -37,11 +38,6 @@ const WAKE_KEY: Key = Key::internal(2);
 const BATCH: usize = 1024;
 /// Largest `EPOLL_WAIT` buffer (128 Ki events); larger `out`s get at most this many per wait.
 const MAX_BATCH: usize = 1 << 17;
-
-pub(super) enum NewError {
-    Unavailable(String),
-    Io(io::Error),
-}
 
 /// The epoll instance: created here, or the caller's (the epoll shim's program fd).
 enum Epfd {
@@ -83,17 +79,7 @@ impl EpwaitEvents {
         wake_fd: RawFd,
         epfd: Option<RawFd>,
     ) -> Result<Self, NewError> {
-        let ring = match Ring::new(cfg) {
-            Ok(r) => r,
-            Err(RingError::Unavailable { reason, .. }) => {
-                return Err(NewError::Unavailable(reason))
-            }
-            Err(RingError::Setup(e)) => {
-                return Err(NewError::Unavailable(format!(
-                    "io_uring_setup failed with every flag set: {e}"
-                )))
-            }
-        };
+        let ring = Ring::new(cfg)?;
         let probe = ring.probe_opcodes().map_err(NewError::Io)?;
         if !probe.is_supported(io_uring::opcode::EpollWait::CODE) {
             return Err(NewError::Unavailable(

@@ -42,13 +42,31 @@ pub mod scenarios;
 mod uring;
 
 use crate::buf::mpsc::{MpscRing, Pushed};
-use crate::ring::RingConfig;
+use crate::ring::{RingConfig, RingError};
 use crate::stats::{Counters, Fallback};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Why a ring backend could not be set up: unavailable here (fall back, with the reason), or
+/// an I/O error to report.
+pub(super) enum NewError {
+    Unavailable(String),
+    Io(io::Error),
+}
+
+impl From<RingError> for NewError {
+    fn from(e: RingError) -> Self {
+        match e {
+            RingError::Unavailable { reason, .. } => NewError::Unavailable(reason),
+            RingError::Setup(e) => {
+                NewError::Unavailable(format!("io_uring_setup failed with every flag set: {e}"))
+            }
+        }
+    }
+}
 
 pub use crate::buf::mpsc::Full;
 
@@ -339,17 +357,17 @@ impl EventRing {
             Prefer::Epoll => Backend::Epoll(epoll::EpollEvents::new(wake)?),
             Prefer::EpollWait => match epwait::EpwaitEvents::new(&cfg.ring, wake, cfg.epoll_fd) {
                 Ok(e) => Backend::Epwait(e),
-                Err(epwait::NewError::Unavailable(reason)) => {
+                Err(NewError::Unavailable(reason)) => {
                     return Err(io::Error::new(io::ErrorKind::Unsupported, reason))
                 }
-                Err(epwait::NewError::Io(e)) => return Err(e),
+                Err(NewError::Io(e)) => return Err(e),
             },
             Prefer::Uring => match uring::UringEvents::new(&cfg.ring, cfg.spin, wake) {
                 Ok(u) => Backend::Uring(u),
-                Err(uring::NewError::Unavailable(reason)) => {
+                Err(NewError::Unavailable(reason)) => {
                     return Err(io::Error::new(io::ErrorKind::Unsupported, reason))
                 }
-                Err(uring::NewError::Io(e)) => return Err(e),
+                Err(NewError::Io(e)) => return Err(e),
             },
             Prefer::Auto => Self::choose(cfg, wake, &mut fallbacks)?,
         };
@@ -373,12 +391,12 @@ impl EventRing {
     ) -> io::Result<Backend> {
         match epwait::EpwaitEvents::new(&cfg.ring, wake, cfg.epoll_fd) {
             Ok(e) => return Ok(Backend::Epwait(e)),
-            Err(epwait::NewError::Unavailable(reason)) => fallbacks.push(Fallback::new(
+            Err(NewError::Unavailable(reason)) => fallbacks.push(Fallback::new(
                 "io_uring EPOLL_WAIT ring",
                 "io_uring poll ring",
                 reason,
             )),
-            Err(epwait::NewError::Io(e)) => return Err(e),
+            Err(NewError::Io(e)) => return Err(e),
         }
         if cfg.epoll_fd.is_some() {
             // Only a kernel epoll reading that instance could serve it: the caller decides.
@@ -389,11 +407,11 @@ impl EventRing {
         }
         match uring::UringEvents::new(&cfg.ring, cfg.spin, wake) {
             Ok(u) => Ok(Backend::Uring(u)),
-            Err(uring::NewError::Unavailable(reason)) => {
+            Err(NewError::Unavailable(reason)) => {
                 fallbacks.push(Fallback::new("io_uring poll ring", "epoll", reason));
                 Ok(Backend::Epoll(epoll::EpollEvents::new(wake)?))
             }
-            Err(uring::NewError::Io(e)) => Err(e),
+            Err(NewError::Io(e)) => Err(e),
         }
     }
 

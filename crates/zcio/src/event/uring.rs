@@ -13,11 +13,12 @@
 //! fd, so late CQEs of an old registration are recognised and dropped); updates, cancels and
 //! the wake-up poll have keys of their own kinds.
 
+use super::NewError;
 use super::{CtlError, Event, Interest};
 use crate::buf::mpsc::MpscRing;
 use crate::ring::key::{Key, Op, POLL_GEN_MASK};
 use crate::ring::poll::PollUpdate;
-use crate::ring::{Ring, RingConfig, RingError, SetupFlag};
+use crate::ring::{Ring, RingConfig, SetupFlag};
 use crate::sys::epoll::{identity, FdIdentity};
 use crate::sys::IORING_CQE_F_MORE;
 use std::collections::VecDeque;
@@ -32,11 +33,6 @@ const GEN_MASK: u32 = POLL_GEN_MASK;
 const SPIN_CHECK: u32 = 64;
 /// Spin iterations on the user ring before sleeping once user-posted events have been seen.
 const USER_SPIN: u32 = 256;
-
-pub(super) enum NewError {
-    Unavailable(String),
-    Io(io::Error),
-}
 
 #[derive(Debug)]
 struct Reg {
@@ -135,17 +131,7 @@ fn validate_exclusive(op_mod: bool, events: u32) -> Result<(), CtlError> {
 
 impl UringEvents {
     pub(super) fn new(cfg: &RingConfig, spin: Duration, wake_fd: RawFd) -> Result<Self, NewError> {
-        let ring = match Ring::new(cfg) {
-            Ok(r) => r,
-            Err(RingError::Unavailable { reason, .. }) => {
-                return Err(NewError::Unavailable(reason))
-            }
-            Err(RingError::Setup(e)) => {
-                return Err(NewError::Unavailable(format!(
-                    "io_uring_setup failed with every flag set: {e}"
-                )))
-            }
-        };
+        let ring = Ring::new(cfg)?;
         let probe = ring.probe_opcodes().map_err(NewError::Io)?;
         if !probe.is_supported(io_uring::opcode::PollAdd::CODE)
             || !probe.is_supported(io_uring::opcode::PollRemove::CODE)
