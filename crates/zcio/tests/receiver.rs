@@ -498,3 +498,110 @@ fn zcrx_completions_decode_into_area_ranges_and_return_through_the_refill_ring()
         assert!(area.lease_from_cqe(4096, token | (63 << 10)).is_err());
     }
 }
+
+const EMFILE_CHILD: &str = "ZCIO_TEST_EMFILE_CHILD";
+const EMFILE_CLIENTS: usize = 24;
+
+/// A receiver whose process runs out of descriptors pauses accepting instead of retrying the
+/// failing accept in a busy loop (a level-triggered listener, or a multishot accept re-armed
+/// at once, spins on EMFILE), keeps serving, and accepts the queued connections once
+/// descriptors are free again. Runs in a child process (this test binary, this test only) whose
+/// RLIMIT_NOFILE is lowered, so the other tests keep their descriptors.
+#[test]
+fn out_of_descriptors_pauses_accepting_instead_of_spinning() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    if let Ok(mode) = std::env::var(EMFILE_CHILD) {
+        emfile_child(&mode);
+        return;
+    }
+    for mode in ["plain", "bufring"] {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "out_of_descriptors_pauses_accepting_instead_of_spinning",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(EMFILE_CHILD, mode)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut port = None;
+        let mut line = String::new();
+        while port.is_none() {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "{mode}: child said no port"
+            );
+            // libtest may print "test <name> ... " before it on the same line.
+            port = line
+                .split("PORT ")
+                .nth(1)
+                .map(|p| p.trim().parse::<u16>().unwrap());
+        }
+        let clients: Vec<TcpStream> = (0..EMFILE_CLIENTS)
+            .map(|_| TcpStream::connect(("127.0.0.1", port.unwrap())).unwrap())
+            .collect();
+        // The child accepts a few, runs out of descriptors, and must sit quietly.
+        std::thread::sleep(Duration::from_millis(1500));
+        drop(clients);
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+        let st = child.wait().unwrap();
+        assert!(st.success(), "{mode}: child failed: {rest}");
+        assert!(rest.contains("EMFILE-OK"), "{mode}: {rest}");
+    }
+}
+
+fn emfile_child(mode: &str) {
+    let cfg = RxConfig::with_mode(mode.parse().unwrap());
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    // The limit goes down before the receiver exists: io_uring's accept takes the limit when
+    // the request is prepared. Room for the receiver's own descriptors and a few connections.
+    let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+    let lim = libc::rlimit {
+        rlim_cur: open + 8,
+        rlim_max: open + 8,
+    };
+    // SAFETY (test): plain setrlimit with a valid struct, in a child that runs only this test.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+    let mut rx = Receiver::listen(l, &cfg).unwrap();
+    println!("\nPORT {port}");
+    std::io::stdout().flush().unwrap();
+    let (t0, cpu0) = (Instant::now(), cpu_seconds());
+    let mut accepted = 0;
+    while accepted < EMFILE_CLIENTS || rx.open_connections() > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{mode}: accepted {accepted} of {EMFILE_CLIENTS}, {} open: {:?}",
+            rx.open_connections(),
+            rx.counters()
+        );
+        rx.poll(Duration::from_millis(100), &mut |ev| {
+            if let RxEvent::Accepted(_) = ev {
+                accepted += 1;
+            }
+        })
+        .unwrap_or_else(|e| panic!("{mode}: poll failed: {e}"));
+    }
+    let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    let c = rx.counters();
+    assert!(c.accept_backoffs > 0, "{mode}: never ran out: {c:?}");
+    assert!(
+        cpu < 0.5 * wall,
+        "{mode}: {cpu:.2} CPU s in {wall:.2} s: accepting spun ({c:?})"
+    );
+    println!("EMFILE-OK {mode}: {cpu:.3} CPU s in {wall:.2} s, {c:?}");
+}
+
+fn cpu_seconds() -> f64 {
+    // SAFETY (test): getrusage fills the zeroed struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) }, 0);
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}

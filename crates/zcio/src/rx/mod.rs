@@ -353,6 +353,64 @@ pub struct RxCounters {
     pub refill_flushes: u64,
     /// Connections accepted.
     pub accepted: u64,
+    /// Times accepting paused because the process or system ran out of descriptors or memory
+    /// (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`): the listener is retried after a back-off
+    /// (10 ms, doubling to 1 s) instead of spinning on the same error.
+    pub accept_backoffs: u64,
+}
+
+/// Pauses accepting after a resource error, so a listener whose next `accept` must fail (too
+/// many open descriptors) is not retried in a busy loop; connections already open keep being
+/// served meanwhile, and the queued ones are accepted once descriptors are free again.
+#[derive(Debug, Default)]
+pub(crate) struct AcceptBackoff {
+    until: Option<std::time::Instant>,
+    delay: Duration,
+}
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(10);
+    const MAX: Duration = Duration::from_secs(1);
+
+    /// Whether `errno` (positive) from accept means "no resources now": then accepting pauses
+    /// and this returns true; any other error returns false.
+    pub(crate) fn on_error(&mut self, errno: i32, c: &mut RxCounters) -> bool {
+        if !matches!(
+            errno,
+            libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM
+        ) {
+            return false;
+        }
+        self.delay = (self.delay * 2).clamp(Self::FIRST, Self::MAX);
+        self.until = Some(std::time::Instant::now() + self.delay);
+        c.accept_backoffs += 1;
+        tracing::debug!(errno, delay = ?self.delay, "accept paused");
+        true
+    }
+
+    /// An accept succeeded: the next pause starts short again.
+    pub(crate) fn reset(&mut self) {
+        self.delay = Duration::ZERO;
+    }
+
+    /// If the pause is over, ends it and returns true (the caller resumes accepting).
+    pub(crate) fn due(&mut self) -> bool {
+        match self.until {
+            Some(t) if std::time::Instant::now() >= t => {
+                self.until = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `timeout` shortened so a wait ends when the pause does.
+    pub(crate) fn cap(&self, timeout: Duration) -> Duration {
+        match self.until {
+            Some(t) => timeout.min(t.saturating_duration_since(std::time::Instant::now())),
+            None => timeout,
+        }
+    }
 }
 
 /// Why a receiver could not be built.

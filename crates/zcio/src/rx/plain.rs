@@ -1,6 +1,8 @@
 //! The plain backend: level-triggered epoll and `recv(2)` into pooled buffers.
 
-use super::{Backend, ChunkData, ConnId, RxChunk, RxConfig, RxCounters, RxEvent, RxPath, Slab};
+use super::{
+    AcceptBackoff, Backend, ChunkData, ConnId, RxChunk, RxConfig, RxCounters, RxEvent, RxPath, Slab,
+};
 use crate::sys::net;
 use crate::sys::poller::Poller;
 use std::cell::{Cell, RefCell};
@@ -67,6 +69,8 @@ impl Drop for PlainBuf {
 pub(crate) struct PlainRx {
     poller: Poller,
     listener: Option<TcpListener>,
+    /// Accepting paused after EMFILE and the like (the listener is out of the epoll set).
+    backoff: AcceptBackoff,
     conns: Slab<TcpStream>,
     pool: Rc<Pool>,
     ready: Vec<(u64, u32)>,
@@ -77,6 +81,7 @@ impl PlainRx {
         Ok(Self {
             poller: Poller::new(256)?,
             listener: None,
+            backoff: AcceptBackoff::default(),
             conns: Slab::new(),
             pool: Rc::new(Pool {
                 free: RefCell::new(Vec::new()),
@@ -147,6 +152,14 @@ impl Backend for PlainRx {
             c.backpressure_waits += 1;
             return Ok(0);
         }
+        if self.backoff.due() {
+            if let Some(l) = &self.listener {
+                c.epoll_calls += 1;
+                c.syscalls += 1;
+                self.poller.add(l, LISTENER, libc::EPOLLIN as u32)?;
+            }
+        }
+        let timeout = self.backoff.cap(timeout);
         let ready = &mut self.ready;
         ready.clear();
         c.epoll_calls += 1;
@@ -161,12 +174,25 @@ impl Backend for PlainRx {
                     c.syscalls += 1;
                     match l.accept() {
                         Ok((s, _)) => {
+                            self.backoff.reset();
                             let id = self.register(s, c)?;
                             c.accepted += 1;
                             f(RxEvent::Accepted(id));
                             events += 1;
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if self.backoff.on_error(e.raw_os_error().unwrap_or(0), c) => {
+                            // Level-triggered: the listener stays readable while the queue
+                            // holds connections, so it leaves the epoll set until the pause
+                            // ends.
+                            c.epoll_calls += 1;
+                            c.syscalls += 1;
+                            self.poller.delete(l)?;
+                            break;
+                        }
+                        // A connection that died in the queue (ECONNABORTED) and the like:
+                        // the next one may be fine.
+                        Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
                         Err(e) => return Err(e),
                     }
                 }

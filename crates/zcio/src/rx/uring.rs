@@ -2,8 +2,8 @@
 //! over a zcrx queue. Both accept with a multishot `ACCEPT`.
 
 use super::{
-    Backend, ChunkData, ConnId, RxChunk, RxConfig, RxCounters, RxError, RxEvent, RxPath, Slab,
-    ZcrxTarget,
+    AcceptBackoff, Backend, ChunkData, ConnId, RxChunk, RxConfig, RxCounters, RxError, RxEvent,
+    RxPath, Slab, ZcrxTarget,
 };
 use crate::buf::bufring::{BufRing, BufRingConfig};
 use crate::buf::refill::ZcrxArea;
@@ -34,6 +34,8 @@ pub(crate) struct RingRx<C: Cqe> {
     bundle: bool,
     conns: Slab<RConn>,
     listener: Option<Rc<OwnedFd>>,
+    /// Accepting paused after EMFILE and the like (the multishot accept is not re-armed).
+    accept_backoff: AcceptBackoff,
     /// Connections whose receive ended with ENOBUFS, with the ring's recycle count then.
     waiting: Vec<(ConnId, u64)>,
     batch: usize,
@@ -209,6 +211,7 @@ impl<C: Cqe> RingRx<C> {
             bundle,
             conns: Slab::new(),
             listener: None,
+            accept_backoff: AcceptBackoff::default(),
             waiting: Vec::new(),
             batch: cfg.batch.max(1),
             min_wait: cfg.min_wait,
@@ -304,6 +307,7 @@ impl<C: Cqe> RingRx<C> {
                 }
             }
             Completion::Accepted { fd, .. } => {
+                self.accept_backoff.reset();
                 let id = self.conns.insert(RConn {
                     fd: Rc::new(fd),
                     closing: false,
@@ -315,13 +319,22 @@ impl<C: Cqe> RingRx<C> {
             }
             Completion::Error { tag, errno } => {
                 tracing::debug!(tag, errno, "non-final error completion");
+                if tag == LISTENER && self.accept_backoff.on_error(errno, c) {
+                    // Out of descriptors while the accept stays armed: stop it for the pause
+                    // (its ECANCELED end is not re-armed; `poll` re-arms when the pause ends).
+                    self.rr.cancel(LISTENER)?;
+                }
                 Ok(0)
             }
             Completion::Ended { tag, res } if tag == LISTENER => {
                 if res != -libc::ECANCELED {
                     if let Some(l) = &self.listener {
-                        self.rr.accept_multi(Rc::clone(l), LISTENER)?;
-                        c.rearms += 1;
+                        // After EMFILE and the like the accept is re-armed when the pause
+                        // ends (`poll`), not at once: the next accept would fail the same way.
+                        if res >= 0 || !self.accept_backoff.on_error(-res, c) {
+                            self.rr.accept_multi(Rc::clone(l), LISTENER)?;
+                            c.rearms += 1;
+                        }
                     }
                 }
                 Ok(0)
@@ -489,6 +502,14 @@ impl<C: Cqe> Backend for RingRx<C> {
         c.refill_flushes += flushes;
         c.syscalls += flushes;
         self.rearm_waiting(c)?;
+        if self.accept_backoff.due() {
+            if let Some(l) = &self.listener {
+                self.rr.accept_multi(Rc::clone(l), LISTENER)?;
+                c.rearms += 1;
+                self.urgent = true;
+            }
+        }
+        let timeout = self.accept_backoff.cap(timeout);
         let mut n = self.drain_ready(c, f)?;
         if n == 0 {
             if self.urgent {
