@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::streams::{collect, run_streams, send_stream, set_linger_zero, small_buffers};
+use common::streams::{
+    collect, paced_pattern_sender, run_streams, send_stream, set_linger_zero, small_buffers,
+};
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
@@ -105,20 +107,7 @@ fn consumer_holding_chunks_slows_the_sender_and_loses_nothing() {
         let addr = listener.local_addr().unwrap();
         let mut rx = Receiver::listen(listener, &cfg).unwrap();
         let total: u64 = 8 << 20;
-        let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let sent2 = sent.clone();
-        let sender = std::thread::spawn(move || {
-            let mut s = TcpStream::connect(addr).unwrap();
-            small_buffers(&s, libc::SO_SNDBUF);
-            let mut buf = vec![0u8; 4096];
-            let mut off = 0;
-            while off < total {
-                common::fill_pattern(&mut buf, off);
-                s.write_all(&buf).unwrap();
-                off += buf.len() as u64;
-                sent2.store(off, std::sync::atomic::Ordering::Relaxed);
-            }
-        });
+        let (sender, sent) = paced_pattern_sender(addr, total);
         // Receive and hold every chunk: the ring (8 x 4 KiB) runs dry.
         let mut held = Vec::new();
         let mut got = 0u64;

@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::streams::{collect, run_streams, send_stream, set_linger_zero, small_buffers};
+use common::streams::{
+    collect, paced_pattern_sender, run_streams, send_stream, set_linger_zero, small_buffers,
+};
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -127,20 +129,7 @@ fn zcrx_deviceless_consumer_holding_chunks_slows_the_sender_and_loses_nothing() 
     let mut rx = Receiver::listen(listener, &cfg).unwrap();
     assert_eq!(rx.path(), RxPath::ZcrxNodev, "{}", rx.describe());
     let total: u64 = 4 << 20;
-    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let sent2 = sent.clone();
-    let sender = std::thread::spawn(move || {
-        let mut s = TcpStream::connect(addr).unwrap();
-        small_buffers(&s, libc::SO_SNDBUF);
-        let mut buf = vec![0u8; 4096];
-        let mut off = 0;
-        while off < total {
-            common::fill_pattern(&mut buf, off);
-            s.write_all(&buf).unwrap();
-            off += buf.len() as u64;
-            sent2.store(off, std::sync::atomic::Ordering::Relaxed);
-        }
-    });
+    let (sender, sent) = paced_pattern_sender(addr, total);
     let mut held = Vec::new();
     let mut got = 0u64;
     let hold_until = Instant::now() + Duration::from_millis(500);

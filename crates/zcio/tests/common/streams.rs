@@ -152,3 +152,29 @@ pub fn set_linger_zero(s: &TcpStream) {
     };
     assert_eq!(r, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
 }
+
+/// Sends `total` pattern bytes to `addr` in 4 KiB writes through a small send buffer, so the
+/// sender stalls as soon as the receiver stops reading; the counter says how far it got.
+pub fn paced_pattern_sender(
+    addr: SocketAddr,
+    total: u64,
+) -> (
+    std::thread::JoinHandle<()>,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sent2 = sent.clone();
+    let h = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        small_buffers(&s, libc::SO_SNDBUF);
+        let mut buf = vec![0u8; 4096];
+        let mut off = 0;
+        while off < total {
+            super::fill_pattern(&mut buf, off);
+            s.write_all(&buf).unwrap();
+            off += buf.len() as u64;
+            sent2.store(off, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    (h, sent)
+}
