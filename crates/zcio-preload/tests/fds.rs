@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{shim_path, tool, Preload, TempDir};
+use common::{assert_same_output, run_program, shim_path, tool, Preload, TempDir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -26,37 +26,11 @@ fn build(dir: &TempDir) -> Option<PathBuf> {
 }
 
 fn run(exe: &Path, args: &[&str], pre: &Preload) -> (String, String) {
-    run_env(exe, args, pre, &[])
+    run_program(exe, pre, args, &[])
 }
 
 fn run_env(exe: &Path, args: &[&str], pre: &Preload, env: &[(&str, &str)]) -> (String, String) {
-    let mut cmd = Command::new(exe);
-    cmd.args(args);
-    pre.apply(&mut cmd);
-    cmd.envs(env.iter().copied());
-    let out = cmd.output().expect("run epoll_fds");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        out.status.success(),
-        "epoll_fds failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    (stdout, stderr)
-}
-
-fn assert_same(native: &str, shimmed: &str, log: &str) {
-    let diff: Vec<String> = native
-        .lines()
-        .zip(shimmed.lines())
-        .filter(|(a, b)| a != b)
-        .map(|(a, b)| format!("  native: {a}\n  shim:   {b}"))
-        .collect();
-    assert!(
-        diff.is_empty() && native.lines().count() == shimmed.lines().count(),
-        "outputs differ:\n{}\nnative:\n{native}\nshim:\n{shimmed}\nshim log:\n{log}",
-        diff.join("\n")
-    );
+    run_program(exe, pre, args, env)
 }
 
 fn shim(stats: Option<PathBuf>) -> Preload {
@@ -103,7 +77,7 @@ fn descriptor_management_fork_and_signals_behave_as_without_the_shim() {
     // The default (EPOLL_WAIT over the program's own epoll fd): the interest list and every
     // close are the kernel's, nothing to convert or defer.
     let (shimmed, log) = run(&exe, &[], &shim(None));
-    assert_same(&native, &shimmed, &log);
+    assert_same_output(&native, &shimmed, &log);
     assert!(
         log.contains("served by the event ring (io_uring_epoll_wait)"),
         "{log}"
@@ -117,7 +91,7 @@ fn descriptor_management_fork_and_signals_behave_as_without_the_shim() {
         &shim(Some(stats.clone())),
         &[("ZCIO_EPOLL_BACKEND", "poll")],
     );
-    assert_same(&native, &shimmed, &log);
+    assert_same_output(&native, &shimmed, &log);
     assert!(log.contains("served by the event ring"), "shim log:\n{log}");
     // The only fallback is the forked child's own (its ring is the parent's).
     for line in log.lines().filter(|l| l.contains("falling back")) {
@@ -150,7 +124,7 @@ fn descriptor_management_behaves_the_same_when_io_uring_is_unavailable() {
     })
     .join()
     .expect("run thread");
-    assert_same(&native, &shimmed, &log);
+    assert_same_output(&native, &shimmed, &log);
     assert!(log.contains("event ring unavailable"), "shim log:\n{log}");
 }
 

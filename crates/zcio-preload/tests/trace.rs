@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{shim_path, tool, Preload, TempDir};
+use common::{assert_same_output, run_program, shim_path, tool, Preload, TempDir};
 use std::process::Command;
 
 fn build_trace(dir: &TempDir) -> Option<std::path::PathBuf> {
@@ -32,33 +32,7 @@ fn run_with(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (String, String) {
-    let mut cmd = Command::new(exe);
-    cmd.args(args);
-    pre.apply(&mut cmd);
-    cmd.envs(env.iter().copied());
-    let out = cmd.output().expect("run epoll_trace");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        out.status.success(),
-        "epoll_trace failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    (stdout, stderr)
-}
-
-fn assert_same(native: &str, shimmed: &str, log: &str) {
-    let diff: Vec<String> = native
-        .lines()
-        .zip(shimmed.lines())
-        .filter(|(a, b)| a != b)
-        .map(|(a, b)| format!("  native: {a}\n  shim:   {b}"))
-        .collect();
-    assert!(
-        diff.is_empty() && native.lines().count() == shimmed.lines().count(),
-        "traces differ:\n{}\nshim log:\n{log}",
-        diff.join("\n")
-    );
+    run_program(exe, pre, args, env)
 }
 
 /// The trace under the shim with `env`; returns the shim's log and its stats file.
@@ -89,7 +63,7 @@ fn trace_is_identical_with_and_without_the_shim() {
         "native trace incomplete:\n{native}"
     );
     let (shimmed, log, stats) = shim_run(&dir, &exe, &[], &[]);
-    assert_same(&native, &shimmed, &log);
+    assert_same_output(&native, &shimmed, &log);
     assert!(
         log.contains("served by the event ring (io_uring_epoll_wait)"),
         "shim log:\n{log}"
@@ -117,7 +91,7 @@ fn closes_behind_the_shims_back_behave_as_without_it() {
         "{native}"
     );
     let (shimmed, log, stats) = shim_run(&dir, &exe, &["behind"], &[]);
-    assert_same(&native, &shimmed, &log);
+    assert_same_output(&native, &shimmed, &log);
     assert!(common::stats_sum(&stats, "ring_waits") >= 3, "{log}");
 }
 
@@ -128,7 +102,7 @@ fn trace_is_identical_on_the_poll_ring() {
     let Some(exe) = build_trace(&dir) else { return };
     let (native, _) = run(&exe, &Preload::default());
     let (shimmed, log, stats) = shim_run(&dir, &exe, &[], &[("ZCIO_EPOLL_BACKEND", "poll")]);
-    assert_same(&native, &shimmed, &log);
+    assert_same_output(&native, &shimmed, &log);
     // The shim really served the scenarios from the ring (and fell back where it must).
     assert!(
         log.contains("served by the event ring (io_uring)"),

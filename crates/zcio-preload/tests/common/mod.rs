@@ -298,3 +298,44 @@ pub fn stats_sum(path: &Path, key: &str) -> u64 {
         .filter_map(|(_, v)| v.parse::<u64>().ok())
         .sum()
 }
+
+/// Runs a test program (natively or under `pre`) with `args` and extra `env`; asserts it exits
+/// 0 and returns its stdout and stderr (the shim's log).
+pub fn run_program(
+    exe: &Path,
+    pre: &Preload,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (String, String) {
+    let mut cmd = Command::new(exe);
+    cmd.args(args);
+    pre.apply(&mut cmd);
+    cmd.envs(env.iter().copied());
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", exe.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{stdout}\n{stderr}",
+        exe.display(),
+        out.status
+    );
+    (stdout, stderr)
+}
+
+/// Asserts that a program printed the same lines natively and under the shim.
+pub fn assert_same_output(native: &str, shimmed: &str, log: &str) {
+    let diff: Vec<String> = native
+        .lines()
+        .zip(shimmed.lines())
+        .filter(|(a, b)| a != b)
+        .map(|(a, b)| format!("  native: {a}\n  shim:   {b}"))
+        .collect();
+    assert!(
+        diff.is_empty() && native.lines().count() == shimmed.lines().count(),
+        "outputs differ:\n{}\nnative:\n{native}\nshim:\n{shimmed}\nshim log:\n{log}",
+        diff.join("\n")
+    );
+}
