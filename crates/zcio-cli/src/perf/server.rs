@@ -12,7 +12,7 @@
 
 use super::client::ClientOpts;
 use super::hostinfo::{self, HostCpu};
-use super::proto::{self, Answer, Hello, Msg, Params, SideReport, StreamReport};
+use super::proto::{self, Answer, Hello, Msg, Params, SideReport};
 use super::stream::{self, RecvOpts};
 use super::{parse_duration, pattern, resolve, Family, ServerArgs, DEFAULT_PORT};
 use anyhow::{bail, Context, Result};
@@ -651,18 +651,7 @@ fn run_test(ctl: &mut TcpStream, peer: SocketAddr, p: &Params, sh: &Arc<Shared>)
             }
         }
     }
-    let mut streams: Vec<StreamReport> = threads
-        .into_iter()
-        .enumerate()
-        .map(|(i, t)| {
-            t.join().unwrap_or_else(|_| StreamReport {
-                stream: i as u32,
-                error: Some("stream thread panicked".into()),
-                ..StreamReport::default()
-            })
-        })
-        .collect();
-    streams.sort_by_key(|s| s.stream);
+    let streams = super::stream::join_all(threads);
     let role = if p.reverse { "sender" } else { "receiver" };
     let rep = SideReport::total(role, hostinfo::local(Some(local)), streams, host_cpu.stop());
     let mut error = ctl_error.clone();

@@ -296,6 +296,24 @@ pub fn take_datagram(
     Ok(())
 }
 
+/// Joins the stream threads of one side; a thread that panicked becomes a report with the
+/// error. In stream order.
+pub fn join_all(threads: Vec<std::thread::JoinHandle<StreamReport>>) -> Vec<StreamReport> {
+    let mut streams: Vec<StreamReport> = threads
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.join().unwrap_or_else(|_| StreamReport {
+                stream: i as u32,
+                error: Some("stream thread panicked".into()),
+                ..StreamReport::default()
+            })
+        })
+        .collect();
+    streams.sort_by_key(|s| s.stream);
+    streams
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -309,18 +309,7 @@ pub fn run_test(spec: &TestSpec, on_interval: &mut dyn FnMut(&Interval)) -> Resu
             last_t = t;
         }
     }
-    let mut streams: Vec<StreamReport> = threads
-        .into_iter()
-        .enumerate()
-        .map(|(i, t)| {
-            t.join().unwrap_or_else(|_| StreamReport {
-                stream: i as u32,
-                error: Some("stream thread panicked".into()),
-                ..StreamReport::default()
-            })
-        })
-        .collect();
-    streams.sort_by_key(|s| s.stream);
+    let streams = super::stream::join_all(threads);
     let role = if p.reverse { "receiver" } else { "sender" };
     let client = SideReport::total(
         role,
