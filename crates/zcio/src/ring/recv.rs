@@ -286,6 +286,11 @@ impl<C: Cqe> RecvRing<C> {
             .map(drop)
     }
 
+    /// The ring, for its readiness eventfd.
+    pub fn ring_mut(&mut self) -> &mut Ring<C> {
+        &mut self.ring
+    }
+
     /// `io_uring_enter` calls made.
     pub fn enters(&self) -> u64 {
         self.ring.enters()

@@ -1,0 +1,265 @@
+//! Readiness descriptors on real loopback sockets: each one polls readable exactly when its
+//! object has something to harvest, and is quiet again after the harvest (no busy loop), for
+//! every backend and task-run mode (`docs/design/async.md`).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::{Duration, Instant};
+use zcio::buf::pool::Pool;
+use zcio::rx::{Receiver, RxConfig, RxEvent, RxMode, RxPath};
+use zcio::tx::{Path, Sender, SenderConfig, TxMode};
+
+/// Waits up to `limit` for `fd` to poll readable.
+fn readable_within(fd: BorrowedFd<'_>, limit: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = limit.as_millis() as i32;
+    // SAFETY: one valid pollfd for the call.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    n > 0 && p.revents & libc::POLLIN != 0
+}
+
+fn pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (s, _) = l.accept().unwrap();
+    (c, s)
+}
+
+fn skip_unless(test: &str, ok: bool, why: &str) -> bool {
+    if ok {
+        return false;
+    }
+    assert!(
+        std::env::var("ZCIO_REQUIRE_PRIV").as_deref() != Ok("1"),
+        "{test}: {why} (ZCIO_REQUIRE_PRIV=1)"
+    );
+    println!("SKIP {test}: {why}");
+    true
+}
+
+/// Sends `rounds` buffers one at a time, waiting on the readiness descriptor for each
+/// completion; checks the descriptor is quiet before each send and after each harvest.
+fn sender_fires_per_completion(test: &str, mode: TxMode, want: Path) {
+    let (c, mut s) = pair();
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        s.read_to_end(&mut v).unwrap();
+        v.len()
+    });
+    let pool = Pool::new(64 << 10, 8, false).unwrap();
+    let mut tx = Sender::new(c, &pool, SenderConfig::new(mode)).unwrap();
+    if skip_unless(
+        test,
+        tx.path() == want,
+        &format!(
+            "path {} instead of {}: {:?}",
+            tx.path(),
+            want,
+            tx.fallbacks()
+        ),
+    ) {
+        return;
+    }
+    let rounds = 20;
+    let mut total = 0;
+    for i in 0..rounds {
+        assert!(
+            !readable_within(tx.readiness_fd().unwrap(), Duration::ZERO),
+            "round {i}: ready with nothing in flight"
+        );
+        let mut buf = pool.try_get().unwrap();
+        buf.set_len(60_000);
+        buf.fill(i as u8);
+        tx.send(buf);
+        tx.poll().unwrap();
+        let end = Instant::now() + common::scaled(Duration::from_secs(10));
+        let mut wakes = 0;
+        while tx.ready() == 0 {
+            assert!(Instant::now() < end, "round {i}: no completion");
+            if mode == TxMode::Copy {
+                break;
+            }
+            assert!(
+                readable_within(tx.readiness_fd().unwrap(), Duration::from_secs(5)),
+                "round {i}: descriptor never fired ({} in flight)",
+                tx.in_flight()
+            );
+            wakes += 1;
+            tx.on_ready().unwrap();
+        }
+        // Notifications may trail the completion: harvest until nothing is in flight.
+        while tx.in_flight() > 0 {
+            assert!(Instant::now() < end, "round {i}: notification never came");
+            assert!(readable_within(
+                tx.readiness_fd().unwrap(),
+                Duration::from_secs(5)
+            ));
+            wakes += 1;
+            tx.on_ready().unwrap();
+        }
+        let (done, buf) = tx.next_completion().expect("completion");
+        assert_eq!(done.result().unwrap(), 60_000);
+        drop(buf);
+        total += 60_000;
+        assert!(wakes <= 4, "round {i}: {wakes} wake-ups for one send");
+        // Quiet after the harvest, also a little later (no level left up).
+        assert!(
+            !readable_within(tx.readiness_fd().unwrap(), Duration::from_millis(20)),
+            "round {i}: descriptor still ready after the harvest"
+        );
+    }
+    drop(tx);
+    assert_eq!(reader.join().unwrap(), total);
+}
+
+#[test]
+fn sender_readiness_fires_per_uring_completion_under_defer_taskrun() {
+    sender_fires_per_completion(
+        "sender_readiness_fires_per_uring_completion_under_defer_taskrun",
+        TxMode::UringZc,
+        Path::UringZc,
+    );
+}
+
+#[test]
+fn sender_readiness_fires_per_msg_zerocopy_notification() {
+    sender_fires_per_completion(
+        "sender_readiness_fires_per_msg_zerocopy_notification",
+        TxMode::MsgZc,
+        Path::MsgZc,
+    );
+}
+
+#[test]
+fn sender_readiness_stays_quiet_on_the_copy_path() {
+    sender_fires_per_completion(
+        "sender_readiness_stays_quiet_on_the_copy_path",
+        TxMode::Copy,
+        Path::Copy,
+    );
+}
+
+#[test]
+fn sender_readiness_ignores_incoming_data_and_hang_up() {
+    // The socket's POLLIN (data the peer sent) and a hang-up are not sender work.
+    let (c, mut s) = pair();
+    let pool = Pool::new(4096, 2, false).unwrap();
+    let mut tx = Sender::new(c, &pool, SenderConfig::new(TxMode::MsgZc)).unwrap();
+    let fd = tx.readiness_fd().unwrap().as_raw_fd();
+    s.write_all(b"unread request").unwrap();
+    drop(s);
+    std::thread::sleep(Duration::from_millis(50));
+    tx.on_ready().unwrap();
+    // SAFETY: `fd` is the sender's readiness descriptor, alive while `tx` is.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    assert!(!readable_within(b, Duration::from_millis(50)));
+    tx.on_ready().unwrap();
+    assert!(!readable_within(b, Duration::from_millis(20)));
+}
+
+/// A receiver over one connection: the descriptor fires for each message the peer writes
+/// and is quiet once it was harvested.
+fn receiver_fires_per_message(test: &str, cfg: RxConfig, want: &[RxPath]) {
+    let (c, s) = pair();
+    let mut rx = Receiver::new(&cfg).unwrap();
+    if skip_unless(
+        test,
+        want.contains(&rx.path()),
+        &format!("path {:?}: {:?}", rx.path(), rx.fallbacks()),
+    ) {
+        return;
+    }
+    rx.add(s).unwrap();
+    let mut c = c;
+    // Arm (the ring backends submit their receive on the first harvest).
+    rx.on_ready(&mut |_| {}).unwrap();
+    for i in 0..20u8 {
+        let fd = rx.readiness_fd().unwrap().as_raw_fd();
+        // SAFETY: the receiver's descriptor, alive while `rx` is.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        assert!(
+            !readable_within(b, Duration::from_millis(10)),
+            "message {i}: ready before the peer wrote"
+        );
+        c.write_all(&[i; 1000]).unwrap();
+        let mut got = Vec::new();
+        let end = Instant::now() + common::scaled(Duration::from_secs(10));
+        let mut wakes = 0;
+        while got.len() < 1000 {
+            assert!(Instant::now() < end, "message {i}: got {} bytes", got.len());
+            assert!(
+                readable_within(b, Duration::from_secs(5)),
+                "message {i}: descriptor never fired"
+            );
+            wakes += 1;
+            rx.on_ready(&mut |ev| {
+                if let RxEvent::Data(d) = ev {
+                    got.extend_from_slice(&d)
+                }
+            })
+            .unwrap();
+        }
+        assert_eq!(got, vec![i; 1000]);
+        assert!(wakes <= 3, "message {i}: {wakes} wake-ups");
+        assert!(
+            !readable_within(b, Duration::from_millis(20)),
+            "message {i}: still ready after the harvest"
+        );
+    }
+    drop(c);
+    let mut closed = false;
+    let end = Instant::now() + common::scaled(Duration::from_secs(10));
+    while !closed && Instant::now() < end {
+        let fd = rx.readiness_fd().unwrap().as_raw_fd();
+        // SAFETY: as above.
+        if readable_within(
+            unsafe { BorrowedFd::borrow_raw(fd) },
+            Duration::from_secs(1),
+        ) {
+            rx.on_ready(&mut |ev| closed |= matches!(ev, RxEvent::Closed(..)))
+                .unwrap();
+        }
+    }
+    assert!(
+        closed,
+        "the peer's close was never seen through the descriptor"
+    );
+}
+
+#[test]
+fn receiver_readiness_fires_per_message_on_bufring_under_defer_taskrun() {
+    receiver_fires_per_message(
+        "receiver_readiness_fires_per_message_on_bufring_under_defer_taskrun",
+        RxConfig::with_mode(RxMode::BufRing),
+        &[RxPath::BufRing],
+    );
+}
+
+#[test]
+fn receiver_readiness_fires_per_message_on_bufring_with_coop_taskrun_only() {
+    let cfg = RxConfig {
+        defer_taskrun: false,
+        ..RxConfig::with_mode(RxMode::BufRing)
+    };
+    receiver_fires_per_message(
+        "receiver_readiness_fires_per_message_on_bufring_with_coop_taskrun_only",
+        cfg,
+        &[RxPath::BufRing],
+    );
+}
+
+#[test]
+fn receiver_readiness_fires_per_message_on_plain_epoll() {
+    receiver_fires_per_message(
+        "receiver_readiness_fires_per_message_on_plain_epoll",
+        RxConfig::with_mode(RxMode::Plain),
+        &[RxPath::Plain],
+    );
+}
