@@ -500,7 +500,7 @@ pub enum FrameEvent {
 /// the buffer ring, so the kernel never writes into a frame after that.
 #[derive(Debug)]
 pub struct FrameRecv {
-    ring: Ring,
+    pub(crate) ring: Ring,
     bufs: crate::buf::bufring::PbufRing,
     /// Entries added since the last publish.
     unpublished: u16,

@@ -80,3 +80,17 @@ pub fn is_readable(fd: BorrowedFd<'_>) -> bool {
     }];
     epoll::poll_now(&mut p).is_ok() && p[0].revents & libc::POLLIN != 0
 }
+
+/// Registers a duplicate of `fd` with the current tokio runtime's reactor for readability.
+/// The duplicate shares the open file (an eventfd, an epoll set, a socket), so readiness is
+/// the same; the `AsyncFd` owns it, so it stays open exactly as long as it is registered.
+#[cfg(feature = "tokio")]
+pub fn tokio_register(fd: BorrowedFd<'_>) -> io::Result<::tokio::io::unix::AsyncFd<OwnedFd>> {
+    let own = super::move_private_fd(fd.try_clone_to_owned()?);
+    // SAFETY: `own` is a descriptor nobody else holds; the AsyncFd owns it until it
+    // deregisters, so it is neither closed nor replaced while registered.
+    let r = unsafe {
+        ::tokio::io::unix::AsyncFd::register_with_interest(own, ::tokio::io::Interest::READABLE)
+    };
+    r.map_err(io::Error::from)
+}

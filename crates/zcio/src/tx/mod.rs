@@ -718,6 +718,12 @@ impl Sender {
             + self.msg.as_ref().map_or(0, |m| m.in_flight())
     }
 
+    /// Whether [`Sender::send`] can hand a buffer over without waiting for completions
+    /// (fewer than `depth` sends in flight).
+    pub fn has_room(&self) -> bool {
+        self.in_flight_active() < self.cfg.depth.max(1)
+    }
+
     /// Completions ready to be taken.
     pub fn ready(&self) -> usize {
         self.ready.len()
