@@ -1,6 +1,6 @@
 //! Async adapters for tokio, built on the objects' readiness descriptors
 //! ([`Sender::readiness_fd`], [`Receiver::readiness_fd`], [`NfQueue::readiness_fd`]) with
-//! [`tokio::io::unix::AsyncFd`](::tokio::io::unix::AsyncFd).
+//! [`tokio::io::unix::AsyncFd`].
 //!
 //! Each adapter owns its object and waits on its descriptor inside the runtime's reactor;
 //! no thread of its own. The objects keep their io_uring rings `SINGLE_ISSUER` (only the
