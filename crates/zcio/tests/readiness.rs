@@ -263,3 +263,93 @@ fn receiver_readiness_fires_per_message_on_plain_epoll() {
         &[RxPath::Plain],
     );
 }
+
+/// NFQUEUE in a namespace: the descriptor fires for each queued datagram and is quiet once
+/// the packet was decided.
+fn nfqueue_fires_per_packet(test: &str, queue: u16, uring: bool) {
+    use zcio::netlink::{Decision, NfQueue, NfQueueConfig, Verdict};
+    if !common::can_make_hosts(test) {
+        return;
+    }
+    let ns = zcio_testnet::Netns::new("rnfq").expect("namespace");
+    let out = ns
+        .command("iptables")
+        .args(["-A", "INPUT", "-p", "udp", "--dport", "9998"])
+        .args(["-j", "NFQUEUE", "--queue-num", &queue.to_string()])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {}
+        other => {
+            common::skip(test, &format!("iptables NFQUEUE rule refused: {other:?}"));
+            return;
+        }
+    }
+    ns.run(move || {
+        let rx = std::net::UdpSocket::bind("127.0.0.1:9998").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.connect("127.0.0.1:9998").unwrap();
+        let mut q = NfQueue::open(NfQueueConfig {
+            first: queue,
+            last: queue,
+            uring,
+            copy: zcio::netlink::CopyMode::Packet(512),
+            ..NfQueueConfig::default()
+        })
+        .unwrap();
+        let want = if uring {
+            "frame-ring+io_uring"
+        } else {
+            "frame-ring+recvmmsg"
+        };
+        assert_eq!(q.path(), want, "{:?}", q.fallbacks());
+        let fd = q.readiness_fd().unwrap().as_raw_fd();
+        // SAFETY: the queue's descriptor, alive while `q` is.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        // Arm (the io_uring frame ring submits its receive on the first harvest).
+        q.on_ready(&mut |_| Decision::Verdict(Verdict::Accept))
+            .unwrap();
+        let mut buf = [0u8; 16];
+        for i in 0..10u32 {
+            assert!(
+                !readable_within(b, Duration::from_millis(10)),
+                "packet {i}: ready before it was sent"
+            );
+            tx.send(&i.to_be_bytes()).unwrap();
+            let mut decided = 0;
+            let mut wakes = 0;
+            while decided == 0 {
+                assert!(
+                    readable_within(b, Duration::from_secs(5)),
+                    "packet {i}: never fired"
+                );
+                wakes += 1;
+                assert!(wakes <= 3, "packet {i}: {wakes} wake-ups");
+                decided += q
+                    .on_ready(&mut |_| Decision::Verdict(Verdict::Accept))
+                    .unwrap();
+            }
+            assert_eq!(decided, 1);
+            assert_eq!(rx.recv(&mut buf).unwrap(), 4, "packet {i} not accepted");
+            assert!(
+                !readable_within(b, Duration::from_millis(20)),
+                "packet {i}: still ready after its verdict"
+            );
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn nfqueue_readiness_fires_per_packet_on_the_uring_frame_ring() {
+    nfqueue_fires_per_packet(
+        "nfqueue_readiness_fires_per_packet_on_the_uring_frame_ring",
+        43,
+        true,
+    );
+}
+
+#[test]
+fn nfqueue_readiness_fires_per_packet_on_recvmmsg() {
+    nfqueue_fires_per_packet("nfqueue_readiness_fires_per_packet_on_recvmmsg", 44, false);
+}
