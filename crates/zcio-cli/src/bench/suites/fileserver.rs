@@ -12,6 +12,7 @@ use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
 use anyhow::{bail, Context, Result};
 use std::process::Command;
 use std::sync::atomic::Ordering;
+use zcio::tx::TxMode;
 use zcio_examples::fileserver::{FileServer, FileServerConfig, Io};
 use zcio_testnet::tempdir::TempDir;
 
@@ -57,13 +58,21 @@ impl Suite for FileServerSuite {
             crate::bench::measure::size_label(FILE_LEN)
         );
         let root = dir.path().to_path_buf();
-        let r2 = root.clone();
         ctx.compare(
             &case,
             ("tokio TcpStream", "zcio Sender/Receiver (auto/bufring)"),
             METRICS,
-            || run_once(Io::Tokio, &root, conns, secs),
-            || run_once(Io::Zcio, &r2, conns, secs),
+            || run_once(Io::Tokio, TxMode::Auto, &root, conns, secs),
+            || run_once(Io::Zcio, TxMode::Auto, &root, conns, secs),
+        )?;
+        // The same with zcio's copy path: what the adapters and the Receiver cost by
+        // themselves, without zero-copy (which loopback copies at delivery anyway).
+        ctx.compare(
+            &format!("{case}, zcio copy path"),
+            ("tokio TcpStream", "zcio Sender/Receiver (copy/bufring)"),
+            METRICS,
+            || run_once(Io::Tokio, TxMode::Copy, &root, conns, secs),
+            || run_once(Io::Zcio, TxMode::Copy, &root, conns, secs),
         )?;
         Ok(())
     }
@@ -80,8 +89,17 @@ fn process_cpu() -> Result<f64> {
     Ok(ticks / 100.0)
 }
 
-fn run_once(io: Io, root: &std::path::Path, conns: usize, secs: u32) -> Result<Sample> {
-    let cfg = FileServerConfig::new(io, root);
+fn run_once(
+    io: Io,
+    tx_mode: TxMode,
+    root: &std::path::Path,
+    conns: usize,
+    secs: u32,
+) -> Result<Sample> {
+    let cfg = FileServerConfig {
+        tx_mode,
+        ..FileServerConfig::new(io, root)
+    };
     let srv = FileServer::start(cfg, "127.0.0.1:0".parse()?)?;
     let cpu0 = process_cpu()?;
     let out = Command::new("wrk")
