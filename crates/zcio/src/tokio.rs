@@ -92,6 +92,8 @@ impl AsyncSender {
         if self.tx.ready() > 0 {
             return Ok(());
         }
+        // Nothing can wake us for sends stuck in an abandoned ring.
+        self.tx.check_stuck()?;
         let mut guard = self.fd.readable().await.map_err(tx_io)?;
         self.tx.on_ready()?;
         // on_ready left the descriptor readable only for later events, which signal anew.

@@ -318,3 +318,44 @@ fn async_nfqueue_decides_every_packet_once_on_recvmmsg() {
         false,
     );
 }
+
+#[test]
+fn async_flush_fails_instead_of_hanging_when_the_ring_is_abandoned() {
+    // The peer never reads and its receive buffer is small: sends are accepted into the
+    // socket but their notifications stay owed; then the ring fails for good. Nothing can
+    // ever signal the descriptor for those sends: the wait must say so, not hang.
+    use zcio::ring::send::Fault;
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    zcio::sys::setsockopt_int(&l, libc::SOL_SOCKET, libc::SO_RCVBUF, 4096).unwrap();
+    let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (_peer, _) = l.accept().unwrap();
+    runtime().block_on(async move {
+        let pool = Pool::new(16 << 10, 16, false).unwrap();
+        let cfg = SenderConfig {
+            depth: 8,
+            ..SenderConfig::new(TxMode::UringZc)
+        };
+        let tx = Sender::new(sock, &pool, cfg).unwrap();
+        assert_eq!(tx.path(), Path::UringZc, "{:?}", tx.fallbacks());
+        let mut tx = AsyncSender::new(tx).unwrap();
+        for _ in 0..8 {
+            let mut b = pool.try_get().unwrap();
+            b.set_len(16 << 10);
+            tx.start(b).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tx.get_mut().poll().unwrap();
+        assert!(tx.get_ref().in_flight() > 0, "the peer read?");
+        assert!(tx.get_mut().inject_ring_fault(Fault {
+            after_requests: 0,
+            errno: libc::EIO,
+            times: u32::MAX,
+        }));
+        // One enter fails, the ring is abandoned with notifications owed.
+        let _ = tx.get_mut().wait(Duration::from_millis(300));
+        let r = tokio::time::timeout(Duration::from_secs(10), tx.flush())
+            .await
+            .expect("flush hung on sends that can never complete");
+        assert!(r.is_err(), "flush returned {r:?}");
+    });
+}

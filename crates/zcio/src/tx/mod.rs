@@ -724,6 +724,16 @@ impl Sender {
         self.in_flight_active() < self.cfg.depth.max(1)
     }
 
+    /// Sends that are in flight but can never complete (they sit in an io_uring that failed
+    /// and was abandoned): waiting for them, on the descriptor or otherwise, would never end.
+    /// The error says so; `Ok` when every send in flight can still complete.
+    pub fn check_stuck(&self) -> Result<(), TxError> {
+        if self.in_flight() > self.in_flight_active() && self.in_flight_active() == 0 {
+            return Err(self.dead_ring_error());
+        }
+        Ok(())
+    }
+
     /// Completions ready to be taken.
     pub fn ready(&self) -> usize {
         self.ready.len()
