@@ -9,6 +9,7 @@
 pub mod loadgen;
 
 pub mod cli;
+pub mod fileserver;
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};

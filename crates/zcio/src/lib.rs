@@ -7,7 +7,8 @@
 //! - `rx`: zero-copy receive with a refill ring (zcrx, buffer rings, plain recv);
 //! - `event`: readiness events harvested from a ring without syscalls;
 //! - `netlink`: a netlink frame ring and an NFQUEUE consumer with batch verdicts;
-//! - [`probe`]: what this host, NIC and socket can do, and why not.
+//! - [`probe`]: what this host, NIC and socket can do, and why not;
+//! - `tokio` (feature `tokio`): async adapters on the objects' readiness descriptors.
 //!
 //! Every object reports the path it took, its [`stats::Counters`] and the
 //! [`stats::Fallback`]s it recorded.
@@ -23,6 +24,8 @@ pub mod ring;
 pub mod rx;
 pub mod stats;
 pub mod sys;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 pub mod tx;
 
 pub use ring::{Ring, RingConfig, RingError};

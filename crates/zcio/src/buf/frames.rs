@@ -561,6 +561,11 @@ impl FrameRing {
         self.uring.as_ref().map_or(0, |u| u.sends_outstanding())
     }
 
+    /// The io_uring producer, when in use (for its readiness eventfd).
+    pub fn uring_mut(&mut self) -> Option<&mut FrameRecv> {
+        self.uring.as_mut()
+    }
+
     /// Whether frames are filled by io_uring multishot receive.
     pub fn is_uring(&self) -> bool {
         self.uring.is_some()

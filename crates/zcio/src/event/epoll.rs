@@ -10,7 +10,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 pub(super) struct EpollEvents {
-    epfd: OwnedFd,
+    pub(super) epfd: OwnedFd,
     tokens: Vec<u64>,
     wake_fd: RawFd,
     buf: Vec<EpollEvent>,

@@ -56,7 +56,7 @@ impl Epfd {
 
 pub(super) struct EpwaitEvents {
     // Declared before `buf`: nothing can write into `buf` once the ring is gone.
-    ring: Ring,
+    pub(super) ring: Ring,
     epfd: Epfd,
     buf: EpollWaitBuf,
     defer: bool,

@@ -272,6 +272,8 @@ struct UserShared {
 /// fd shared by threads, as a C shim may see), use `RingConfig { single_issuer: false,
 /// defer_taskrun: false, .. }` and serialise calls.
 pub struct EventRing {
+    /// The readiness set, once asked for (declared first: closed before the backend).
+    readiness: Option<crate::sys::ready::ReadySet>,
     backend: Backend,
     user: Arc<UserShared>,
     fallbacks: Vec<Fallback>,
@@ -372,6 +374,7 @@ impl EventRing {
             Prefer::Auto => Self::choose(cfg, wake, &mut fallbacks)?,
         };
         Ok(Self {
+            readiness: None,
             backend,
             user,
             fallbacks,
@@ -558,6 +561,71 @@ impl EventRing {
         });
         self.user_harvested += n as u64;
         n
+    }
+
+    /// The readiness descriptor, created on first call: it polls readable when
+    /// [`EventRing::on_ready`] would find events — the ring's registered eventfd (poll ring
+    /// and `EPOLL_WAIT` backends: signalled when a poll completion is posted, or under
+    /// `DEFER_TASKRUN` when its task work is queued), the kernel epoll set of the interest
+    /// list (`EPOLL_WAIT` and epoll backends, level-triggered), and the user-post eventfd
+    /// (written by a [`Poster`] once `on_ready` has returned, the loop counting as asleep).
+    /// Rules per backend and task-run mode: `docs/design/async.md`.
+    pub fn readiness_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        if self.readiness.is_none() {
+            let set = crate::sys::ready::ReadySet::new()?;
+            let level = libc::EPOLLIN as u32;
+            match &mut self.backend {
+                Backend::Uring(u) => set.add_level(u.ring.notify_fd()?.as_raw_fd(), level)?,
+                Backend::Epwait(e) => {
+                    set.add_level(e.epoll_fd(), level)?;
+                    set.add_level(e.ring.notify_fd()?.as_raw_fd(), level)?;
+                }
+                Backend::Epoll(e) => set.add_level(e.epfd.as_raw_fd(), level)?,
+            }
+            if !matches!(self.backend, Backend::Epoll(_)) {
+                // The epoll backend has the wake eventfd in its own set already.
+                set.add_level(self.user.wake_fd.as_raw_fd(), level)?;
+            }
+            self.readiness = Some(set);
+        }
+        Ok(self.readiness.as_ref().expect("readiness").as_fd())
+    }
+
+    /// Collects ready events into `out` without sleeping (after the readiness descriptor
+    /// fired, or at any time): as `wait` with a zero timeout (level-triggered fds are
+    /// re-checked, re-arms submitted), then clears the descriptor, looking again if events
+    /// came in meanwhile, and counts the loop as asleep so posters write the wake eventfd.
+    /// When `out` fills up with events left over, the descriptor is left readable. Returns
+    /// how many events were written.
+    pub fn on_ready(&mut self, out: &mut [Event]) -> io::Result<usize> {
+        self.readiness_fd()?;
+        let mut n = 0;
+        for _ in 0..4 {
+            if n == out.len() {
+                break;
+            }
+            n += self.wait(&mut out[n..], Some(Duration::ZERO))?;
+            let _ = crate::sys::epoll::eventfd_read(self.user.wake_fd.as_raw_fd());
+            let more = match &mut self.backend {
+                Backend::Uring(u) => {
+                    u.ring.clear_notify();
+                    u.ring.has_work()
+                }
+                Backend::Epwait(e) => {
+                    e.ring.clear_notify();
+                    e.ring.has_work()
+                }
+                Backend::Epoll(_) => false,
+            };
+            if !more && self.user.ring.prepare_sleep() {
+                return Ok(n);
+            }
+        }
+        // Out of room with work left (or still busy after four rounds): stay readable.
+        self.user.ring.end_sleep();
+        crate::sys::epoll::eventfd_write(self.user.wake_fd.as_raw_fd(), 1)?;
+        Ok(n)
     }
 
     /// User-posted events handed out so far (a caller that needs to tell them from fd events

@@ -87,7 +87,7 @@ impl Reg {
 }
 
 pub(super) struct UringEvents {
-    ring: Ring,
+    pub(super) ring: Ring,
     regs: Vec<Option<Reg>>,
     /// Last generation used per fd number, kept across `delete`, so completions of a deleted
     /// registration still in flight never match a later one on the same number.

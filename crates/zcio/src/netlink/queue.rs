@@ -394,6 +394,9 @@ struct QueueSock {
 /// An NFQUEUE consumer bound to one queue or a range of queues.
 #[derive(Debug)]
 pub struct NfQueue {
+    /// The readiness set, once asked for: every socket (level) and every io_uring frame
+    /// ring's eventfd (level). Declared before the sockets, so it is closed first.
+    readiness: Option<crate::sys::ready::ReadySet>,
     socks: Vec<QueueSock>,
     cfg: NfQueueConfig,
     stats: NfqStats,
@@ -834,6 +837,7 @@ impl NfQueue {
             socks.push(QueueSock::open(&cfg, q, &mut fallbacks)?);
         }
         Ok(Self {
+            readiness: None,
             socks,
             cfg,
             stats: NfqStats::default(),
@@ -1190,6 +1194,60 @@ impl NfQueue {
             );
         }
         self.socks.clear();
+    }
+
+    /// The readiness descriptor, created on first call: it polls readable when
+    /// [`NfQueue::on_ready`] would find packets — a queue socket with datagrams waiting
+    /// (level), or an io_uring frame ring's registered eventfd (under `DEFER_TASKRUN`
+    /// signalled when the multishot receive's task work is queued; the frames are filled by
+    /// the harvest's own enter). While every frame is held, packets wait in the socket and
+    /// the descriptor stays readable until a verdict frees frames. Rules:
+    /// `docs/design/async.md`.
+    pub fn readiness_fd(&mut self) -> Result<std::os::fd::BorrowedFd<'_>, NfqError> {
+        use std::os::fd::AsFd;
+        if self.readiness.is_none() {
+            let set = crate::sys::ready::ReadySet::new().map_err(sock_err("readiness set"))?;
+            for s in &mut self.socks {
+                set.add_level(s.fd.as_raw_fd(), libc::EPOLLIN as u32)
+                    .map_err(sock_err("readiness set: add socket"))?;
+                if let Some(u) = s.ring.uring_mut() {
+                    let fd = u
+                        .ring
+                        .notify_fd()
+                        .map_err(sock_err("IORING_REGISTER_EVENTFD"))?
+                        .as_raw_fd();
+                    set.add_level(fd, libc::EPOLLIN as u32)
+                        .map_err(sock_err("readiness set: add eventfd"))?;
+                }
+            }
+            self.readiness = Some(set);
+        }
+        Ok(self.readiness.as_ref().expect("readiness").as_fd())
+    }
+
+    /// Handles what is ready without waiting (after the readiness descriptor fired, or at any
+    /// time), as [`NfQueue::process`] with a zero timeout; then clears the frame rings'
+    /// eventfds and looks again if work came in meanwhile. Returns the packets handled.
+    pub fn on_ready<F>(&mut self, f: &mut F) -> Result<usize, NfqError>
+    where
+        F: FnMut(&Packet<'_>) -> Decision,
+    {
+        self.readiness_fd()?;
+        let mut n = 0;
+        for _ in 0..4 {
+            n += self.process(Some(Duration::ZERO), &mut *f)?;
+            let mut more = false;
+            for s in &mut self.socks {
+                if let Some(u) = s.ring.uring_mut() {
+                    u.ring.clear_notify();
+                    more |= u.ring.has_work();
+                }
+            }
+            if !more {
+                break;
+            }
+        }
+        Ok(n)
     }
 
     /// Raw descriptors (for an external poller).

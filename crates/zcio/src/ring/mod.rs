@@ -116,6 +116,8 @@ pub struct Ring<C: cqueue::EntryMarker = cqueue::Entry> {
     enters: u64,
     overflow_flushes: u64,
     sqpoll: bool,
+    /// The eventfd registered with `IORING_REGISTER_EVENTFD`, once [`Ring::notify_fd`] asked.
+    evfd: Option<std::os::fd::OwnedFd>,
 }
 
 impl<C: cqueue::EntryMarker> std::fmt::Debug for Ring<C> {
@@ -226,6 +228,7 @@ impl<C: cqueue::EntryMarker> Ring<C> {
                         flags,
                         enters: 0,
                         overflow_flushes: 0,
+                        evfd: None,
                     });
                 }
                 Err(e) => {
@@ -486,6 +489,42 @@ impl<C: cqueue::EntryMarker> Ring<C> {
         let mut cq = self.ring.completion();
         cq.sync();
         cq.len()
+    }
+
+    /// The ring's readiness descriptor: an eventfd registered with `IORING_REGISTER_EVENTFD`
+    /// (5.2), created on first call. The kernel signals it when it posts completions and,
+    /// under `DEFER_TASKRUN`, when deferred task work is queued for the owner (the completions
+    /// themselves are posted only when the owner enters with GETEVENTS). See
+    /// `docs/design/async.md` for the rule per task-run mode.
+    pub fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::{AsFd, AsRawFd};
+        if self.evfd.is_none() {
+            let fd = crate::sys::eventfd(0)?;
+            self.ring.submitter().register_eventfd(fd.as_raw_fd())?;
+            self.evfd = Some(fd);
+        }
+        Ok(self.evfd.as_ref().expect("eventfd").as_fd())
+    }
+
+    /// Resets the registered eventfd's counter (no syscall when none is registered). Call it
+    /// before checking [`Ring::has_work`], never after: a signal that comes later stays.
+    pub fn clear_notify(&self) {
+        use std::os::fd::AsRawFd;
+        if let Some(fd) = &self.evfd {
+            // EAGAIN (counter already zero) is the normal case after a spurious wake.
+            let _ = crate::sys::epoll::eventfd_read(fd.as_raw_fd());
+        }
+    }
+
+    /// Whether anything waits to be harvested: completions in the CQ, an overflow list to
+    /// flush, or deferred task work flagged with `IORING_SQ_TASKRUN`. No syscall.
+    pub fn has_work(&mut self) -> bool {
+        let (overflow, taskrun) = {
+            let mut sq = self.ring.submission();
+            sq.sync();
+            (sq.cq_overflow(), sq.taskrun())
+        };
+        overflow || taskrun || self.ready() > 0
     }
 
     /// Kernel opcode support, from `IORING_REGISTER_PROBE`.

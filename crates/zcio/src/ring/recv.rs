@@ -286,6 +286,11 @@ impl<C: Cqe> RecvRing<C> {
             .map(drop)
     }
 
+    /// The ring, for its readiness eventfd.
+    pub fn ring_mut(&mut self) -> &mut Ring<C> {
+        &mut self.ring
+    }
+
     /// `io_uring_enter` calls made.
     pub fn enters(&self) -> u64 {
         self.ring.enters()
@@ -495,7 +500,7 @@ pub enum FrameEvent {
 /// the buffer ring, so the kernel never writes into a frame after that.
 #[derive(Debug)]
 pub struct FrameRecv {
-    ring: Ring,
+    pub(crate) ring: Ring,
     bufs: crate::buf::bufring::PbufRing,
     /// Entries added since the last publish.
     unpublished: u16,

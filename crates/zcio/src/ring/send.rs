@@ -313,6 +313,22 @@ impl SendRing {
         Ok(())
     }
 
+    /// The ring's readiness eventfd (see [`Ring::notify_fd`]), registered on first call.
+    pub fn notify_fd(&mut self) -> io::Result<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.ring.notify_fd().map(|fd| fd.as_raw_fd())
+    }
+
+    /// Resets the ring's eventfd (see [`Ring::clear_notify`]).
+    pub fn clear_notify(&self) {
+        self.ring.clear_notify()
+    }
+
+    /// Completions or flagged task work wait in the ring (see [`Ring::has_work`]).
+    pub fn has_work(&mut self) -> bool {
+        !self.is_dead() && self.ring.has_work()
+    }
+
     /// Collects what is already in the completion queue; never makes a syscall (unless the
     /// kernel's CQ overflowed and must be flushed).
     pub fn harvest_ready(&mut self) -> io::Result<()> {

@@ -441,6 +441,10 @@ pub(crate) trait Backend {
     fn listen(&mut self, l: TcpListener) -> io::Result<()>;
     fn close(&mut self, conn: ConnId, c: &mut RxCounters);
     fn open(&self) -> usize;
+    /// The backend's readiness descriptor (created on first call).
+    fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>>;
+    /// Clears the readiness descriptor after a harvest; true when work came in meanwhile.
+    fn clear_notify(&mut self) -> bool;
     fn poll(
         &mut self,
         timeout: Duration,
@@ -589,6 +593,33 @@ impl Receiver {
                 .poll(timeout, &mut self.counters, &mut |ev| q.push_back(ev))?;
         }
         Ok(self.queue.pop_front())
+    }
+
+    /// The readiness descriptor, created on first call: it polls readable when
+    /// [`Receiver::on_ready`] would find an event. On the ring backends it is the ring's
+    /// registered eventfd (under `DEFER_TASKRUN` signalled when the kernel queues the task
+    /// work that posts receives; they are posted by the harvest's own enter); on `plain` it
+    /// is the epoll set of the sockets. While every buffer is lent (backpressure) it may be
+    /// readable with nothing to harvest until chunks are dropped. Rules per task-run mode:
+    /// `docs/design/async.md`.
+    pub fn readiness_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        self.backend.notify_fd()
+    }
+
+    /// Harvests without blocking (after the readiness descriptor fired, or at any time):
+    /// passes each event to `f`, then clears the descriptor, looking again when work came in
+    /// meanwhile, so it is left readable only by events that come later. Returns the number
+    /// of events.
+    pub fn on_ready(&mut self, f: &mut dyn FnMut(RxEvent)) -> io::Result<usize> {
+        self.backend.notify_fd()?;
+        let mut n = 0;
+        for _ in 0..4 {
+            n += self.poll(Duration::ZERO, f)?;
+            if !self.backend.clear_notify() {
+                break;
+            }
+        }
+        Ok(n)
     }
 
     /// The backend's path.

@@ -116,6 +116,13 @@ impl PlainRx {
 }
 
 impl Backend for PlainRx {
+    fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        // The epoll set itself: level-triggered, readable while a member socket is.
+        Ok(std::os::fd::AsFd::as_fd(&self.poller))
+    }
+    fn clear_notify(&mut self) -> bool {
+        false
+    }
     fn path(&self) -> RxPath {
         RxPath::Plain
     }

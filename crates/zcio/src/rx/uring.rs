@@ -441,6 +441,14 @@ impl<C: Cqe> RingRx<C> {
 }
 
 impl<C: Cqe> Backend for RingRx<C> {
+    fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        self.rr.ring_mut().notify_fd()
+    }
+    fn clear_notify(&mut self) -> bool {
+        let ring = self.rr.ring_mut();
+        ring.clear_notify();
+        ring.has_work()
+    }
     fn path(&self) -> RxPath {
         if self.nodev {
             RxPath::ZcrxNodev

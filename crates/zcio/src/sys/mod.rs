@@ -12,6 +12,7 @@ pub mod net;
 pub mod netlink;
 pub mod nfqueue;
 pub mod poller;
+pub mod ready;
 pub mod signal;
 pub mod zcrx;
 

@@ -11,6 +11,12 @@ pub struct Poller {
     buf: Vec<libc::epoll_event>,
 }
 
+impl std::os::fd::AsFd for Poller {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.fd)
+    }
+}
+
 impl Poller {
     /// `epoll_create1(EPOLL_CLOEXEC)`, with room for `max_events` per wait.
     pub fn new(max_events: usize) -> io::Result<Self> {

@@ -378,6 +378,14 @@ impl Metas {
     }
 }
 
+/// A sender's readiness set: the ring's eventfd (level) and the socket's error queue (edge).
+#[derive(Debug)]
+struct Readiness {
+    set: crate::sys::ready::ReadySet,
+    ring: bool,
+    msg: bool,
+}
+
 #[derive(Debug)]
 struct Auto {
     /// The zero-copy path `auto` uses (none: copy only).
@@ -425,6 +433,8 @@ pub struct Sender {
     /// A stream whose ring was abandoned with requests of unknown outcome: every later send
     /// fails with this errno.
     broken: Option<i32>,
+    /// The readiness descriptor and which backends are in it, once asked for.
+    readiness: Option<Readiness>,
     /// `SINGLE_ISSUER`: the ring belongs to the creating thread, so a `Sender` is not `Send`.
     _one_thread: std::marker::PhantomData<*const ()>,
 }
@@ -538,6 +548,7 @@ impl Sender {
             ring_enters_seen: 0,
             ring_room_seen: 0,
             msg_seen: msgzc::MsgStats::default(),
+            readiness: None,
             retired: false,
             broken: None,
             _one_thread: std::marker::PhantomData,
@@ -707,6 +718,22 @@ impl Sender {
             + self.msg.as_ref().map_or(0, |m| m.in_flight())
     }
 
+    /// Whether [`Sender::send`] can hand a buffer over without waiting for completions
+    /// (fewer than `depth` sends in flight).
+    pub fn has_room(&self) -> bool {
+        self.in_flight_active() < self.cfg.depth.max(1)
+    }
+
+    /// Sends that are in flight but can never complete (they sit in an io_uring that failed
+    /// and was abandoned): waiting for them, on the descriptor or otherwise, would never end.
+    /// The error says so; `Ok` when every send in flight can still complete.
+    pub fn check_stuck(&self) -> Result<(), TxError> {
+        if self.in_flight() > self.in_flight_active() && self.in_flight_active() == 0 {
+            return Err(self.dead_ring_error());
+        }
+        Ok(())
+    }
+
     /// Completions ready to be taken.
     pub fn ready(&self) -> usize {
         self.ready.len()
@@ -826,6 +853,9 @@ impl Sender {
                 self.collect();
             }
         }
+        if self.readiness.is_some() {
+            self.settle_readiness();
+        }
         Ticket(ticket)
     }
 
@@ -847,7 +877,12 @@ impl Sender {
                 self.ring_failed(e);
             }
         }
-        Ok(self.reap_and_collect())
+        let n = self.reap_and_collect();
+        if self.readiness.is_some() {
+            self.settle_readiness();
+            return Ok(self.ready.len());
+        }
+        Ok(n)
     }
 
     /// Like [`Sender::poll`], but leaves queued io_uring requests queued until
@@ -890,6 +925,9 @@ impl Sender {
             }
             self.wait_inner(end - now)?;
         }
+        if self.readiness.is_some() {
+            self.settle_readiness();
+        }
         Ok(self.ready.len())
     }
 
@@ -908,7 +946,118 @@ impl Sender {
             }
             self.wait_inner((end - now).min(Duration::from_millis(100)))?;
         }
+        if self.readiness.is_some() {
+            self.settle_readiness();
+        }
         Ok(())
+    }
+
+    /// The readiness descriptor, created on first call: it polls readable when
+    /// [`Sender::on_ready`] would find something to harvest — a completion or zero-copy
+    /// notification of an io_uring send (the ring's registered eventfd; under `DEFER_TASKRUN`
+    /// the kernel signals it when it queues the task work that posts them), or a
+    /// `MSG_ZEROCOPY` notification (the socket's error queue, edge-triggered so a hung-up
+    /// socket is not ready forever). Copy sends complete inside [`Sender::send`]: check
+    /// [`Sender::ready`] before waiting. The rules per task-run mode are in
+    /// `docs/design/async.md`.
+    pub fn readiness_fd(&mut self) -> Result<BorrowedFd<'_>, TxError> {
+        self.sync_readiness()?;
+        Ok(self.readiness.as_ref().expect("readiness").set.as_fd())
+    }
+
+    /// Adds the backends that exist now to the readiness set (creating it).
+    fn sync_readiness(&mut self) -> Result<(), TxError> {
+        let err = |e| sock_err("readiness descriptor", e);
+        if self.readiness.is_none() {
+            self.readiness = Some(Readiness {
+                set: crate::sys::ready::ReadySet::new().map_err(err)?,
+                ring: false,
+                msg: false,
+            });
+        }
+        let rd = self.readiness.as_mut().expect("readiness");
+        if !rd.ring {
+            if let Some(r) = self.ring.as_mut().filter(|r| !r.is_dead()) {
+                let fd = r.notify_fd().map_err(err)?;
+                rd.set.add_level(fd, libc::EPOLLIN as u32).map_err(err)?;
+                rd.ring = true;
+            }
+        }
+        if !rd.msg && self.msg.is_some() {
+            // Only the error queue: EPOLLERR (always reported) on the socket's own wake-ups.
+            rd.set.add_edge(self.sock.as_raw_fd(), 0).map_err(err)?;
+            rd.msg = true;
+        }
+        Ok(())
+    }
+
+    /// Whether the readiness descriptor polls readable now (for tests and loops that poll
+    /// it themselves).
+    pub fn readiness_is_set(&self) -> bool {
+        self.readiness.as_ref().is_some_and(|r| r.set.is_ready())
+    }
+
+    /// Harvests after the readiness descriptor fired (or at any time): clears the
+    /// descriptor, runs deferred task work if the kernel flagged some, reaps the error queue,
+    /// submits queued sends, and collects completions. Leaves the descriptor set only if
+    /// something arrived after the harvest. Returns the number of completions ready.
+    pub fn on_ready(&mut self) -> Result<usize, TxError> {
+        self.sync_readiness()?;
+        // Edges first: an error-queue message that lands after this makes a new one.
+        if let Some(rd) = &self.readiness {
+            rd.set.consume();
+        }
+        for _ in 0..4 {
+            if let Some(r) = self.ring.as_mut().filter(|r| !r.is_dead()) {
+                let sub = r.staged() > 0;
+                let res = if sub {
+                    r.submit()
+                } else {
+                    r.reap_notifications()
+                };
+                self.account_ring(sub);
+                if let Err(e) = res {
+                    self.ring_failed(e);
+                }
+            }
+            self.reap_and_collect();
+            if !self.clear_readiness() {
+                break;
+            }
+        }
+        Ok(self.ready.len())
+    }
+
+    /// Clears the ring's eventfd after an enter of ours (which may have signalled it), then
+    /// looks again: work queued in between is seen here (true: harvest again), work queued
+    /// later signals anew. Nothing to do (false) when no descriptor was asked for.
+    fn clear_readiness(&mut self) -> bool {
+        if !self.readiness.as_ref().is_some_and(|r| r.ring) {
+            return false;
+        }
+        let Some(r) = self.ring.as_mut().filter(|r| !r.is_dead()) else {
+            return false;
+        };
+        r.clear_notify();
+        r.has_work()
+    }
+
+    /// After a call that may have entered the ring outside [`Sender::on_ready`]: leaves the
+    /// descriptor set only for work that is really there.
+    fn settle_readiness(&mut self) {
+        for _ in 0..4 {
+            if !self.clear_readiness() {
+                return;
+            }
+            if let Some(r) = self.ring.as_mut() {
+                let res = r.reap_notifications();
+                self.account_ring(false);
+                if let Err(e) = res {
+                    self.ring_failed(e);
+                }
+            }
+            self.reap_and_collect();
+        }
     }
 
     /// Takes the next completion and its buffer.

@@ -1,6 +1,7 @@
 //! The registered suites, in the order `zcio bench` runs them.
 
 mod event;
+mod fileserver;
 mod loopback;
 mod nfq;
 mod notify;
@@ -18,6 +19,7 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(notify::Notify),
         Box::new(rx::Rx),
         Box::new(event::EventSuite),
+        Box::new(fileserver::FileServerSuite),
         Box::new(nfq::Nfq),
         Box::new(shim::Shim),
     ]

@@ -1,0 +1,284 @@
+//! Async adapters for tokio, built on the objects' readiness descriptors
+//! ([`Sender::readiness_fd`], [`Receiver::readiness_fd`], [`NfQueue::readiness_fd`]) with
+//! [`tokio::io::unix::AsyncFd`].
+//!
+//! Each adapter owns its object and waits on its descriptor inside the runtime's reactor;
+//! no thread of its own. The objects keep their io_uring rings `SINGLE_ISSUER` (only the
+//! creating thread may enter them), so they are not `Send` and neither are these adapters:
+//! run them where they were created — in the future passed to `Runtime::block_on` (which
+//! works on a multi-thread runtime: the reactor runs on the workers and wakes this task), in
+//! a `LocalSet`, or on a current-thread runtime per core. How readiness is defined for each
+//! backend and task-run mode is in `docs/design/async.md`.
+//!
+//! ```no_run
+//! # async fn demo(stream: std::net::TcpStream) -> Result<(), Box<dyn std::error::Error>> {
+//! use zcio::buf::pool::Pool;
+//! use zcio::tx::{Sender, SenderConfig, TxMode};
+//! let pool = Pool::new(64 << 10, 16, false)?;
+//! let mut tx = zcio::tokio::AsyncSender::new(Sender::new(
+//!     stream,
+//!     &pool,
+//!     SenderConfig::new(TxMode::Auto),
+//! )?)?;
+//! let mut buf = pool.try_get().expect("a free buffer");
+//! buf.set_len(5);
+//! buf.copy_from_slice(b"hello");
+//! let (done, buf) = tx.send(buf).await?;
+//! assert_eq!(done.result()?, 5);
+//! # drop(buf); Ok(()) }
+//! ```
+
+use crate::buf::pool::PoolBuf;
+use crate::netlink::nfqmsg::Packet;
+use crate::netlink::{Decision, NfQueue, NfqError};
+use crate::rx::{Receiver, RxEvent};
+use crate::tx::{Completion, Sender, Ticket, TxError};
+use ::tokio::io::unix::AsyncFd;
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+/// The reactor's own duplicate of an object's readiness descriptor.
+type Borrowed = OwnedFd;
+
+fn register(fd: BorrowedFd<'_>) -> io::Result<AsyncFd<OwnedFd>> {
+    crate::sys::ready::tokio_register(fd)
+}
+
+fn tx_io(e: io::Error) -> TxError {
+    TxError::Socket {
+        what: "waiting on the sender's readiness descriptor".into(),
+        source: e,
+    }
+}
+
+/// A [`Sender`] for async code: `send(buf).await` gives the buffer back with its
+/// completion; `start` + `next_completion` keep many sends in flight.
+#[derive(Debug)]
+pub struct AsyncSender {
+    fd: AsyncFd<Borrowed>,
+    tx: Sender,
+    /// Completions taken while looking for another ticket's.
+    stash: VecDeque<(Completion, PoolBuf)>,
+}
+
+impl AsyncSender {
+    /// Registers the sender's readiness descriptor with the current runtime's reactor
+    /// (call from inside a runtime).
+    pub fn new(mut tx: Sender) -> Result<Self, TxError> {
+        let fd = register(tx.readiness_fd()?).map_err(tx_io)?;
+        Ok(Self {
+            fd,
+            tx,
+            stash: VecDeque::new(),
+        })
+    }
+
+    /// The sender.
+    pub fn get_ref(&self) -> &Sender {
+        &self.tx
+    }
+
+    /// The sender, for its counters and settings (harvesting through it directly is fine:
+    /// it keeps its descriptor honest).
+    pub fn get_mut(&mut self) -> &mut Sender {
+        &mut self.tx
+    }
+
+    /// Waits on the descriptor once and harvests.
+    async fn wait_ready(&mut self) -> Result<(), TxError> {
+        // Queued requests must be in the kernel before anything can fire.
+        self.tx.poll()?;
+        if self.tx.ready() > 0 {
+            return Ok(());
+        }
+        // Nothing can wake us for sends stuck in an abandoned ring.
+        self.tx.check_stuck()?;
+        let mut guard = self.fd.readable().await.map_err(tx_io)?;
+        self.tx.on_ready()?;
+        // on_ready left the descriptor readable only for later events, which signal anew.
+        guard.clear_ready();
+        Ok(())
+    }
+
+    /// Hands `buf` to the kernel, first waiting (without blocking the thread) until fewer
+    /// than `depth` sends are in flight. Its completion comes from
+    /// [`AsyncSender::next_completion`]. Copy and `MSG_ZEROCOPY` paths write from inside
+    /// this call and may block the thread while the socket buffer is full (they wait for
+    /// `POLLOUT`); io_uring paths never do.
+    pub async fn start(&mut self, buf: PoolBuf) -> Result<Ticket, TxError> {
+        while !self.tx.has_room() {
+            self.wait_ready().await?;
+            while let Some(c) = self.tx.next_completion() {
+                self.stash.push_back(c);
+            }
+        }
+        Ok(self.tx.send(buf))
+    }
+
+    /// The next completion (any ticket), waiting for it; `None` when nothing is in flight
+    /// and nothing is left to take.
+    pub async fn next_completion(&mut self) -> Result<Option<(Completion, PoolBuf)>, TxError> {
+        loop {
+            if let Some(c) = self.stash.pop_front() {
+                return Ok(Some(c));
+            }
+            if let Some(c) = self.tx.next_completion() {
+                return Ok(Some(c));
+            }
+            if self.tx.in_flight() == 0 {
+                self.tx.poll()?;
+                return Ok(self.tx.next_completion());
+            }
+            self.wait_ready().await?;
+        }
+    }
+
+    /// Sends `buf` and waits for its own completion; completions of other sends met on the
+    /// way stay for [`AsyncSender::next_completion`].
+    pub async fn send(&mut self, buf: PoolBuf) -> Result<(Completion, PoolBuf), TxError> {
+        let t = self.start(buf).await?;
+        loop {
+            if let Some(i) = self.stash.iter().position(|(c, _)| c.ticket == t) {
+                return Ok(self.stash.remove(i).expect("stashed"));
+            }
+            while let Some(c) = self.tx.next_completion() {
+                if c.0.ticket == t {
+                    return Ok(c);
+                }
+                self.stash.push_back(c);
+            }
+            self.wait_ready().await?;
+        }
+    }
+
+    /// Waits until every send has completed; their completions stay to be taken.
+    pub async fn flush(&mut self) -> Result<(), TxError> {
+        while self.tx.in_flight() > 0 {
+            self.wait_ready().await?;
+            while let Some(c) = self.tx.next_completion() {
+                self.stash.push_back(c);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A [`Receiver`] for async code: [`AsyncReceiver::next_event`] awaits accepted
+/// connections, chunks and closes in the receiver's order.
+#[derive(Debug)]
+pub struct AsyncReceiver {
+    fd: AsyncFd<Borrowed>,
+    rx: Receiver,
+    queue: VecDeque<RxEvent>,
+}
+
+impl AsyncReceiver {
+    /// Registers the receiver's readiness descriptor with the current runtime's reactor.
+    pub fn new(mut rx: Receiver) -> io::Result<Self> {
+        let fd = register(rx.readiness_fd()?)?;
+        Ok(Self {
+            fd,
+            rx,
+            queue: VecDeque::new(),
+        })
+    }
+
+    /// The receiver.
+    pub fn get_ref(&self) -> &Receiver {
+        &self.rx
+    }
+
+    /// The receiver (to add or close connections).
+    pub fn get_mut(&mut self) -> &mut Receiver {
+        &mut self.rx
+    }
+
+    /// The next event, waiting for one.
+    pub async fn next_event(&mut self) -> io::Result<RxEvent> {
+        loop {
+            if let Some(ev) = self.queue.pop_front() {
+                return Ok(ev);
+            }
+            let q = &mut self.queue;
+            // Harvest before waiting: a receive armed just now may already have data, and
+            // the ring backends arm receives of new connections on this call.
+            self.rx.on_ready(&mut |ev| q.push_back(ev))?;
+            if !self.queue.is_empty() {
+                continue;
+            }
+            let mut guard = self.fd.readable().await?;
+            let q = &mut self.queue;
+            self.rx.on_ready(&mut |ev| q.push_back(ev))?;
+            guard.clear_ready();
+        }
+    }
+
+    /// The next chunk of data (skipping accepts), or `None` once a connection closed (its
+    /// [`RxEvent::Closed`] is dropped): for a receiver with one connection, a byte stream.
+    pub async fn recv(&mut self) -> io::Result<Option<crate::rx::RxChunk>> {
+        loop {
+            match self.next_event().await? {
+                RxEvent::Data(c) => return Ok(Some(c)),
+                RxEvent::Closed(..) => return Ok(None),
+                RxEvent::Accepted(_) => {}
+            }
+        }
+    }
+}
+
+/// An [`NfQueue`] for async code: [`AsyncNfQueue::process`] waits for packets and decides
+/// them with the caller's closure.
+#[derive(Debug)]
+pub struct AsyncNfQueue {
+    fd: AsyncFd<Borrowed>,
+    q: NfQueue,
+}
+
+impl AsyncNfQueue {
+    /// Registers the queue's readiness descriptor with the current runtime's reactor.
+    pub fn new(mut q: NfQueue) -> Result<Self, NfqError> {
+        let fd = register(q.readiness_fd()?).map_err(|source| NfqError::Socket {
+            what: "registering the NFQUEUE readiness descriptor with tokio".into(),
+            source,
+        })?;
+        Ok(Self { fd, q })
+    }
+
+    /// The queue.
+    pub fn get_ref(&self) -> &NfQueue {
+        &self.q
+    }
+
+    /// The queue (for held packets and their verdicts).
+    pub fn get_mut(&mut self) -> &mut NfQueue {
+        &mut self.q
+    }
+
+    /// Waits until packets are there, hands each to `f` in id order and sends the verdicts
+    /// (as [`NfQueue::process`] does). Returns the number handled (at least one).
+    pub async fn process<F>(&mut self, mut f: F) -> Result<usize, NfqError>
+    where
+        F: FnMut(&Packet<'_>) -> Decision,
+    {
+        loop {
+            let n = self.q.on_ready(&mut f)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let mut guard = self
+                .fd
+                .readable()
+                .await
+                .map_err(|source| NfqError::Socket {
+                    what: "waiting on the NFQUEUE readiness descriptor".into(),
+                    source,
+                })?;
+            let n = self.q.on_ready(&mut f)?;
+            guard.clear_ready();
+            if n > 0 {
+                return Ok(n);
+            }
+        }
+    }
+}

@@ -1,0 +1,361 @@
+//! `zcio::tokio` adapters on a multi-thread tokio runtime: the reactor (on the worker
+//! threads) waits on the objects' readiness descriptors and wakes the task that owns them
+//! (the `block_on` future: the objects are not `Send`). Real loopback sockets; NFQUEUE in a
+//! test namespace.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::time::Duration;
+use zcio::buf::pool::Pool;
+use zcio::netlink::{Decision, NfQueue, NfQueueConfig, Verdict};
+use zcio::rx::{Receiver, RxConfig, RxMode, RxPath};
+use zcio::tokio::{AsyncNfQueue, AsyncReceiver, AsyncSender};
+use zcio::tx::{Path, Sender, SenderConfig, TxMode};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (s, _) = l.accept().unwrap();
+    (c, s)
+}
+
+fn path_or_skip(test: &str, got: String, want: &str, why: String) -> bool {
+    got == want || common::skip(test, &format!("path {got} instead of {want}: {why}"))
+}
+
+/// Sends 400 × 60 000 bytes of the offset pattern: half with `send().await` (one at a time),
+/// half pipelined with `start` + `next_completion`; a reader thread checks every byte.
+fn async_send_with(test: &str, mode: TxMode, want: Path) {
+    let (c, mut s) = pair();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut off = 0u64;
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                return off;
+            }
+            assert_eq!(common::check_pattern(&buf[..n], off), Ok(()), "at {off}");
+            off += n as u64;
+        }
+    });
+    let rt = runtime();
+    let sent = rt.block_on(async move {
+        let pool = Pool::new(64 << 10, 32, false).unwrap();
+        let cfg = SenderConfig {
+            depth: 16,
+            ..SenderConfig::new(mode)
+        };
+        let tx = Sender::new(c, &pool, cfg).unwrap();
+        let (p, fb) = (tx.path().to_string(), format!("{:?}", tx.fallbacks()));
+        if !path_or_skip(test, p, want.name(), fb) {
+            return None;
+        }
+        let mut tx = AsyncSender::new(tx).unwrap();
+        let mut off = 0u64;
+        let len = 60_000;
+        for _ in 0..200 {
+            let mut b = pool.try_get().expect("every buffer came back");
+            b.set_len(len);
+            common::fill_pattern(&mut b, off);
+            let (done, back) = tx.send(b).await.unwrap();
+            assert_eq!(done.result().unwrap(), len);
+            assert_eq!(back.len(), len);
+            off += len as u64;
+        }
+        let mut started = 0;
+        let mut completed = 0;
+        while completed < 200 {
+            if started < 200 {
+                if let Some(mut b) = pool.try_get() {
+                    b.set_len(len);
+                    common::fill_pattern(&mut b, off);
+                    tx.start(b).await.unwrap();
+                    off += len as u64;
+                    started += 1;
+                    continue;
+                }
+            }
+            let (done, _buf) = tx.next_completion().await.unwrap().expect("in flight");
+            assert_eq!(done.result().unwrap(), len);
+            completed += 1;
+        }
+        tx.flush().await.unwrap();
+        assert!(tx.next_completion().await.unwrap().is_none());
+        assert_eq!(pool.available(), pool.count(), "a buffer was lost");
+        Some(off)
+    });
+    let Some(sent) = sent else { return };
+    assert_eq!(reader.join().unwrap(), sent);
+}
+
+#[test]
+fn async_send_returns_every_buffer_with_its_completion_on_uring_zc() {
+    async_send_with(
+        "async_send_returns_every_buffer_with_its_completion_on_uring_zc",
+        TxMode::UringZc,
+        Path::UringZc,
+    );
+}
+
+#[test]
+fn async_send_returns_every_buffer_with_its_completion_on_msg_zc() {
+    async_send_with(
+        "async_send_returns_every_buffer_with_its_completion_on_msg_zc",
+        TxMode::MsgZc,
+        Path::MsgZc,
+    );
+}
+
+#[test]
+fn async_send_returns_every_buffer_with_its_completion_on_copy() {
+    async_send_with(
+        "async_send_returns_every_buffer_with_its_completion_on_copy",
+        TxMode::Copy,
+        Path::Copy,
+    );
+}
+
+/// A thread writes 8 MiB of the pattern in uneven pieces with pauses; `recv().await` gets
+/// every byte in order and then `None` at the close.
+fn async_recv_with(test: &str, cfg: RxConfig, want: RxPath) {
+    let (mut c, s) = pair();
+    let total = 8u64 << 20;
+    let writer = std::thread::spawn(move || {
+        let mut off = 0u64;
+        let mut step = 1usize;
+        while off < total {
+            let n = (step * 7919 % 300_000 + 1).min((total - off) as usize);
+            let mut b = vec![0u8; n];
+            common::fill_pattern(&mut b, off);
+            c.write_all(&b).unwrap();
+            off += n as u64;
+            step += 1;
+            if step % 16 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    });
+    let rt = runtime();
+    let got = rt.block_on(async move {
+        let rx = Receiver::new(&cfg).unwrap();
+        let why = format!("{:?}", rx.fallbacks());
+        if !path_or_skip(test, rx.path().name().into(), want.name(), why) {
+            return None;
+        }
+        let mut rx = AsyncReceiver::new(rx).unwrap();
+        rx.get_mut().add(s).unwrap();
+        let mut off = 0u64;
+        while let Some(chunk) = rx.recv().await.unwrap() {
+            assert_eq!(common::check_pattern(&chunk, off), Ok(()), "at {off}");
+            off += chunk.len() as u64;
+        }
+        Some(off)
+    });
+    writer.join().unwrap();
+    if let Some(got) = got {
+        assert_eq!(got, total);
+    }
+}
+
+#[test]
+fn async_recv_yields_every_byte_in_order_on_bufring() {
+    async_recv_with(
+        "async_recv_yields_every_byte_in_order_on_bufring",
+        RxConfig::with_mode(RxMode::BufRing),
+        RxPath::BufRing,
+    );
+}
+
+#[test]
+fn async_recv_yields_every_byte_in_order_on_bufring_with_coop_taskrun() {
+    async_recv_with(
+        "async_recv_yields_every_byte_in_order_on_bufring_with_coop_taskrun",
+        RxConfig {
+            defer_taskrun: false,
+            ..RxConfig::with_mode(RxMode::BufRing)
+        },
+        RxPath::BufRing,
+    );
+}
+
+#[test]
+fn async_recv_yields_every_byte_in_order_on_plain() {
+    async_recv_with(
+        "async_recv_yields_every_byte_in_order_on_plain",
+        RxConfig::with_mode(RxMode::Plain),
+        RxPath::Plain,
+    );
+}
+
+const NFQ_PORT: u16 = 9999;
+
+/// NFQUEUE in a namespace: datagrams sent from another thread, paced, are each decided once
+/// by the async consumer (odd sequence numbers dropped), and the receiver gets the rest.
+fn async_nfqueue_with(test: &str, queue: u16, uring: bool) {
+    if !common::can_make_hosts(test) {
+        return;
+    }
+    let ns = zcio_testnet::Netns::new("anfq").expect("namespace");
+    let out = ns
+        .command("iptables")
+        .args(["-A", "INPUT", "-p", "udp", "--dport", &NFQ_PORT.to_string()])
+        .args(["-j", "NFQUEUE", "--queue-num", &queue.to_string()])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            let e = String::from_utf8_lossy(&o.stderr).to_string();
+            common::skip(test, &format!("iptables NFQUEUE rule refused: {e}"));
+            return;
+        }
+        Err(e) => {
+            common::skip(test, &format!("iptables not runnable: {e}"));
+            return;
+        }
+    }
+    let test = test.to_string();
+    ns.run(move || {
+        let total = 600u32;
+        let rx = UdpSocket::bind(("127.0.0.1", NFQ_PORT)).unwrap();
+        rx.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        zcio::sys::setsockopt_int(&rx, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20).unwrap();
+        let cfg = NfQueueConfig {
+            first: queue,
+            last: queue,
+            uring,
+            copy: zcio::netlink::CopyMode::Packet(2048),
+            ..NfQueueConfig::default()
+        };
+        let rt = runtime();
+        let decided = rt.block_on(async move {
+            let q = NfQueue::open(cfg).unwrap();
+            let want = if uring {
+                "frame-ring+io_uring"
+            } else {
+                "frame-ring+recvmmsg"
+            };
+            let why = format!("{:?}", q.fallbacks());
+            assert_eq!(q.path(), want, "{test}: {why}");
+            let mut q = AsyncNfQueue::new(q).unwrap();
+            // The sender starts only once the consumer waits, from a thread in this
+            // namespace (threads inherit the creator's namespaces).
+            let sender = std::thread::spawn(move || {
+                let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+                tx.connect(("127.0.0.1", NFQ_PORT)).unwrap();
+                for seq in 0..total {
+                    tx.send(&seq.to_be_bytes()).unwrap();
+                    if seq % 50 == 0 {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            });
+            let mut seen = std::collections::BTreeSet::new();
+            while seen.len() < total as usize {
+                let n = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    q.process(|p| {
+                        let b = p.payload.expect("copy mode");
+                        let ihl = usize::from(b[0] & 0xf) * 4;
+                        let d = &b[ihl + 8..ihl + 12];
+                        let seq = u32::from_be_bytes([d[0], d[1], d[2], d[3]]);
+                        assert!(seen.insert(seq), "seq {seq} decided twice");
+                        if seq % 2 == 1 {
+                            Decision::Verdict(Verdict::Drop)
+                        } else {
+                            Decision::Verdict(Verdict::Accept)
+                        }
+                    }),
+                )
+                .await
+                .expect("the consumer was never woken")
+                .unwrap();
+                assert!(n > 0);
+            }
+            sender.join().unwrap();
+            let st = q.get_ref().stats();
+            assert_eq!(st.verdicts(), u64::from(total), "{st:?}");
+            seen.len()
+        });
+        assert_eq!(decided, total as usize);
+        let mut got = Vec::new();
+        let mut b = [0u8; 64];
+        while let Ok(n) = rx.recv(&mut b) {
+            assert_eq!(n, 4);
+            got.push(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        }
+        got.sort_unstable();
+        assert_eq!(got, (0..total).filter(|s| s % 2 == 0).collect::<Vec<_>>());
+    })
+    .unwrap();
+}
+
+#[test]
+fn async_nfqueue_decides_every_packet_once_on_the_uring_frame_ring() {
+    async_nfqueue_with(
+        "async_nfqueue_decides_every_packet_once_on_the_uring_frame_ring",
+        41,
+        true,
+    );
+}
+
+#[test]
+fn async_nfqueue_decides_every_packet_once_on_recvmmsg() {
+    async_nfqueue_with(
+        "async_nfqueue_decides_every_packet_once_on_recvmmsg",
+        42,
+        false,
+    );
+}
+
+#[test]
+fn async_flush_fails_instead_of_hanging_when_the_ring_is_abandoned() {
+    // The peer never reads and its receive buffer is small: sends are accepted into the
+    // socket but their notifications stay owed; then the ring fails for good. Nothing can
+    // ever signal the descriptor for those sends: the wait must say so, not hang.
+    use zcio::ring::send::Fault;
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    zcio::sys::setsockopt_int(&l, libc::SOL_SOCKET, libc::SO_RCVBUF, 4096).unwrap();
+    let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (_peer, _) = l.accept().unwrap();
+    runtime().block_on(async move {
+        let pool = Pool::new(16 << 10, 16, false).unwrap();
+        let cfg = SenderConfig {
+            depth: 8,
+            ..SenderConfig::new(TxMode::UringZc)
+        };
+        let tx = Sender::new(sock, &pool, cfg).unwrap();
+        assert_eq!(tx.path(), Path::UringZc, "{:?}", tx.fallbacks());
+        let mut tx = AsyncSender::new(tx).unwrap();
+        for _ in 0..8 {
+            let mut b = pool.try_get().unwrap();
+            b.set_len(16 << 10);
+            tx.start(b).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tx.get_mut().poll().unwrap();
+        assert!(tx.get_ref().in_flight() > 0, "the peer read?");
+        assert!(tx.get_mut().inject_ring_fault(Fault {
+            after_requests: 0,
+            errno: libc::EIO,
+            times: u32::MAX,
+        }));
+        // One enter fails, the ring is abandoned with notifications owed.
+        let _ = tx.get_mut().wait(Duration::from_millis(300));
+        let r = tokio::time::timeout(Duration::from_secs(10), tx.flush())
+            .await
+            .expect("flush hung on sends that can never complete");
+        assert!(r.is_err(), "flush returned {r:?}");
+    });
+}
