@@ -16,8 +16,9 @@
 //! ring's eventfd poll (not in the epoll set: epoll `data` is the caller's token, unchanged),
 //! [`Key::cancel`] for cancels.
 
+use super::choice::{Chooser, Decision, WaitMode, WaitObs};
 use super::NewError;
-use super::{CtlError, Event};
+use super::{CtlError, Event, WaitChoice};
 use crate::buf::mpsc::MpscRing;
 use crate::ring::epwait::EpollWaitBuf;
 use crate::ring::key::{Key, Op};
@@ -38,6 +39,8 @@ const WAKE_KEY: Key = Key::internal(2);
 const BATCH: usize = 1024;
 /// Largest `EPOLL_WAIT` buffer (128 Ki events); larger `out`s get at most this many per wait.
 const MAX_BATCH: usize = 1 << 17;
+/// A blocking ring entry that lasted this long is taken to have slept (for the choice).
+const SLEPT: Duration = Duration::from_micros(50);
 
 /// The epoll instance: created here, or the caller's (the epoll shim's program fd).
 enum Epfd {
@@ -68,6 +71,14 @@ pub(super) struct EpwaitEvents {
     cqes: u64,
     cancels: u64,
     poll_errors: u64,
+    /// How waits collect the epoll instance now, and who decides it.
+    mode: WaitMode,
+    choice: WaitChoice,
+    chooser: Chooser,
+    /// What the current (or last) wait showed.
+    obs: WaitObs,
+    plain_waits: u64,
+    switches: u64,
     /// The creating process: a forked child (sharing the ring's memory, not its ownership)
     /// must never enter it.
     pid: u32,
@@ -78,6 +89,7 @@ impl EpwaitEvents {
         cfg: &RingConfig,
         wake_fd: RawFd,
         epfd: Option<RawFd>,
+        choice: WaitChoice,
     ) -> Result<Self, NewError> {
         let ring = Ring::new(cfg)?;
         let probe = ring.probe_opcodes().map_err(NewError::Io)?;
@@ -96,6 +108,11 @@ impl EpwaitEvents {
             Some(fd) => Epfd::Borrowed(fd),
             None => Epfd::Owned(ep::create().map_err(NewError::Io)?),
         };
+        let mode = if choice == WaitChoice::Plain {
+            WaitMode::Plain
+        } else {
+            WaitMode::Ring
+        };
         let mut me = Self {
             ring,
             epfd,
@@ -107,6 +124,14 @@ impl EpwaitEvents {
             cqes: 0,
             cancels: 0,
             poll_errors: 0,
+            mode,
+            choice,
+            // A zero-timeout wait that finds nothing: arm + cancel with COOP_TASKRUN, one
+            // entry with DEFER_TASKRUN (the request stays armed).
+            chooser: Chooser::new(mode, if defer { 1 } else { 2 }),
+            obs: WaitObs::default(),
+            plain_waits: 0,
+            switches: 0,
             pid: std::process::id(),
         };
         me.arm_wake().map_err(NewError::Io)?;
@@ -246,10 +271,75 @@ impl EpwaitEvents {
         user: &MpscRing,
     ) -> io::Result<usize> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut n = self.take_spill(out);
+        self.obs = WaitObs::default();
+        let n = self.take_spill(out);
         if n > 0 {
+            self.obs.fd_events = n as u32;
             return Ok(n);
         }
+        if self.choice == WaitChoice::Alternate {
+            self.mode = match self.mode {
+                WaitMode::Ring => WaitMode::Plain,
+                WaitMode::Plain => WaitMode::Ring,
+            };
+            self.switches += 1;
+        }
+        let zero = timeout == Some(Duration::ZERO);
+        let n = match self.mode {
+            WaitMode::Ring => {
+                let n = self.wait_ring(out, deadline, user)?;
+                self.obs.empty_poll = zero && n == 0 && !user.has_entries();
+                n
+            }
+            WaitMode::Plain => {
+                let mut n = 0;
+                if self.buf.in_flight() {
+                    // Left armed by a ring wait (DEFER_TASKRUN, or a switch): reap it first;
+                    // what it collected is this wait's, as fresh as a new request's would be.
+                    n = self.cancel(out, 0)?;
+                }
+                if n == 0 {
+                    n = self.collect_plain(out)?;
+                }
+                if n > 0 || zero || user.has_entries() {
+                    self.obs.empty_poll = zero && n == 0 && !user.has_entries();
+                    n
+                } else {
+                    // Nothing ready and the caller blocks: sleep in the ring, which also
+                    // watches the user-posted events' eventfd (kept out of the caller's
+                    // epoll instance).
+                    self.obs.slept = true;
+                    self.wait_ring(out, deadline, user)?
+                }
+            }
+        };
+        self.obs.fd_events = n as u32;
+        Ok(n)
+    }
+
+    /// `epoll_wait(epfd, out, 0)`: the plain mode's collection.
+    fn collect_plain(&mut self, out: &mut [Event]) -> io::Result<usize> {
+        self.plain_waits += 1;
+        let epfd = self.epfd.raw();
+        let got = self.buf.collect_now(epfd, out.len().min(MAX_BATCH))?;
+        for (o, e) in out.iter_mut().zip(got) {
+            *o = Event {
+                events: e.events,
+                token: e.u64,
+            };
+        }
+        Ok(got.len())
+    }
+
+    /// The ring wait: one `EPOLL_WAIT` request, entered until it (or a user-posted event, a
+    /// timeout or a signal) completes.
+    fn wait_ring(
+        &mut self,
+        out: &mut [Event],
+        deadline: Option<Instant>,
+        user: &MpscRing,
+    ) -> io::Result<usize> {
+        let mut n = 0;
         let epfd = self.epfd.raw();
         if self.buf.in_flight() && self.defer {
             // Armed by an earlier wait that returned without it (DEFER_TASKRUN only): its
@@ -271,8 +361,14 @@ impl EpwaitEvents {
                 self.ring.get_events()?;
             } else if user.prepare_sleep() {
                 let before = self.cqes;
+                let t0 = Instant::now();
                 let r = self.ring.submit_and_wait(1, remaining);
                 user.end_sleep();
+                // A ring wait cannot tell an inline completion from one after a sleep: one
+                // that took this long slept (the inline path takes a few microseconds).
+                if t0.elapsed() >= SLEPT {
+                    self.obs.slept = true;
+                }
                 let interrupted = match r {
                     Err(e) if e.raw_os_error() == Some(libc::EINTR) => true,
                     Err(e) => return Err(e),
@@ -302,6 +398,40 @@ impl EpwaitEvents {
         self.settle(out, n)
     }
 
+    /// After `wait` (and the caller's harvest of `user_events` user-posted events): feeds the
+    /// per-workload choice; returns its decision when the mode changes.
+    pub(super) fn finish_wait(&mut self, user_events: usize) -> Option<Decision> {
+        if self.choice != WaitChoice::Auto {
+            return None;
+        }
+        let mut o = self.obs;
+        o.user_events = user_events.min(u32::MAX as usize) as u32;
+        let d = self.chooser.observe(o)?;
+        self.mode = d.to;
+        self.switches += 1;
+        Some(d)
+    }
+
+    /// Sets how waits collect the epoll instance; takes effect at the next `wait` (an armed
+    /// request is reaped there, its events reported by that wait).
+    pub(super) fn set_choice(&mut self, choice: WaitChoice) {
+        self.choice = choice;
+        let mode = match choice {
+            WaitChoice::Ring => WaitMode::Ring,
+            WaitChoice::Plain => WaitMode::Plain,
+            WaitChoice::Auto | WaitChoice::Alternate => self.mode,
+        };
+        if mode != self.mode {
+            self.switches += 1;
+        }
+        self.mode = mode;
+        self.chooser.reset(mode);
+    }
+
+    pub(super) fn mode(&self) -> WaitMode {
+        self.mode
+    }
+
     /// Before `wait` returns: without DEFER_TASKRUN an armed request could complete while the
     /// loop runs (its report then stale by the time it is read): cancel and reap it.
     fn settle(&mut self, out: &mut [Event], n: usize) -> io::Result<usize> {
@@ -313,8 +443,10 @@ impl EpwaitEvents {
 
     pub(super) fn stats(&self) -> super::EventStats {
         super::EventStats {
-            syscalls: self.ring.enters() + self.ctl_syscalls,
-            wait_entries: self.ring.enters(),
+            syscalls: self.ring.enters() + self.plain_waits + self.ctl_syscalls,
+            wait_entries: self.ring.enters() + self.plain_waits,
+            plain_waits: self.plain_waits,
+            mode_switches: self.switches,
             cqes: self.cqes,
             rearms: self.cancels,
             poll_errors: self.poll_errors,
