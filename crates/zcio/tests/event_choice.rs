@@ -296,3 +296,32 @@ fn a_zero_timeout_polling_loop_is_switched_to_epoll_wait_and_back_with_reasons()
     assert!(d[1].reason.contains("sleeps"), "{}", d[1].reason);
     assert_eq!(r.stats().mode_switches, 2);
 }
+
+#[test]
+fn an_empty_zero_timeout_wait_costs_the_entries_the_choice_assumes() {
+    if !epoll_wait_or_skip("an_empty_zero_timeout_wait_costs_the_entries_the_choice_assumes") {
+        return;
+    }
+    // The cost model of `event::choice`: ring 2 entries with COOP_TASKRUN (arm, then cancel
+    // and reap), 1 with DEFER_TASKRUN (the request stays armed), epoll_wait 1.
+    for (defer, choice, per_wait) in [
+        (false, WaitChoice::Ring, 2),
+        (true, WaitChoice::Ring, 1),
+        (false, WaitChoice::Plain, 1),
+        (true, WaitChoice::Plain, 1),
+    ] {
+        let mut r = ring(defer, choice);
+        let (_a, _b) = UnixStream::pair().unwrap();
+        r.add(_a.as_raw_fd(), Interest::IN, 1).unwrap();
+        assert!(wait(&mut r, ZERO).is_empty());
+        let before = r.stats().wait_entries;
+        for _ in 0..100 {
+            assert!(wait(&mut r, ZERO).is_empty());
+        }
+        assert_eq!(
+            r.stats().wait_entries - before,
+            100 * per_wait,
+            "defer {defer}, {choice:?}"
+        );
+    }
+}

@@ -19,7 +19,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zcio::event::{Event, EventConfig, EventRing, Interest, Prefer};
+use zcio::event::{Event, EventConfig, EventRing, Interest, Prefer, WaitChoice};
 use zcio::sys::epoll as ep;
 use zcio_examples::loadgen::{self, Load};
 use zcio_examples::{LoopKind, Running, Trigger};
@@ -92,11 +92,21 @@ impl Suite for EventSuite {
             || storm(dur, fds, StormMode::RingFd),
         )?;
         ctx.compare(
-            "eventfd storm 16 fds, 1 producer, EPOLL_WAIT ring",
+            "eventfd storm 16 fds, 1 producer, EPOLL_WAIT (per-workload choice)",
             ("epoll LT + read", "EventRing EPOLL_WAIT LT + read"),
             STORM,
             || storm(dur, fds, StormMode::Epoll),
             || storm(dur, fds, StormMode::EpwaitFd),
+        )?;
+        ctx.compare(
+            "eventfd storm 16 fds, 1 producer, EPOLL_WAIT ring wait fixed",
+            (
+                "epoll LT + read",
+                "EventRing EPOLL_WAIT ring wait LT + read",
+            ),
+            STORM,
+            || storm(dur, fds, StormMode::Epoll),
+            || storm(dur, fds, StormMode::EpwaitFixed),
         )?;
         ctx.compare(
             "cross-thread events, 1 producer",
@@ -109,10 +119,20 @@ impl Suite for EventSuite {
         let ka_time = dur * 2;
         ctx.compare(
             &format!("http keep-alive {conns} conns"),
-            ("epoll server", "EventRing server (default choice)"),
+            (
+                "epoll server",
+                "EventRing server (default: per-workload choice)",
+            ),
             HTTP,
             || http(LoopKind::Epoll, true, conns, u64::MAX, ka_time),
             || http(LoopKind::Ring, true, conns, u64::MAX, ka_time),
+        )?;
+        ctx.compare(
+            &format!("http keep-alive {conns} conns, EPOLL_WAIT ring wait fixed"),
+            ("epoll server", "EventRing EPOLL_WAIT ring-wait server"),
+            HTTP,
+            || http(LoopKind::Epoll, true, conns, u64::MAX, ka_time),
+            || http(LoopKind::RingFixed, true, conns, u64::MAX, ka_time),
         )?;
         ctx.compare(
             &format!("http keep-alive {conns} conns, poll ring"),
@@ -166,6 +186,7 @@ enum StormMode {
     Epoll,
     RingFd,
     EpwaitFd,
+    EpwaitFixed,
     RingUser,
 }
 
@@ -227,14 +248,22 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
                     epfd = Some(e);
                     ptx.send(None).ok();
                 }
-                StormMode::RingFd | StormMode::EpwaitFd | StormMode::RingUser => {
+                StormMode::RingFd
+                | StormMode::EpwaitFd
+                | StormMode::EpwaitFixed
+                | StormMode::RingUser => {
                     let mut r = EventRing::with_config(&EventConfig {
-                        prefer: if mode == StormMode::EpwaitFd {
+                        prefer: if matches!(mode, StormMode::EpwaitFd | StormMode::EpwaitFixed) {
                             Prefer::EpollWait
                         } else {
                             Prefer::Uring
                         },
                         user_capacity: 1 << 16,
+                        wait_choice: if mode == StormMode::EpwaitFixed {
+                            WaitChoice::Ring
+                        } else {
+                            WaitChoice::Auto
+                        },
                         ..EventConfig::default()
                     })?;
                     if mode != StormMode::RingUser {
@@ -288,8 +317,9 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
                     (
                         s.syscalls - s0.syscalls,
                         Some(format!(
-                            "{}: {} CQEs, {} poster wake-ups, busy-harvest spins {} found work / {} slept",
+                            "{}{}: {} CQEs, {} poster wake-ups, busy-harvest spins {} found work / {} slept",
                             r.backend_name(),
+                            wait_mode_note(r),
                             s.cqes - s0.cqes,
                             s.poster_wakes,
                             s.spins_won - s0.spins_won,
@@ -448,4 +478,24 @@ fn http_with(
         .set("events_per_wait", st.events as f64 / st.waits.max(1) as f64);
     s.note(format!("server loop: {desc}"));
     Ok(s)
+}
+
+/// For the notes: the `EPOLL_WAIT` backend's wait mode at the end and its switches.
+fn wait_mode_note(r: &EventRing) -> String {
+    match r.wait_mode() {
+        Some(m) => {
+            let last = r
+                .decisions()
+                .last()
+                .map(|d| format!("; last: {d}"))
+                .unwrap_or_default();
+            format!(
+                " (ends in {}, {} switches, {} plain epoll_waits{last})",
+                m.name(),
+                r.stats().mode_switches,
+                r.stats().plain_waits
+            )
+        }
+        None => String::new(),
+    }
 }
