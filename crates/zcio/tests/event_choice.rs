@@ -283,7 +283,9 @@ fn a_zero_timeout_polling_loop_is_switched_to_epoll_wait_and_back_with_reasons()
     let after = r.stats();
     // Plain: one epoll_wait per empty poll, where the ring made two entries.
     assert_eq!(after.wait_entries - before.wait_entries, 100);
-    // Now a loop that sleeps (short timeouts that expire): back to the ring.
+    // Now a loop that sleeps (short timeouts that expire) while a poster exists, so each
+    // plain sleep costs a missed epoll_wait plus the ring's sleep: back to the ring.
+    let _poster = r.poster();
     for _ in 0..1500 {
         if r.wait_mode() == Some(WaitMode::Ring) {
             break;
@@ -324,4 +326,33 @@ fn an_empty_zero_timeout_wait_costs_the_entries_the_choice_assumes() {
             "defer {defer}, {choice:?}"
         );
     }
+}
+
+#[test]
+fn without_a_poster_a_plain_wait_sleeps_in_epoll_wait_itself() {
+    if !epoll_wait_or_skip("without_a_poster_a_plain_wait_sleeps_in_epoll_wait_itself") {
+        return;
+    }
+    let mut r = ring(false, WaitChoice::Plain);
+    let (a, b) = UnixStream::pair().unwrap();
+    r.add(a.as_raw_fd(), Interest::IN, 5).unwrap();
+    let ring_enters = |r: &EventRing| r.stats().wait_entries - r.stats().plain_waits;
+    let before = (ring_enters(&r), r.stats().plain_waits);
+    let h = std::thread::spawn(move || {
+        let mut b = b;
+        std::thread::sleep(Duration::from_millis(50));
+        b.write_all(b"x").unwrap();
+        b
+    });
+    assert_eq!(wait(&mut r, Some(Duration::from_secs(20))), vec![(5, IN)]);
+    let _b = h.join().unwrap();
+    // A timeout ends it too, not early.
+    let mut rd = [0u8; 1];
+    (&a).read_exact(&mut rd).unwrap();
+    let t0 = std::time::Instant::now();
+    assert!(wait(&mut r, Some(Duration::from_millis(30))).is_empty());
+    assert!(t0.elapsed() >= Duration::from_millis(30));
+    // Only epoll_wait calls (a zero-timeout one and a blocking one per wait), no ring entry.
+    assert_eq!(ring_enters(&r), before.0);
+    assert!(r.stats().plain_waits - before.1 >= 4, "{:?}", r.stats());
 }

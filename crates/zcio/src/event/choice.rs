@@ -5,26 +5,25 @@
 //! workload").
 //!
 //! Both modes read the same kernel epoll, so their reports are identical and their per-event
-//! costs (epoll's callback, ready list, level re-check) are the same; what differs is the
-//! number of kernel entries a wait costs:
+//! costs (epoll's callback, ready list, level re-check) are the same; what differs is the cost
+//! of the collection itself. Measured on this project's machine (kernel 6.18, CPU time per
+//! `wait` over 200 000 waits; `docs/design/event.md`, "Choice per workload"):
 //!
-//! | wait | ring | plain |
-//! |---|---|---|
-//! | something ready | 1 | 1 (`epoll_wait(0)`) |
-//! | zero timeout, nothing ready | 2 with COOP_TASKRUN (arm, then cancel and reap), 1 with DEFER_TASKRUN (stays armed) | 1 |
-//! | blocking, nothing ready | 1 (sleeps in the ring) | 2 (`epoll_wait(0)` misses, then the ring sleep) |
+//! | wait | ring | plain | ring − plain |
+//! |---|---|---|---|
+//! | something ready (1 or 16 fds) | 1 entry, +≈550 ns | 1 entry (`epoll_wait(0)`, within 70 ns of raw epoll) | [`Costs::ring_ready_ns`] |
+//! | zero timeout, nothing ready | 2 entries (arm, cancel) with COOP_TASKRUN, 1 with DEFER_TASKRUN | 1 entry | 2 200 / 250 ns ([`Costs::ring_empty_ns`]) |
+//! | blocking, nothing ready, no [`super::Poster`] | 1 entry, sleeps in the ring | 1 entry, sleeps in `epoll_wait` | 0 (not credited) |
+//! | blocking, nothing ready, a poster exists | 1 entry | 2 entries: `epoll_wait(0)` misses, then the ring sleep (only the ring also watches the posters' eventfd, which stays out of the caller's epoll) | −450 ns ([`Costs::plain_sleep_ns`]) |
 //!
-//! (Plain mode sleeps through the ring because only the ring also watches the user-posted
-//! events' eventfd without putting a foreign fd into the caller's epoll instance.) So the
-//! decision is on `empty_polls × (ring cost − 1) − sleeps` per wait: positive means
-//! `epoll_wait` saves entries. Events per wait, user-posted events and the level-triggered
-//! share change nothing between the two modes (same epoll, same user ring) and are reported
-//! with each decision, not weighed.
+//! So the decision is on the CPU time a window of waits would have saved in the other mode.
+//! Events per wait and user-posted events are reported with each decision; the
+//! level-triggered share changes nothing between the two modes (epoll re-checks in both).
 //!
 //! Against flapping: a decision is taken over a window of [`Chooser::WINDOW`] waits; the
-//! saving must leave a dead band of ±[`Chooser::BAND`] entries per wait; the same preference
-//! must hold for [`Chooser::CONFIRM`] consecutive windows; and after a switch the mode is kept
-//! for at least [`Chooser::DWELL`] windows.
+//! saving must leave a dead band of ±[`Chooser::BAND_NS`] per wait; the same preference must
+//! hold for [`Chooser::CONFIRM`] consecutive windows; and after a switch the mode is kept for
+//! at least [`Chooser::DWELL`] windows.
 
 /// How the epoll instance is collected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +55,31 @@ pub struct WaitObs {
     pub empty_poll: bool,
     /// A blocking wait that found nothing ready and had to sleep.
     pub slept: bool,
+    /// A [`super::Poster`] existed: a plain-mode sleep goes through the ring.
+    pub poster: bool,
+}
+
+/// What the ring wait costs over plain `epoll_wait`, per wait, in nanoseconds of CPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Costs {
+    /// A wait that finds events ready at once.
+    pub ring_ready_ns: f64,
+    /// A zero-timeout wait that finds nothing.
+    pub ring_empty_ns: f64,
+    /// What a plain sleep costs over the ring's when it must go through the ring (a poster
+    /// exists): a missed `epoll_wait(0)` and its kernel entry.
+    pub plain_sleep_ns: f64,
+}
+
+impl Costs {
+    /// The measured costs for a ring with or without DEFER_TASKRUN.
+    pub fn measured(defer_taskrun: bool) -> Self {
+        Self {
+            ring_ready_ns: 550.0,
+            ring_empty_ns: if defer_taskrun { 250.0 } else { 2200.0 },
+            plain_sleep_ns: 450.0,
+        }
+    }
 }
 
 /// A switch, with its reason in words.
@@ -76,14 +100,15 @@ struct Window {
     user_events: u64,
     empty_polls: u32,
     sleeps: u32,
+    /// Sleeps while a poster existed.
+    poster_sleeps: u32,
 }
 
 /// The decision state of one instance.
 #[derive(Debug, Clone)]
 pub struct Chooser {
     mode: WaitMode,
-    /// Kernel entries a zero-timeout wait that finds nothing costs in ring mode.
-    ring_empty_poll: u32,
+    costs: Costs,
     win: Window,
     /// Consecutive windows preferring the other mode.
     streak: u32,
@@ -94,19 +119,18 @@ pub struct Chooser {
 impl Chooser {
     /// Waits per decision window.
     pub const WINDOW: u32 = 128;
-    /// Dead band, in kernel entries saved per wait, around zero.
-    pub const BAND: f64 = 0.1;
+    /// Dead band around zero, in nanoseconds saved per wait.
+    pub const BAND_NS: f64 = 100.0;
     /// Consecutive windows that must prefer the other mode before a switch.
     pub const CONFIRM: u32 = 2;
     /// Windows a mode is kept after a switch.
     pub const DWELL: u32 = 4;
 
-    /// Starts in `mode`; `ring_empty_poll` is what a zero-timeout wait that finds nothing
-    /// costs in ring mode (2 with COOP_TASKRUN, 1 with DEFER_TASKRUN).
-    pub fn new(mode: WaitMode, ring_empty_poll: u32) -> Self {
+    /// Starts in `mode`, deciding with `costs`.
+    pub fn new(mode: WaitMode, costs: Costs) -> Self {
         Self {
             mode,
-            ring_empty_poll,
+            costs,
             win: Window::default(),
             streak: 0,
             since_switch: Self::DWELL,
@@ -134,18 +158,23 @@ impl Chooser {
         w.user_events += u64::from(o.user_events);
         w.empty_polls += u32::from(o.empty_poll);
         w.sleeps += u32::from(o.slept);
+        w.poster_sleeps += u32::from(o.slept && o.poster);
         if w.waits < Self::WINDOW {
             return None;
         }
         let w = std::mem::take(&mut self.win);
         self.since_switch = self.since_switch.saturating_add(1);
         let waits = f64::from(w.waits);
-        let extra = f64::from(self.ring_empty_poll.saturating_sub(1));
-        // Entries per wait that epoll_wait saves over the ring wait.
-        let saving = (f64::from(w.empty_polls) * extra - f64::from(w.sleeps)) / waits;
-        let prefer = if saving >= Self::BAND {
+        let ready = w.waits - w.empty_polls - w.sleeps;
+        let c = self.costs;
+        // CPU per wait that epoll_wait saves over the ring wait.
+        let saving = (f64::from(ready) * c.ring_ready_ns
+            + f64::from(w.empty_polls) * c.ring_empty_ns
+            - f64::from(w.poster_sleeps) * c.plain_sleep_ns)
+            / waits;
+        let prefer = if saving >= Self::BAND_NS {
             WaitMode::Plain
-        } else if saving <= -Self::BAND {
+        } else if saving <= -Self::BAND_NS {
             WaitMode::Ring
         } else {
             self.mode
@@ -160,14 +189,14 @@ impl Chooser {
         }
         let events = w.fd_events + w.user_events;
         let reason = format!(
-            "over {} waits: {:.2} empty zero-timeout polls and {:.2} sleeps per wait \
-             (a ring poll costs {} kernel entries, epoll_wait 1; a sleep 1 vs 2): \
-             epoll_wait saves {saving:+.2} entries per wait; {:.1} events per wait, \
-             {:.0}% user-posted",
+            "over {} waits: {:.2} found events at once, {:.2} empty zero-timeout polls, \
+             {:.2} sleeps ({:.2} with a poster) per wait: epoll_wait saves {saving:+.0} ns \
+             per wait; {:.1} events per wait, {:.0}% user-posted",
             w.waits,
+            f64::from(ready) / waits,
             f64::from(w.empty_polls) / waits,
             f64::from(w.sleeps) / waits,
-            self.ring_empty_poll,
+            f64::from(w.poster_sleeps) / waits,
             events as f64 / waits,
             if events == 0 {
                 0.0
@@ -191,90 +220,120 @@ impl Chooser {
 mod tests {
     use super::*;
 
+    const COOP: Costs = Costs {
+        ring_ready_ns: 550.0,
+        ring_empty_ns: 2200.0,
+        plain_sleep_ns: 450.0,
+    };
+
     const POLL_EMPTY: WaitObs = WaitObs {
         fd_events: 0,
         user_events: 0,
         empty_poll: true,
         slept: false,
+        poster: false,
     };
     const READY: WaitObs = WaitObs {
         fd_events: 4,
         user_events: 0,
         empty_poll: false,
         slept: false,
+        poster: false,
     };
+    /// A sleep while a poster exists (a plain sleep would go through the ring).
     const SLEEP: WaitObs = WaitObs {
         fd_events: 1,
         user_events: 0,
         empty_poll: false,
         slept: true,
+        poster: true,
+    };
+    /// A sleep with no poster (a plain sleep is a plain `epoll_wait`).
+    const SLEEP_ALONE: WaitObs = WaitObs {
+        poster: false,
+        ..SLEEP
     };
 
-    /// Feeds `n` windows whose waits cycle through `pattern`; returns the decisions.
+    /// Feeds `windows` windows whose waits cycle through `pattern`; returns the decisions.
     fn feed(c: &mut Chooser, pattern: &[WaitObs], windows: u32) -> Vec<Decision> {
         let mut out = Vec::new();
-        let mut i = 0usize;
-        for _ in 0..windows * Chooser::WINDOW {
+        for i in 0..(windows * Chooser::WINDOW) as usize {
             if let Some(d) = c.observe(pattern[i % pattern.len()]) {
                 out.push(d);
             }
-            i += 1;
         }
         out
     }
 
     #[test]
     fn a_zero_timeout_polling_loop_converges_to_epoll_wait_once() {
-        let mut c = Chooser::new(WaitMode::Ring, 2);
-        // Half the polls find nothing: epoll_wait saves 0.5 entries per wait.
+        let mut c = Chooser::new(WaitMode::Ring, COOP);
         let d = feed(&mut c, &[POLL_EMPTY, READY], 20);
         assert_eq!(d.len(), 1, "{d:?}");
         assert_eq!((d[0].from, d[0].to), (WaitMode::Ring, WaitMode::Plain));
         assert!(d[0].reason.contains("0.50 empty"), "{}", d[0].reason);
+        // (0.5 × 2200 + 0.5 × 550) ns per wait.
+        assert!(d[0].reason.contains("+1375 ns"), "{}", d[0].reason);
         assert_eq!(c.mode(), WaitMode::Plain);
     }
 
     #[test]
     fn the_switch_needs_confirming_windows() {
-        let mut c = Chooser::new(WaitMode::Ring, 2);
+        let mut c = Chooser::new(WaitMode::Ring, COOP);
         assert!(feed(&mut c, &[POLL_EMPTY], Chooser::CONFIRM - 1).is_empty());
         assert_eq!(feed(&mut c, &[POLL_EMPTY], 1).len(), 1);
     }
 
     #[test]
-    fn a_sleeping_loop_stays_on_the_ring() {
-        let mut c = Chooser::new(WaitMode::Ring, 2);
-        assert!(feed(&mut c, &[SLEEP, READY, READY], 50).is_empty());
-        assert_eq!(c.mode(), WaitMode::Ring);
-    }
-
-    #[test]
-    fn a_busy_loop_whose_waits_always_find_events_never_switches() {
+    fn a_busy_loop_whose_waits_find_events_goes_to_epoll_wait_and_stays() {
         for start in [WaitMode::Ring, WaitMode::Plain] {
-            let mut c = Chooser::new(start, 2);
-            assert!(feed(&mut c, &[READY], 50).is_empty());
-            assert_eq!(c.mode(), start);
+            let mut c = Chooser::new(start, COOP);
+            let d = feed(&mut c, &[READY], 50);
+            assert_eq!(d.len(), usize::from(start == WaitMode::Ring), "{d:?}");
+            assert_eq!(c.mode(), WaitMode::Plain);
         }
     }
 
     #[test]
-    fn with_defer_taskrun_empty_polls_cost_the_same_so_the_ring_stays() {
-        let mut c = Chooser::new(WaitMode::Ring, 1);
-        assert!(feed(&mut c, &[POLL_EMPTY, POLL_EMPTY, SLEEP], 50).is_empty());
-        // And a plain start with sleeps goes back to the ring.
-        let mut c = Chooser::new(WaitMode::Plain, 1);
-        let d = feed(&mut c, &[POLL_EMPTY, SLEEP], 10);
+    fn a_loop_that_mostly_sleeps_with_a_poster_stays_on_the_ring() {
+        let mut c = Chooser::new(WaitMode::Ring, COOP);
+        assert!(feed(&mut c, &[SLEEP, SLEEP, READY], 50).is_empty());
+        assert_eq!(c.mode(), WaitMode::Ring);
+    }
+
+    #[test]
+    fn without_a_poster_sleeps_cost_the_same_and_ready_waits_decide() {
+        let mut c = Chooser::new(WaitMode::Ring, COOP);
+        let d = feed(&mut c, &[SLEEP_ALONE, SLEEP_ALONE, READY], 10);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].to, WaitMode::Plain);
+        // Only sleeps: nothing to gain either way, no switch.
+        let mut c = Chooser::new(WaitMode::Ring, COOP);
+        assert!(feed(&mut c, &[SLEEP_ALONE], 50).is_empty());
+    }
+
+    #[test]
+    fn with_defer_taskrun_an_empty_poll_weighs_less() {
+        let defer = Costs::measured(true);
+        // One empty poll (+250) against two poster sleeps (−900): ring.
+        let mut c = Chooser::new(WaitMode::Plain, defer);
+        let d = feed(&mut c, &[POLL_EMPTY, SLEEP, SLEEP], 10);
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].to, WaitMode::Ring);
+        // With COOP_TASKRUN the same workload is epoll_wait's (+2200 − 900).
+        let mut c = Chooser::new(WaitMode::Ring, COOP);
+        let d = feed(&mut c, &[POLL_EMPTY, SLEEP, SLEEP], 10);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].to, WaitMode::Plain);
     }
 
     #[test]
     fn a_workload_inside_the_dead_band_does_not_flap() {
-        // 2 empty polls per 20 waits, 1 sleep: saving (2 − 1)/20 = 0.05 < BAND, either way.
-        let mut pattern = vec![READY; 17];
-        pattern.extend([POLL_EMPTY, POLL_EMPTY, SLEEP]);
+        // 9 ready (+550 each) and 11 poster sleeps (−450 each) per 20 waits: ≈ 0 ns per wait.
+        let mut pattern = vec![READY; 9];
+        pattern.extend([SLEEP; 11]);
         for start in [WaitMode::Ring, WaitMode::Plain] {
-            let mut c = Chooser::new(start, 2);
+            let mut c = Chooser::new(start, COOP);
             assert!(feed(&mut c, &pattern, 100).is_empty());
         }
     }
@@ -282,7 +341,7 @@ mod tests {
     #[test]
     fn alternating_windows_never_confirm_a_switch() {
         // One window favours epoll_wait, the next the ring, and so on: no switch at all.
-        let mut c = Chooser::new(WaitMode::Ring, 2);
+        let mut c = Chooser::new(WaitMode::Ring, COOP);
         let mut switches = 0;
         for k in 0..100 {
             let p: &[WaitObs] = if k % 2 == 0 { &[POLL_EMPTY] } else { &[SLEEP] };
@@ -293,7 +352,7 @@ mod tests {
 
     #[test]
     fn a_changing_workload_is_re_decided_after_the_dwell() {
-        let mut c = Chooser::new(WaitMode::Ring, 2);
+        let mut c = Chooser::new(WaitMode::Ring, COOP);
         // Switched at the last of these windows.
         let d = feed(&mut c, &[POLL_EMPTY], Chooser::CONFIRM);
         assert_eq!(d.len(), 1);
@@ -319,10 +378,8 @@ mod tests {
     }
 
     #[test]
-    fn a_switch_that_would_come_back_at_once_is_held_for_the_dwell() {
-        // Right after a switch the opposite preference is confirmed but held: the number of
-        // switches over many windows stays bounded by one per DWELL windows.
-        let mut c = Chooser::new(WaitMode::Ring, 2);
+    fn a_workload_flipping_faster_than_the_dwell_switches_at_most_once_per_dwell() {
+        let mut c = Chooser::new(WaitMode::Ring, COOP);
         let mut switches = 0;
         let windows = 200;
         for k in 0..windows {
@@ -339,12 +396,11 @@ mod tests {
 
     #[test]
     fn reasons_report_events_per_wait_and_user_share() {
-        let mut c = Chooser::new(WaitMode::Ring, 2);
+        let mut c = Chooser::new(WaitMode::Ring, COOP);
         let posted = WaitObs {
             fd_events: 1,
             user_events: 3,
-            empty_poll: false,
-            slept: false,
+            ..READY
         };
         let d = feed(&mut c, &[POLL_EMPTY, posted], 10);
         assert_eq!(d.len(), 1);

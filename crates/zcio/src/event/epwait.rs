@@ -16,7 +16,7 @@
 //! ring's eventfd poll (not in the epoll set: epoll `data` is the caller's token, unchanged),
 //! [`Key::cancel`] for cancels.
 
-use super::choice::{Chooser, Decision, WaitMode, WaitObs};
+use super::choice::{Chooser, Costs, Decision, WaitMode, WaitObs};
 use super::NewError;
 use super::{CtlError, Event, WaitChoice};
 use crate::buf::mpsc::MpscRing;
@@ -67,6 +67,8 @@ pub(super) struct EpwaitEvents {
     /// Events of a completion that did not fit the caller's `out` (only with DEFER_TASKRUN,
     /// when `maxevents` shrank between waits with a request armed): handed out first.
     spill: Vec<Event>,
+    /// Completions taken from the CQ by `drain` (kept for its capacity).
+    batch: Vec<(u64, i32, u32)>,
     ctl_syscalls: u64,
     cqes: u64,
     cancels: u64,
@@ -120,15 +122,14 @@ impl EpwaitEvents {
             defer,
             wake_fd,
             spill: Vec::new(),
+            batch: Vec::new(),
             ctl_syscalls: 0,
             cqes: 0,
             cancels: 0,
             poll_errors: 0,
             mode,
             choice,
-            // A zero-timeout wait that finds nothing: arm + cancel with COOP_TASKRUN, one
-            // entry with DEFER_TASKRUN (the request stays armed).
-            chooser: Chooser::new(mode, if defer { 1 } else { 2 }),
+            chooser: Chooser::new(mode, Costs::measured(defer)),
             obs: WaitObs::default(),
             plain_waits: 0,
             switches: 0,
@@ -183,10 +184,12 @@ impl EpwaitEvents {
     /// Moves completions out of the CQ; events of the `EPOLL_WAIT` go to `out[n..]` (and
     /// `spill` when they do not fit). Returns the new `n`.
     fn drain(&mut self, out: &mut [Event], mut n: usize) -> io::Result<usize> {
-        let mut batch: Vec<(u64, i32, u32)> = Vec::new();
+        // Reused: no allocation per wait.
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
         self.ring
             .harvest(|c| batch.push((c.user_data(), c.result(), c.flags())))?;
-        for (ud, res, flags) in batch {
+        for &(ud, res, flags) in &batch {
             self.cqes += 1;
             let key = Key::from_raw(ud);
             match key {
@@ -221,6 +224,7 @@ impl EpwaitEvents {
                 }
             }
         }
+        self.batch = batch;
         Ok(n)
     }
 
@@ -264,14 +268,21 @@ impl EpwaitEvents {
         n
     }
 
+    /// `poster`: a [`super::Poster`] exists (it cannot come into being during this call: it
+    /// is made from the ring, which the caller holds mutably), so a sleep must also watch the
+    /// posters' eventfd.
     pub(super) fn wait(
         &mut self,
         out: &mut [Event],
         timeout: Option<Duration>,
         user: &MpscRing,
+        poster: bool,
     ) -> io::Result<usize> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        self.obs = WaitObs::default();
+        self.obs = WaitObs {
+            poster,
+            ..WaitObs::default()
+        };
         let n = self.take_spill(out);
         if n > 0 {
             self.obs.fd_events = n as u32;
@@ -299,11 +310,16 @@ impl EpwaitEvents {
                     n = self.cancel(out, 0)?;
                 }
                 if n == 0 {
-                    n = self.collect_plain(out)?;
+                    n = self.collect_plain(out, 0)?;
                 }
                 if n > 0 || zero || user.has_entries() {
                     self.obs.empty_poll = zero && n == 0 && !user.has_entries();
                     n
+                } else if !poster {
+                    // Nothing ready, the caller blocks and nobody can post: sleep in
+                    // epoll_wait itself.
+                    self.obs.slept = true;
+                    self.sleep_plain(out, deadline)?
                 } else {
                     // Nothing ready and the caller blocks: sleep in the ring, which also
                     // watches the user-posted events' eventfd (kept out of the caller's
@@ -317,11 +333,35 @@ impl EpwaitEvents {
         Ok(n)
     }
 
-    /// `epoll_wait(epfd, out, 0)`: the plain mode's collection.
-    fn collect_plain(&mut self, out: &mut [Event]) -> io::Result<usize> {
+    /// A blocking `epoll_wait` until `deadline` (milliseconds rounded up, as the caller's
+    /// timeout must not end early); 0 when it passed, `EINTR` as `epoll_wait` reports it.
+    fn sleep_plain(&mut self, out: &mut [Event], deadline: Option<Instant>) -> io::Result<usize> {
+        loop {
+            let ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(0);
+                    }
+                    let ms = left.as_nanos().div_ceil(1_000_000);
+                    ms.min(i32::MAX as u128) as i32
+                }
+            };
+            let n = self.collect_plain(out, ms)?;
+            if n > 0 || deadline.is_none_or(|d| Instant::now() >= d) {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// `epoll_wait(epfd, out, timeout_ms)`: the plain mode's collection.
+    fn collect_plain(&mut self, out: &mut [Event], timeout_ms: i32) -> io::Result<usize> {
         self.plain_waits += 1;
         let epfd = self.epfd.raw();
-        let got = self.buf.collect_now(epfd, out.len().min(MAX_BATCH))?;
+        let got = self
+            .buf
+            .collect_now(epfd, out.len().min(MAX_BATCH), timeout_ms)?;
         for (o, e) in out.iter_mut().zip(got) {
             *o = Event {
                 events: e.events,

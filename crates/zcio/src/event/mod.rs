@@ -597,7 +597,11 @@ impl EventRing {
         }
         let n = match &mut self.backend {
             Backend::Uring(u) => u.wait(out, timeout, &self.user.ring)?,
-            Backend::Epwait(e) => e.wait(out, timeout, &self.user.ring)?,
+            Backend::Epwait(e) => {
+                // Posters are made from `&self`, so none can appear during this call.
+                let poster = Arc::strong_count(&self.user) > 1;
+                e.wait(out, timeout, &self.user.ring, poster)?
+            }
             Backend::Epoll(e) => e.wait(out, timeout, &self.user.ring, true)?,
         };
         let m = self.harvest_user(&mut out[n..]);

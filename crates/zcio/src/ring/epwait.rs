@@ -81,16 +81,21 @@ impl EpollWaitBuf {
         Ok(())
     }
 
-    /// A plain `epoll_wait(epfd, .., max, 0)` into the buffer (grown to `max` first), for the
-    /// backend's `epoll_wait` mode. Fails with `EBUSY` while a request is in flight (the
-    /// kernel may be writing into the buffer).
-    pub fn collect_now(&mut self, epfd: RawFd, max: usize) -> io::Result<&[libc::epoll_event]> {
+    /// A plain `epoll_wait(epfd, .., max, timeout_ms)` into the buffer (grown to `max` first),
+    /// for the backend's `epoll_wait` mode. Fails with `EBUSY` while a request is in flight
+    /// (the kernel may be writing into the buffer).
+    pub fn collect_now(
+        &mut self,
+        epfd: RawFd,
+        max: usize,
+        timeout_ms: i32,
+    ) -> io::Result<&[libc::epoll_event]> {
         if self.in_flight {
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
         self.reserve(max);
         let max = max.clamp(1, self.buf.len());
-        let n = crate::sys::epoll::wait(epfd, &mut self.buf[..max], 0)?;
+        let n = crate::sys::epoll::wait(epfd, &mut self.buf[..max], timeout_ms)?;
         Ok(&self.buf[..n])
     }
 
