@@ -356,3 +356,55 @@ fn without_a_poster_a_plain_wait_sleeps_in_epoll_wait_itself() {
     assert_eq!(ring_enters(&r), before.0);
     assert!(r.stats().plain_waits - before.1 >= 4, "{:?}", r.stats());
 }
+
+extern "C" fn on_sigusr2(_: libc::c_int) {}
+
+#[test]
+fn a_signal_interrupts_a_blocking_wait_with_eintr_in_either_mode() {
+    if !epoll_wait_or_skip("a_signal_interrupts_a_blocking_wait_with_eintr_in_either_mode") {
+        return;
+    }
+    // A handler without SA_RESTART: epoll_wait reports EINTR, so must the ring in both modes
+    // (plain without a poster sleeps in epoll_wait itself; with one, in the ring).
+    // SAFETY: installs a handler that does nothing (async-signal-safe) for SIGUSR2, which
+    // nothing else in this test binary uses.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigusr2 as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+    }
+    for (choice, with_poster) in [
+        (WaitChoice::Plain, false),
+        (WaitChoice::Plain, true),
+        (WaitChoice::Ring, false),
+    ] {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            let mut r = ring(false, choice);
+            let (a, _b) = UnixStream::pair().unwrap();
+            r.add(a.as_raw_fd(), Interest::IN, 1).unwrap();
+            let _p = with_poster.then(|| r.poster());
+            // SAFETY: pthread_self has no preconditions.
+            tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let mut out = [Event::default(); 4];
+            let t0 = std::time::Instant::now();
+            let e = r.wait(&mut out, Some(Duration::from_secs(30)));
+            (e.map_err(|e| e.raw_os_error()), t0.elapsed())
+        });
+        let t = rx.recv().unwrap();
+        // Keep signalling until the wait returns (the first may land before it sleeps).
+        while !h.is_finished() {
+            std::thread::sleep(Duration::from_millis(20));
+            // SAFETY: the thread is alive until joined below.
+            unsafe { libc::pthread_kill(t, libc::SIGUSR2) };
+        }
+        let (res, took) = h.join().unwrap();
+        assert_eq!(
+            res,
+            Err(Some(libc::EINTR)),
+            "{choice:?}, poster {with_poster}"
+        );
+        assert!(took < Duration::from_secs(20), "{choice:?}: {took:?}");
+    }
+}

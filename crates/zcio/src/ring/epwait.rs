@@ -83,7 +83,7 @@ impl EpollWaitBuf {
 
     /// A plain `epoll_wait(epfd, .., max, timeout_ms)` into the buffer (grown to `max` first),
     /// for the backend's `epoll_wait` mode. Fails with `EBUSY` while a request is in flight
-    /// (the kernel may be writing into the buffer).
+    /// (the kernel may be writing into the buffer). A blocking call returns `EINTR`.
     pub fn collect_now(
         &mut self,
         epfd: RawFd,
@@ -95,7 +95,11 @@ impl EpollWaitBuf {
         }
         self.reserve(max);
         let max = max.clamp(1, self.buf.len());
-        let n = crate::sys::epoll::wait(epfd, &mut self.buf[..max], timeout_ms)?;
+        let n = if timeout_ms == 0 {
+            crate::sys::epoll::wait(epfd, &mut self.buf[..max], 0)?
+        } else {
+            crate::sys::epoll::wait_once(epfd, &mut self.buf[..max], timeout_ms)?
+        };
         Ok(&self.buf[..n])
     }
 
