@@ -349,7 +349,7 @@ impl EpwaitEvents {
                 }
             };
             let n = self.collect_plain(out, ms)?;
-            if n > 0 || deadline.is_none_or(|d| Instant::now() >= d) {
+            if n > 0 || deadline.map_or(true, |d| Instant::now() >= d) {
                 return Ok(n);
             }
         }

@@ -10,7 +10,9 @@
 //!   `wait` collects it with one `IORING_OP_EPOLL_WAIT` request, completed inside `wait`'s own
 //!   kernel entry, so reports are exactly epoll's (whole readiness polled at report time, no
 //!   file references: a `close` or `DEL` releases the file at once). One kernel entry per
-//!   batch, as `epoll_wait`.
+//!   batch, as `epoll_wait`. Per workload ([`WaitChoice`], [`choice`]) a wait may instead be a
+//!   plain `epoll_wait` on the same instance, which costs less CPU when events are ready or a
+//!   zero-timeout poll finds nothing; each switch is recorded ([`EventRing::decisions`]).
 //! - **poll ring**: each fd gets a `POLL_ADD` (multishot for edge-triggered interest, one-shot
 //!   re-armed after each report for level-triggered, `ONESHOT` and `EXCLUSIVE` interest);
 //!   readiness arrives as CQEs in shared memory. [`EventRing::harvest`] copies what is
