@@ -570,6 +570,11 @@ impl EventRing {
     }
 
     /// A handle other threads use to post events to this ring.
+    ///
+    /// While no poster exists, a blocking wait of the `EPOLL_WAIT` backend in plain mode
+    /// sleeps in `epoll_wait` itself (a post could not wake it; none can be made during a
+    /// `wait`, which holds the ring mutably). A wrapper that lets other threads make posters
+    /// while the owner waits (the C API) keeps one poster alive from the start.
     pub fn poster(&self) -> Poster {
         Poster {
             user: self.user.clone(),
