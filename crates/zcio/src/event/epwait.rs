@@ -278,7 +278,9 @@ impl EpwaitEvents {
         user: &MpscRing,
         poster: bool,
     ) -> io::Result<usize> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // (Read the clock only where a deadline is needed: a plain wait that finds events
+        // never does.)
+        let deadline = || timeout.map(|t| Instant::now() + t);
         self.obs = WaitObs {
             poster,
             ..WaitObs::default()
@@ -298,7 +300,7 @@ impl EpwaitEvents {
         let zero = timeout == Some(Duration::ZERO);
         let n = match self.mode {
             WaitMode::Ring => {
-                let n = self.wait_ring(out, deadline, user)?;
+                let n = self.wait_ring(out, deadline(), user)?;
                 self.obs.empty_poll = zero && n == 0 && !user.has_entries();
                 n
             }
@@ -319,13 +321,13 @@ impl EpwaitEvents {
                     // Nothing ready, the caller blocks and nobody can post: sleep in
                     // epoll_wait itself.
                     self.obs.slept = true;
-                    self.sleep_plain(out, deadline)?
+                    self.sleep_plain(out, deadline())?
                 } else {
                     // Nothing ready and the caller blocks: sleep in the ring, which also
                     // watches the user-posted events' eventfd (kept out of the caller's
                     // epoll instance).
                     self.obs.slept = true;
-                    self.wait_ring(out, deadline, user)?
+                    self.wait_ring(out, deadline(), user)?
                 }
             }
         };

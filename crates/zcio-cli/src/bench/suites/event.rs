@@ -6,6 +6,9 @@
 //! (b) HTTP/1.1 on loopback: the example server on epoll vs on EventRing, keep-alive and one
 //!     new connection per request (like libevent's bench_http), req/s and p99 latency, with a
 //!     built-in load generator (bounded count and time, loopback only);
+//! (d) what one zero-timeout collection costs (16 level-triggered sockets, all ready or none):
+//!     CPU and kernel entries per wait, raw `epoll_wait` vs the `EPOLL_WAIT` backend with the
+//!     ring wait fixed and with the per-workload choice;
 //! (c) kernel entries per 1000 events in every case (the loop's own `epoll_wait`/`epoll_ctl`
 //!     or `io_uring_enter`/`fstat`, not the application's reads and writes, which are the
 //!     same on both sides).
@@ -31,6 +34,11 @@ const STORM: &[MetricDef] = &[
     MetricDef::new("events_per_s", "Mev/s", Better::Higher),
     MetricDef::new("harvester_cpu_per_event", "ns", Better::Lower),
     MetricDef::new("kernel_entries_per_1000_events", "calls", Better::Lower),
+];
+
+const WAIT: &[MetricDef] = &[
+    MetricDef::new("cpu_per_wait", "ns", Better::Lower),
+    MetricDef::new("kernel_entries_per_wait", "calls", Better::Lower),
 ];
 
 const HTTP: &[MetricDef] = &[
@@ -115,6 +123,26 @@ impl Suite for EventSuite {
             || storm(dur, fds, StormMode::Epoll),
             || storm(dur, fds, StormMode::RingUser),
         )?;
+        // What one collection costs, without any traffic: the per-workload choice's cost
+        // model (docs/design/event.md, "Choice per workload").
+        let waits = ctx.pick(50_000, 200_000, 500_000);
+        for (ready, what) in [
+            (true, "16 LT fds ready"),
+            (false, "zero-timeout poll, nothing ready"),
+        ] {
+            for (choice, label) in [
+                (WaitChoice::Ring, "EPOLL_WAIT ring wait fixed"),
+                (WaitChoice::Auto, "EPOLL_WAIT per-workload choice"),
+            ] {
+                ctx.compare(
+                    &format!("wait cost, {what}, {label}"),
+                    ("epoll_wait", "EventRing wait"),
+                    WAIT,
+                    || wait_cost(None, ready, waits),
+                    || wait_cost(Some(choice), ready, waits),
+                )?;
+            }
+        }
         let conns = ctx.pick(64, 64, 128);
         let ka_time = dur * 2;
         ctx.compare(
@@ -498,4 +526,73 @@ fn wait_mode_note(r: &EventRing) -> String {
         }
         None => String::new(),
     }
+}
+
+/// CPU and kernel entries per zero-timeout wait over 16 level-triggered unix sockets (all
+/// readable, or none): raw `epoll_wait` (`choice` None) or the `EPOLL_WAIT` backend with
+/// `choice`, measured after a warm-up long enough for the per-workload choice to settle.
+fn wait_cost(choice: Option<WaitChoice>, ready: bool, waits: usize) -> Result<Sample> {
+    use std::io::Write;
+    let pairs = (0..16)
+        .map(|_| std::os::unix::net::UnixStream::pair())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    if ready {
+        for (_, b) in &pairs {
+            (&*b).write_all(b"x")?;
+        }
+    }
+    let warm = 8 * 128;
+    let mut s = Sample::default();
+    let (cpu, entries) = match choice {
+        None => {
+            let e = ep::create()?;
+            for (i, (a, _)) in pairs.iter().enumerate() {
+                ep::ctl(
+                    e.as_raw_fd(),
+                    libc::EPOLL_CTL_ADD,
+                    a.as_raw_fd(),
+                    libc::EPOLLIN as u32,
+                    i as u64,
+                )?;
+            }
+            let mut buf = vec![ep::empty_event(); 64];
+            for _ in 0..warm {
+                ep::wait(e.as_raw_fd(), &mut buf, 0)?;
+            }
+            let span = Span::start();
+            for _ in 0..waits {
+                ep::wait(e.as_raw_fd(), &mut buf, 0)?;
+            }
+            (span.stop().1, waits as u64)
+        }
+        Some(choice) => {
+            let mut r = EventRing::with_config(&EventConfig {
+                prefer: Prefer::EpollWait,
+                wait_choice: choice,
+                ..EventConfig::default()
+            })?;
+            for (i, (a, _)) in pairs.iter().enumerate() {
+                r.add(a.as_raw_fd(), Interest::IN, i as u64)?;
+            }
+            let mut out = vec![Event::default(); 64];
+            for _ in 0..warm {
+                r.wait(&mut out, Some(Duration::ZERO))?;
+            }
+            let before = r.stats().wait_entries;
+            let span = Span::start();
+            for _ in 0..waits {
+                r.wait(&mut out, Some(Duration::ZERO))?;
+            }
+            let cpu = span.stop().1;
+            s.note(format!(
+                "{} 16 fds{}",
+                if ready { "ready" } else { "idle" },
+                wait_mode_note(&r)
+            ));
+            (cpu, r.stats().wait_entries - before)
+        }
+    };
+    s.set("cpu_per_wait", cpu / waits as f64 * 1e9);
+    s.set("kernel_entries_per_wait", entries as f64 / waits as f64);
+    Ok(s)
 }
