@@ -28,8 +28,11 @@ pub enum LoopKind {
     Epoll,
     /// zcio's [`EventRing`] with its default choice (`Prefer::Auto`: `EPOLL_WAIT` over a
     /// kernel epoll where the kernel has it, else the poll ring, else epoll; each step down
-    /// recorded) and COOP_TASKRUN + SINGLE_ISSUER.
+    /// recorded; on `EPOLL_WAIT`, ring wait or plain `epoll_wait` per workload) and
+    /// COOP_TASKRUN + SINGLE_ISSUER.
     Ring,
+    /// [`EventRing`]'s `EPOLL_WAIT` backend with the ring wait fixed (no per-workload choice).
+    RingFixed,
     /// [`EventRing`]'s default choice with DEFER_TASKRUN (completions posted only when the
     /// loop enters the ring with GETEVENTS).
     RingDefer,
@@ -199,8 +202,17 @@ impl EventLoop for RingLoop {
             .filter(|f| f.granted)
             .map(|f| f.name)
             .collect();
+        let mode = match self.ring.wait_mode() {
+            Some(m) => format!(
+                ", ends in {}, {} switches, {} plain epoll_waits",
+                m.name(),
+                self.ring.stats().mode_switches,
+                self.ring.stats().plain_waits
+            ),
+            None => String::new(),
+        };
         format!(
-            "EventRing ({} {})",
+            "EventRing ({} {}{mode})",
             self.ring.backend_name(),
             flags.join("+")
         )
@@ -218,6 +230,11 @@ pub fn make_loop_with(kind: LoopKind, spin: Option<Duration>) -> io::Result<Box<
         LoopKind::Epoll => Box::new(EpollLoop::new()?),
         LoopKind::Ring => Box::new(RingLoop::with_spin(false, spin)?),
         LoopKind::RingDefer => Box::new(RingLoop::with_spin(true, spin)?),
+        LoopKind::RingFixed => {
+            let mut l = RingLoop::with_prefer(Prefer::EpollWait, false, spin)?;
+            l.ring.set_wait_choice(zcio::event::WaitChoice::Ring);
+            Box::new(l)
+        }
         LoopKind::PollRing => Box::new(RingLoop::with_prefer(Prefer::Uring, false, spin)?),
     })
 }

@@ -42,6 +42,11 @@ pub const ZCIO_EVENT_PREFER_EPOLL: u32 = 2;
 pub struct zcio_event_ring {
     ring: EventRing,
     owner: Owner,
+    /// Made with the ring and cloned by `zcio_event_ring_poster`, which any thread may call
+    /// while the owner waits: the ring then always knows a poster may post, so its waits never
+    /// sleep where a post cannot wake them (a plain `epoll_wait` sleep is only taken when no
+    /// poster exists; see event.md "Choice per workload").
+    poster: Poster,
 }
 
 /// A handle that posts user events to one event ring from any thread. Opaque.
@@ -151,6 +156,7 @@ pub extern "C" fn zcio_event_ring_new(out: *mut *mut zcio_event_ring, prefer: u3
         match EventRing::with_config(&cfg) {
             Ok(ring) => {
                 let b = Box::new(zcio_event_ring {
+                    poster: ring.poster(),
                     ring,
                     owner: Owner::here(),
                 });
@@ -381,8 +387,8 @@ pub extern "C" fn zcio_event_ring_poster(
         return -libc::EINVAL;
     }
     guard(|| {
-        // SAFETY: `r` is a live handle.
-        let poster = unsafe { (*r).ring.poster() };
+        // SAFETY: `r` is a live handle; its poster is never mutated after creation.
+        let poster = unsafe { (*r).poster.clone() };
         // SAFETY: `out` is non-null.
         unsafe { *out = Box::into_raw(Box::new(zcio_event_poster { poster })) };
         0

@@ -22,7 +22,7 @@ use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
-use zcio::event::{CtlError, Event, EventConfig, EventRing, Interest, Poster, Prefer};
+use zcio::event::{CtlError, Event, EventConfig, EventRing, Interest, Poster, Prefer, WaitChoice};
 
 /// Fds tracked in [`FDS`]; an instance or registration beyond it uses the real epoll.
 pub const MAXFD: usize = 1 << 18;
@@ -351,6 +351,12 @@ fn new_ring(epfd: libc::c_int) -> std::io::Result<EventRing> {
         // Always DEFER_TASKRUN here: the armed EPOLL_WAIT then only ever runs inside this
         // thread's own ring waits, never on a syscall return of code that uses the real epoll.
         cfg.ring.defer_taskrun = true;
+        cfg.wait_choice = match crate::report::WAIT_MODE.load(Ordering::Relaxed) {
+            1 => WaitChoice::Ring,
+            2 => WaitChoice::Plain,
+            3 => WaitChoice::Alternate,
+            _ => WaitChoice::Auto,
+        };
         match EventRing::with_config(&cfg) {
             Ok(r) => return Ok(r),
             Err(e) => log(format_args!(
@@ -750,9 +756,17 @@ pub fn wait(
         let ring_state: *mut State = st;
         let ring = st.ring.as_mut().expect("ring mode");
         let posted = ring.user_events();
+        let mode = ring.wait_mode();
         inst.waiting.store(ring_state, Ordering::Release);
         let r = ring.wait(&mut st.buf[..want], left);
         inst.waiting.store(std::ptr::null_mut(), Ordering::Release);
+        if ring.wait_mode() != mode {
+            // The per-workload choice switched (ring wait <-> epoll_wait on this instance).
+            bump(&STATS.mode_switches, 1);
+            if let Some(d) = ring.decisions().last() {
+                log(format_args!("epoll fd {}: {d}", inst.epfd));
+            }
+        }
         // Fd events come first, then user-posted ones (wake-ups from contending threads).
         let fd_events = |ring: &EventRing, n: usize| n - (ring.user_events() - posted) as usize;
         let n = match r {

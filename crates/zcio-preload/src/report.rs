@@ -3,7 +3,7 @@
 
 use std::ffi::CString;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 /// `ZCIO_EPOLL_LOG=1`.
@@ -20,6 +20,11 @@ pub static DEFER_TASKRUN: AtomicBool = AtomicBool::new(true);
 /// per fd, the interest list kept by the shim) instead of `EPOLL_WAIT` over the program's own
 /// epoll fd (the default where the kernel has it, Linux 6.15).
 pub static POLL_RING: AtomicBool = AtomicBool::new(false);
+/// `ZCIO_EPOLL_WAIT_MODE=auto|ring|plain|alternate` (`EPOLL_WAIT` rings): how a wait collects
+/// the program's epoll — chosen per workload (default), always the ring's `EPOLL_WAIT`,
+/// always `epoll_wait`, or switching at every wait (tests). 0 auto, 1 ring, 2 plain, 3
+/// alternate.
+pub static WAIT_MODE: AtomicU8 = AtomicU8::new(0);
 /// `ZCIO_EPOLL_STATS=path`.
 pub static STATS_PATH: OnceLock<CString> = OnceLock::new();
 
@@ -48,6 +53,9 @@ pub struct Stats {
     pub deferred_closes: AtomicU64,
     /// Program calls refused with `EBADF` because they named one of the shim's own fds.
     pub refused: AtomicU64,
+    /// Switches of the `EPOLL_WAIT` rings between the ring wait and plain `epoll_wait` (the
+    /// per-workload choice; each logged with its reason under `ZCIO_EPOLL_LOG=1`).
+    pub mode_switches: AtomicU64,
 }
 
 /// The counters.
@@ -62,6 +70,7 @@ pub static STATS: Stats = Stats {
     real_waits: AtomicU64::new(0),
     deferred_closes: AtomicU64::new(0),
     refused: AtomicU64::new(0),
+    mode_switches: AtomicU64::new(0),
 };
 
 pub fn bump(c: &AtomicU64, n: u64) {
@@ -128,6 +137,15 @@ pub fn read_env() {
     if let Some(v) = setting(b"ZCIO_EPOLL_BACKEND\0") {
         POLL_RING.store(v == b"poll", Ordering::Relaxed);
     }
+    if let Some(v) = setting(b"ZCIO_EPOLL_WAIT_MODE\0") {
+        let m = match v.as_slice() {
+            b"ring" => 1,
+            b"plain" => 2,
+            b"alternate" => 3,
+            _ => 0,
+        };
+        WAIT_MODE.store(m, Ordering::Relaxed);
+    }
     if let Some(p) = setting(b"ZCIO_EPOLL_STATS\0") {
         if let Ok(c) = CString::new(p) {
             let _ = STATS_PATH.set(c);
@@ -142,7 +160,8 @@ pub fn line(live_enters: u64) -> String {
     let pid = unsafe { libc::getpid() };
     format!(
         "pid={pid} ring_instances={} fallbacks={} ring_waits={} ring_events={} ring_enters={} \
-         ring_ctls={} ring_closes={} real_waits={} deferred_closes={} refused={}\n",
+         ring_ctls={} ring_closes={} real_waits={} deferred_closes={} refused={} \
+         mode_switches={}\n",
         g(&STATS.ring_instances),
         g(&STATS.fallbacks),
         g(&STATS.ring_waits),
@@ -153,6 +172,7 @@ pub fn line(live_enters: u64) -> String {
         g(&STATS.real_waits),
         g(&STATS.deferred_closes),
         g(&STATS.refused),
+        g(&STATS.mode_switches),
     )
 }
 

@@ -145,3 +145,31 @@ fn trace_is_identical_when_io_uring_is_unavailable() {
         "shim log:\n{log}"
     );
 }
+
+#[test]
+fn trace_is_identical_across_ring_and_epoll_wait_switches() {
+    // The per-workload choice's two modes on the program's own epoll fd: always epoll_wait,
+    // and a switch at every wait (each wait reaps what the other mode left armed).
+    let dir = TempDir::new("trace-modes");
+    let Some(exe) = build_trace(&dir) else { return };
+    let (native, _) = run(&exe, &Preload::default());
+    for mode in ["plain", "alternate"] {
+        let (shimmed, log, stats) = shim_run(&dir, &exe, &[], &[("ZCIO_EPOLL_WAIT_MODE", mode)]);
+        assert_same_output(&native, &shimmed, &log);
+        assert!(
+            log.contains("served by the event ring (io_uring_epoll_wait)"),
+            "{mode}: shim log:\n{log}"
+        );
+        assert!(
+            common::stats_sum(&stats, "ring_waits") > 20,
+            "{mode}: {:?}",
+            std::fs::read_to_string(&stats)
+        );
+        let switches = common::stats_sum(&stats, "mode_switches");
+        if mode == "alternate" {
+            assert!(switches > 20, "{:?}", std::fs::read_to_string(&stats));
+        } else {
+            assert_eq!(switches, 0, "{:?}", std::fs::read_to_string(&stats));
+        }
+    }
+}

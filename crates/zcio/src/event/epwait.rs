@@ -16,8 +16,9 @@
 //! ring's eventfd poll (not in the epoll set: epoll `data` is the caller's token, unchanged),
 //! [`Key::cancel`] for cancels.
 
+use super::choice::{Chooser, Costs, Decision, WaitMode, WaitObs};
 use super::NewError;
-use super::{CtlError, Event};
+use super::{CtlError, Event, WaitChoice};
 use crate::buf::mpsc::MpscRing;
 use crate::ring::epwait::EpollWaitBuf;
 use crate::ring::key::{Key, Op};
@@ -38,6 +39,8 @@ const WAKE_KEY: Key = Key::internal(2);
 const BATCH: usize = 1024;
 /// Largest `EPOLL_WAIT` buffer (128 Ki events); larger `out`s get at most this many per wait.
 const MAX_BATCH: usize = 1 << 17;
+/// A blocking ring entry that lasted this long is taken to have slept (for the choice).
+const SLEPT: Duration = Duration::from_micros(50);
 
 /// The epoll instance: created here, or the caller's (the epoll shim's program fd).
 enum Epfd {
@@ -64,10 +67,20 @@ pub(super) struct EpwaitEvents {
     /// Events of a completion that did not fit the caller's `out` (only with DEFER_TASKRUN,
     /// when `maxevents` shrank between waits with a request armed): handed out first.
     spill: Vec<Event>,
+    /// Completions taken from the CQ by `drain` (kept for its capacity).
+    batch: Vec<(u64, i32, u32)>,
     ctl_syscalls: u64,
     cqes: u64,
     cancels: u64,
     poll_errors: u64,
+    /// How waits collect the epoll instance now, and who decides it.
+    mode: WaitMode,
+    choice: WaitChoice,
+    chooser: Chooser,
+    /// What the current (or last) wait showed.
+    obs: WaitObs,
+    plain_waits: u64,
+    switches: u64,
     /// The creating process: a forked child (sharing the ring's memory, not its ownership)
     /// must never enter it.
     pid: u32,
@@ -78,6 +91,7 @@ impl EpwaitEvents {
         cfg: &RingConfig,
         wake_fd: RawFd,
         epfd: Option<RawFd>,
+        choice: WaitChoice,
     ) -> Result<Self, NewError> {
         let ring = Ring::new(cfg)?;
         let probe = ring.probe_opcodes().map_err(NewError::Io)?;
@@ -96,6 +110,11 @@ impl EpwaitEvents {
             Some(fd) => Epfd::Borrowed(fd),
             None => Epfd::Owned(ep::create().map_err(NewError::Io)?),
         };
+        let mode = if choice == WaitChoice::Plain {
+            WaitMode::Plain
+        } else {
+            WaitMode::Ring
+        };
         let mut me = Self {
             ring,
             epfd,
@@ -103,10 +122,17 @@ impl EpwaitEvents {
             defer,
             wake_fd,
             spill: Vec::new(),
+            batch: Vec::new(),
             ctl_syscalls: 0,
             cqes: 0,
             cancels: 0,
             poll_errors: 0,
+            mode,
+            choice,
+            chooser: Chooser::new(mode, Costs::measured(defer)),
+            obs: WaitObs::default(),
+            plain_waits: 0,
+            switches: 0,
             pid: std::process::id(),
         };
         me.arm_wake().map_err(NewError::Io)?;
@@ -158,10 +184,12 @@ impl EpwaitEvents {
     /// Moves completions out of the CQ; events of the `EPOLL_WAIT` go to `out[n..]` (and
     /// `spill` when they do not fit). Returns the new `n`.
     fn drain(&mut self, out: &mut [Event], mut n: usize) -> io::Result<usize> {
-        let mut batch: Vec<(u64, i32, u32)> = Vec::new();
+        // Reused: no allocation per wait.
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
         self.ring
             .harvest(|c| batch.push((c.user_data(), c.result(), c.flags())))?;
-        for (ud, res, flags) in batch {
+        for &(ud, res, flags) in &batch {
             self.cqes += 1;
             let key = Key::from_raw(ud);
             match key {
@@ -196,6 +224,7 @@ impl EpwaitEvents {
                 }
             }
         }
+        self.batch = batch;
         Ok(n)
     }
 
@@ -239,17 +268,120 @@ impl EpwaitEvents {
         n
     }
 
+    /// `poster`: a [`super::Poster`] exists (it cannot come into being during this call: it
+    /// is made from the ring, which the caller holds mutably), so a sleep must also watch the
+    /// posters' eventfd.
     pub(super) fn wait(
         &mut self,
         out: &mut [Event],
         timeout: Option<Duration>,
         user: &MpscRing,
+        poster: bool,
     ) -> io::Result<usize> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let mut n = self.take_spill(out);
+        // (Read the clock only where a deadline is needed: a plain wait that finds events
+        // never does.)
+        let deadline = || timeout.map(|t| Instant::now() + t);
+        self.obs = WaitObs {
+            poster,
+            ..WaitObs::default()
+        };
+        let n = self.take_spill(out);
         if n > 0 {
+            self.obs.fd_events = n as u32;
             return Ok(n);
         }
+        if self.choice == WaitChoice::Alternate {
+            self.mode = match self.mode {
+                WaitMode::Ring => WaitMode::Plain,
+                WaitMode::Plain => WaitMode::Ring,
+            };
+            self.switches += 1;
+        }
+        let zero = timeout == Some(Duration::ZERO);
+        let n = match self.mode {
+            WaitMode::Ring => {
+                let n = self.wait_ring(out, deadline(), user)?;
+                self.obs.empty_poll = zero && n == 0 && !user.has_entries();
+                n
+            }
+            WaitMode::Plain => {
+                let mut n = 0;
+                if self.buf.in_flight() {
+                    // Left armed by a ring wait (DEFER_TASKRUN, or a switch): reap it first;
+                    // what it collected is this wait's, as fresh as a new request's would be.
+                    n = self.cancel(out, 0)?;
+                }
+                if n == 0 {
+                    n = self.collect_plain(out, 0)?;
+                }
+                if n > 0 || zero || user.has_entries() {
+                    self.obs.empty_poll = zero && n == 0 && !user.has_entries();
+                    n
+                } else if !poster {
+                    // Nothing ready, the caller blocks and nobody can post: sleep in
+                    // epoll_wait itself.
+                    self.obs.slept = true;
+                    self.sleep_plain(out, deadline())?
+                } else {
+                    // Nothing ready and the caller blocks: sleep in the ring, which also
+                    // watches the user-posted events' eventfd (kept out of the caller's
+                    // epoll instance).
+                    self.obs.slept = true;
+                    self.wait_ring(out, deadline(), user)?
+                }
+            }
+        };
+        self.obs.fd_events = n as u32;
+        Ok(n)
+    }
+
+    /// A blocking `epoll_wait` until `deadline` (milliseconds rounded up, as the caller's
+    /// timeout must not end early); 0 when it passed, `EINTR` as `epoll_wait` reports it.
+    fn sleep_plain(&mut self, out: &mut [Event], deadline: Option<Instant>) -> io::Result<usize> {
+        loop {
+            let ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(0);
+                    }
+                    let ms = left.as_nanos().div_ceil(1_000_000);
+                    ms.min(i32::MAX as u128) as i32
+                }
+            };
+            let n = self.collect_plain(out, ms)?;
+            if n > 0 || deadline.map_or(true, |d| Instant::now() >= d) {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// `epoll_wait(epfd, out, timeout_ms)`: the plain mode's collection.
+    fn collect_plain(&mut self, out: &mut [Event], timeout_ms: i32) -> io::Result<usize> {
+        self.plain_waits += 1;
+        let epfd = self.epfd.raw();
+        let got = self
+            .buf
+            .collect_now(epfd, out.len().min(MAX_BATCH), timeout_ms)?;
+        for (o, e) in out.iter_mut().zip(got) {
+            *o = Event {
+                events: e.events,
+                token: e.u64,
+            };
+        }
+        Ok(got.len())
+    }
+
+    /// The ring wait: one `EPOLL_WAIT` request, entered until it (or a user-posted event, a
+    /// timeout or a signal) completes.
+    fn wait_ring(
+        &mut self,
+        out: &mut [Event],
+        deadline: Option<Instant>,
+        user: &MpscRing,
+    ) -> io::Result<usize> {
+        let mut n = 0;
         let epfd = self.epfd.raw();
         if self.buf.in_flight() && self.defer {
             // Armed by an earlier wait that returned without it (DEFER_TASKRUN only): its
@@ -271,8 +403,14 @@ impl EpwaitEvents {
                 self.ring.get_events()?;
             } else if user.prepare_sleep() {
                 let before = self.cqes;
+                let t0 = Instant::now();
                 let r = self.ring.submit_and_wait(1, remaining);
                 user.end_sleep();
+                // A ring wait cannot tell an inline completion from one after a sleep: one
+                // that took this long slept (the inline path takes a few microseconds).
+                if t0.elapsed() >= SLEPT {
+                    self.obs.slept = true;
+                }
                 let interrupted = match r {
                     Err(e) if e.raw_os_error() == Some(libc::EINTR) => true,
                     Err(e) => return Err(e),
@@ -302,6 +440,40 @@ impl EpwaitEvents {
         self.settle(out, n)
     }
 
+    /// After `wait` (and the caller's harvest of `user_events` user-posted events): feeds the
+    /// per-workload choice; returns its decision when the mode changes.
+    pub(super) fn finish_wait(&mut self, user_events: usize) -> Option<Decision> {
+        if self.choice != WaitChoice::Auto {
+            return None;
+        }
+        let mut o = self.obs;
+        o.user_events = user_events.min(u32::MAX as usize) as u32;
+        let d = self.chooser.observe(o)?;
+        self.mode = d.to;
+        self.switches += 1;
+        Some(d)
+    }
+
+    /// Sets how waits collect the epoll instance; takes effect at the next `wait` (an armed
+    /// request is reaped there, its events reported by that wait).
+    pub(super) fn set_choice(&mut self, choice: WaitChoice) {
+        self.choice = choice;
+        let mode = match choice {
+            WaitChoice::Ring => WaitMode::Ring,
+            WaitChoice::Plain => WaitMode::Plain,
+            WaitChoice::Auto | WaitChoice::Alternate => self.mode,
+        };
+        if mode != self.mode {
+            self.switches += 1;
+        }
+        self.mode = mode;
+        self.chooser.reset(mode);
+    }
+
+    pub(super) fn mode(&self) -> WaitMode {
+        self.mode
+    }
+
     /// Before `wait` returns: without DEFER_TASKRUN an armed request could complete while the
     /// loop runs (its report then stale by the time it is read): cancel and reap it.
     fn settle(&mut self, out: &mut [Event], n: usize) -> io::Result<usize> {
@@ -313,8 +485,10 @@ impl EpwaitEvents {
 
     pub(super) fn stats(&self) -> super::EventStats {
         super::EventStats {
-            syscalls: self.ring.enters() + self.ctl_syscalls,
-            wait_entries: self.ring.enters(),
+            syscalls: self.ring.enters() + self.plain_waits + self.ctl_syscalls,
+            wait_entries: self.ring.enters() + self.plain_waits,
+            plain_waits: self.plain_waits,
+            mode_switches: self.switches,
             cqes: self.cqes,
             rearms: self.cancels,
             poll_errors: self.poll_errors,

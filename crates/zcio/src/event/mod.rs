@@ -10,7 +10,9 @@
 //!   `wait` collects it with one `IORING_OP_EPOLL_WAIT` request, completed inside `wait`'s own
 //!   kernel entry, so reports are exactly epoll's (whole readiness polled at report time, no
 //!   file references: a `close` or `DEL` releases the file at once). One kernel entry per
-//!   batch, as `epoll_wait`.
+//!   batch, as `epoll_wait`. Per workload ([`WaitChoice`], [`choice`]) a wait may instead be a
+//!   plain `epoll_wait` on the same instance, which costs less CPU when events are ready or a
+//!   zero-timeout poll finds nothing; each switch is recorded ([`EventRing::decisions`]).
 //! - **poll ring**: each fd gets a `POLL_ADD` (multishot for edge-triggered interest, one-shot
 //!   re-armed after each report for level-triggered, `ONESHOT` and `EXCLUSIVE` interest);
 //!   readiness arrives as CQEs in shared memory. [`EventRing::harvest`] copies what is
@@ -35,6 +37,7 @@
 //!
 //! The API is C-friendly: raw fds, epoll bit values, `u64` tokens, `#[repr(C)]` events.
 
+pub mod choice;
 mod epoll;
 mod epwait;
 #[doc(hidden)]
@@ -206,6 +209,24 @@ pub enum Prefer {
     Epoll,
 }
 
+/// How the `EPOLL_WAIT` backend collects its epoll instance: chosen per workload, or fixed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WaitChoice {
+    /// Per workload ([`choice::Chooser`]): starts with the ring's `EPOLL_WAIT`, switches to a
+    /// plain `epoll_wait` on the same instance (and back) when the waits it observes show that
+    /// one costs fewer kernel entries; each switch is recorded with its reason
+    /// ([`EventRing::decisions`]).
+    #[default]
+    Auto,
+    /// Always the ring's `EPOLL_WAIT`.
+    Ring,
+    /// Always `epoll_wait(2)` with a zero timeout first; the ring only to sleep.
+    Plain,
+    /// Switches mode at every wait (tests: the equivalence scenarios across switches).
+    #[doc(hidden)]
+    Alternate,
+}
+
 /// Construction options.
 #[derive(Debug, Clone)]
 pub struct EventConfig {
@@ -225,6 +246,8 @@ pub struct EventConfig {
     /// instead of creating one — the epoll shim passes the program's own epoll fd, so
     /// registrations made behind its back land in the same interest list.
     pub epoll_fd: Option<RawFd>,
+    /// `EPOLL_WAIT` backend only: ring wait or plain `epoll_wait`, per workload by default.
+    pub wait_choice: WaitChoice,
 }
 
 impl Default for EventConfig {
@@ -244,6 +267,7 @@ impl Default for EventConfig {
             user_capacity: 4096,
             spin: Duration::ZERO,
             epoll_fd: None,
+            wait_choice: WaitChoice::Auto,
         }
     }
 }
@@ -277,9 +301,15 @@ pub struct EventRing {
     backend: Backend,
     user: Arc<UserShared>,
     fallbacks: Vec<Fallback>,
+    /// The per-workload choice's switches, newest last (at most [`MAX_DECISIONS`]).
+    decisions: Vec<Fallback>,
     harvested: u64,
     user_harvested: u64,
 }
+
+/// Decisions kept per instance (the oldest are dropped; [`EventStats::mode_switches`] counts
+/// them all).
+const MAX_DECISIONS: usize = 16;
 
 impl std::fmt::Debug for EventRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -338,6 +368,11 @@ pub struct EventStats {
     pub spins_won: u64,
     /// Busy-harvest spins that found nothing (the loop then slept).
     pub spins_lost: u64,
+    /// `EPOLL_WAIT` backend: waits collected with a plain `epoll_wait` (counted in
+    /// `wait_entries`).
+    pub plain_waits: u64,
+    /// `EPOLL_WAIT` backend: switches between the ring wait and plain `epoll_wait`.
+    pub mode_switches: u64,
 }
 
 impl EventRing {
@@ -357,13 +392,15 @@ impl EventRing {
         let mut fallbacks = Vec::new();
         let backend = match cfg.prefer {
             Prefer::Epoll => Backend::Epoll(epoll::EpollEvents::new(wake)?),
-            Prefer::EpollWait => match epwait::EpwaitEvents::new(&cfg.ring, wake, cfg.epoll_fd) {
-                Ok(e) => Backend::Epwait(e),
-                Err(NewError::Unavailable(reason)) => {
-                    return Err(io::Error::new(io::ErrorKind::Unsupported, reason))
+            Prefer::EpollWait => {
+                match epwait::EpwaitEvents::new(&cfg.ring, wake, cfg.epoll_fd, cfg.wait_choice) {
+                    Ok(e) => Backend::Epwait(e),
+                    Err(NewError::Unavailable(reason)) => {
+                        return Err(io::Error::new(io::ErrorKind::Unsupported, reason))
+                    }
+                    Err(NewError::Io(e)) => return Err(e),
                 }
-                Err(NewError::Io(e)) => return Err(e),
-            },
+            }
             Prefer::Uring => match uring::UringEvents::new(&cfg.ring, cfg.spin, wake) {
                 Ok(u) => Backend::Uring(u),
                 Err(NewError::Unavailable(reason)) => {
@@ -378,6 +415,7 @@ impl EventRing {
             backend,
             user,
             fallbacks,
+            decisions: Vec::new(),
             harvested: 0,
             user_harvested: 0,
         })
@@ -392,7 +430,7 @@ impl EventRing {
         wake: RawFd,
         fallbacks: &mut Vec<Fallback>,
     ) -> io::Result<Backend> {
-        match epwait::EpwaitEvents::new(&cfg.ring, wake, cfg.epoll_fd) {
+        match epwait::EpwaitEvents::new(&cfg.ring, wake, cfg.epoll_fd, cfg.wait_choice) {
             Ok(e) => return Ok(Backend::Epwait(e)),
             Err(NewError::Unavailable(reason)) => fallbacks.push(Fallback::new(
                 "io_uring EPOLL_WAIT ring",
@@ -438,6 +476,28 @@ impl EventRing {
     /// Fallbacks taken at construction, with reasons.
     pub fn fallbacks(&self) -> &[Fallback] {
         &self.fallbacks
+    }
+
+    /// The per-workload choice's switches (`EPOLL_WAIT` backend, [`WaitChoice::Auto`]), each
+    /// as `from -> to: reason`, newest last; the last 16 are kept.
+    pub fn decisions(&self) -> &[Fallback] {
+        &self.decisions
+    }
+
+    /// How the `EPOLL_WAIT` backend collects events now (`None` on the other backends).
+    pub fn wait_mode(&self) -> Option<choice::WaitMode> {
+        match &self.backend {
+            Backend::Epwait(e) => Some(e.mode()),
+            _ => None,
+        }
+    }
+
+    /// Sets the `EPOLL_WAIT` backend's [`WaitChoice`] (no-op elsewhere); a switch takes effect
+    /// at the next `wait`, which reaps an armed request first and reports what it collected.
+    pub fn set_wait_choice(&mut self, choice: WaitChoice) {
+        if let Backend::Epwait(e) = &mut self.backend {
+            e.set_choice(choice);
+        }
     }
 
     /// The ring's set-up flags (io_uring backend), e.g. to see whether DEFER_TASKRUN was had.
@@ -513,6 +573,11 @@ impl EventRing {
     }
 
     /// A handle other threads use to post events to this ring.
+    ///
+    /// While no poster exists, a blocking wait of the `EPOLL_WAIT` backend in plain mode
+    /// sleeps in `epoll_wait` itself (a post could not wake it; none can be made during a
+    /// `wait`, which holds the ring mutably). A wrapper that lets other threads make posters
+    /// while the owner waits (the C API) keeps one poster alive from the start.
     pub fn poster(&self) -> Poster {
         Poster {
             user: self.user.clone(),
@@ -542,10 +607,23 @@ impl EventRing {
         }
         let n = match &mut self.backend {
             Backend::Uring(u) => u.wait(out, timeout, &self.user.ring)?,
-            Backend::Epwait(e) => e.wait(out, timeout, &self.user.ring)?,
+            Backend::Epwait(e) => {
+                // Posters are made from `&self`, so none can appear during this call.
+                let poster = Arc::strong_count(&self.user) > 1;
+                e.wait(out, timeout, &self.user.ring, poster)?
+            }
             Backend::Epoll(e) => e.wait(out, timeout, &self.user.ring, true)?,
         };
         let m = self.harvest_user(&mut out[n..]);
+        if let Backend::Epwait(e) = &mut self.backend {
+            if let Some(d) = e.finish_wait(m) {
+                if self.decisions.len() == MAX_DECISIONS {
+                    self.decisions.remove(0);
+                }
+                self.decisions
+                    .push(Fallback::new(d.from.name(), d.to.name(), d.reason));
+            }
+        }
         self.harvested += (n + m) as u64;
         Ok(n + m)
     }

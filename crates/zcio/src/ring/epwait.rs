@@ -81,6 +81,28 @@ impl EpollWaitBuf {
         Ok(())
     }
 
+    /// A plain `epoll_wait(epfd, .., max, timeout_ms)` into the buffer (grown to `max` first),
+    /// for the backend's `epoll_wait` mode. Fails with `EBUSY` while a request is in flight
+    /// (the kernel may be writing into the buffer). A blocking call returns `EINTR`.
+    pub fn collect_now(
+        &mut self,
+        epfd: RawFd,
+        max: usize,
+        timeout_ms: i32,
+    ) -> io::Result<&[libc::epoll_event]> {
+        if self.in_flight {
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
+        self.reserve(max);
+        let max = max.clamp(1, self.buf.len());
+        let n = if timeout_ms == 0 {
+            crate::sys::epoll::wait(epfd, &mut self.buf[..max], 0)?
+        } else {
+            crate::sys::epoll::wait_once(epfd, &mut self.buf[..max], timeout_ms)?
+        };
+        Ok(&self.buf[..n])
+    }
+
     /// Takes the request's completion (`res`: event count or `-errno`) and returns the events
     /// the kernel wrote.
     pub fn complete(&mut self, res: i32) -> &[libc::epoll_event] {

@@ -38,6 +38,15 @@ pub fn wait(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> io::Result<
     Ok(n as usize)
 }
 
+/// `epoll_wait` once: `EINTR` is returned, not retried (for a blocking wait that must report
+/// a signal, as `epoll_wait` does).
+pub fn wait_once(epfd: RawFd, out: &mut [EpollEvent], timeout_ms: i32) -> io::Result<usize> {
+    let max = out.len().min(i32::MAX as usize) as i32;
+    // SAFETY: `out` is writable for `max` entries for the duration of the call.
+    let n = syscall!(@once epoll_wait(epfd, out.as_mut_ptr(), max, timeout_ms))?;
+    Ok(n as usize)
+}
+
 /// An empty event, for sizing buffers.
 pub fn empty_event() -> EpollEvent {
     libc::epoll_event { events: 0, u64: 0 }

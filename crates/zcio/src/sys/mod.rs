@@ -23,6 +23,17 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 ///
 /// Only usable inside modules that allow `unsafe_code`.
 macro_rules! syscall {
+    // `@once`: `EINTR` is returned, not retried (a blocking wait that a signal cuts short
+    // reports it, as the libc call does).
+    (@once $fn:ident ( $($arg:expr),* $(,)? )) => {{
+        // SAFETY: as below.
+        let res = unsafe { libc::$fn($($arg),*) };
+        if res == -1 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(res)
+        }
+    }};
     ($fn:ident ( $($arg:expr),* $(,)? )) => {{
         loop {
             // SAFETY: the caller passes arguments that satisfy the syscall's contract; each

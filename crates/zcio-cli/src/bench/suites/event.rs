@@ -6,6 +6,9 @@
 //! (b) HTTP/1.1 on loopback: the example server on epoll vs on EventRing, keep-alive and one
 //!     new connection per request (like libevent's bench_http), req/s and p99 latency, with a
 //!     built-in load generator (bounded count and time, loopback only);
+//! (d) what one zero-timeout collection costs (16 level-triggered sockets, all ready or none):
+//!     CPU and kernel entries per wait, raw `epoll_wait` vs the `EPOLL_WAIT` backend with the
+//!     ring wait fixed and with the per-workload choice;
 //! (c) kernel entries per 1000 events in every case (the loop's own `epoll_wait`/`epoll_ctl`
 //!     or `io_uring_enter`/`fstat`, not the application's reads and writes, which are the
 //!     same on both sides).
@@ -19,7 +22,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zcio::event::{Event, EventConfig, EventRing, Interest, Prefer};
+use zcio::event::{Event, EventConfig, EventRing, Interest, Prefer, WaitChoice};
 use zcio::sys::epoll as ep;
 use zcio_examples::loadgen::{self, Load};
 use zcio_examples::{LoopKind, Running, Trigger};
@@ -31,6 +34,11 @@ const STORM: &[MetricDef] = &[
     MetricDef::new("events_per_s", "Mev/s", Better::Higher),
     MetricDef::new("harvester_cpu_per_event", "ns", Better::Lower),
     MetricDef::new("kernel_entries_per_1000_events", "calls", Better::Lower),
+];
+
+const WAIT: &[MetricDef] = &[
+    MetricDef::new("cpu_per_wait", "ns", Better::Lower),
+    MetricDef::new("kernel_entries_per_wait", "calls", Better::Lower),
 ];
 
 const HTTP: &[MetricDef] = &[
@@ -92,11 +100,21 @@ impl Suite for EventSuite {
             || storm(dur, fds, StormMode::RingFd),
         )?;
         ctx.compare(
-            "eventfd storm 16 fds, 1 producer, EPOLL_WAIT ring",
+            "eventfd storm 16 fds, 1 producer, EPOLL_WAIT (per-workload choice)",
             ("epoll LT + read", "EventRing EPOLL_WAIT LT + read"),
             STORM,
             || storm(dur, fds, StormMode::Epoll),
             || storm(dur, fds, StormMode::EpwaitFd),
+        )?;
+        ctx.compare(
+            "eventfd storm 16 fds, 1 producer, EPOLL_WAIT ring wait fixed",
+            (
+                "epoll LT + read",
+                "EventRing EPOLL_WAIT ring wait LT + read",
+            ),
+            STORM,
+            || storm(dur, fds, StormMode::Epoll),
+            || storm(dur, fds, StormMode::EpwaitFixed),
         )?;
         ctx.compare(
             "cross-thread events, 1 producer",
@@ -105,14 +123,44 @@ impl Suite for EventSuite {
             || storm(dur, fds, StormMode::Epoll),
             || storm(dur, fds, StormMode::RingUser),
         )?;
+        // What one collection costs, without any traffic: the per-workload choice's cost
+        // model (docs/design/event.md, "Choice per workload").
+        let waits = ctx.pick(50_000, 200_000, 500_000);
+        for (ready, what) in [
+            (true, "16 LT fds ready"),
+            (false, "zero-timeout poll, nothing ready"),
+        ] {
+            for (choice, label) in [
+                (WaitChoice::Ring, "EPOLL_WAIT ring wait fixed"),
+                (WaitChoice::Auto, "EPOLL_WAIT per-workload choice"),
+            ] {
+                ctx.compare(
+                    &format!("wait cost, {what}, {label}"),
+                    ("epoll_wait", "EventRing wait"),
+                    WAIT,
+                    || wait_cost(None, ready, waits),
+                    || wait_cost(Some(choice), ready, waits),
+                )?;
+            }
+        }
         let conns = ctx.pick(64, 64, 128);
         let ka_time = dur * 2;
         ctx.compare(
             &format!("http keep-alive {conns} conns"),
-            ("epoll server", "EventRing server (default choice)"),
+            (
+                "epoll server",
+                "EventRing server (default: per-workload choice)",
+            ),
             HTTP,
             || http(LoopKind::Epoll, true, conns, u64::MAX, ka_time),
             || http(LoopKind::Ring, true, conns, u64::MAX, ka_time),
+        )?;
+        ctx.compare(
+            &format!("http keep-alive {conns} conns, EPOLL_WAIT ring wait fixed"),
+            ("epoll server", "EventRing EPOLL_WAIT ring-wait server"),
+            HTTP,
+            || http(LoopKind::Epoll, true, conns, u64::MAX, ka_time),
+            || http(LoopKind::RingFixed, true, conns, u64::MAX, ka_time),
         )?;
         ctx.compare(
             &format!("http keep-alive {conns} conns, poll ring"),
@@ -166,6 +214,7 @@ enum StormMode {
     Epoll,
     RingFd,
     EpwaitFd,
+    EpwaitFixed,
     RingUser,
 }
 
@@ -227,14 +276,22 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
                     epfd = Some(e);
                     ptx.send(None).ok();
                 }
-                StormMode::RingFd | StormMode::EpwaitFd | StormMode::RingUser => {
+                StormMode::RingFd
+                | StormMode::EpwaitFd
+                | StormMode::EpwaitFixed
+                | StormMode::RingUser => {
                     let mut r = EventRing::with_config(&EventConfig {
-                        prefer: if mode == StormMode::EpwaitFd {
+                        prefer: if matches!(mode, StormMode::EpwaitFd | StormMode::EpwaitFixed) {
                             Prefer::EpollWait
                         } else {
                             Prefer::Uring
                         },
                         user_capacity: 1 << 16,
+                        wait_choice: if mode == StormMode::EpwaitFixed {
+                            WaitChoice::Ring
+                        } else {
+                            WaitChoice::Auto
+                        },
                         ..EventConfig::default()
                     })?;
                     if mode != StormMode::RingUser {
@@ -288,8 +345,9 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
                     (
                         s.syscalls - s0.syscalls,
                         Some(format!(
-                            "{}: {} CQEs, {} poster wake-ups, busy-harvest spins {} found work / {} slept",
+                            "{}{}: {} CQEs, {} poster wake-ups, busy-harvest spins {} found work / {} slept",
                             r.backend_name(),
+                            wait_mode_note(r),
                             s.cqes - s0.cqes,
                             s.poster_wakes,
                             s.spins_won - s0.spins_won,
@@ -447,5 +505,94 @@ fn http_with(
         )
         .set("events_per_wait", st.events as f64 / st.waits.max(1) as f64);
     s.note(format!("server loop: {desc}"));
+    Ok(s)
+}
+
+/// For the notes: the `EPOLL_WAIT` backend's wait mode at the end and its switches.
+fn wait_mode_note(r: &EventRing) -> String {
+    match r.wait_mode() {
+        Some(m) => {
+            let last = r
+                .decisions()
+                .last()
+                .map(|d| format!("; last: {d}"))
+                .unwrap_or_default();
+            format!(
+                " (ends in {}, {} switches, {} plain epoll_waits{last})",
+                m.name(),
+                r.stats().mode_switches,
+                r.stats().plain_waits
+            )
+        }
+        None => String::new(),
+    }
+}
+
+/// CPU and kernel entries per zero-timeout wait over 16 level-triggered unix sockets (all
+/// readable, or none): raw `epoll_wait` (`choice` None) or the `EPOLL_WAIT` backend with
+/// `choice`, measured after a warm-up long enough for the per-workload choice to settle.
+fn wait_cost(choice: Option<WaitChoice>, ready: bool, waits: usize) -> Result<Sample> {
+    use std::io::Write;
+    let pairs = (0..16)
+        .map(|_| std::os::unix::net::UnixStream::pair())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    if ready {
+        for (_, b) in &pairs {
+            (&*b).write_all(b"x")?;
+        }
+    }
+    let warm = 8 * 128;
+    let mut s = Sample::default();
+    let (cpu, entries) = match choice {
+        None => {
+            let e = ep::create()?;
+            for (i, (a, _)) in pairs.iter().enumerate() {
+                ep::ctl(
+                    e.as_raw_fd(),
+                    libc::EPOLL_CTL_ADD,
+                    a.as_raw_fd(),
+                    libc::EPOLLIN as u32,
+                    i as u64,
+                )?;
+            }
+            let mut buf = vec![ep::empty_event(); 64];
+            for _ in 0..warm {
+                ep::wait(e.as_raw_fd(), &mut buf, 0)?;
+            }
+            let span = Span::start();
+            for _ in 0..waits {
+                ep::wait(e.as_raw_fd(), &mut buf, 0)?;
+            }
+            (span.stop().1, waits as u64)
+        }
+        Some(choice) => {
+            let mut r = EventRing::with_config(&EventConfig {
+                prefer: Prefer::EpollWait,
+                wait_choice: choice,
+                ..EventConfig::default()
+            })?;
+            for (i, (a, _)) in pairs.iter().enumerate() {
+                r.add(a.as_raw_fd(), Interest::IN, i as u64)?;
+            }
+            let mut out = vec![Event::default(); 64];
+            for _ in 0..warm {
+                r.wait(&mut out, Some(Duration::ZERO))?;
+            }
+            let before = r.stats().wait_entries;
+            let span = Span::start();
+            for _ in 0..waits {
+                r.wait(&mut out, Some(Duration::ZERO))?;
+            }
+            let cpu = span.stop().1;
+            s.note(format!(
+                "{} 16 fds{}",
+                if ready { "ready" } else { "idle" },
+                wait_mode_note(&r)
+            ));
+            (cpu, r.stats().wait_entries - before)
+        }
+    };
+    s.set("cpu_per_wait", cpu / waits as f64 * 1e9);
+    s.set("kernel_entries_per_wait", entries as f64 / waits as f64);
     Ok(s)
 }
