@@ -198,11 +198,7 @@ impl EventLoop for RingLoop {
             .filter(|f| f.granted)
             .map(|f| f.name)
             .collect();
-        format!(
-            "EventRing ({} {})",
-            self.ring.backend_name(),
-            flags.join("+")
-        )
+        format!("EventRing ({} {})", self.ring.path(), flags.join("+"))
     }
 }
 

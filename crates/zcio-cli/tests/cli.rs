@@ -325,7 +325,7 @@ fn zcrx_perf_server_receives_a_verified_stream() {
         .unwrap()
         .iter()
         .filter_map(Value::as_str)
-        .find(|n| n.contains("zcrx (device-less)") && n.contains("bufring"))
+        .find(|n| n.contains("zcrx-nodev -> bufring"))
         .unwrap_or_else(|| panic!("no recorded fallback: {v}"))
         .to_string();
     if zcio_testnet::is_root() {

@@ -8,6 +8,7 @@
 mod nfq;
 mod opcodes;
 
+pub use crate::ring::features::Feature;
 use crate::ring::{Ring, RingConfig, RingError, SetupFlag};
 use crate::sys::{self, errqueue, net};
 use serde::Serialize;

@@ -44,7 +44,7 @@ pub mod zcrx;
 use crate::ring::recv::Lease;
 use crate::ring::zcrx::IfqError;
 use crate::ring::RingError;
-use crate::stats::Fallback;
+use crate::stats::{Counters, Fallback, Report};
 use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, TcpListener, TcpStream};
@@ -105,6 +105,12 @@ impl RxPath {
     /// Whether the kernel copied the bytes this path delivers (all but NIC zcrx).
     pub fn copies(self) -> bool {
         self != RxPath::Zcrx
+    }
+}
+
+impl std::fmt::Display for RxPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -497,8 +503,8 @@ impl Receiver {
                         Ok(b) => Box::new(b),
                         Err(e) => {
                             fallbacks.push(Fallback::new(
-                                "zcrx (device-less)",
-                                "bufring",
+                                RxPath::ZcrxNodev,
+                                RxPath::BufRing,
                                 e.to_string(),
                             ));
                             Self::bufring_or_plain(cfg, &mut fallbacks)?
@@ -523,8 +529,8 @@ impl Receiver {
                     Ok(b) => Box::new(b),
                     Err(reason) => {
                         fallbacks.push(Fallback::new(
-                            "zcrx",
-                            "bufring",
+                            RxPath::Zcrx,
+                            RxPath::BufRing,
                             format!(
                                 "{reason}; device-less zcrx is not chosen by Auto: the kernel \
                                  copies every byte into its area (COPIED 1.0), as bufring does \
@@ -552,7 +558,7 @@ impl Receiver {
         Ok(match uring::RingRx::bufring(cfg, fallbacks) {
             Ok(b) => Box::new(b),
             Err(e) => {
-                fallbacks.push(Fallback::new("bufring", "plain", e.to_string()));
+                fallbacks.push(Fallback::new(RxPath::BufRing, RxPath::Plain, e.to_string()));
                 Box::new(plain::PlainRx::new(cfg)?)
             }
         })
@@ -599,8 +605,8 @@ impl Receiver {
     pub fn describe(&self) -> String {
         self.backend.describe()
     }
-    /// Counters so far.
-    pub fn counters(&self) -> &RxCounters {
+    /// Path-specific counters so far (the common ones are [`Report::counters`]).
+    pub fn stats(&self) -> &RxCounters {
         &self.counters
     }
     /// Fallbacks taken while choosing and running the backend.
@@ -661,5 +667,26 @@ impl<T> Slab<T> {
     }
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+}
+
+impl Report for Receiver {
+    type Path = RxPath;
+    fn path(&self) -> RxPath {
+        self.backend.path()
+    }
+    /// `bytes`, `ops` = chunks delivered, `syscalls` (ring enters, `recv`, epoll calls).
+    fn counters(&self) -> Counters {
+        Counters {
+            bytes: self.counters.bytes,
+            ops: self.counters.chunks,
+            syscalls: self.counters.syscalls,
+            zerocopy_bytes: self.counters.zerocopy_bytes,
+            copied_bytes: self.counters.copy_fallback_bytes,
+            ..Counters::default()
+        }
+    }
+    fn fallbacks(&self) -> &[Fallback] {
+        &self.fallbacks
     }
 }

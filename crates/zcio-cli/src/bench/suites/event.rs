@@ -289,7 +289,7 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
                         s.syscalls - s0.syscalls,
                         Some(format!(
                             "{}: {} CQEs, {} poster wake-ups, busy-harvest spins {} found work / {} slept",
-                            r.backend_name(),
+                            r.path(),
                             s.cqes - s0.cqes,
                             s.poster_wakes,
                             s.spins_won - s0.spins_won,
