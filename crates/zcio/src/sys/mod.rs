@@ -17,6 +17,8 @@ pub mod nfqueue;
 pub mod poller;
 pub mod signal;
 pub mod zcrx;
+// Compile-time checks against linux-raw-sys (and their macro, for private structs elsewhere).
+pub(crate) mod kernel_abi;
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
