@@ -455,9 +455,57 @@ pub(crate) trait Backend {
     ) -> io::Result<usize>;
 }
 
+/// The backend a [`Receiver`] chose, once, in `Receiver::build` (each step down recorded there
+/// as a [`Fallback`]).
+enum RxBackend {
+    Plain(plain::PlainRx),
+    BufRing(uring::RingRx<io_uring::cqueue::Entry>),
+    Zcrx(uring::RingRx<io_uring::cqueue::Entry32>),
+}
+
+/// Calls `$call` on whichever backend is in use.
+macro_rules! each_backend {
+    ($self:expr, $b:ident => $call:expr) => {
+        match $self {
+            RxBackend::Plain($b) => $call,
+            RxBackend::BufRing($b) => $call,
+            RxBackend::Zcrx($b) => $call,
+        }
+    };
+}
+
+impl Backend for RxBackend {
+    fn path(&self) -> RxPath {
+        each_backend!(self, b => b.path())
+    }
+    fn describe(&self) -> String {
+        each_backend!(self, b => b.describe())
+    }
+    fn add(&mut self, stream: TcpStream, c: &mut RxCounters) -> io::Result<ConnId> {
+        each_backend!(self, b => b.add(stream, c))
+    }
+    fn listen(&mut self, l: TcpListener) -> io::Result<()> {
+        each_backend!(self, b => b.listen(l))
+    }
+    fn close(&mut self, conn: ConnId, c: &mut RxCounters) {
+        each_backend!(self, b => b.close(conn, c))
+    }
+    fn open(&self) -> usize {
+        each_backend!(self, b => b.open())
+    }
+    fn poll(
+        &mut self,
+        timeout: Duration,
+        c: &mut RxCounters,
+        f: &mut dyn FnMut(RxEvent),
+    ) -> io::Result<usize> {
+        each_backend!(self, b => b.poll(timeout, c, f))
+    }
+}
+
 /// Receives from many TCP connections through one backend; see the module docs.
 pub struct Receiver {
-    backend: Box<dyn Backend>,
+    backend: RxBackend,
     counters: RxCounters,
     fallbacks: Vec<Fallback>,
     queue: VecDeque<RxEvent>,
@@ -490,17 +538,17 @@ impl Receiver {
 
     fn build(cfg: &RxConfig, local: Option<IpAddr>) -> Result<Self, RxError> {
         let mut fallbacks = Vec::new();
-        let backend: Box<dyn Backend> = match cfg.mode {
-            RxMode::Plain => Box::new(plain::PlainRx::new(cfg)?),
-            RxMode::BufRing => Box::new(uring::RingRx::bufring(cfg, &mut fallbacks)?),
+        let backend = match cfg.mode {
+            RxMode::Plain => RxBackend::Plain(plain::PlainRx::new(cfg)?),
+            RxMode::BufRing => RxBackend::BufRing(uring::RingRx::bufring(cfg, &mut fallbacks)?),
             RxMode::Zcrx => match cfg.zcrx.clone() {
                 // A NIC queue the caller named: its registration error is the answer.
-                Some(t) if !t.deviceless => Box::new(uring::RingRx::zcrx(cfg, &t)?),
+                Some(t) if !t.deviceless => RxBackend::Zcrx(uring::RingRx::zcrx(cfg, &t)?),
                 // No queue: device-less (Linux 7.1); older kernels fall back, recorded.
                 t => {
                     let t = t.unwrap_or_else(ZcrxTarget::deviceless);
                     match uring::RingRx::zcrx(cfg, &t) {
-                        Ok(b) => Box::new(b),
+                        Ok(b) => RxBackend::Zcrx(b),
                         Err(e) => {
                             fallbacks.push(Fallback::new(
                                 RxPath::ZcrxNodev,
@@ -526,7 +574,7 @@ impl Receiver {
                     ),
                 };
                 match zc {
-                    Ok(b) => Box::new(b),
+                    Ok(b) => RxBackend::Zcrx(b),
                     Err(reason) => {
                         fallbacks.push(Fallback::new(
                             RxPath::Zcrx,
@@ -554,12 +602,12 @@ impl Receiver {
     fn bufring_or_plain(
         cfg: &RxConfig,
         fallbacks: &mut Vec<Fallback>,
-    ) -> Result<Box<dyn Backend>, RxError> {
+    ) -> Result<RxBackend, RxError> {
         Ok(match uring::RingRx::bufring(cfg, fallbacks) {
-            Ok(b) => Box::new(b),
+            Ok(b) => RxBackend::BufRing(b),
             Err(e) => {
                 fallbacks.push(Fallback::new(RxPath::BufRing, RxPath::Plain, e.to_string()));
-                Box::new(plain::PlainRx::new(cfg)?)
+                RxBackend::Plain(plain::PlainRx::new(cfg)?)
             }
         })
     }
