@@ -183,3 +183,42 @@ impl Counters {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_fallbacks_serialize_and_display_as_path_names() {
+        let f = Fallback::new(
+            crate::rx::RxPath::ZcrxNodev,
+            crate::rx::RxPath::BufRing,
+            "needs Linux 7.1",
+        );
+        assert_eq!(f.from, Path::Rx(crate::rx::RxPath::ZcrxNodev));
+        assert_eq!(f.to_string(), "zcrx-nodev -> bufring: needs Linux 7.1");
+        assert_eq!(
+            serde_json::to_value(&f).unwrap(),
+            serde_json::json!({"from": "zcrx-nodev", "to": "bufring", "reason": "needs Linux 7.1"})
+        );
+        let f = Fallback::new(
+            crate::tx::TxMode::Auto,
+            Path::setting("SO_RCVBUFFORCE"),
+            "r",
+        );
+        assert_eq!(f.to_string(), "auto -> SO_RCVBUFFORCE: r");
+        #[cfg(not(loom))]
+        assert_eq!(
+            Path::from(crate::event::EventPath::UringEpollWait).to_string(),
+            "io_uring_epoll_wait"
+        );
+        assert_eq!(
+            Path::from(crate::netlink::NetlinkPath::FrameRingUring).to_string(),
+            "frame-ring+io_uring"
+        );
+        assert_eq!(
+            Path::from(crate::tx::Path::UringZcFixed).to_string(),
+            "uring-zc-fixed"
+        );
+    }
+}
