@@ -211,11 +211,7 @@ impl EventLoop for RingLoop {
             ),
             None => String::new(),
         };
-        format!(
-            "EventRing ({} {}{mode})",
-            self.ring.backend_name(),
-            flags.join("+")
-        )
+        format!("EventRing ({} {}{mode})", self.ring.path(), flags.join("+"))
     }
 }
 

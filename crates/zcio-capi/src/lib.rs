@@ -28,7 +28,7 @@ use libc::{c_char, c_int};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
-use zcio_core::event::{Event, EventConfig, EventRing, Interest, Poster, Prefer};
+use zcio_core::event::{Event, EventConfig, EventPath, EventRing, Interest, Poster, Prefer};
 
 /// Use io_uring when the kernel allows it, else epoll (the fallback is recorded).
 pub const ZCIO_EVENT_PREFER_AUTO: u32 = 0;
@@ -208,10 +208,15 @@ pub extern "C" fn zcio_event_ring_backend(r: *const zcio_event_ring) -> *const c
         return std::ptr::null();
     }
     // SAFETY: `r` is a live handle.
-    match unsafe { (*r).ring.backend_name() } {
-        "io_uring" => c"io_uring".as_ptr(),
-        "io_uring_epoll_wait" => c"io_uring_epoll_wait".as_ptr(),
-        _ => c"epoll".as_ptr(),
+    backend_cstr(unsafe { (*r).ring.path() }).as_ptr()
+}
+
+/// `EventPath::as_str`'s names as NUL-terminated statics.
+fn backend_cstr(p: EventPath) -> &'static std::ffi::CStr {
+    match p {
+        EventPath::Uring => c"io_uring",
+        EventPath::UringEpollWait => c"io_uring_epoll_wait",
+        EventPath::Epoll => c"epoll",
     }
 }
 
@@ -429,4 +434,20 @@ pub extern "C" fn zcio_event_poster_free(p: *mut zcio_event_poster) {
         // SAFETY: `p` came from zcio_event_ring_poster and is freed once.
         drop(unsafe { Box::from_raw(p) });
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_names_in_c_are_the_event_path_names() {
+        for p in [
+            EventPath::Uring,
+            EventPath::UringEpollWait,
+            EventPath::Epoll,
+        ] {
+            assert_eq!(backend_cstr(p).to_str().unwrap(), p.as_str());
+        }
+    }
 }

@@ -198,8 +198,26 @@ pub extern "C" fn zcio_nfqueue_path(q: *const zcio_nfqueue) -> *const libc::c_ch
         return std::ptr::null();
     }
     // SAFETY: `q` is a live handle.
-    match unsafe { (*q).q.path() } {
-        "frame-ring+io_uring" => c"frame-ring+io_uring".as_ptr(),
-        _ => c"frame-ring+recvmmsg".as_ptr(),
+    path_cstr(unsafe { (*q).q.path() }).as_ptr()
+}
+
+/// `NetlinkPath::as_str`'s names as NUL-terminated statics.
+fn path_cstr(p: zcio_core::netlink::NetlinkPath) -> &'static std::ffi::CStr {
+    use zcio_core::netlink::NetlinkPath;
+    match p {
+        NetlinkPath::FrameRingUring => c"frame-ring+io_uring",
+        NetlinkPath::FrameRingRecvmmsg => c"frame-ring+recvmmsg",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use zcio_core::netlink::NetlinkPath;
+
+    #[test]
+    fn nfqueue_path_names_in_c_are_the_netlink_path_names() {
+        for p in [NetlinkPath::FrameRingUring, NetlinkPath::FrameRingRecvmmsg] {
+            assert_eq!(super::path_cstr(p).to_str().unwrap(), p.as_str());
+        }
     }
 }

@@ -70,7 +70,7 @@ pub fn dump_routes(
 pub fn run(a: DumpArgs) -> Result<()> {
     let mut sock = RouteSocket::new(64, 8 << 20).context("opening the rtnetlink socket")?;
     if a.uring && !sock.use_uring() {
-        if let Some(f) = sock.fallback() {
+        for f in zcio::stats::Report::fallbacks(&sock) {
             eprintln!("zcio netlink dump: fallback {f}");
         }
     }

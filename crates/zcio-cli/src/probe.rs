@@ -158,4 +158,20 @@ fn print_human(r: &Report) {
         }
     }
     println!("NFQUEUE           {}", yn(&r.nfqueue));
+    println!("capabilities (defaults, on loopback):");
+    for c in &r.capabilities {
+        match (&c.summary, &c.error) {
+            (Some(s), _) => {
+                println!("  {:<15} {}", c.name, s.path);
+                for f in &s.fallbacks {
+                    println!("    fallback {f}");
+                }
+            }
+            (None, e) => println!(
+                "  {:<15} not built: {}",
+                c.name,
+                e.as_deref().unwrap_or("?")
+            ),
+        }
+    }
 }

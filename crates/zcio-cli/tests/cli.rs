@@ -46,9 +46,31 @@ fn probe_json_has_every_section() {
         "loopback_check",
         "interfaces",
         "nfqueue",
+        "capabilities",
     ] {
         assert!(v.get(key).is_some(), "missing {key}");
     }
+    // Every capability in the one reporting shape: a path name, counters, typed fallbacks
+    // serialized as names with a reason.
+    let caps = v["capabilities"].as_array().unwrap();
+    let names: Vec<_> = caps.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["sender", "receiver", "event_ring", "route_socket"],
+        "{v}"
+    );
+    for c in caps {
+        let s = &c["summary"];
+        assert!(s["path"].as_str().is_some_and(|p| !p.is_empty()), "{c}");
+        assert!(s["counters"]["syscalls"].is_u64(), "{c}");
+        for f in s["fallbacks"].as_array().unwrap() {
+            assert!(f["from"].is_string() && f["to"].is_string(), "{c}");
+            assert!(f["reason"].as_str().is_some_and(|r| !r.is_empty()), "{c}");
+        }
+    }
+    // lo has no zcrx: the receiver says so where it chose bufring.
+    let rx = &caps[1]["summary"];
+    assert_eq!(rx["fallbacks"][0]["from"], "zcrx", "{rx}");
     assert!(v["io_uring"]["opcodes"].as_array().unwrap().len() >= 48);
     assert_eq!(v["zerocopy"].as_array().unwrap().len(), 4);
     let lo = &v["interfaces"][0];
@@ -325,7 +347,7 @@ fn zcrx_perf_server_receives_a_verified_stream() {
         .unwrap()
         .iter()
         .filter_map(Value::as_str)
-        .find(|n| n.contains("zcrx (device-less)") && n.contains("bufring"))
+        .find(|n| n.contains("zcrx-nodev -> bufring"))
         .unwrap_or_else(|| panic!("no recorded fallback: {v}"))
         .to_string();
     if zcio_testnet::is_root() {

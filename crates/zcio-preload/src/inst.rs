@@ -303,7 +303,7 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
     if LOGGED_PID.swap(pid, Ordering::Relaxed) != pid {
         log(format_args!(
             "epoll fd {epfd} served by the event ring ({})",
-            ring.backend_name()
+            ring.path()
         ));
     }
     let inst = Arc::new(Instance {

@@ -12,21 +12,52 @@
 //!
 //! Every object reports the path it took, its [`stats::Counters`] and the
 //! [`stats::Fallback`]s it recorded.
+//!
+//! # The `unstable-raw` feature
+//!
+//! The kernel ABI (`sys`), the io_uring set-up (`ring`) and the memory areas handed to the
+//! kernel (`buf`) are crate-private by default: a user of the capabilities never needs them,
+//! and they change with every kernel feature the crate learns. The crates built on zcio's
+//! internals (the C ABI `zcio-capi`, the `LD_PRELOAD` shim `zcio-preload`, the `zcio`
+//! command's probe and bench, the examples) and this crate's own integration tests enable the
+//! `unstable-raw` feature, which makes these three modules public. Nothing under them is
+//! covered by semver.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
+#[cfg(feature = "unstable-raw")]
 pub mod buf;
+#[cfg(not(feature = "unstable-raw"))]
+mod buf;
 #[cfg(not(loom))]
 pub mod event;
 pub mod netlink;
 pub mod probe;
+#[cfg(feature = "unstable-raw")]
 pub mod ring;
+#[cfg(not(feature = "unstable-raw"))]
+mod ring;
 pub mod rx;
 pub mod stats;
+#[cfg(feature = "unstable-raw")]
 pub mod sys;
+#[cfg(not(feature = "unstable-raw"))]
+mod sys;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 pub mod tx;
 
-pub use ring::{Ring, RingConfig, RingError};
+// The capabilities and what it takes to build and read them (in the manner of mio's lib.rs);
+// everything else stays in its module.
+#[cfg(not(loom))]
+pub use event::{EventConfig, EventRing};
+pub use netlink::{NfQueue, NfQueueConfig, RouteSocket};
+pub use ring::{RingConfig, SetupFlag};
+pub use rx::{Receiver, RxConfig};
 pub use stats::{Counters, Fallback};
+pub use tx::{Pool, PoolBuf};
+pub use tx::{Sender, SenderConfig};
+
+#[cfg(feature = "unstable-raw")]
+pub use ring::{Ring, RingError};

@@ -35,7 +35,7 @@ fn ring(defer: bool, choice: WaitChoice) -> EventRing {
     };
     cfg.ring.defer_taskrun = defer;
     let r = EventRing::with_config(&cfg).expect("EPOLL_WAIT event ring (Linux 6.15)");
-    assert_eq!(r.backend_name(), "io_uring_epoll_wait");
+    assert_eq!(r.path().as_str(), "io_uring_epoll_wait");
     r
 }
 
@@ -270,7 +270,7 @@ fn a_zero_timeout_polling_loop_is_switched_to_epoll_wait_and_back_with_reasons()
     assert_eq!(r.wait_mode(), Some(WaitMode::Plain), "{:?}", r.decisions());
     let d = r.decisions().to_vec();
     assert_eq!(d.len(), 1, "{d:?}");
-    assert_eq!(d[0].to, WaitMode::Plain.name());
+    assert_eq!(d[0].to.to_string(), WaitMode::Plain.name());
     assert!(
         d[0].reason.contains("empty zero-timeout polls"),
         "{}",

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 use zcio::event::scenarios::{self, RawEpoll, Scenario};
-use zcio::event::{Event, EventConfig, EventRing, Interest, Prefer};
+use zcio::event::{Event, EventConfig, EventPath, EventRing, Interest, Prefer};
 
 fn uring() -> EventRing {
     let r = EventRing::with_config(&EventConfig {
@@ -14,7 +14,7 @@ fn uring() -> EventRing {
         ..EventConfig::default()
     })
     .expect("io_uring event ring");
-    assert_eq!(r.backend_name(), "io_uring");
+    assert_eq!(r.path(), EventPath::Uring);
     r
 }
 
@@ -173,12 +173,13 @@ fn falls_back_to_epoll_with_a_reason_when_io_uring_is_denied() {
         zcio_testnet::seccomp::deny_syscall_in_this_thread(libc::SYS_io_uring_setup, libc::ENOSYS)
             .expect("seccomp filter");
         let r = EventRing::new().expect("fallback ring");
-        assert_eq!(r.backend_name(), "epoll");
+        assert_eq!(r.path(), EventPath::Epoll);
         let fb = r.fallbacks().to_vec();
         // EPOLL_WAIT ring -> poll ring -> epoll, each step with the kernel's reason.
         assert_eq!(fb.len(), 2, "{fb:?}");
-        assert_eq!(fb[0].to, "io_uring poll ring");
-        assert_eq!(fb[1].to, "epoll");
+        assert_eq!(fb[0].from, EventPath::UringEpollWait.into());
+        assert_eq!(fb[0].to, EventPath::Uring.into());
+        assert_eq!(fb[1].to, EventPath::Epoll.into());
         for f in &fb {
             assert!(f.reason.contains("ENOSYS"), "reason: {}", f.reason);
         }
@@ -186,7 +187,7 @@ fn falls_back_to_epoll_with_a_reason_when_io_uring_is_denied() {
         for s in scenarios::SCENARIOS {
             let want = scenarios::run(s, &mut RawEpoll::new().unwrap()).unwrap();
             let mut ring = EventRing::new().unwrap();
-            assert_eq!(ring.backend_name(), "epoll");
+            assert_eq!(ring.path(), EventPath::Epoll);
             assert_eq!(scenarios::run(s, &mut ring).unwrap(), want, "{}", s.name);
         }
         // Asking for io_uring only is an error, not a silent fallback.
@@ -240,7 +241,7 @@ fn the_default_choice_is_the_epoll_wait_ring_where_the_kernel_has_it() {
     let r = EventRing::new().unwrap();
     if !has_epoll_wait() {
         // Before 6.15 the poll ring is the default, and the step down is recorded.
-        assert_eq!(r.backend_name(), "io_uring", "{:?}", r.fallbacks());
+        assert_eq!(r.path(), EventPath::Uring, "{:?}", r.fallbacks());
         assert!(
             r.fallbacks()
                 .iter()
@@ -250,12 +251,7 @@ fn the_default_choice_is_the_epoll_wait_ring_where_the_kernel_has_it() {
         );
         return;
     }
-    assert_eq!(
-        r.backend_name(),
-        "io_uring_epoll_wait",
-        "{:?}",
-        r.fallbacks()
-    );
+    assert_eq!(r.path(), EventPath::UringEpollWait, "{:?}", r.fallbacks());
     assert!(r.fallbacks().is_empty());
     assert!(r.epoll_fd().is_some());
 }
@@ -273,9 +269,9 @@ fn user_posted_events_are_harvested_with_fd_events() {
         let n = r.wait(&mut out, Some(Duration::from_secs(5))).unwrap();
         let got: HashSet<(u64, u32)> = out[..n].iter().map(|e| (e.token, e.events)).collect();
         let want: HashSet<(u64, u32)> = [(7, 1), (100, 0x1234), (101, 1)].into();
-        assert_eq!(got, want, "{}", r.backend_name());
+        assert_eq!(got, want, "{}", r.path());
         // The loop was awake: posting needed no wake-up.
-        assert_eq!(p.wakes(), 0, "{}", r.backend_name());
+        assert_eq!(p.wakes(), 0, "{}", r.path());
         assert_eq!(r.stats().user_events, 2);
     }
 }
@@ -300,13 +296,13 @@ fn a_sleeping_loop_is_woken_by_a_post_from_another_thread() {
                 events: 9
             }],
             "{}",
-            r.backend_name()
+            r.path()
         );
         assert!(
             t0.elapsed() < Duration::from_secs(9),
             "woken by the timeout, not the post"
         );
-        assert_eq!(p.wakes(), 1, "{}", r.backend_name());
+        assert_eq!(p.wakes(), 1, "{}", r.path());
     }
 }
 
@@ -339,11 +335,7 @@ fn wait_times_out_with_zero_events_and_rejects_an_empty_buffer() {
             .wait(&mut [Event::default(); 4], Some(Duration::from_millis(20)))
             .unwrap();
         assert_eq!(n, 0);
-        assert!(
-            t0.elapsed() >= Duration::from_millis(19),
-            "{}",
-            r.backend_name()
-        );
+        assert!(t0.elapsed() >= Duration::from_millis(19), "{}", r.path());
         let e = r.wait(&mut [], Some(Duration::ZERO)).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
     }
@@ -359,7 +351,7 @@ fn close_releases_the_socket_so_the_peer_sees_eof() {
         r.close(a.into()).unwrap();
         b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut buf = [0u8; 4];
-        assert_eq!(b.read(&mut buf).unwrap(), 0, "{}", r.backend_name());
+        assert_eq!(b.read(&mut buf).unwrap(), 0, "{}", r.path());
     }
 }
 
@@ -447,7 +439,7 @@ fn epoll_wait_ring(defer: bool) -> EventRing {
     };
     cfg.ring.defer_taskrun = defer;
     let r = EventRing::with_config(&cfg).expect("EPOLL_WAIT event ring (Linux 6.15)");
-    assert_eq!(r.backend_name(), "io_uring_epoll_wait");
+    assert_eq!(r.path(), EventPath::UringEpollWait);
     let dt = r
         .setup_flags()
         .into_iter()
@@ -528,10 +520,10 @@ fn one_wait_returns_more_than_a_thousand_ready_fds_as_epoll_does() {
             seen.extend(out[..n].iter().map(|e| e.token));
             waits += 1;
         }
-        assert_eq!(seen.len(), N, "{}", r.backend_name());
-        if r.backend_name() != "io_uring" {
+        assert_eq!(seen.len(), N, "{}", r.path());
+        if r.path() != EventPath::Uring {
             // (The poll ring collects a deferred batch over a few entries.)
-            assert_eq!(waits, 1, "{}: all ready fds in one wait", r.backend_name());
+            assert_eq!(waits, 1, "{}: all ready fds in one wait", r.path());
         }
     }
 }

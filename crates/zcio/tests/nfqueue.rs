@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use zcio::netlink::msg::{self, messages, NlMsg};
 use zcio::netlink::nfqmsg::{self, AnyMsg, ConfigMsg, Packet, VerdictMsg};
 use zcio::netlink::{
-    kernel_queue_stats, Decision, NfQueue, NfQueueConfig, Route, RouteSocket, Verdict,
+    kernel_queue_stats, Decision, NetlinkPath, NfQueue, NfQueueConfig, Route, RouteSocket, Verdict,
 };
 use zcio::sys::netlink as nl;
 use zcio::sys::nfqueue::*;
@@ -149,9 +149,9 @@ fn every_packet_gets_exactly_one_verdict_with(test: &str, queue: u16, uring: boo
         };
         let mut q = NfQueue::open(c).unwrap();
         let want = if uring {
-            "frame-ring+io_uring"
+            NetlinkPath::FrameRingUring
         } else {
-            "frame-ring+recvmmsg"
+            NetlinkPath::FrameRingRecvmmsg
         };
         assert_eq!(q.path(), want, "fallbacks: {:?}", q.fallbacks());
         let mut udp = Udp::new();
@@ -217,10 +217,17 @@ fn uring_fallback_is_recorded_when_a_datagram_could_exceed_a_frame() {
             ..cfg(16)
         })
         .unwrap();
-        assert_eq!(q.path(), "frame-ring+recvmmsg");
+        assert_eq!(q.path(), NetlinkPath::FrameRingRecvmmsg);
         let f = q.fallbacks();
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(f[0].reason.contains("copy range"), "{f:?}");
+        assert_eq!(
+            (&f[0].from, &f[0].to),
+            (
+                &NetlinkPath::FrameRingUring.into(),
+                &NetlinkPath::FrameRingRecvmmsg.into()
+            )
+        );
     })
     .unwrap();
 }

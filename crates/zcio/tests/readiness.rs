@@ -302,7 +302,7 @@ fn nfqueue_fires_per_packet(test: &str, queue: u16, uring: bool) {
         } else {
             "frame-ring+recvmmsg"
         };
-        assert_eq!(q.path(), want, "{:?}", q.fallbacks());
+        assert_eq!(q.path().as_str(), want, "{:?}", q.fallbacks());
         let fd = q.readiness_fd().unwrap().as_raw_fd();
         // SAFETY: the queue's descriptor, alive while `q` is.
         let b = unsafe { BorrowedFd::borrow_raw(fd) };
@@ -397,7 +397,7 @@ fn event_ring_fires_per_event(test: &str, prefer: zcio::event::Prefer, defer: bo
         assert!(
             !readable_within(rfd, Duration::from_millis(10)),
             "round {i}: ready with nothing to report ({})",
-            ring.backend_name()
+            ring.path()
         );
         a.write_all(&[i]).unwrap();
         let mut got = 0;
@@ -406,7 +406,7 @@ fn event_ring_fires_per_event(test: &str, prefer: zcio::event::Prefer, defer: bo
             assert!(
                 readable_within(rfd, Duration::from_secs(5)),
                 "round {i}: socket data never fired ({})",
-                ring.backend_name()
+                ring.path()
             );
             wakes += 1;
             assert!(wakes <= 3, "round {i}: {wakes} wake-ups");
@@ -421,7 +421,7 @@ fn event_ring_fires_per_event(test: &str, prefer: zcio::event::Prefer, defer: bo
         assert!(
             !readable_within(rfd, Duration::from_millis(20)),
             "round {i}: still ready after the read ({})",
-            ring.backend_name()
+            ring.path()
         );
         // A user post from another thread wakes it too.
         let p = poster.clone();

@@ -154,7 +154,7 @@ fn consumer_holding_chunks_slows_the_sender_and_loses_nothing() {
         sender.join().unwrap();
         assert_eq!(off, total);
         assert!(got <= 8 * 4096);
-        let c = rx.counters();
+        let c = rx.stats();
         assert!(c.backpressure_waits > 0 || c.enobufs > 0, "{name}: {c:?}");
         eprintln!("{name}: held {got} B while the sender stalled at {stalled_at}; {c:?}");
     }
@@ -227,7 +227,7 @@ fn tiny_buffer_ring_rearms_after_enobufs_without_loss() {
         let streams = collect(&mut rx, 1, RxPath::BufRing);
         t.join().unwrap();
         assert_eq!(streams[0].got, 4 << 20);
-        let c = rx.counters();
+        let c = rx.stats();
         assert!(c.ring_dry > 0, "a 2-buffer ring never ran dry: {c:?}");
         // Without bundles a dry ring ends the multishot with ENOBUFS; with bundles the kernel
         // usually ends it with the data of the bundle that took the last buffers (counted as
@@ -333,9 +333,9 @@ fn auto_mode_falls_back_to_bufring_and_records_why() {
     let fb = rx
         .fallbacks()
         .iter()
-        .find(|f| f.from == "zcrx")
+        .find(|f| f.from == RxPath::Zcrx.into())
         .expect("zcrx fallback recorded");
-    assert_eq!(fb.to, "bufring");
+    assert_eq!(fb.to, RxPath::BufRing.into());
     assert!(fb.reason.contains("lo rx queue 0"), "{}", fb.reason);
 }
 
@@ -367,7 +367,7 @@ fn chunks_outlive_the_receiver_and_close_cancels_a_busy_connection() {
                 Instant::now() < deadline,
                 "{name}: no data after {off} B: {} {:?}",
                 rx.describe(),
-                rx.counters()
+                rx.stats()
             );
             rx.poll(Duration::from_millis(50), &mut |ev| match ev {
                 RxEvent::Accepted(id) => conn = Some(id),
@@ -416,8 +416,13 @@ fn auto_mode_falls_back_to_plain_when_io_uring_is_denied() {
         let addr = listener.local_addr().unwrap();
         let mut rx = Receiver::listen(listener, &RxConfig::default()).unwrap();
         assert_eq!(rx.path(), RxPath::Plain, "{}", rx.describe());
-        let from: Vec<_> = rx.fallbacks().iter().map(|f| f.from.as_str()).collect();
-        assert_eq!(from, ["zcrx", "bufring"], "{:?}", rx.fallbacks());
+        let from: Vec<_> = rx.fallbacks().iter().map(|f| f.from.clone()).collect();
+        assert_eq!(
+            from,
+            [RxPath::Zcrx.into(), RxPath::BufRing.into()],
+            "{:?}",
+            rx.fallbacks()
+        );
         assert!(
             rx.fallbacks()[1].reason.contains("ENOSYS"),
             "{:?}",
@@ -568,7 +573,7 @@ fn emfile_child(mode: &str) {
             t0.elapsed() < Duration::from_secs(30),
             "{mode}: accepted {accepted} of {EMFILE_CLIENTS}, {} open: {:?}",
             rx.open_connections(),
-            rx.counters()
+            rx.stats()
         );
         rx.poll(Duration::from_millis(100), &mut |ev| {
             if let RxEvent::Accepted(_) = ev {
@@ -578,7 +583,7 @@ fn emfile_child(mode: &str) {
         .unwrap_or_else(|e| panic!("{mode}: poll failed: {e}"));
     }
     let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
-    let c = rx.counters();
+    let c = rx.stats();
     assert!(c.accept_backoffs > 0, "{mode}: never ran out: {c:?}");
     assert!(
         cpu < 0.5 * wall,

@@ -2,7 +2,8 @@
 
 mod common;
 
-use zcio::netlink::{DumpKind, Route, RouteSocket};
+use zcio::netlink::{DumpKind, NetlinkPath, Route, RouteSocket};
+use zcio::stats::Report;
 use zcio_testnet::{routes, Netns};
 
 fn dump_main_routes(sock: &mut RouteSocket) -> (usize, zcio::netlink::DumpStats) {
@@ -37,10 +38,15 @@ fn dump_sees_every_route_with_both_producers() {
         assert!(!st.interrupted);
         // Many 32 KiB datagrams per receive syscall.
         assert!(st.frames.syscalls * 4 < st.datagrams, "{st:?}");
-        assert_eq!(sock.path(), "frame-ring+recvmmsg");
+        assert_eq!(sock.path(), NetlinkPath::FrameRingRecvmmsg);
+        let c = sock.counters();
+        assert_eq!(c.ops, st.messages, "{c:?} {st:?}");
+        assert_eq!(c.bytes, st.bytes, "{c:?} {st:?}");
+        assert_eq!(c.syscalls, 1 + st.frames.syscalls, "{c:?} {st:?}");
 
-        assert!(sock.use_uring(), "{:?}", sock.fallback());
-        assert_eq!(sock.path(), "frame-ring+io_uring");
+        assert!(sock.use_uring(), "{:?}", sock.fallbacks());
+        assert!(sock.fallbacks().is_empty(), "{:?}", sock.fallbacks());
+        assert_eq!(sock.path(), NetlinkPath::FrameRingUring);
         let (n, _) = dump_main_routes(&mut sock);
         assert_eq!(n, 20_000);
         // The socket keeps working for other kinds.

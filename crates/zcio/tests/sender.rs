@@ -257,7 +257,7 @@ fn send_zc_carries_only_the_flags_this_kernel_accepts() {
                 // Auto's copy detection needs the report: it takes MSG_ZEROCOPY and says why.
                 assert_eq!(tx.path(), Path::MsgZc, "{:?}", tx.fallbacks());
                 let fb = &tx.fallbacks()[0];
-                assert_eq!(fb.to, "msg-zc");
+                assert_eq!(fb.to, Path::MsgZc.into());
                 assert!(fb.reason.contains("REPORT_USAGE"), "{fb}");
             }
         }
@@ -389,7 +389,7 @@ fn auto_switches_to_copy_where_completions_are_copied_and_says_why() {
     let f = tx
         .fallbacks()
         .iter()
-        .find(|f| f.to == "copy")
+        .find(|f| f.to == Path::Copy.into())
         .expect("a fallback to copy");
     assert!(f.reason.contains("COPIED"), "{f}");
     assert!(tx.stats().auto_reprobes >= 1, "{:?}", tx.stats());
@@ -687,7 +687,7 @@ fn memlock_exhausted_fixed_buffers_fall_back_with_a_reason() {
     let (path, fallbacks, t, c) = res;
     assert_eq!(path, Path::UringZc, "{fallbacks:?}");
     assert_eq!(fallbacks.len(), 1, "{fallbacks:?}");
-    assert_eq!(fallbacks[0].from, "uring-zc-fixed");
+    assert_eq!(fallbacks[0].from, Path::UringZcFixed.into());
     assert!(
         fallbacks[0].reason.contains("RLIMIT_MEMLOCK"),
         "{}",

@@ -247,7 +247,7 @@ fn async_nfqueue_with(test: &str, queue: u16, uring: bool) {
                 "frame-ring+recvmmsg"
             };
             let why = format!("{:?}", q.fallbacks());
-            assert_eq!(q.path(), want, "{test}: {why}");
+            assert_eq!(q.path().as_str(), want, "{test}: {why}");
             let mut q = AsyncNfQueue::new(q).unwrap();
             // The sender starts only once the consumer waits, from a thread in this
             // namespace (threads inherit the creator's namespaces).

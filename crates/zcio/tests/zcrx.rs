@@ -28,8 +28,8 @@ fn zcrx_mode_without_a_queue_is_deviceless_or_falls_back_to_bufring_with_the_rea
             assert_eq!(rx.path(), RxPath::BufRing, "{}", rx.describe());
             let fb = &rx.fallbacks()[0];
             assert_eq!(
-                (fb.from.as_str(), fb.to.as_str()),
-                ("zcrx (device-less)", "bufring")
+                (&fb.from, &fb.to),
+                (&RxPath::ZcrxNodev.into(), &RxPath::BufRing.into())
             );
             assert!(
                 fb.reason.contains("7.1") || fb.reason.contains("CAP_NET_ADMIN"),
@@ -100,7 +100,7 @@ fn zcrx_deviceless_bytes_are_counted_as_copied_by_the_kernel() {
     let streams = collect(&mut rx, 1, RxPath::ZcrxNodev);
     t.join().unwrap();
     assert_eq!(streams[0].got, 1 << 20);
-    let c = rx.counters();
+    let c = rx.stats();
     assert_eq!(c.bytes, (1 << 20) + 8);
     assert_eq!(
         c.copy_fallback_bytes, c.bytes,
@@ -166,7 +166,7 @@ fn zcrx_deviceless_consumer_holding_chunks_slows_the_sender_and_loses_nothing() 
     }
     sender.join().unwrap();
     assert_eq!(off, total);
-    let c = rx.counters();
+    let c = rx.stats();
     assert!(c.enobufs > 0 && c.rearms >= c.enobufs, "{c:?}");
     eprintln!("held {got} B while the sender stalled at {stalled_at}; {c:?}");
 }
@@ -189,7 +189,7 @@ fn zcrx_deviceless_running_out_of_area_pages_recovers_without_loss() {
     let streams = collect(&mut rx, 1, RxPath::ZcrxNodev);
     t.join().unwrap();
     assert_eq!((streams[0].base, streams[0].got), (3 << 36, 4 << 20));
-    let c = rx.counters();
+    let c = rx.stats();
     assert!(c.enobufs > 0, "a 4-page area never ran out: {c:?}");
     assert!(c.rearms >= c.enobufs, "{c:?}");
 }
@@ -212,7 +212,7 @@ fn zcrx_deviceless_refill_ring_wraps_around_under_real_traffic() {
     let streams = collect(&mut rx, 1, RxPath::ZcrxNodev);
     t.join().unwrap();
     assert_eq!(streams[0].got, 4 << 20);
-    let c = rx.counters();
+    let c = rx.stats();
     // One refill entry per chunk: the 8-slot ring went round many times.
     assert!(c.chunks > 64 * u64::from(entries), "{c:?}");
     assert!(c.refill_flushes > 0, "{c:?}");

@@ -175,7 +175,7 @@ pub fn recv_tcp(s: TcpStream, o: &RecvOpts) -> StreamReport {
         }
     }
     r.path = rx.path().name().to_string();
-    let c = rx.counters();
+    let c = rx.stats();
     r.syscalls = c.syscalls;
     // Receive side: plain and buffer-ring receives copy every byte, and so does device-less
     // zcrx (the kernel copies into the zcrx area); only NIC zcrx delivers bytes uncopied.

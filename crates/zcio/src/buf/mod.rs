@@ -1,6 +1,9 @@
 //! Memory areas handed to the kernel: page-aligned anonymous mappings, optionally on huge
 //! pages, unmapped on drop.
 #![allow(unsafe_code)]
+// Public under the `unstable-raw` feature, crate-private without it: the `pub` items here are
+// the feature's surface (used by the C ABI, the preload shim and the CLI), not dead code.
+#![cfg_attr(not(feature = "unstable-raw"), allow(unreachable_pub, dead_code))]
 
 pub mod bufring;
 pub mod frames;

@@ -45,7 +45,7 @@ pub struct Pool {
 
 impl Pool {
     /// Maps `count` slots of `slot_size` bytes (rounded up to 64 bytes). With `huge`, tries
-    /// huge pages first (see [`Region::new`]).
+    /// huge pages first (see `Region::new`).
     pub fn new(slot_size: usize, count: usize, huge: bool) -> io::Result<Self> {
         if slot_size == 0 || count == 0 || count > u32::MAX as usize {
             return Err(io::Error::new(
@@ -120,7 +120,7 @@ impl Pool {
     }
 
     /// The whole mapping as one `iovec`, for `IORING_REGISTER_BUFFERS`. The returned
-    /// [`PoolPin`] keeps the mapping alive; hold it as long as the registration exists.
+    /// `PoolPin` keeps the mapping alive; hold it as long as the registration exists.
     pub fn iovec(&self) -> (libc::iovec, PoolPin) {
         (
             libc::iovec {

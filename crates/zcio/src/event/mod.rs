@@ -46,7 +46,7 @@ mod uring;
 
 use crate::buf::mpsc::{MpscRing, Pushed};
 use crate::ring::{RingConfig, RingError};
-use crate::stats::{Counters, Fallback};
+use crate::stats::{Counters, Fallback, Path, Report};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -193,6 +193,36 @@ impl CtlError {
     }
 }
 
+/// The backend an [`EventRing`] chose (once, at construction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum EventPath {
+    /// The io_uring poll ring (`IORING_OP_POLL_ADD` multishot per descriptor): `io_uring`.
+    Uring,
+    /// io_uring `EPOLL_WAIT` on a kernel epoll holding the interest list:
+    /// `io_uring_epoll_wait`.
+    UringEpollWait,
+    /// Plain `epoll_wait`: `epoll`.
+    Epoll,
+}
+
+impl EventPath {
+    /// `io_uring`, `io_uring_epoll_wait` or `epoll` (the names the C ABI, the preload
+    /// shim's stats and `results.json` carry).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventPath::Uring => "io_uring",
+            EventPath::UringEpollWait => "io_uring_epoll_wait",
+            EventPath::Epoll => "epoll",
+        }
+    }
+}
+
+impl std::fmt::Display for EventPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Which backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Prefer {
@@ -314,7 +344,7 @@ const MAX_DECISIONS: usize = 16;
 impl std::fmt::Debug for EventRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EventRing")
-            .field("backend", &self.backend_name())
+            .field("backend", &self.path())
             .field("fallbacks", &self.fallbacks)
             .finish()
     }
@@ -433,8 +463,8 @@ impl EventRing {
         match epwait::EpwaitEvents::new(&cfg.ring, wake, cfg.epoll_fd, cfg.wait_choice) {
             Ok(e) => return Ok(Backend::Epwait(e)),
             Err(NewError::Unavailable(reason)) => fallbacks.push(Fallback::new(
-                "io_uring EPOLL_WAIT ring",
-                "io_uring poll ring",
+                EventPath::UringEpollWait,
+                EventPath::Uring,
                 reason,
             )),
             Err(NewError::Io(e)) => return Err(e),
@@ -449,19 +479,19 @@ impl EventRing {
         match uring::UringEvents::new(&cfg.ring, cfg.spin, wake) {
             Ok(u) => Ok(Backend::Uring(u)),
             Err(NewError::Unavailable(reason)) => {
-                fallbacks.push(Fallback::new("io_uring poll ring", "epoll", reason));
+                fallbacks.push(Fallback::new(EventPath::Uring, EventPath::Epoll, reason));
                 Ok(Backend::Epoll(epoll::EpollEvents::new(wake)?))
             }
             Err(NewError::Io(e)) => Err(e),
         }
     }
 
-    /// `"io_uring"` (the poll ring), `"io_uring_epoll_wait"` or `"epoll"`.
-    pub fn backend_name(&self) -> &'static str {
+    /// The backend in use (was `backend_name()`; its names are [`EventPath::as_str`]).
+    pub fn path(&self) -> EventPath {
         match self.backend {
-            Backend::Uring(_) => "io_uring",
-            Backend::Epwait(_) => "io_uring_epoll_wait",
-            Backend::Epoll(_) => "epoll",
+            Backend::Uring(_) => EventPath::Uring,
+            Backend::Epwait(_) => EventPath::UringEpollWait,
+            Backend::Epoll(_) => EventPath::Epoll,
         }
     }
 
@@ -620,8 +650,11 @@ impl EventRing {
                 if self.decisions.len() == MAX_DECISIONS {
                     self.decisions.remove(0);
                 }
-                self.decisions
-                    .push(Fallback::new(d.from.name(), d.to.name(), d.reason));
+                self.decisions.push(Fallback::new(
+                    Path::setting(d.from.name()),
+                    Path::setting(d.to.name()),
+                    d.reason,
+                ));
             }
         }
         self.harvested += (n + m) as u64;
@@ -734,5 +767,18 @@ impl EventRing {
             notifications: s.cqes,
             ..Counters::default()
         }
+    }
+}
+
+impl Report for EventRing {
+    type Path = EventPath;
+    fn path(&self) -> EventPath {
+        EventRing::path(self)
+    }
+    fn counters(&self) -> Counters {
+        EventRing::counters(self)
+    }
+    fn fallbacks(&self) -> &[Fallback] {
+        EventRing::fallbacks(self)
     }
 }

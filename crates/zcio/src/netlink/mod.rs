@@ -6,8 +6,9 @@
 //! - [`NfQueue`]: the consumer (bind one queue or a range, hold packets, batch verdicts);
 //! - [`route`]: rtnetlink dumps through the frame ring.
 //!
-//! The frame ring itself (the memory and the batched receive) is
-//! [`crate::buf::frames::FrameRing`].
+//! The frame ring itself (the memory and the batched receive) is crate-private
+//! (`buf::frames::FrameRing`, public under the `unstable-raw` feature); its counters are
+//! [`FrameStats`].
 
 pub mod msg;
 pub mod nfqmsg;
@@ -15,11 +16,39 @@ pub mod queue;
 pub mod route;
 pub mod tracker;
 
+pub use crate::buf::frames::FrameStats;
 pub use nfqmsg::{CopyMode, Packet, Verdict};
 pub use queue::{
     kernel_queue_stats, Decision, KernelQueueStats, NfQueue, NfQueueConfig, NfqError, NfqStats,
     PacketRef,
 };
+
+/// How a netlink consumer ([`NfQueue`], [`RouteSocket`]) fills its frame ring: chosen once,
+/// when the socket is opened ([`NfQueueConfig::uring`], [`RouteSocket::use_uring`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum NetlinkPath {
+    /// An io_uring multishot receive into a provided-buffer ring of frames:
+    /// `frame-ring+io_uring`.
+    FrameRingUring,
+    /// Batched `recvmmsg` into the frames: `frame-ring+recvmmsg`.
+    FrameRingRecvmmsg,
+}
+
+impl NetlinkPath {
+    /// `frame-ring+io_uring` or `frame-ring+recvmmsg`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetlinkPath::FrameRingUring => "frame-ring+io_uring",
+            NetlinkPath::FrameRingRecvmmsg => "frame-ring+recvmmsg",
+        }
+    }
+}
+
+impl std::fmt::Display for NetlinkPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 pub use route::{link_names, DumpKind, DumpStats, Route, RouteSocket};
 
 /// Runs every parser over `data` as the fuzz target does: netlink framing, attributes (with

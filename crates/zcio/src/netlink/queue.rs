@@ -16,7 +16,8 @@ use super::msg::{messages, EmitError, ParseError};
 use super::nfqmsg::{self, AnyMsg, ConfigMsg, CopyMode, Packet, Verdict};
 use super::tracker::{Built, Decided, SendId, State, Tracker};
 use crate::buf::frames::{FrameError, FrameId, FrameRing, FrameStats, MAX_BATCH};
-use crate::stats::Fallback;
+use crate::netlink::NetlinkPath;
+use crate::stats::{Counters, Fallback, Path, Report};
 use crate::sys::netlink as nl;
 use crate::sys::nfqueue::*;
 use std::io;
@@ -425,8 +426,8 @@ impl QueueSock {
             if let Err(e) = nl::set_rcvbuf(&fd, bytes, force) {
                 if force {
                     fallbacks.push(Fallback::new(
-                        "SO_RCVBUFFORCE",
-                        "SO_RCVBUF",
+                        Path::setting("SO_RCVBUFFORCE"),
+                        Path::setting("SO_RCVBUF"),
                         format!(
                             "{e} (needs CAP_NET_ADMIN); receive buffer capped by net.core.rmem_max"
                         ),
@@ -450,8 +451,8 @@ impl QueueSock {
             };
             if need > ring.frame_payload() {
                 fallbacks.push(Fallback::new(
-                    "io_uring multishot recv",
-                    "recvmmsg",
+                    NetlinkPath::FrameRingUring,
+                    NetlinkPath::FrameRingRecvmmsg,
                     format!(
                         "copy range needs {need}-byte frames but frames hold {}: a provided \
                          buffer cannot spill, so datagrams could be cut; lower the copy range \
@@ -460,7 +461,11 @@ impl QueueSock {
                     ),
                 ));
             } else if let Err(reason) = ring.enable_uring() {
-                fallbacks.push(Fallback::new("io_uring multishot recv", "recvmmsg", reason));
+                fallbacks.push(Fallback::new(
+                    NetlinkPath::FrameRingUring,
+                    NetlinkPath::FrameRingRecvmmsg,
+                    reason,
+                ));
             }
         }
         let mut s = Self {
@@ -870,12 +875,12 @@ impl NfQueue {
     }
 
     /// The receive path in use: `frame-ring+io_uring` (multishot recv into a provided-buffer
-    /// ring of frames) or `frame-ring+recvmmsg`.
-    pub fn path(&self) -> &'static str {
+    /// ring of frames, on every bound queue) or `frame-ring+recvmmsg`.
+    pub fn path(&self) -> NetlinkPath {
         if self.socks.iter().all(|s| s.ring.is_uring()) && !self.socks.is_empty() {
-            "frame-ring+io_uring"
+            NetlinkPath::FrameRingUring
         } else {
-            "frame-ring+recvmmsg"
+            NetlinkPath::FrameRingRecvmmsg
         }
     }
 
@@ -1267,6 +1272,27 @@ impl Drop for NfQueue {
             let _ = self.flush();
         }
         self.unbind_all();
+    }
+}
+
+impl Report for NfQueue {
+    type Path = NetlinkPath;
+    fn path(&self) -> NetlinkPath {
+        NfQueue::path(self)
+    }
+    /// `ops` = packets received, `syscalls` = receive and verdict syscalls (a verdict sent
+    /// through io_uring rides on the next receive wait), `notifications` = verdict messages.
+    fn counters(&self) -> Counters {
+        let s = self.stats();
+        Counters {
+            ops: s.received,
+            syscalls: s.recv_syscalls + s.send_syscalls,
+            notifications: s.batches + s.singles,
+            ..Counters::default()
+        }
+    }
+    fn fallbacks(&self) -> &[Fallback] {
+        &self.fallbacks
     }
 }
 

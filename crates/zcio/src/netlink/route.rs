@@ -6,6 +6,8 @@
 
 use super::msg::{attrs, emit_header, finish, messages, NlMsg, ParseError};
 use crate::buf::frames::{FrameError, FrameRing, FrameStats};
+use crate::netlink::NetlinkPath;
+use crate::stats::{Counters, Fallback, Report};
 use crate::sys::netlink as nl;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -86,7 +88,8 @@ pub struct RouteSocket {
     ring: FrameRing,
     fd: OwnedFd,
     seq: u32,
-    fallback: Option<crate::stats::Fallback>,
+    fallbacks: Vec<Fallback>,
+    counters: Counters,
 }
 
 impl RouteSocket {
@@ -114,20 +117,21 @@ impl RouteSocket {
             fd,
             ring,
             seq: 0,
-            fallback: None,
+            fallbacks: Vec::new(),
+            counters: Counters::default(),
         })
     }
 
     /// Fills frames with an io_uring multishot recv instead of `recvmmsg` (dump datagrams are
     /// at most 32 KiB, so they always fit a frame). On failure the socket keeps `recvmmsg` and
-    /// [`RouteSocket::fallback`] says why.
+    /// [`Report::fallbacks`] says why.
     pub fn use_uring(&mut self) -> bool {
         match self.ring.enable_uring() {
             Ok(()) => true,
             Err(reason) => {
-                self.fallback = Some(crate::stats::Fallback::new(
-                    "io_uring multishot recv",
-                    "recvmmsg",
+                self.fallbacks.push(Fallback::new(
+                    NetlinkPath::FrameRingUring,
+                    NetlinkPath::FrameRingRecvmmsg,
                     reason,
                 ));
                 false
@@ -135,17 +139,12 @@ impl RouteSocket {
         }
     }
 
-    /// The fallback taken by [`RouteSocket::use_uring`], if any.
-    pub fn fallback(&self) -> Option<&crate::stats::Fallback> {
-        self.fallback.as_ref()
-    }
-
     /// `frame-ring+io_uring` or `frame-ring+recvmmsg`.
-    pub fn path(&self) -> &'static str {
+    pub fn path(&self) -> NetlinkPath {
         if self.ring.is_uring() {
-            "frame-ring+io_uring"
+            NetlinkPath::FrameRingUring
         } else {
-            "frame-ring+recvmmsg"
+            NetlinkPath::FrameRingRecvmmsg
         }
     }
 
@@ -223,6 +222,10 @@ impl RouteSocket {
             }
         }
         let after = self.ring.stats();
+        self.counters.bytes += st.bytes;
+        self.counters.ops += st.messages;
+        // The request's send, and the receives.
+        self.counters.syscalls += 1 + (after.syscalls - before.syscalls);
         st.frames = FrameStats {
             syscalls: after.syscalls - before.syscalls,
             frames: after.frames - before.frames,
@@ -375,5 +378,20 @@ fn fmt_addr(out: &mut String, a: &[u8]) {
             let _ = write!(out, "{}", std::net::Ipv6Addr::from(b));
         }
         _ => out.push('?'),
+    }
+}
+
+impl Report for RouteSocket {
+    type Path = NetlinkPath;
+    fn path(&self) -> NetlinkPath {
+        RouteSocket::path(self)
+    }
+    /// Over every dump so far: `bytes` received, `ops` = object messages, `syscalls` = the
+    /// requests' sends and the receives.
+    fn counters(&self) -> Counters {
+        self.counters.clone()
+    }
+    fn fallbacks(&self) -> &[Fallback] {
+        &self.fallbacks
     }
 }

@@ -8,7 +8,9 @@
 mod nfq;
 mod opcodes;
 
+pub use crate::ring::features::Feature;
 use crate::ring::{Ring, RingConfig, RingError, SetupFlag};
+use crate::stats::Summary;
 use crate::sys::{self, errqueue, net};
 use serde::Serialize;
 use std::io;
@@ -34,6 +36,71 @@ pub struct Report {
     pub interfaces: Vec<InterfaceReport>,
     /// Whether an NFQUEUE consumer can bind.
     pub nfqueue: Check,
+    /// The path each capability chooses here with its default settings, read through the one
+    /// reporting shape ([`crate::stats::Report`]): built on loopback, used for nothing.
+    pub capabilities: Vec<CapabilityReport>,
+}
+
+/// What one capability chose when built with its defaults.
+#[derive(Debug, Clone, Serialize)]
+pub struct CapabilityReport {
+    /// `sender`, `receiver`, `event_ring`, `route_socket`.
+    pub name: &'static str,
+    /// Its path, counters and fallbacks; `None` when it could not be built.
+    pub summary: Option<Summary>,
+    /// Why it could not be built.
+    pub error: Option<String>,
+}
+
+impl CapabilityReport {
+    fn of<R: crate::stats::Report, E: std::fmt::Display>(
+        name: &'static str,
+        built: Result<R, E>,
+    ) -> Self {
+        match built {
+            Ok(r) => Self {
+                name,
+                summary: Some(r.summary()),
+                error: None,
+            },
+            Err(e) => Self {
+                name,
+                summary: None,
+                error: Some(e.to_string()),
+            },
+        }
+    }
+}
+
+/// Builds each capability with its defaults on loopback (a sender on a connected TCP pair, a
+/// receiver on a listener, an event ring, an rtnetlink socket asked for io_uring) and reads
+/// what it chose. NFQUEUE is left to [`Report::nfqueue`]: binding a queue is not free.
+fn probe_capabilities() -> Vec<CapabilityReport> {
+    let sender = (|| -> Result<crate::tx::Sender, String> {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        let c = TcpStream::connect(l.local_addr().map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+        let pool = crate::tx::Pool::new(64 << 10, 4, false).map_err(|e| e.to_string())?;
+        crate::tx::Sender::new(c, &pool, crate::tx::SenderConfig::default())
+            .map_err(|e| e.to_string())
+    })();
+    let receiver = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| e.to_string())
+        .and_then(|l| {
+            crate::rx::Receiver::listen(l, &crate::rx::RxConfig::default())
+                .map_err(|e| e.to_string())
+        });
+    let route = crate::netlink::RouteSocket::new(4, 1 << 20).map(|mut s| {
+        s.use_uring();
+        s
+    });
+    vec![
+        CapabilityReport::of("sender", sender),
+        CapabilityReport::of("receiver", receiver),
+        #[cfg(not(loom))]
+        CapabilityReport::of("event_ring", crate::event::EventRing::new()),
+        CapabilityReport::of("route_socket", route),
+    ]
 }
 
 /// Identity and capabilities of the probing process.
@@ -206,6 +273,7 @@ impl Report {
             loopback_check: loopback_check(),
             interfaces: ifaces.iter().map(|i| probe_interface(i)).collect(),
             nfqueue: nfq::check(),
+            capabilities: probe_capabilities(),
         }
     }
 }

@@ -53,7 +53,7 @@ fn command(fd: &std::os::fd::OwnedFd, seq: u32, command: u8) -> std::io::Result<
 }
 
 /// Tries to bind an NFQUEUE queue.
-pub fn check() -> Check {
+pub(crate) fn check() -> Check {
     let fd = match sys::socket(libc::AF_NETLINK, libc::SOCK_RAW, nfq::NETLINK_NETFILTER) {
         Ok(fd) => fd,
         Err(e) => return Check::no(format!("no NETLINK_NETFILTER socket: {e}")),

@@ -1,7 +1,7 @@
 //! io_uring opcode names in `enum io_uring_op` order (include/uapi/linux/io_uring.h).
 
 /// Names indexed by opcode number, up to `IORING_OP_PIPE` (62, Linux 6.16).
-pub const NAMES: [&str; 63] = [
+pub(crate) const NAMES: [&str; 63] = [
     "NOP",
     "READV",
     "WRITEV",

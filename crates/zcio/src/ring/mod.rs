@@ -9,6 +9,9 @@
 //! Completions are never lost: rings are only created with `IORING_FEAT_NODROP` (Linux 5.5), and
 //! [`Ring::harvest`] flushes the kernel's overflow list whenever the ring says it has one.
 #![allow(unsafe_code)]
+// Public under the `unstable-raw` feature, crate-private without it: the `pub` items here are
+// the feature's surface (used by the C ABI, the preload shim and the CLI), not dead code.
+#![cfg_attr(not(feature = "unstable-raw"), allow(unreachable_pub, dead_code))]
 
 pub mod epwait;
 pub mod features;

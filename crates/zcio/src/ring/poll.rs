@@ -47,6 +47,22 @@ assert_layout!(
     rest = 40
 );
 const _: () = assert!(std::mem::size_of::<squeue::Entry>() == 64);
+// And the kernel's own `struct io_uring_sqe` (linux-raw-sys): the unions' members start at
+// the union's offset.
+crate::sys::kernel_abi::same_layout!(
+    PollUpdateSqe,
+    linux_raw_sys::io_uring::io_uring_sqe,
+    opcode => opcode,
+    flags => flags,
+    ioprio => ioprio,
+    fd => fd,
+    off => __bindgen_anon_1,
+    addr => __bindgen_anon_2,
+    len => len,
+    poll32_events => __bindgen_anon_3,
+    user_data => user_data,
+    rest => __bindgen_anon_4,
+);
 
 /// What a `POLL_UPDATE` changes in the armed poll it targets.
 #[derive(Debug, Clone, Copy)]

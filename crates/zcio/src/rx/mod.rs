@@ -44,7 +44,7 @@ pub mod zcrx;
 use crate::ring::recv::Lease;
 use crate::ring::zcrx::IfqError;
 use crate::ring::RingError;
-use crate::stats::Fallback;
+use crate::stats::{Counters, Fallback, Report};
 use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, TcpListener, TcpStream};
@@ -105,6 +105,12 @@ impl RxPath {
     /// Whether the kernel copied the bytes this path delivers (all but NIC zcrx).
     pub fn copies(self) -> bool {
         self != RxPath::Zcrx
+    }
+}
+
+impl std::fmt::Display for RxPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -453,9 +459,63 @@ pub(crate) trait Backend {
     ) -> io::Result<usize>;
 }
 
+/// The backend a [`Receiver`] chose, once, in `Receiver::build` (each step down recorded there
+/// as a [`Fallback`]).
+enum RxBackend {
+    Plain(plain::PlainRx),
+    BufRing(uring::RingRx<io_uring::cqueue::Entry>),
+    Zcrx(uring::RingRx<io_uring::cqueue::Entry32>),
+}
+
+/// Calls `$call` on whichever backend is in use.
+macro_rules! each_backend {
+    ($self:expr, $b:ident => $call:expr) => {
+        match $self {
+            RxBackend::Plain($b) => $call,
+            RxBackend::BufRing($b) => $call,
+            RxBackend::Zcrx($b) => $call,
+        }
+    };
+}
+
+impl Backend for RxBackend {
+    fn path(&self) -> RxPath {
+        each_backend!(self, b => b.path())
+    }
+    fn describe(&self) -> String {
+        each_backend!(self, b => b.describe())
+    }
+    fn add(&mut self, stream: TcpStream, c: &mut RxCounters) -> io::Result<ConnId> {
+        each_backend!(self, b => b.add(stream, c))
+    }
+    fn listen(&mut self, l: TcpListener) -> io::Result<()> {
+        each_backend!(self, b => b.listen(l))
+    }
+    fn close(&mut self, conn: ConnId, c: &mut RxCounters) {
+        each_backend!(self, b => b.close(conn, c))
+    }
+    fn open(&self) -> usize {
+        each_backend!(self, b => b.open())
+    }
+    fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        each_backend!(self, b => b.notify_fd())
+    }
+    fn clear_notify(&mut self) -> bool {
+        each_backend!(self, b => b.clear_notify())
+    }
+    fn poll(
+        &mut self,
+        timeout: Duration,
+        c: &mut RxCounters,
+        f: &mut dyn FnMut(RxEvent),
+    ) -> io::Result<usize> {
+        each_backend!(self, b => b.poll(timeout, c, f))
+    }
+}
+
 /// Receives from many TCP connections through one backend; see the module docs.
 pub struct Receiver {
-    backend: Box<dyn Backend>,
+    backend: RxBackend,
     counters: RxCounters,
     fallbacks: Vec<Fallback>,
     queue: VecDeque<RxEvent>,
@@ -488,21 +548,21 @@ impl Receiver {
 
     fn build(cfg: &RxConfig, local: Option<IpAddr>) -> Result<Self, RxError> {
         let mut fallbacks = Vec::new();
-        let backend: Box<dyn Backend> = match cfg.mode {
-            RxMode::Plain => Box::new(plain::PlainRx::new(cfg)?),
-            RxMode::BufRing => Box::new(uring::RingRx::bufring(cfg, &mut fallbacks)?),
+        let backend = match cfg.mode {
+            RxMode::Plain => RxBackend::Plain(plain::PlainRx::new(cfg)?),
+            RxMode::BufRing => RxBackend::BufRing(uring::RingRx::bufring(cfg, &mut fallbacks)?),
             RxMode::Zcrx => match cfg.zcrx.clone() {
                 // A NIC queue the caller named: its registration error is the answer.
-                Some(t) if !t.deviceless => Box::new(uring::RingRx::zcrx(cfg, &t)?),
+                Some(t) if !t.deviceless => RxBackend::Zcrx(uring::RingRx::zcrx(cfg, &t)?),
                 // No queue: device-less (Linux 7.1); older kernels fall back, recorded.
                 t => {
                     let t = t.unwrap_or_else(ZcrxTarget::deviceless);
                     match uring::RingRx::zcrx(cfg, &t) {
-                        Ok(b) => Box::new(b),
+                        Ok(b) => RxBackend::Zcrx(b),
                         Err(e) => {
                             fallbacks.push(Fallback::new(
-                                "zcrx (device-less)",
-                                "bufring",
+                                RxPath::ZcrxNodev,
+                                RxPath::BufRing,
                                 e.to_string(),
                             ));
                             Self::bufring_or_plain(cfg, &mut fallbacks)?
@@ -524,11 +584,11 @@ impl Receiver {
                     ),
                 };
                 match zc {
-                    Ok(b) => Box::new(b),
+                    Ok(b) => RxBackend::Zcrx(b),
                     Err(reason) => {
                         fallbacks.push(Fallback::new(
-                            "zcrx",
-                            "bufring",
+                            RxPath::Zcrx,
+                            RxPath::BufRing,
                             format!(
                                 "{reason}; device-less zcrx is not chosen by Auto: the kernel \
                                  copies every byte into its area (COPIED 1.0), as bufring does \
@@ -552,12 +612,12 @@ impl Receiver {
     fn bufring_or_plain(
         cfg: &RxConfig,
         fallbacks: &mut Vec<Fallback>,
-    ) -> Result<Box<dyn Backend>, RxError> {
+    ) -> Result<RxBackend, RxError> {
         Ok(match uring::RingRx::bufring(cfg, fallbacks) {
-            Ok(b) => Box::new(b),
+            Ok(b) => RxBackend::BufRing(b),
             Err(e) => {
-                fallbacks.push(Fallback::new("bufring", "plain", e.to_string()));
-                Box::new(plain::PlainRx::new(cfg)?)
+                fallbacks.push(Fallback::new(RxPath::BufRing, RxPath::Plain, e.to_string()));
+                RxBackend::Plain(plain::PlainRx::new(cfg)?)
             }
         })
     }
@@ -630,8 +690,8 @@ impl Receiver {
     pub fn describe(&self) -> String {
         self.backend.describe()
     }
-    /// Counters so far.
-    pub fn counters(&self) -> &RxCounters {
+    /// Path-specific counters so far (the common ones are [`Report::counters`]).
+    pub fn stats(&self) -> &RxCounters {
         &self.counters
     }
     /// Fallbacks taken while choosing and running the backend.
@@ -692,5 +752,26 @@ impl<T> Slab<T> {
     }
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+}
+
+impl Report for Receiver {
+    type Path = RxPath;
+    fn path(&self) -> RxPath {
+        self.backend.path()
+    }
+    /// `bytes`, `ops` = chunks delivered, `syscalls` (ring enters, `recv`, epoll calls).
+    fn counters(&self) -> Counters {
+        Counters {
+            bytes: self.counters.bytes,
+            ops: self.counters.chunks,
+            syscalls: self.counters.syscalls,
+            zerocopy_bytes: self.counters.zerocopy_bytes,
+            copied_bytes: self.counters.copy_fallback_bytes,
+            ..Counters::default()
+        }
+    }
+    fn fallbacks(&self) -> &[Fallback] {
+        &self.fallbacks
     }
 }

@@ -66,8 +66,8 @@ fn note_flags<C: Cqe>(rr: &RecvRing<C>, fallbacks: &mut Vec<Fallback>) {
     for f in rr.ring().setup_flags() {
         if f.requested && !f.granted {
             fallbacks.push(Fallback::new(
-                format!("ring with {}", f.name),
-                format!("ring without {}", f.name),
+                crate::stats::Path::setting(format!("ring with {}", f.name)),
+                crate::stats::Path::setting(format!("ring without {}", f.name)),
                 f.reason.clone().unwrap_or_default(),
             ));
         }
@@ -80,16 +80,16 @@ impl RingRx<cqueue::Entry> {
         note_flags(&rr, fallbacks);
         if cfg.batch > 1 && !cfg.min_wait.is_zero() && !rr.ring().has_min_wait() {
             fallbacks.push(Fallback::new(
-                "batched waits (min-wait)",
-                "return on the first completion",
+                crate::stats::Path::setting("batched waits (min-wait)"),
+                crate::stats::Path::setting("return on the first completion"),
                 "kernel lacks IORING_FEAT_MIN_TIMEOUT (Linux 6.12)",
             ));
         }
         let mut bundle = cfg.bundle.unwrap_or(true) && !cfg.incremental;
         if bundle && !rr.has_bundles() {
             fallbacks.push(Fallback::new(
-                "recv bundles",
-                "one buffer per completion",
+                crate::stats::Path::setting("recv bundles"),
+                crate::stats::Path::setting("one buffer per completion"),
                 "kernel lacks IORING_FEAT_RECVSEND_BUNDLE (Linux 6.10)",
             ));
             bundle = false;
@@ -111,8 +111,8 @@ impl RingRx<cqueue::Entry> {
             Ok(b) => b,
             Err(e) if bcfg.incremental && e.raw_os_error() == Some(libc::EINVAL) => {
                 fallbacks.push(Fallback::new(
-                    "incremental buffer consumption",
-                    "whole buffers",
+                    crate::stats::Path::setting("incremental buffer consumption"),
+                    crate::stats::Path::setting("whole buffers"),
                     format!("IOU_PBUF_RING_INC refused ({e}); needs Linux 6.12"),
                 ));
                 bcfg.incremental = false;
@@ -122,8 +122,8 @@ impl RingRx<cqueue::Entry> {
         };
         if let Some(why) = bufs.fallback() {
             fallbacks.push(Fallback::new(
-                "kernel-allocated buffer ring",
-                "buffer ring in user memory",
+                crate::stats::Path::setting("kernel-allocated buffer ring"),
+                crate::stats::Path::setting("buffer ring in user memory"),
                 why,
             ));
         }

@@ -5,6 +5,9 @@
 //! This module, `ring` and `buf` are the only places where `unsafe` is allowed; everything
 //! else calls the safe wrappers here.
 #![allow(unsafe_code)]
+// Public under the `unstable-raw` feature, crate-private without it: the `pub` items here are
+// the feature's surface (used by the C ABI, the preload shim and the CLI), not dead code.
+#![cfg_attr(not(feature = "unstable-raw"), allow(unreachable_pub, dead_code))]
 
 pub mod epoll;
 pub mod errqueue;
@@ -15,6 +18,8 @@ pub mod poller;
 pub mod ready;
 pub mod signal;
 pub mod zcrx;
+// Compile-time checks against linux-raw-sys (and their macro, for private structs elsewhere).
+pub(crate) mod kernel_abi;
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -177,6 +177,17 @@ const TCPI_SEGS_OUT: usize = 136;
 const TCPI_BYTES_RETRANS: usize = 208;
 /// `sizeof(struct tcp_info)` on 6.x kernels; older kernels fill less (fields then read 0).
 const TCPI_LEN: usize = 232;
+// The offsets against the kernel's `struct tcp_info` (linux-raw-sys); newer headers may
+// make it longer than what zcio reads.
+const _: () = {
+    use linux_raw_sys::net::tcp_info;
+    use std::mem::offset_of;
+    assert!(TCPI_RTT == offset_of!(tcp_info, tcpi_rtt));
+    assert!(TCPI_TOTAL_RETRANS == offset_of!(tcp_info, tcpi_total_retrans));
+    assert!(TCPI_SEGS_OUT == offset_of!(tcp_info, tcpi_segs_out));
+    assert!(TCPI_BYTES_RETRANS == offset_of!(tcp_info, tcpi_bytes_retrans));
+    assert!(TCPI_LEN <= std::mem::size_of::<tcp_info>());
+};
 
 /// `getsockopt(IPPROTO_TCP, TCP_INFO)`: retransmits and RTT of a TCP socket.
 pub fn tcp_info(fd: &impl AsRawFd) -> io::Result<TcpInfo> {

@@ -69,6 +69,8 @@ pub(crate) struct Finished<B> {
 
 /// Counters of a [`SendTracker`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+// Public as `ring::send::SendRingStats` under the `unstable-raw` feature.
+#[cfg_attr(not(feature = "unstable-raw"), allow(unreachable_pub))]
 pub struct TrackStats {
     /// Requests handed to the backend.
     pub requests: u64,

@@ -50,10 +50,10 @@ mod msgzc;
 mod policy;
 mod track;
 
-use crate::buf::pool::{Pool, PoolBuf};
+pub use crate::buf::pool::{Pool, PoolBuf};
 use crate::ring::send::{Recovery, SendDone, SendRing};
 use crate::ring::{RingConfig, RingError};
-use crate::stats::{Counters, Fallback};
+use crate::stats::{self, Counters, Fallback, Report};
 use crate::sys::{self, net};
 use msgzc::{MsgDone, MsgZc};
 use policy::{AutoPolicy, Choice, Event};
@@ -511,8 +511,8 @@ impl Sender {
                         chunk = payload;
                         segment = payload;
                         fallbacks.push(Fallback::new(
-                            "udp-gso",
-                            "one datagram per send call",
+                            stats::Path::setting("udp-gso"),
+                            stats::Path::setting("one datagram per send call"),
                             format!("setsockopt(UDP_SEGMENT) failed: {e} (needs Linux 4.18)"),
                         ));
                     }
@@ -555,8 +555,8 @@ impl Sender {
         };
         s.path = if cfg.mode == TxMode::Auto && family.is_none() {
             s.fallbacks.push(Fallback::new(
-                "auto",
-                "copy",
+                TxMode::Auto,
+                Path::Copy,
                 "not an AF_INET/AF_INET6 socket: zero-copy send needs TCP or UDP (SEND_ZC \
                  answers EOPNOTSUPP, SO_ZEROCOPY is refused)",
             ));
@@ -575,7 +575,7 @@ impl Sender {
         if want == TxMode::Copy {
             return Ok(Path::Copy);
         }
-        let mut from = want.to_string();
+        let mut from = stats::Path::from(want);
         if matches!(want, TxMode::UringZc | TxMode::UringZcFixed | TxMode::Auto) {
             let ring_cfg = RingConfig {
                 entries: (self.cfg.depth.clamp(8, 4096) as u32).next_power_of_two(),
@@ -587,7 +587,7 @@ impl Sender {
                     Ok(true) if want == TxMode::Auto && !ring.reports_usage() => {
                         self.fallbacks.push(Fallback::new(
                             from.clone(),
-                            "msg-zc",
+                            Path::MsgZc,
                             format!(
                                 "{}; Auto needs to know when zero-copy was copied, which \
                                  MSG_ZEROCOPY completions say",
@@ -603,8 +603,8 @@ impl Sender {
                             match ring.register_pool(pool) {
                                 Ok(()) => path = Path::UringZcFixed,
                                 Err(e) => self.fallbacks.push(Fallback::new(
-                                    "uring-zc-fixed",
-                                    "uring-zc",
+                                    Path::UringZcFixed,
+                                    Path::UringZc,
                                     explain_register(&e, pool.region_len()),
                                 )),
                             }
@@ -614,24 +614,25 @@ impl Sender {
                     }
                     Ok(false) => self.fallbacks.push(Fallback::new(
                         from.clone(),
-                        "msg-zc",
+                        Path::MsgZc,
                         "kernel lacks IORING_OP_SEND_ZC (needs Linux 6.0)",
                     )),
                     Err(e) => self.fallbacks.push(Fallback::new(
                         from.clone(),
-                        "msg-zc",
+                        Path::MsgZc,
                         format!("IORING_REGISTER_PROBE failed: {e}"),
                     )),
                 },
                 Err(RingError::Unavailable { reason, .. }) => {
                     self.fallbacks
-                        .push(Fallback::new(from.clone(), "msg-zc", reason));
+                        .push(Fallback::new(from.clone(), Path::MsgZc, reason));
                 }
-                Err(e) => self
-                    .fallbacks
-                    .push(Fallback::new(from.clone(), "msg-zc", e.to_string())),
+                Err(e) => {
+                    self.fallbacks
+                        .push(Fallback::new(from.clone(), Path::MsgZc, e.to_string()))
+                }
             }
-            from = "msg-zc".into();
+            from = Path::MsgZc.into();
         }
         match MsgZc::new(
             self.sock.clone(),
@@ -644,7 +645,7 @@ impl Sender {
                 Ok(Path::MsgZc)
             }
             Err(reason) => {
-                self.fallbacks.push(Fallback::new(from, "copy", reason));
+                self.fallbacks.push(Fallback::new(from, Path::Copy, reason));
                 Ok(Path::Copy)
             }
         }
@@ -1208,13 +1209,16 @@ impl Sender {
         match self.auto.policy.observe(status, probe) {
             Some(Event::SwitchedToCopy { streak, interval }) => {
                 if self.auto.policy.stats().switches_to_copy == 1 {
-                    let from = self.auto.zc.map_or("zero-copy", Path::name);
+                    let from = self
+                        .auto
+                        .zc
+                        .map_or(stats::Path::TxMode(TxMode::Auto), stats::Path::Tx);
                     let reason = format!(
                         "{streak} zero-copy completions in a row came back COPIED: this path \
                          copies anyway (loopback or local delivery), so zero-copy only adds \
                          notification cost; sending by copy, re-probing every {interval} sends"
                     );
-                    self.fallbacks.push(Fallback::new(from, "copy", reason));
+                    self.fallbacks.push(Fallback::new(from, Path::Copy, reason));
                 }
                 self.path = Path::Copy;
             }
@@ -1264,8 +1268,8 @@ impl Sender {
         let rec = r.recover(&e, Duration::from_secs(5));
         self.account_ring(true);
         self.fallbacks.push(Fallback::new(
-            self.path.name(),
-            "copy",
+            self.path,
+            Path::Copy,
             match rec {
                 Recovery::Settled => format!(
                     "io_uring_enter failed: {e}; requests not yet submitted were sent by copy,                      in order"
@@ -1406,7 +1410,7 @@ impl Sender {
             ),
         };
         self.fallbacks
-            .push(Fallback::new(self.path.name(), "copy", reason));
+            .push(Fallback::new(self.path, Path::Copy, reason));
         self.path = Path::Copy;
         self.auto.zc = None;
         let res = r.settle_results(Duration::from_secs(5));
@@ -1532,6 +1536,19 @@ impl Drop for Sender {
 impl AsRawFd for Sender {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.sock.as_raw_fd()
+    }
+}
+
+impl Report for Sender {
+    type Path = Path;
+    fn path(&self) -> Path {
+        self.path
+    }
+    fn counters(&self) -> Counters {
+        self.counters.clone()
+    }
+    fn fallbacks(&self) -> &[Fallback] {
+        &self.fallbacks
     }
 }
 

@@ -85,7 +85,7 @@ pub fn run_streams(name: &str, cfg: &RxConfig, path: RxPath, conns: usize, len: 
     for s in &streams {
         assert_eq!(s.got, len, "{name}: stream {:#x} short", s.base);
     }
-    let c = rx.counters();
+    let c = rx.stats();
     eprintln!(
         "{name} x{conns} in {:?}: {} {c:?} fallbacks {:?}",
         t0.elapsed(),

@@ -346,7 +346,7 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
                         s.syscalls - s0.syscalls,
                         Some(format!(
                             "{}{}: {} CQEs, {} poster wake-ups, busy-harvest spins {} found work / {} slept",
-                            r.backend_name(),
+                            r.path(),
                             wait_mode_note(r),
                             s.cqes - s0.cqes,
                             s.poster_wakes,

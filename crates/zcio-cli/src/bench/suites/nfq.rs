@@ -545,7 +545,7 @@ fn consume_zcio(
     })?;
     ready.wait();
     filled.wait();
-    let path = nq.path();
+    let path = nq.path().as_str();
     let (_, wq0) = io_worker_cpu();
     let span = Span::start();
     loop {

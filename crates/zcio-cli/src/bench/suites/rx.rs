@@ -416,7 +416,7 @@ fn receive_zcio(l: TcpListener, cfg: &RxConfig, ready: impl FnOnce()) -> Result<
         })?;
     }
     let (_, cpu) = span.stop();
-    let c = rx.counters().clone();
+    let c = rx.stats().clone();
     Ok(RecvStats {
         bytes,
         syscalls: c.syscalls,
