@@ -464,6 +464,12 @@ impl Server {
                 .filter_map(|v| v.parse::<u64>().ok())
                 .sum()
         };
+        // A thread that waits on an instance the shim gave to another thread is served by the
+        // real epoll_wait: a comparison where most waits did so measures the fallback (as
+        // memcached's workers did before instances went to their first waiter).
+        if sum("real_waits=") > waits {
+            bail!("most waits went to the real epoll, not the event ring: {stats}");
+        }
         // The ring's own kernel entries (io_uring_enter) plus the epoll_ctl calls the shim
         // passed to the kernel, per 1000 events it delivered from the ring.
         let entries = sum("ring_enters=") + sum("ring_ctls=");
