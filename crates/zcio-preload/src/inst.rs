@@ -20,7 +20,7 @@ use crate::real;
 use crate::report::{bump, log, STATS};
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 use zcio::event::{CtlError, Event, EventConfig, EventRing, Interest, Poster, Prefer, WaitChoice};
 
@@ -266,7 +266,13 @@ pub struct Instance {
     /// the kernel's business, exactly as without the shim). Only the owner thread's waits go
     /// through the ring; nothing ever converts.
     kernel: bool,
-    owner: u64,
+    /// The thread whose waits go through the ring. Poll ring: the creator. Kernel mode: the
+    /// first thread that waits (0 until then) — libevent programs (memcached) create each
+    /// worker's epoll instance on the main thread and wait on it only from the worker.
+    owner: AtomicU64,
+    /// The thread that created the instance (and its first ring: SINGLE_ISSUER binds a ring
+    /// to the task that created it).
+    creator: u64,
     fork_gen: u64,
     ring_mode: AtomicBool,
     contenders: AtomicU32,
@@ -274,7 +280,9 @@ pub struct Instance {
     /// A child forked meanwhile has no thread that would ever release the lock; it reads the
     /// interest list through this pointer instead (the wait never touches `regs`).
     waiting: AtomicPtr<State>,
-    poster: Poster,
+    /// Wakes the owner's ring wait; set once the ring that waits is known (kernel mode: when
+    /// the owner claims the instance).
+    poster: OnceLock<Poster>,
     state: Mutex<State>,
 }
 
@@ -306,15 +314,20 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
             ring.path()
         ));
     }
+    let poster = OnceLock::new();
+    if !kernel {
+        let _ = poster.set(ring.poster());
+    }
     let inst = Arc::new(Instance {
         epfd,
         kernel,
-        owner: tid(),
+        owner: AtomicU64::new(if kernel { 0 } else { tid() }),
+        creator: tid(),
         fork_gen: FORK_GEN.load(Ordering::Relaxed),
         ring_mode: AtomicBool::new(true),
         contenders: AtomicU32::new(0),
         waiting: AtomicPtr::new(std::ptr::null_mut()),
-        poster: ring.poster(),
+        poster,
         state: Mutex::new(State {
             ring: Some(ring),
             dormant: None,
@@ -497,7 +510,9 @@ fn lock_any(inst: &Instance) -> Option<MutexGuard<'_, State>> {
         Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
         Err(TryLockError::WouldBlock) => {
             // The holder may be asleep in the ring: wake it (a full ring wakes it anyway).
-            let _ = inst.poster.post(WAKE, 0);
+            if let Some(p) = inst.poster.get() {
+                let _ = p.post(WAKE, 0);
+            }
             Some(inst.state.lock().unwrap_or_else(|p| p.into_inner()))
         }
     };
@@ -593,9 +608,21 @@ fn access(inst: &Instance) -> Access<'_> {
     if !inst.ring_mode.load(Ordering::Relaxed) {
         return Access::Real;
     }
-    if inst.kernel && (forked(inst) || tid() != inst.owner || !same_process()) {
-        // The interest list is the kernel's: other threads and processes use it directly.
-        return Access::Real;
+    if inst.kernel {
+        if forked(inst) || !same_process() {
+            // The interest list is the kernel's: other processes use it directly. (A vfork
+            // child shares the caller's thread-local storage, so only the process id tells it
+            // apart: one `getpid` per wait, ~450 ns on this VM. The ring refuses the child
+            // (EEXIST: SINGLE_ISSUER), but by then the child has touched the parent's ring
+            // state; `vfork-wait` in tests/c/epoll_fds.c.)
+            return Access::Real;
+        }
+        let me = tid();
+        let owner = inst.owner.load(Ordering::Acquire);
+        if owner != me && (owner != 0 || !claim(inst, me)) {
+            // Another thread's: it uses the kernel's interest list directly.
+            return Access::Real;
+        }
     }
     if forked(inst) {
         // A forked child: the ring belongs to the parent. Replay into the (shared) real epoll.
@@ -604,7 +631,7 @@ fn access(inst: &Instance) -> Access<'_> {
         }
         return Access::Real;
     }
-    if tid() != inst.owner {
+    if tid() != inst.owner.load(Ordering::Relaxed) {
         if let Some(mut st) = lock_any(inst) {
             to_real(inst, &mut st, "used from a second thread");
         }
@@ -728,6 +755,15 @@ fn remaining_ms(deadline: Option<Instant>) -> libc::c_int {
     }
 }
 
+/// The timeout for a real `epoll_wait` standing in for a ring wait.
+fn real_ms(timeout: Option<Duration>, deadline: Option<Instant>) -> libc::c_int {
+    if timeout == Some(Duration::ZERO) {
+        0
+    } else {
+        remaining_ms(deadline)
+    }
+}
+
 /// The epoll_wait family on a shim instance (`sigmask` already dealt with by the caller).
 pub fn wait(
     inst: &Instance,
@@ -735,13 +771,15 @@ pub fn wait(
     max: libc::c_int,
     timeout: Option<Duration>,
 ) -> libc::c_int {
-    let start = Instant::now();
-    let deadline = timeout.map(|t| start + t);
+    // The clock is read only when a timeout can expire (a vDSO call each, ~80 ns on this VM);
+    // the first ring wait gets the caller's timeout as given.
+    let deadline = timeout.filter(|t| !t.is_zero()).map(|t| Instant::now() + t);
+    let mut first = true;
     loop {
         let mut guard = match access(inst) {
             Access::Real => {
                 bump(&STATS.real_waits, 1);
-                return real::epoll_wait(inst.epfd, out, max, remaining_ms(deadline));
+                return real::epoll_wait(inst.epfd, out, max, real_ms(timeout, deadline));
             }
             Access::Ring(st) => st,
         };
@@ -752,7 +790,11 @@ pub fn wait(
         if st.buf.len() < want {
             st.buf.resize(want, Event::default());
         }
-        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let left = match deadline {
+            Some(d) if !first => Some(d.saturating_duration_since(Instant::now())),
+            _ => timeout,
+        };
+        first = false;
         let ring_state: *mut State = st;
         let ring = st.ring.as_mut().expect("ring mode");
         let posted = ring.user_events();
@@ -826,10 +868,53 @@ pub fn wait(
         }
         // Only a wake-up (or stale events): give the lock away and wait for the rest.
         drop(guard);
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        if timeout == Some(Duration::ZERO) || deadline.is_some_and(|d| Instant::now() >= d) {
             return 0;
         }
     }
+}
+
+/// Kernel mode: makes `me` the instance's owner when no thread has waited on it yet. A ring
+/// made by another thread only takes its creator's submissions (SINGLE_ISSUER), so `me` gets
+/// its own over the same epoll fd (nothing is armed in the creator's yet: a ring arms its
+/// `EPOLL_WAIT` in its first wait). False when another thread won, or no ring could be made
+/// (the instance then stays on the real epoll; logged).
+fn claim(inst: &Instance, me: u64) -> bool {
+    if inst
+        .owner
+        .compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return false;
+    }
+    let mut st = inst.state.lock().unwrap_or_else(|p| p.into_inner());
+    if st.ring.is_none() {
+        return false;
+    }
+    if me != inst.creator {
+        match new_ring(inst.epfd) {
+            Ok(r) if r.epoll_fd() == Some(inst.epfd) => {
+                if let Some(old) = st.ring.replace(r) {
+                    bump(&STATS.ring_enters, old.stats().wait_entries);
+                }
+            }
+            Ok(_) | Err(_) => {
+                if let Some(old) = st.ring.take() {
+                    finish_ring(inst, old);
+                }
+                bump(&STATS.fallbacks, 1);
+                log(format_args!(
+                    "epoll fd {}: no event ring for the waiting thread; using the real epoll",
+                    inst.epfd
+                ));
+                return false;
+            }
+        }
+    }
+    if let Some(r) = st.ring.as_ref() {
+        let _ = inst.poster.set(r.poster());
+    }
+    true
 }
 
 /// Bookkeeping for `close(fd)` (or an fd replaced by `dup2`) of a registered fd, before the
@@ -855,7 +940,7 @@ pub fn close_registered(fd: libc::c_int, do_close: bool) -> libc::c_int {
         if !inst.ring_mode.load(Ordering::Relaxed) {
             continue;
         }
-        if forked(inst) || inst.owner != me {
+        if forked(inst) || inst.owner.load(Ordering::Relaxed) != me {
             // Not this thread's ring to submit to. Marked before the owner is woken (the
             // owner's next call drains the mark), while the fd's count is still above zero
             // (the last registration's end clears it; an instance handled above may already
@@ -863,8 +948,8 @@ pub fn close_registered(fd: libc::c_int, do_close: bool) -> libc::c_int {
             if is_registered(fd) {
                 mark_pending(fd);
             }
-            if !forked(inst) {
-                let _ = inst.poster.post(WAKE, 0);
+            if let Some(p) = inst.poster.get().filter(|_| !forked(inst)) {
+                let _ = p.post(WAKE, 0);
             }
             continue;
         }
@@ -874,7 +959,9 @@ pub fn close_registered(fd: libc::c_int, do_close: bool) -> libc::c_int {
                 if is_registered(fd) {
                     mark_pending(fd);
                 }
-                let _ = inst.poster.post(WAKE, 0);
+                if let Some(p) = inst.poster.get() {
+                    let _ = p.post(WAKE, 0);
+                }
                 continue;
             }
         };

@@ -125,6 +125,15 @@ fn memcached_answers_byte_identically_from_the_event_ring() {
         assert!(g == w, "reply differs:\n{}", String::from_utf8_lossy(g));
     }
     assert_ring_served(&stats, &server.output());
+    // memcached creates each worker's event base (its epoll instance) on the main thread and
+    // waits on it only from the worker: the worker's waits must be the ring's too, not the
+    // real epoll_wait a non-owner thread gets.
+    assert_eq!(
+        stats_sum(&stats, "real_waits"),
+        0,
+        "worker waits went to the real epoll: {}",
+        std::fs::read_to_string(&stats).unwrap_or_default()
+    );
 }
 
 // --- lighttpd (own loop) ----------------------------------------------------------------

@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod machine;
+pub mod mcload;
 pub mod measure;
 pub mod peer;
 pub mod report;

@@ -326,6 +326,37 @@ static void s_vfork(void) {
     close(ep);
 }
 
+// --- a vfork child waits on the parent's instance ----------------------------------------
+// (Outside POSIX — a vfork child may only exec or _exit — but it must not break the parent:
+// the child shares the parent's memory, so the shim's state is the parent's, while its ring
+// only takes the parent's submissions.)
+
+static void s_vfork_wait(void) {
+    int ep = epoll_create1(0), sv[2];
+    pair(sv);
+    add(ep, sv[0], EPOLLIN, 12);
+    CHECK(write(sv[1], "x", 1) == 1);
+    show("vfork-wait/parent-before", ep, 1000);
+    pid_t pid = vfork();
+    if (pid == 0) {
+        struct epoll_event ev[4];
+        int n = epoll_wait(ep, ev, 4, 0);
+        _exit(n == 1 && ev[0].data.u64 == 12 ? 0 : n < 0 ? 99 : 10 + n);
+    }
+    CHECK(pid > 0);
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    printf("vfork-wait/child: exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    show("vfork-wait/parent-after", ep, 1000);
+    char c;
+    CHECK(read(sv[0], &c, 1) == 1);
+    CHECK(write(sv[1], "y", 1) == 1);
+    show("vfork-wait/parent-new-event", ep, 1000);
+    close(sv[0]);
+    close(sv[1]);
+    close(ep);
+}
+
 // --- another thread closes a registered socket while the owner waits ------------------------
 
 struct closer {
@@ -497,6 +528,7 @@ int main(int argc, char **argv) {
     } all[] = {{"fork", s_fork_while_waiting}, {"close-unknown", s_close_unknown},
                {"dup2-fixed", s_dup2_fixed},    {"close-paths", s_close_paths},
                {"failing", s_failing_calls},    {"vfork", s_vfork},
+               {"vfork-wait", s_vfork_wait},
                {"thread-close", s_thread_close}, {"signal-close", s_signal_close}};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         int want = argc < 2;

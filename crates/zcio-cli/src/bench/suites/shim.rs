@@ -1,10 +1,14 @@
-//! `shim`: unmodified nginx (+ wrk) and redis-server (+ redis-benchmark) on loopback, native
-//! vs under `LD_PRELOAD=libzcio_epoll.so` (epoll served by the event ring), alternating runs
-//! against two servers started side by side: req/s, p99 latency, server CPU per request.
+//! `shim`: unmodified event-loop servers on loopback, native vs under
+//! `LD_PRELOAD=libzcio_epoll.so` (epoll served by the event ring), alternating runs against two
+//! servers started side by side: req/s, p99 latency, server CPU per request. nginx, lighttpd
+//! and haproxy under wrk, redis-server under redis-benchmark, memcached under our own client
+//! (`bench::mcload`: pipelined get/set, every reply verified, p50/p99; memslap has no
+//! percentiles).
 //!
 //! The shim is found next to the `zcio` binary (`target/release/libzcio_epoll.so`; built by
 //! `scripts/bench`). Loopback request rates drift run to run: the rounds alternate.
 
+use crate::bench::mcload::{self, proto::Mix};
 use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::{Read, Write};
@@ -25,12 +29,29 @@ const METRICS: &[MetricDef] = &[
     MetricDef::new("server_cpu_per_req", "us", Better::Lower),
 ];
 
+/// memcached's: our client also gives the median.
+const MC_METRICS: &[MetricDef] = &[
+    MetricDef::new("req_per_s", "req/s", Better::Higher),
+    MetricDef::new("p50_latency", "ms", Better::Lower),
+    MetricDef::new("p99_latency", "ms", Better::Lower),
+    MetricDef::new("server_cpu_per_req", "us", Better::Lower),
+];
+
+/// Every server the suite runs, with the load tool each needs (`None`: our own client).
+pub const SERVERS: &[(&str, Option<&str>)] = &[
+    ("nginx", Some("wrk")),
+    ("redis-server", Some("redis-benchmark")),
+    ("lighttpd", Some("wrk")),
+    ("haproxy", Some("wrk")),
+    ("memcached", None),
+];
+
 impl Suite for Shim {
     fn name(&self) -> &'static str {
         "shim"
     }
     fn about(&self) -> &'static str {
-        "unmodified nginx+wrk and redis-server+redis-benchmark on loopback: native epoll vs LD_PRELOAD libzcio_epoll.so (event ring)"
+        "unmodified nginx, lighttpd, haproxy (wrk), redis-server (redis-benchmark) and memcached (own pipelined get/set client) on loopback: native epoll vs LD_PRELOAD libzcio_epoll.so (event ring)"
     }
     fn chart_metric(&self) -> &'static str {
         "req_per_s"
@@ -149,8 +170,36 @@ impl Suite for Shim {
             }
             ran = true;
         }
+        // memcached (libevent, one loop per worker thread; 1 worker here, its listener on
+        // the main thread's loop) under our own client: without pipelining, and 8 deep.
+        if let Some(mc) = which("memcached") {
+            for depth in [1, 8] {
+                let native = Server::memcached(&mc, None)?;
+                let shimmed = Server::memcached(&mc, Some(&Shimmed(&shim, &[])))?;
+                ctx.compare(
+                    &format!(
+                        "memcached 1 worker, 32 conns x {depth} pipelined, 90% get / 10% set, \
+                         100 B values, every reply verified"
+                    ),
+                    ("native epoll", "libzcio_epoll.so"),
+                    MC_METRICS,
+                    || memcached_run(&native, depth, secs),
+                    || memcached_run(&shimmed, depth, secs),
+                )?;
+                drop(native);
+                if let Some(st) = shimmed.finish()? {
+                    ctx.note(format!("memcached under the shim, depth {depth}: {st}"));
+                }
+            }
+            ran = true;
+        } else {
+            ctx.note("memcached missing (scripts/deps): memcached case skipped");
+        }
         if !ran {
-            return Err(ctx.skip("neither nginx+wrk nor redis-server+redis-benchmark installed"));
+            return Err(ctx.skip(
+                "none of nginx+wrk, redis-server+redis-benchmark, lighttpd+wrk, haproxy+wrk, \
+                 memcached installed",
+            ));
         }
         Ok(())
     }
@@ -344,6 +393,25 @@ impl Server {
         Self::spawn(cmd, port, dir, shim, None)
     }
 
+    fn memcached(bin: &Path, shim: Option<&Shimmed>) -> Result<Self> {
+        let dir = TempDir::new("bench-memcached")?;
+        // As root memcached must drop to an account (-u): the directory becomes traversable
+        // and the stats file (written at exit, after the drop) belongs to that account.
+        let worker = worker_account();
+        let owner = worker.as_ref().map(|w| (w.2, w.3));
+        if owner.is_some() {
+            std::fs::set_permissions(dir.path(), PermissionsExt::from_mode(0o711))?;
+        }
+        let port = free_port()?;
+        let mut cmd = Command::new(bin);
+        cmd.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
+            .args(["-t", "1", "-m", "64", "-c", "1024"]);
+        if let Some(w) = &worker {
+            cmd.args(["-u", &w.0]);
+        }
+        Self::spawn(cmd, port, dir, shim, owner)
+    }
+
     fn redis(redis: &Path, shim: Option<&Shimmed>) -> Result<Self> {
         let dir = TempDir::new("bench-redis")?;
         let port = free_port()?;
@@ -396,6 +464,12 @@ impl Server {
                 .filter_map(|v| v.parse::<u64>().ok())
                 .sum()
         };
+        // A thread that waits on an instance the shim gave to another thread is served by the
+        // real epoll_wait: a comparison where most waits did so measures the fallback (as
+        // memcached's workers did before instances went to their first waiter).
+        if sum("real_waits=") > waits {
+            bail!("most waits went to the real epoll, not the event ring: {stats}");
+        }
         // The ring's own kernel entries (io_uring_enter) plus the epoll_ctl calls the shim
         // passed to the kernel, per 1000 events it delivered from the ring.
         let entries = sum("ring_enters=") + sum("ring_ctls=");
@@ -526,6 +600,30 @@ fn parse_ms(v: &str) -> Option<f64> {
     }
 }
 
+fn memcached_run(s: &Server, depth: usize, secs: u64) -> Result<Sample> {
+    let load = mcload::Load {
+        addr: ([127, 0, 0, 1], s.port).into(),
+        conns: 32,
+        depth,
+        mix: Mix {
+            keys: 64,
+            value_size: 100,
+            get_percent: 90,
+        },
+        time: Duration::from_secs(secs),
+        max_requests: u64::MAX,
+    };
+    let cpu0 = s.cpu_secs();
+    let r = mcload::run(&load)?;
+    let cpu = s.cpu_secs() - cpu0;
+    let mut sm = Sample::default();
+    sm.set("req_per_s", r.rate())
+        .set("p50_latency", r.percentile_ms(50.0))
+        .set("p99_latency", r.percentile_ms(99.0))
+        .set("server_cpu_per_req", cpu / r.requests.max(1) as f64 * 1e6);
+    Ok(sm)
+}
+
 fn redis_run(rb: &Path, s: &Server, n: u64) -> Result<Sample> {
     let cpu0 = s.cpu_secs();
     let out = Command::new(rb)
@@ -558,4 +656,29 @@ fn redis_run(rb: &Path, s: &Server, n: u64) -> Result<Sample> {
         .set("p99_latency", f[5])
         .set("server_cpu_per_req", cpu / n as f64 * 1e6);
     Ok(sm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `scripts/deps` installs every server the suite runs and every load tool it drives.
+    #[test]
+    fn every_server_and_load_tool_of_the_suite_is_installed_by_scripts_deps() {
+        let deps =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/deps"))
+                .expect("scripts/deps");
+        let listed = |cmd: &str| deps.contains(&format!("[{cmd}]="));
+        for (server, tool) in SERVERS {
+            assert!(listed(server), "{server} not in scripts/deps");
+            if let Some(t) = tool {
+                assert!(listed(t), "{t} not in scripts/deps");
+            }
+        }
+        let about = Shim.about();
+        for name in ["nginx", "redis-server", "lighttpd", "haproxy", "memcached"] {
+            assert!(SERVERS.iter().any(|s| s.0 == name), "{name} not in SERVERS");
+            assert!(about.contains(name), "about() does not name {name}");
+        }
+    }
 }
