@@ -21,6 +21,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub mod caps;
+pub mod cpu;
 pub mod routes;
 pub mod seccomp;
 pub mod tempdir;

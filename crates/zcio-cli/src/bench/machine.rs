@@ -41,7 +41,7 @@ impl Machine {
         Self {
             kernel: zcio::sys::kernel_release(),
             cpu_model,
-            cores: zcio::sys::online_cpus(),
+            cores: zcio_testnet::cpu::online_cpus(),
             memory_gib: (mem_kb / 1024.0 / 1024.0 * 10.0).round() / 10.0,
             zcio_version: env!("CARGO_PKG_VERSION").to_string(),
             unix_time: std::time::SystemTime::now()

@@ -10,6 +10,7 @@
 
 pub mod machine;
 pub mod measure;
+pub mod pair;
 pub mod peer;
 pub mod report;
 pub mod suites;

@@ -257,27 +257,6 @@ pub fn kernel_release() -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// Pins the calling thread to `cpu`.
-pub fn pin_thread(cpu: usize) -> io::Result<()> {
-    // SAFETY: an all-zero cpu_set_t is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes inside `set`; `cpu` is bounds-checked below.
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: `set` lives for the call and `size` is its size.
-    syscall!(sched_setaffinity(0, size, &set)).map(drop)
-}
-
-/// Number of CPUs this process may run on.
-pub fn online_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-}
-
 /// Creates a non-blocking, close-on-exec eventfd.
 pub fn eventfd(initial: u32) -> io::Result<OwnedFd> {
     // SAFETY: eventfd takes plain integers.

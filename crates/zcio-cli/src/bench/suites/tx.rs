@@ -7,6 +7,7 @@
 //! the CPU saving of zero-copy is real. Plus TCP loopback `auto` against plain send.
 
 use crate::bench::measure::{core_plan, size_label};
+use crate::bench::pair::ensure_bytes;
 use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
 use crate::perf::client::{drive, ClientOpts, ClientReport};
 use crate::perf::server::serve_conn;
@@ -69,33 +70,27 @@ fn run_once(
     opts.cpu = Some(score);
     match route {
         Route::Loopback => {
+            let p = crate::bench::pair::pair("tx loopback").server_core(rcore);
             let l = TcpListener::bind("127.0.0.1:0")?;
             let addr = l.local_addr()?;
-            let rx = std::thread::spawn(move || -> std::io::Result<u64> {
-                let _ = zcio::sys::pin_thread(rcore);
+            let rx = p.server(move || -> std::io::Result<u64> {
                 let (mut s, _) = l.accept()?;
                 Ok(serve_conn(&mut s, false)?.bytes)
-            });
+            })?;
             let sock = TcpStream::connect(addr)?;
-            let rep = std::thread::spawn(move || drive(sock.into(), &opts))
-                .join()
-                .map_err(|_| anyhow::anyhow!("sender panicked"))??;
-            let got = rx
-                .join()
-                .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
-            anyhow::ensure!(
-                got == rep.total_bytes,
-                "receiver got {got} of {} bytes",
-                rep.total_bytes
-            );
+            // `drive` pins itself (opts.cpu).
+            let rep = p.client(move || drive(sock.into(), &opts))?.result()?;
+            ensure_bytes(rx.io_result()?, rep.total_bytes)?;
             Ok(rep)
         }
         Route::Pair => {
             let pair = pair.context("pair")?;
+            let p = crate::bench::pair::pair("tx pair")
+                .server_core(rcore)
+                .server_in(&pair.b);
             let dst = SocketAddr::from((pair.b4, 5201));
             let l = pair.b.run(move || TcpListener::bind(dst))??;
-            let rx = pair.b.spawn(move || -> std::io::Result<u64> {
-                let _ = zcio::sys::pin_thread(rcore);
+            let rx = p.server(move || -> std::io::Result<u64> {
                 let (mut s, _) = l.accept()?;
                 Ok(serve_conn(&mut s, false)?.bytes)
             })?;
@@ -103,14 +98,7 @@ fn run_once(
                 let sock = TcpStream::connect(dst)?;
                 drive(sock.into(), &opts)
             })??;
-            let got = rx
-                .join()
-                .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
-            anyhow::ensure!(
-                got == rep.total_bytes,
-                "receiver got {got} of {} bytes",
-                rep.total_bytes
-            );
+            ensure_bytes(rx.io_result()?, rep.total_bytes)?;
             Ok(rep)
         }
         Route::Sink => {
