@@ -37,8 +37,6 @@
 
 mod epoll;
 mod epwait;
-#[doc(hidden)]
-pub mod scenarios;
 mod uring;
 
 use crate::buf::mpsc::{MpscRing, Pushed};
