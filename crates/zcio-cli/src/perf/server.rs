@@ -837,17 +837,8 @@ mod tests {
 
     fn params() -> Params {
         Params {
-            udp: false,
-            streams: 1,
-            duration_ms: 1000,
-            reverse: false,
-            len: 65536,
-            rate_bps: 0,
-            tx: "auto".into(),
-            rx: "auto".into(),
-            verify: false,
-            depth: 64,
             interval_ms: 0,
+            ..proto::test_params()
         }
     }
 

@@ -623,6 +623,14 @@ fn verdict(out: &mut Vec<u8>, q: u16, batch: bool, id: u32, v: Verdict, seq: u32
     .expect("message fits");
 }
 
+/// A plain consumer found its socket empty: waits up to [`IDLE`] (one `poll`, counted) and
+/// says whether the queue is drained (nothing arrived and the kernel holds nothing for it).
+fn drained(fd: &std::os::fd::OwnedFd, q: u16, syscalls: &mut u64) -> Result<bool> {
+    *syscalls += 1;
+    let r = zcio::sys::net::poll_one(fd, libc::POLLIN, IDLE.as_millis() as i32)?;
+    Ok(r == 0 && waiting(q) == 0)
+}
+
 fn consume_per_packet(
     q: u16,
     qmax: u32,
@@ -655,9 +663,7 @@ fn consume_per_packet(
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                syscalls += 1;
-                let r = zcio::sys::net::poll_one(&fd, libc::POLLIN, IDLE.as_millis() as i32)?;
-                if r == 0 && waiting(q) == 0 {
+                if drained(&fd, q, &mut syscalls)? {
                     break;
                 }
             }
@@ -737,9 +743,7 @@ fn consume_batch32(
                 // Idle: decide what is pending, then wait.
                 flush(&mut out, &mut last, &mut seq, &mut syscalls)?;
                 since = 0;
-                syscalls += 1;
-                let r = zcio::sys::net::poll_one(&fd, libc::POLLIN, IDLE.as_millis() as i32)?;
-                if r == 0 && waiting(q) == 0 {
+                if drained(&fd, q, &mut syscalls)? {
                     break;
                 }
             }

@@ -50,6 +50,16 @@ pub fn wanted(case: &str) -> bool {
     std::env::var("ZCIO_BENCH_ONLY").map_or(true, |f| f.is_empty() || case.contains(&f))
 }
 
+/// The sender of one case: `size`-byte writes for `dur`, cycling through `ws` bytes of buffers.
+fn client_opts(mode: TxMode, size: usize, dur: Duration, ws: usize) -> ClientOpts {
+    let mut o = ClientOpts::new(mode, size, dur);
+    // About 4 MB in flight: TCP completions wait for ACKs.
+    o.depth = ((4 << 20) / size).clamp(16, 1024);
+    o.submit_batch = 16;
+    o.working_set = ws;
+    o
+}
+
 /// Where the bytes go.
 #[derive(Clone, Copy, Debug)]
 enum Route {
@@ -218,14 +228,7 @@ impl Suite for Tx {
                     if !wanted(&case) {
                         continue;
                     }
-                    let mk = |m: TxMode| {
-                        let mut o = ClientOpts::new(m, size, dur);
-                        // About 4 MB in flight: TCP completions wait for ACKs.
-                        o.depth = ((4 << 20) / size).clamp(16, 1024);
-                        o.submit_batch = 16;
-                        o.working_set = ws;
-                        o
-                    };
+                    let mk = |m: TxMode| client_opts(m, size, dur, ws);
                     let (p, s) = (pair.as_ref(), sink.as_ref());
                     let copied = &copied;
                     ctx.compare(
@@ -382,13 +385,9 @@ fn sweep(
             if !wanted(&case) {
                 continue;
             }
-            let mk = |m: TxMode| {
-                let mut o = ClientOpts::new(m, size, dur);
-                o.depth = ((4 << 20) / size).clamp(16, 1024);
-                o.submit_batch = 16;
-                o.working_set = ws;
-                o.warmup = warmup;
-                o
+            let mk = |m: TxMode| ClientOpts {
+                warmup,
+                ..client_opts(m, size, dur, ws)
             };
             ctx.compare(
                 &case,
