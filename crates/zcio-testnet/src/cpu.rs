@@ -45,11 +45,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_thread_pinned_to_cpu_0_runs_there_and_an_impossible_cpu_is_refused() {
+    fn a_pinned_thread_stays_on_its_cpu_and_an_impossible_cpu_is_refused() {
         std::thread::spawn(|| {
-            pin_thread(0).expect("pin to CPU 0");
+            // The CPU it runs on now is one this process may use (cpusets may exclude CPU 0).
             // SAFETY: sched_getcpu has no preconditions.
-            assert_eq!(unsafe { libc::sched_getcpu() }, 0);
+            let here = unsafe { libc::sched_getcpu() };
+            assert!(here >= 0, "sched_getcpu: {}", io::Error::last_os_error());
+            pin_thread(here as usize).expect("pin to the current CPU");
+            for _ in 0..1000 {
+                std::thread::yield_now();
+                // SAFETY: as above.
+                assert_eq!(unsafe { libc::sched_getcpu() }, here);
+            }
             let e = pin_thread(libc::CPU_SETSIZE as usize).unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
         })
