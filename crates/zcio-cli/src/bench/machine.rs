@@ -48,7 +48,7 @@ impl Machine {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
-            root: zcio::sys::is_root(),
+            root: zcio_testnet::is_root(),
         }
     }
 }

@@ -198,7 +198,7 @@ struct Server {
 /// The account nginx workers run as when the bench runs as root: `(user, group, uid, gid)`.
 /// The files they must read or write are given to it; nothing is made world-accessible.
 fn worker_account() -> Option<(String, String, u32, u32)> {
-    if !zcio::sys::is_root() {
+    if !zcio_testnet::is_root() {
         return None;
     }
     let id = |flag: &str| -> Option<String> {
