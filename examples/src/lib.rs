@@ -337,7 +337,7 @@ pub fn serve(
     let mut events = vec![Event::default(); 512];
     let mut buf = vec![0u8; 16 << 10];
     let mut st = ServerStats::default();
-    let cpu0 = zcio::sys::thread_cpu_time();
+    let cpu0 = zcio_testnet::cpu::thread_cpu_time();
     while !stop.load(Ordering::Relaxed) {
         let n = lp.wait(&mut events, Some(Duration::from_millis(50)))?;
         if n > 0 {
@@ -434,7 +434,7 @@ pub fn serve(
     let (sys, waits) = lp.entries();
     st.loop_syscalls = sys;
     st.wait_entries = waits;
-    st.cpu_s = (zcio::sys::thread_cpu_time() - cpu0).as_secs_f64();
+    st.cpu_s = (zcio_testnet::cpu::thread_cpu_time() - cpu0).as_secs_f64();
     Ok(st)
 }
 
@@ -474,7 +474,7 @@ impl Running {
         let (tx, rx) = std::sync::mpsc::channel();
         let handle = std::thread::spawn(move || {
             if let Some(c) = cpu {
-                let _ = zcio::sys::pin_thread(c);
+                let _ = zcio_testnet::cpu::pin_thread(c);
             }
             let mut lp = match make_loop_with(kind, spin) {
                 Ok(l) => l,

@@ -76,7 +76,7 @@ fn cc_example(exe: &Path, src: impl AsRef<std::ffi::OsStr>, flags: &[&str], rpat
 }
 
 fn built_dir() -> PathBuf {
-    // target/<profile>/deps/link-xxxx → target/<profile>, where cargo put libzcio.a.
+    // target/<profile>/deps/link-xxxx → target/<profile>, where cargo put libzcio_capi.a.
     let exe = std::env::current_exe().expect("exe");
     exe.parent()
         .and_then(Path::parent)

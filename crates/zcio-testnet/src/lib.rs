@@ -10,6 +10,9 @@
 //! A [`Sink`] is a host whose veth peer is down and whose next hop has a static neighbour entry:
 //! packets leave the socket, pass the IP stack and are dropped at the device before any local
 //! delivery, which is the one local path on which zero-copy send is not copied.
+//!
+//! Also here, because only tests and benches need them: [`cpu`] (thread pinning and CPU
+//! time) and [`scenarios`] (the epoll-equivalence scenarios the event ring is tested with).
 #![deny(missing_docs)]
 
 use std::ffi::CString;
@@ -21,7 +24,9 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub mod caps;
+pub mod cpu;
 pub mod routes;
+pub mod scenarios;
 pub mod seccomp;
 pub mod tempdir;
 

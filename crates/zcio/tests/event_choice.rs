@@ -10,8 +10,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 use zcio::event::choice::WaitMode;
-use zcio::event::scenarios::{self, RawEpoll};
 use zcio::event::{Event, EventConfig, EventRing, Interest, Prefer, WaitChoice};
+use zcio_testnet::scenarios::{self, RawEpoll};
 
 fn has_epoll_wait() -> bool {
     use zcio::ring::features::Features;

@@ -1,12 +1,12 @@
-//! EventRing: equivalence with epoll (every scenario of `event::scenarios`), errors, timeouts,
+//! EventRing: equivalence with epoll (every scenario of `zcio_testnet::scenarios`), errors, timeouts,
 //! user-posted events, fallback to epoll, and the no-syscall harvest.
 
 use std::collections::HashSet;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
-use zcio::event::scenarios::{self, RawEpoll, Scenario};
 use zcio::event::{Event, EventConfig, EventPath, EventRing, Interest, Prefer};
+use zcio_testnet::scenarios::{self, RawEpoll, Scenario};
 
 fn uring() -> EventRing {
     let r = EventRing::with_config(&EventConfig {

@@ -4,7 +4,8 @@
 mod common;
 
 use common::streams::{
-    collect, paced_pattern_sender, run_streams, send_stream, set_linger_zero, small_buffers,
+    collect, hold_chunks, paced_pattern_sender, release_and_receive_rest, run_streams, send_stream,
+    set_linger_zero, small_buffers,
 };
 
 use std::io::Write;
@@ -109,18 +110,7 @@ fn consumer_holding_chunks_slows_the_sender_and_loses_nothing() {
         let total: u64 = 8 << 20;
         let (sender, sent) = paced_pattern_sender(addr, total);
         // Receive and hold every chunk: the ring (8 x 4 KiB) runs dry.
-        let mut held = Vec::new();
-        let mut got = 0u64;
-        let hold_until = Instant::now() + Duration::from_millis(300);
-        while Instant::now() < hold_until {
-            rx.poll(Duration::from_millis(20), &mut |ev| {
-                if let RxEvent::Data(c) = ev {
-                    got += c.len() as u64;
-                    held.push(c);
-                }
-            })
-            .unwrap();
-        }
+        let (held, got) = hold_chunks(&mut rx, Duration::from_millis(300));
         assert!(
             held.len() <= 8,
             "{name}: more chunks than buffers: {}",
@@ -132,27 +122,8 @@ fn consumer_holding_chunks_slows_the_sender_and_loses_nothing() {
             "{name}: the sender finished although the receiver held every buffer"
         );
         // Check, release, and receive the rest.
-        let mut off = 0u64;
-        for c in held.drain(..) {
-            common::check_pattern(&c, off).unwrap();
-            off += c.len() as u64;
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while off < total {
-            assert!(
-                Instant::now() < deadline,
-                "{name}: stuck at {off} of {total}"
-            );
-            rx.poll(Duration::from_millis(50), &mut |ev| {
-                if let RxEvent::Data(c) = ev {
-                    common::check_pattern(&c, off).unwrap();
-                    off += c.len() as u64;
-                }
-            })
-            .unwrap();
-        }
+        release_and_receive_rest(name, &mut rx, held, total, Duration::from_secs(20));
         sender.join().unwrap();
-        assert_eq!(off, total);
         assert!(got <= 8 * 4096);
         let c = rx.stats();
         assert!(c.backpressure_waits > 0 || c.enobufs > 0, "{name}: {c:?}");

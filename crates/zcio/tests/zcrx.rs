@@ -6,7 +6,8 @@
 mod common;
 
 use common::streams::{
-    collect, paced_pattern_sender, run_streams, send_stream, set_linger_zero, small_buffers,
+    collect, hold_chunks, paced_pattern_sender, release_and_receive_rest, run_streams, send_stream,
+    set_linger_zero, small_buffers,
 };
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
@@ -130,42 +131,16 @@ fn zcrx_deviceless_consumer_holding_chunks_slows_the_sender_and_loses_nothing() 
     assert_eq!(rx.path(), RxPath::ZcrxNodev, "{}", rx.describe());
     let total: u64 = 4 << 20;
     let (sender, sent) = paced_pattern_sender(addr, total);
-    let mut held = Vec::new();
-    let mut got = 0u64;
-    let hold_until = Instant::now() + Duration::from_millis(500);
-    while Instant::now() < hold_until {
-        rx.poll(Duration::from_millis(20), &mut |ev| {
-            if let RxEvent::Data(c) = ev {
-                got += c.len() as u64;
-                held.push(c);
-            }
-        })
-        .unwrap();
-    }
+    let (held, got) = hold_chunks(&mut rx, Duration::from_millis(500));
     assert!(got <= 64 << 10, "more bytes held than the area has: {got}");
     let stalled_at = sent.load(std::sync::atomic::Ordering::Relaxed);
     assert!(
         stalled_at < total,
         "the sender finished although the receiver held the whole area"
     );
-    let mut off = 0u64;
-    for c in held.drain(..) {
-        common::check_pattern(&c, off).unwrap();
-        off += c.len() as u64;
-    }
-    let deadline = Instant::now() + common::scaled(Duration::from_secs(60));
-    while off < total {
-        assert!(Instant::now() < deadline, "stuck at {off} of {total}");
-        rx.poll(Duration::from_millis(50), &mut |ev| {
-            if let RxEvent::Data(c) = ev {
-                common::check_pattern(&c, off).unwrap();
-                off += c.len() as u64;
-            }
-        })
-        .unwrap();
-    }
+    let limit = common::scaled(Duration::from_secs(60));
+    release_and_receive_rest("zcrx hold", &mut rx, held, total, limit);
     sender.join().unwrap();
-    assert_eq!(off, total);
     let c = rx.stats();
     assert!(c.enobufs > 0 && c.rearms >= c.enobufs, "{c:?}");
     eprintln!("held {got} B while the sender stalled at {stalled_at}; {c:?}");

@@ -41,14 +41,14 @@ impl Machine {
         Self {
             kernel: zcio::sys::kernel_release(),
             cpu_model,
-            cores: zcio::sys::online_cpus(),
+            cores: zcio_testnet::cpu::online_cpus(),
             memory_gib: (mem_kb / 1024.0 / 1024.0 * 10.0).round() / 10.0,
             zcio_version: env!("CARGO_PKG_VERSION").to_string(),
             unix_time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
-            root: zcio::sys::is_root(),
+            root: zcio_testnet::is_root(),
         }
     }
 }

@@ -14,14 +14,14 @@ impl Span {
     pub fn start() -> Self {
         Self {
             wall: Instant::now(),
-            cpu: zcio::sys::thread_cpu_time(),
+            cpu: zcio_testnet::cpu::thread_cpu_time(),
         }
     }
     /// `(wall seconds, thread CPU seconds)` since start; call on the same thread.
     pub fn stop(&self) -> (f64, f64) {
         (
             self.wall.elapsed().as_secs_f64(),
-            (zcio::sys::thread_cpu_time() - self.cpu).as_secs_f64(),
+            (zcio_testnet::cpu::thread_cpu_time() - self.cpu).as_secs_f64(),
         )
     }
 }
@@ -57,7 +57,7 @@ pub fn size_label(n: usize) -> String {
 
 /// CPUs to pin to for "same core" and "split cores" cases: `(sender, receiver)`.
 pub fn core_plan(split: bool) -> (usize, usize) {
-    let n = zcio::sys::online_cpus();
+    let n = zcio_testnet::cpu::online_cpus();
     if split && n > 1 {
         (0, 1)
     } else {

@@ -5,12 +5,11 @@
 //! [`Ctx::compare`] once per case with two closures that each perform one measured run and
 //! return a [`Sample`]; the framework alternates them (A B A B …), so drift on the machine hits
 //! both sides alike.
-// Part of the API is for suites that land later (tx, rx, event, nfq, shim).
-#![allow(dead_code)]
 
 pub mod machine;
 pub mod mcload;
 pub mod measure;
+pub mod pair;
 pub mod peer;
 pub mod report;
 pub mod suites;
@@ -160,8 +159,6 @@ impl std::error::Error for Skip {}
 pub struct Ctx {
     /// Measurement mode.
     pub mode: Mode,
-    /// Where results go.
-    pub out_dir: PathBuf,
     /// `--peer`: the suites that cross a network run against this host.
     pub peer: Option<std::sync::Arc<peer::Peer>>,
     progress: ProgressBar,
@@ -170,15 +167,9 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn new(
-        mode: Mode,
-        out_dir: PathBuf,
-        peer: Option<std::sync::Arc<peer::Peer>>,
-        progress: ProgressBar,
-    ) -> Self {
+    fn new(mode: Mode, peer: Option<std::sync::Arc<peer::Peer>>, progress: ProgressBar) -> Self {
         Self {
             mode,
-            out_dir,
             peer,
             progress,
             rows: vec![],
@@ -358,7 +349,7 @@ pub fn run(names: &[String], mode: Mode, out_dir: PathBuf, peer: Option<&str>) -
     let mut reports = vec![];
     for suite in chosen {
         pb.set_prefix(suite.name());
-        let mut ctx = Ctx::new(mode, out_dir.clone(), peer.clone(), pb.clone());
+        let mut ctx = Ctx::new(mode, peer.clone(), pb.clone());
         let t0 = std::time::Instant::now();
         let res = suite.run(&mut ctx);
         let mut skipped = None;

@@ -170,7 +170,7 @@ fn worker(
 ) -> Result<Done> {
     if let Some(cpu) = cpu {
         // Best effort: a consumer on the CPU its queue is fed from keeps the packet there.
-        let _ = zcio::sys::pin_thread(cpu);
+        let _ = zcio_testnet::cpu::pin_thread(cpu);
     }
     let cfg = NfQueueConfig {
         first,
@@ -284,7 +284,7 @@ pub fn run(a: NfqArgs) -> Result<()> {
     let sigfd = zcio::sys::signal::block_to_fd(&[libc::SIGINT, libc::SIGTERM])
         .context("blocking SIGINT/SIGTERM")?;
     let ranges = split_queues(first, last, a.threads);
-    let cpus = zcio::sys::online_cpus().max(1);
+    let cpus = zcio_testnet::cpu::online_cpus().max(1);
     let stop = AtomicBool::new(false);
     let start = Instant::now();
     let end = a.duration.map(|d| start + Duration::from_secs_f64(d));

@@ -133,7 +133,7 @@ pub struct ClientReport {
 /// drive the sender on the same thread).
 pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
     if let Some(cpu) = opts.cpu {
-        zcio::sys::pin_thread(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
+        zcio_testnet::cpu::pin_thread(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
     }
     let count = opts
         .depth
@@ -160,7 +160,7 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
     let mut errors = 0u64;
     let mut sends = 0u64;
     let mut off = 0u64;
-    let mut cpu0 = zcio::sys::thread_cpu_time();
+    let mut cpu0 = zcio_testnet::cpu::thread_cpu_time();
     let mut t0 = Instant::now();
     let pace0 = t0;
     let mut end = t0 + opts.warmup + opts.duration;
@@ -181,7 +181,7 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
             let now = Instant::now();
             if warm.is_none() && !opts.warmup.is_zero() && now >= warm_end {
                 warm = Some((tx.counters().clone(), tx.stats().clone(), sends));
-                cpu0 = zcio::sys::thread_cpu_time();
+                cpu0 = zcio_testnet::cpu::thread_cpu_time();
                 t0 = now;
                 end = now + opts.duration;
             }
@@ -255,7 +255,7 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
     tx.flush(opts.flush_timeout)?;
     reap(&mut tx, &mut errors, &mut free);
     let seconds = t0.elapsed().as_secs_f64();
-    let cpu_s = (zcio::sys::thread_cpu_time() - cpu0).as_secs_f64();
+    let cpu_s = (zcio_testnet::cpu::thread_cpu_time() - cpu0).as_secs_f64();
     if udp && opts.udp_end_marker {
         if let Some(mut b) = free.pop_front() {
             b.set_len(0);

@@ -12,7 +12,7 @@ pub fn local(local: Option<IpAddr>) -> HostInfo {
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "unknown".into()),
         kernel: zcio::sys::kernel_release(),
-        cpus: zcio::sys::online_cpus(),
+        cpus: zcio_testnet::cpu::online_cpus(),
         nic: local.map_or_else(|| "unknown (no address)".into(), nic_for),
     }
 }

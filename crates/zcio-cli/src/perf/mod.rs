@@ -269,7 +269,7 @@ pub fn resolve(host: &str, port: u16, fam: Family) -> Result<Vec<SocketAddr>> {
 
 /// Stream `i`'s CPU when the first is `base`: one CPU per stream, wrapping around.
 pub fn stream_cpu(base: usize, i: usize) -> usize {
-    (base + i) % zcio::sys::online_cpus().max(1)
+    (base + i) % zcio_testnet::cpu::online_cpus().max(1)
 }
 
 #[cfg(test)]

@@ -396,24 +396,30 @@ pub fn parse_udp_hello(d: &[u8]) -> Option<([u8; 16], u32)> {
     ))
 }
 
+/// A valid one-stream, one-second TCP test: the fixture the protocol and server tests vary.
+#[cfg(test)]
+pub fn test_params() -> Params {
+    Params {
+        udp: false,
+        streams: 1,
+        duration_ms: 1000,
+        reverse: false,
+        len: 65536,
+        rate_bps: 0,
+        tx: "auto".into(),
+        rx: "auto".into(),
+        verify: false,
+        depth: 64,
+        interval_ms: 1000,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn params() -> Params {
-        Params {
-            udp: false,
-            streams: 1,
-            duration_ms: 1000,
-            reverse: false,
-            len: 65536,
-            rate_bps: 0,
-            tx: "auto".into(),
-            rx: "auto".into(),
-            verify: false,
-            depth: 64,
-            interval_ms: 1000,
-        }
+        test_params()
     }
 
     #[test]

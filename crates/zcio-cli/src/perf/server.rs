@@ -60,7 +60,7 @@ pub fn serve_conn(s: &mut TcpStream, verify: bool) -> io::Result<RecvReport> {
         verified: verify,
         ..RecvReport::default()
     };
-    let cpu0 = zcio::sys::thread_cpu_time();
+    let cpu0 = zcio_testnet::cpu::thread_cpu_time();
     let mut t0 = None;
     loop {
         let n = match s.read(&mut buf) {
@@ -86,7 +86,7 @@ pub fn serve_conn(s: &mut TcpStream, verify: bool) -> io::Result<RecvReport> {
     } else {
         0.0
     };
-    r.cpu_s = (zcio::sys::thread_cpu_time() - cpu0).as_secs_f64();
+    r.cpu_s = (zcio_testnet::cpu::thread_cpu_time() - cpu0).as_secs_f64();
     Ok(r)
 }
 
@@ -837,17 +837,8 @@ mod tests {
 
     fn params() -> Params {
         Params {
-            udp: false,
-            streams: 1,
-            duration_ms: 1000,
-            reverse: false,
-            len: 65536,
-            rate_bps: 0,
-            tx: "auto".into(),
-            rx: "auto".into(),
-            verify: false,
-            depth: 64,
             interval_ms: 0,
+            ..proto::test_params()
         }
     }
 

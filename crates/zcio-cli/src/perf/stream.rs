@@ -39,7 +39,7 @@ pub struct RecvOpts {
 
 fn pin(cpu: Option<usize>, r: &mut StreamReport) {
     if let Some(c) = cpu {
-        match zcio::sys::pin_thread(c) {
+        match zcio_testnet::cpu::pin_thread(c) {
             Ok(()) => r.cpu = Some(c),
             Err(e) => r.fallbacks.push(format!("not pinned to CPU {c}: {e}")),
         }
@@ -53,7 +53,7 @@ fn finish(r: &mut StreamReport, t0: Option<Instant>, cpu0: Duration) {
     } else {
         0.0
     };
-    r.cpu_s = (zcio::sys::thread_cpu_time() - cpu0).as_secs_f64();
+    r.cpu_s = (zcio_testnet::cpu::thread_cpu_time() - cpu0).as_secs_f64();
 }
 
 /// Sends on `sock` with `opts` (its `cpu`, `progress` and `stop` included).
@@ -105,7 +105,7 @@ pub fn recv_tcp(s: TcpStream, o: &RecvOpts) -> StreamReport {
         ..StreamReport::default()
     };
     pin(o.cpu, &mut r);
-    let cpu0 = zcio::sys::thread_cpu_time();
+    let cpu0 = zcio_testnet::cpu::thread_cpu_time();
     let mut t0 = None;
     let mut rx = match Receiver::new(&o.rx) {
         Ok(rx) => rx,
@@ -198,7 +198,7 @@ pub fn recv_udp(s: &UdpSocket, o: &RecvOpts) -> StreamReport {
         ..StreamReport::default()
     };
     pin(o.cpu, &mut r);
-    let cpu0 = zcio::sys::thread_cpu_time();
+    let cpu0 = zcio_testnet::cpu::thread_cpu_time();
     let mut t0 = None;
     let mut buf = vec![0u8; 65536];
     let mut expect = 0u64;

@@ -40,8 +40,6 @@
 pub mod choice;
 mod epoll;
 mod epwait;
-#[doc(hidden)]
-pub mod scenarios;
 mod uring;
 
 use crate::buf::mpsc::{MpscRing, Pushed};

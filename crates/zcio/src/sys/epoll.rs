@@ -104,47 +104,6 @@ pub fn eventfd_read(fd: RawFd) -> io::Result<u64> {
     }
 }
 
-/// `close(fd)` of a raw descriptor the caller owns (used by the event scenarios and the C
-/// shim, which name descriptors by number).
-pub fn close_raw(fd: RawFd) -> io::Result<()> {
-    // SAFETY: closing an integer descriptor has no memory effects; ownership is the caller's
-    // concern (documented above).
-    let rc = unsafe { libc::close(fd) };
-    if rc == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// `pipe2(O_NONBLOCK | O_CLOEXEC)`: `(read end, write end)`.
-pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` is a writable array of two ints for the call.
-    syscall!(pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC))?;
-    Ok((owned(fds[0]), owned(fds[1])))
-}
-
-/// Sets `O_NONBLOCK` on a descriptor.
-pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl with integer arguments.
-    let fl = syscall!(fcntl(fd, libc::F_GETFL))?;
-    // SAFETY: as above.
-    syscall!(fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK)).map(drop)
-}
-
-/// `shutdown(fd, how)` on a raw socket descriptor.
-pub fn shutdown(fd: RawFd, how: i32) -> io::Result<()> {
-    // SAFETY: integer arguments only.
-    syscall!(shutdown(fd, how)).map(drop)
-}
-
-/// `dup3(old, new, O_CLOEXEC)`: makes `new` name `old`'s file, closing what `new` named (the
-/// caller keeps owning `new`; scenarios use it to replace a registered descriptor).
-pub fn dup2(old: RawFd, new: RawFd) -> io::Result<()> {
-    // SAFETY: integer arguments only; `new`'s previous file is released by the kernel.
-    syscall!(dup3(old, new, libc::O_CLOEXEC)).map(drop)
-}
-
 /// `poll(2)` with a zero timeout: each entry's `revents` gets the descriptor's readiness now
 /// (POLLIN/PRI/OUT/ERR/HUP/RDHUP have epoll's bit values).
 pub fn poll_now(fds: &mut [libc::pollfd]) -> io::Result<()> {

@@ -213,18 +213,6 @@ pub fn thread_cpu_time() -> std::time::Duration {
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// User and system CPU time of `who` (`RUSAGE_SELF`, `RUSAGE_THREAD`, `RUSAGE_CHILDREN`).
-pub fn rusage_cpu(who: libc::c_int) -> std::time::Duration {
-    // SAFETY: an all-zero rusage is a valid value of that plain C struct.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid out-pointer for the call.
-    let _ = syscall!(getrusage(who, &mut ru));
-    let tv = |t: libc::timeval| {
-        std::time::Duration::new(t.tv_sec as u64, (t.tv_usec as u32).saturating_mul(1000))
-    };
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 /// Resource limit `(soft, hard)`; `None` means unlimited.
 pub fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<(Option<u64>, Option<u64>)> {
     let mut rl = libc::rlimit {
@@ -235,20 +223,6 @@ pub fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<(Option<u64>
     syscall!(getrlimit(resource, &mut rl))?;
     let f = |v: libc::rlim_t| (v != libc::RLIM_INFINITY).then_some(v);
     Ok((f(rl.rlim_cur), f(rl.rlim_max)))
-}
-
-/// Sets a resource limit (`None` = unlimited).
-pub fn setrlimit(
-    resource: libc::__rlimit_resource_t,
-    soft: Option<u64>,
-    hard: Option<u64>,
-) -> io::Result<()> {
-    let rl = libc::rlimit {
-        rlim_cur: soft.unwrap_or(libc::RLIM_INFINITY),
-        rlim_max: hard.unwrap_or(libc::RLIM_INFINITY),
-    };
-    // SAFETY: `rl` is a valid in-pointer.
-    syscall!(setrlimit(resource, &rl)).map(drop)
 }
 
 /// Effective user id is 0.
@@ -272,27 +246,6 @@ pub fn kernel_release() -> String {
         .map(|&c| c as u8)
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// Pins the calling thread to `cpu`.
-pub fn pin_thread(cpu: usize) -> io::Result<()> {
-    // SAFETY: an all-zero cpu_set_t is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes inside `set`; `cpu` is bounds-checked below.
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: `set` lives for the call and `size` is its size.
-    syscall!(sched_setaffinity(0, size, &set)).map(drop)
-}
-
-/// Number of CPUs this process may run on.
-pub fn online_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
 }
 
 /// Creates a non-blocking, close-on-exec eventfd.

@@ -97,16 +97,6 @@ pub fn bind(fd: &impl AsRawFd, pid: u32, groups: u32) -> io::Result<()> {
     syscall!(bind(fd.as_raw_fd(), ptr, len)).map(drop)
 }
 
-/// The port id the kernel assigned (`getsockname`).
-pub fn port_id(fd: &impl AsRawFd) -> io::Result<u32> {
-    let mut sa = sockaddr(0, 0);
-    let mut len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
-    let ptr = &mut sa as *mut libc::sockaddr_nl as *mut libc::sockaddr;
-    // SAFETY: `ptr`/`len` describe `sa`, which lives for the call.
-    syscall!(getsockname(fd.as_raw_fd(), ptr, &mut len))?;
-    Ok(sa.nl_pid)
-}
-
 /// Sends one datagram (one or more netlink messages back to back) to the kernel.
 pub fn send_to_kernel(fd: &impl AsRawFd, buf: &[u8]) -> io::Result<usize> {
     let sa = sockaddr(0, 0);

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
-use zcio::rx::{ConnId, Receiver, RxConfig, RxEvent, RxPath};
+use zcio::rx::{ConnId, Receiver, RxChunk, RxConfig, RxEvent, RxPath};
 
 /// Sends an 8-byte header with the stream's pattern base, then `len` pattern bytes.
 pub fn send_stream(
@@ -177,4 +177,53 @@ pub fn paced_pattern_sender(
         }
     });
     (h, sent)
+}
+
+/// Polls `rx` for `hold` and keeps every data chunk it delivers (the consumer that does not
+/// give buffers back); returns the chunks and how many bytes they hold.
+pub fn hold_chunks(rx: &mut Receiver, hold: Duration) -> (Vec<RxChunk>, u64) {
+    let mut held = Vec::new();
+    let mut got = 0u64;
+    let until = Instant::now() + hold;
+    while Instant::now() < until {
+        rx.poll(Duration::from_millis(20), &mut |ev| {
+            if let RxEvent::Data(c) = ev {
+                got += c.len() as u64;
+                held.push(c);
+            }
+        })
+        .unwrap();
+    }
+    (held, got)
+}
+
+/// Checks the `held` chunks (the stream's start) against the pattern, releases them, then
+/// receives and checks the rest of a `total`-byte pattern stream within `limit`.
+pub fn release_and_receive_rest(
+    name: &str,
+    rx: &mut Receiver,
+    held: Vec<RxChunk>,
+    total: u64,
+    limit: Duration,
+) {
+    let mut off = 0u64;
+    for c in held {
+        super::check_pattern(&c, off).unwrap();
+        off += c.len() as u64;
+    }
+    let deadline = Instant::now() + limit;
+    while off < total {
+        assert!(
+            Instant::now() < deadline,
+            "{name}: stuck at {off} of {total}"
+        );
+        rx.poll(Duration::from_millis(50), &mut |ev| {
+            if let RxEvent::Data(c) = ev {
+                super::check_pattern(&c, off).unwrap();
+                off += c.len() as u64;
+            }
+        })
+        .unwrap();
+    }
+    assert_eq!(off, total, "{name}");
 }

@@ -39,8 +39,6 @@ pub struct Load {
 pub struct LoadResult {
     /// Replies received and verified in the measured phase.
     pub requests: u64,
-    /// Of which gets that returned a value.
-    pub hits: u64,
     /// Wall seconds of the measured phase.
     pub seconds: f64,
     /// Latency per request in nanoseconds, sorted.

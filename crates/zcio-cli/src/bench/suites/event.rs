@@ -16,6 +16,7 @@
 //! No data is zero-copied here: the COPIED fraction does not apply (reported as n/a).
 
 use crate::bench::measure::Span;
+use crate::bench::pair::pair;
 use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
 use anyhow::{Context, Result};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -82,7 +83,7 @@ impl Suite for EventSuite {
              io_uring_enter/fstat), not the reads/writes, which both sides make alike",
         );
         let dur = ctx.run_time();
-        let cpus = zcio::sys::online_cpus();
+        let cpus = zcio_testnet::cpu::online_cpus();
         if cpus < 2 {
             ctx.note("one CPU: producers/clients share the core with the harvester/server");
         }
@@ -232,7 +233,7 @@ fn harvester_core() -> usize {
     0
 }
 fn producer_core() -> usize {
-    if zcio::sys::online_cpus() > 1 {
+    if zcio_testnet::cpu::online_cpus() > 1 {
         1
     } else {
         0
@@ -252,13 +253,13 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
     let (ptx, prx) = std::sync::mpsc::channel::<Option<zcio::event::Poster>>();
     let (rtx, rrx) = std::sync::mpsc::channel::<()>();
 
+    let sides = pair(format!("event storm {mode:?}")).cores((producer_core(), harvester_core()));
     // Harvester: owns the loop (created on its own thread for SINGLE_ISSUER).
     let h = {
         let efds = efds.clone();
         let produced = produced.clone();
         let done = done.clone();
-        std::thread::spawn(move || -> Result<Harvest> {
-            let _ = zcio::sys::pin_thread(harvester_core());
+        sides.server(move || -> Result<Harvest> {
             let mut ring = None;
             let mut epfd = None;
             match mode {
@@ -365,15 +366,14 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
                 events,
                 note,
             })
-        })
+        })?
     };
     let poster = prx.recv().context("harvester set-up failed")?;
     let p = {
         let efds = efds.clone();
         let stop = stop.clone();
         let produced = produced.clone();
-        std::thread::spawn(move || -> std::io::Result<u64> {
-            let _ = zcio::sys::pin_thread(producer_core());
+        sides.client(move || -> std::io::Result<u64> {
             let mut n = 0u64;
             let mut i = 0usize;
             while !stop.load(Ordering::Relaxed) {
@@ -392,18 +392,14 @@ fn storm(dur: Duration, nfds: usize, mode: StormMode) -> Result<Sample> {
             }
             produced.store(n, Ordering::Release);
             Ok(n)
-        })
+        })?
     };
     rtx.send(()).ok();
     std::thread::sleep(dur);
     stop.store(true, Ordering::Relaxed);
-    let total = p
-        .join()
-        .map_err(|_| anyhow::anyhow!("producer panicked"))??;
+    let total = p.io_result()?;
     done.store(true, Ordering::Release);
-    let hv = h
-        .join()
-        .map_err(|_| anyhow::anyhow!("harvester panicked"))??;
+    let hv = h.result()?;
     anyhow::ensure!(
         hv.accounted == total,
         "harvester accounted {} of {total} events",
@@ -434,8 +430,8 @@ fn producer_alone(dur: Duration, nfds: usize) -> Result<f64> {
         .map(|_| zcio::sys::eventfd(0))
         .collect::<std::io::Result<_>>()
         .context("eventfd")?;
-    let t = std::thread::spawn(move || -> std::io::Result<f64> {
-        let _ = zcio::sys::pin_thread(producer_core());
+    let sides = pair("event producer alone").cores((producer_core(), harvester_core()));
+    let t = sides.client(move || -> std::io::Result<f64> {
         let start = Instant::now();
         let mut n = 0u64;
         let mut i = 0usize;
@@ -447,9 +443,8 @@ fn producer_alone(dur: Duration, nfds: usize) -> Result<f64> {
             }
         }
         Ok(n as f64 / start.elapsed().as_secs_f64() / 1e6)
-    });
-    Ok(t.join()
-        .map_err(|_| anyhow::anyhow!("producer panicked"))??)
+    })?;
+    t.io_result()
 }
 
 fn http(
@@ -477,8 +472,8 @@ fn http_with(
     let srv = Running::start_with(kind, Trigger::Edge, true, Some(harvester_core()), spin)
         .context("start server")?;
     let addr = srv.addr;
-    let lg = std::thread::spawn(move || {
-        let _ = zcio::sys::pin_thread(producer_core());
+    let sides = pair("event http").cores((producer_core(), harvester_core()));
+    let lg = sides.client(move || {
         loadgen::run(&Load {
             addr,
             conns,
@@ -486,13 +481,9 @@ fn http_with(
             max_time,
             keep_alive,
         })
-    });
-    let r = lg
-        .join()
-        .map_err(|_| anyhow::anyhow!("load generator panicked"))??;
-    let started = Instant::now();
+    })?;
+    let r = lg.io_result()?;
     let (st, desc) = srv.stop()?;
-    let _ = started;
     anyhow::ensure!(r.errors == 0, "{desc}: {} failed requests", r.errors);
     anyhow::ensure!(r.requests > 0, "{desc}: no request completed");
     let mut s = Sample::default();

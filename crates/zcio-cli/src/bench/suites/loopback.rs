@@ -5,6 +5,7 @@
 //! so every zero-copy completion here carries the COPIED code; the suite says so in its notes.
 
 use crate::bench::measure::{core_plan, cpu_s_per_gb, gbit_per_s, size_label, Span};
+use crate::bench::pair::{ensure_bytes, pair};
 use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
 use anyhow::{Context, Result};
 use std::io::Read;
@@ -71,11 +72,11 @@ struct SendStats {
 }
 
 fn run_once(size: usize, split: bool, dur: Duration, zerocopy: bool) -> Result<Sample> {
-    let (score, rcore) = core_plan(split);
+    let case = format!("loopback tcp {}", size_label(size));
+    let p = pair(case).cores(core_plan(split));
     let listener = TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1")?;
     let addr = listener.local_addr()?;
-    let receiver = std::thread::spawn(move || -> std::io::Result<(u64, Instant)> {
-        let _ = zcio::sys::pin_thread(rcore);
+    let receiver = p.server(move || -> std::io::Result<(u64, Instant)> {
         let (mut s, _) = listener.accept()?;
         let mut buf = vec![0u8; 256 << 10];
         let mut total = 0u64;
@@ -86,24 +87,15 @@ fn run_once(size: usize, split: bool, dur: Duration, zerocopy: bool) -> Result<S
             }
             total += n as u64;
         }
-    });
+    })?;
     let t0 = Instant::now();
-    let sender = std::thread::spawn(move || -> std::io::Result<SendStats> {
-        let _ = zcio::sys::pin_thread(score);
+    let sender = p.client(move || -> std::io::Result<SendStats> {
         let s = TcpStream::connect(addr)?;
         send_loop(&s, size, dur, zerocopy)
-    });
-    let st = sender
-        .join()
-        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
-    let (rbytes, t_end) = receiver
-        .join()
-        .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
-    anyhow::ensure!(
-        rbytes == st.bytes,
-        "receiver got {rbytes} of {} bytes",
-        st.bytes
-    );
+    })?;
+    let st = sender.io_result()?;
+    let (rbytes, t_end) = receiver.io_result()?;
+    ensure_bytes(rbytes, st.bytes)?;
     let wall = (t_end - t0).as_secs_f64();
     let mut s = Sample::default();
     s.set("throughput", gbit_per_s(rbytes, wall))

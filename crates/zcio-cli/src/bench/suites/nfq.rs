@@ -14,8 +14,9 @@
 //! bottleneck; each run says which side limited it (kernel queue drops = consumer-bound).
 
 use crate::bench::measure::Span;
+use crate::bench::pair::{pair, Pair, Running};
 use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -154,7 +155,7 @@ impl Suite for Nfq {
 /// CPU (so each fills the queue of its CPU), then one consumer per queue pinned to that CPU —
 /// `zcio nfq --threads 2` against two libnetfilter_queue-style batch32+recvmmsg consumers.
 fn pair_cases(ctx: &mut Ctx, count: u64) -> Result<()> {
-    if zcio::sys::online_cpus() < 2 {
+    if zcio_testnet::cpu::online_cpus() < 2 {
         ctx.note("2-queue 2-thread case skipped: one CPU");
         return Ok(());
     }
@@ -189,73 +190,38 @@ fn run_pair(ns: &Netns, zcio: bool, size: usize, count: u64) -> Result<Sample> {
     let received = Arc::new(AtomicU64::new(0));
     let ready = Arc::new(Barrier::new(5));
     let filled = Arc::new(Barrier::new(4));
-    let (sr, rc, mut rd) = (stop_recv.clone(), received.clone(), Gate::new(&ready));
-    let receiver = ns.spawn(move || -> std::io::Result<()> {
-        let s = UdpSocket::bind(("127.0.0.1", PORT))?;
-        let _ = nl::set_rcvbuf(&s, 64 << 20, true);
-        s.set_read_timeout(Some(Duration::from_millis(10)))?;
-        let mut rb = nl::RecvBatch::new(64, 2048);
-        rd.wait();
-        loop {
-            match rb.recv(&s, libc::MSG_WAITFORONE) {
-                Ok(n) => {
-                    rc.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if sr.load(Ordering::Relaxed) {
-                        return Ok(());
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    })?;
+    let sink = pair("nfq 2 queues receiver").server_in(ns);
+    let receiver = spawn_receiver(&sink, &stop_recv, &received, Gate::new(&ready))?;
     let per = count / 2;
     let qmax = per as u32 + 4096;
     let mut consumers = Vec::new();
     let mut senders = Vec::new();
     for i in 0..2u16 {
         let q = QUEUE + i;
+        // The CPU that sends is the CPU that queues (loopback delivers on it).
+        let cpu = usize::from(i);
+        let sides = pair(format!("nfq queue {q}"))
+            .cores((cpu, cpu))
+            .server_in(ns)
+            .client_in(ns);
         let (mut cd, mut cf) = (Gate::new(&ready), Gate::new(&filled));
-        consumers.push(ns.spawn(move || -> Result<ConsumerResult> {
-            let _ = zcio::sys::pin_thread(usize::from(i));
+        consumers.push(sides.server(move || -> Result<ConsumerResult> {
             if zcio {
                 consume_zcio(q, qmax, true, false, &mut cd, &mut cf)
             } else {
                 consume_batch32(q, qmax, false, &mut cd, &mut cf)
             }
         })?);
-        let (mut sd, mut sf) = (Gate::new(&ready), Gate::new(&filled));
-        senders.push(ns.spawn(move || -> std::io::Result<u64> {
-            // The CPU that sends is the CPU that queues (loopback delivers on it).
-            let _ = zcio::sys::pin_thread(usize::from(i));
-            let s = UdpSocket::bind("127.0.0.1:0")?;
-            s.connect(("127.0.0.1", PORT))?;
-            let segs = (65000 / (size + 8)).min(64);
-            zcio::sys::setsockopt_int(&s, zcio::sys::SOL_UDP, zcio::sys::UDP_SEGMENT, size as i32)?;
-            let buf = vec![0x5au8; size * segs];
-            sd.wait();
-            let mut sent = 0u64;
-            while sent < per {
-                let k = (per - sent).min(segs as u64) as usize;
-                match s.send(&buf[..k * size]) {
-                    Ok(_) => sent += k as u64,
-                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-            sf.wait();
-            Ok(sent)
-        })?);
+        let gates = (Gate::new(&ready), Gate::new(&filled));
+        senders.push(spawn_gso_sender(&sides, size, per, gates)?);
     }
     let mut sent = 0;
     for h in senders {
-        sent += h.join().map_err(|_| anyhow!("sender panicked"))??;
+        sent += h.io_result()?;
     }
     let mut cs = Vec::new();
     for h in consumers {
-        cs.push(h.join().map_err(|_| anyhow!("consumer panicked"))??);
+        cs.push(h.result()?);
     }
     let verdicts: u64 = cs.iter().map(|c| c.verdicts).sum();
     let end = Instant::now() + Duration::from_secs(2);
@@ -263,9 +229,7 @@ fn run_pair(ns: &Netns, zcio: bool, size: usize, count: u64) -> Result<Sample> {
         std::thread::sleep(Duration::from_millis(2));
     }
     stop_recv.store(true, Ordering::Relaxed);
-    receiver
-        .join()
-        .map_err(|_| anyhow!("receiver panicked"))??;
+    receiver.io_result()?;
     let delivered = received.load(Ordering::Relaxed);
     anyhow::ensure!(delivered > 0, "no packet was delivered through the queues");
     let cpu: f64 = cs.iter().map(|c| c.cpu).sum();
@@ -299,6 +263,68 @@ struct ConsumerResult {
 
 /// A start gate: every thread passes it once, also when its set-up failed (then on drop), so
 /// one failing side cannot leave the others waiting forever.
+/// The receiver behind the queue(s): counts the datagrams the verdicts let through until
+/// `stop` is set (it opens `ready` once bound).
+fn spawn_receiver(
+    sides: &Pair<'_>,
+    stop: &Arc<AtomicBool>,
+    received: &Arc<AtomicU64>,
+    mut rd: Gate,
+) -> Result<Running<std::io::Result<()>>> {
+    let (sr, rc) = (stop.clone(), received.clone());
+    sides.server(move || -> std::io::Result<()> {
+        let s = UdpSocket::bind(("127.0.0.1", PORT))?;
+        let _ = nl::set_rcvbuf(&s, 64 << 20, true);
+        s.set_read_timeout(Some(Duration::from_millis(10)))?;
+        let mut rb = nl::RecvBatch::new(64, 2048);
+        rd.wait();
+        loop {
+            match rb.recv(&s, libc::MSG_WAITFORONE) {
+                Ok(n) => {
+                    rc.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if sr.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    })
+}
+
+/// The client side of a queue: `count` datagrams of `size` bytes with UDP GSO (at most 64
+/// segments per send), sent once `ready` opens; then it opens `filled` for the consumer.
+fn spawn_gso_sender(
+    sides: &Pair<'_>,
+    size: usize,
+    count: u64,
+    (mut sd, mut sf): (Gate, Gate),
+) -> Result<Running<std::io::Result<u64>>> {
+    sides.client(move || -> std::io::Result<u64> {
+        let s = UdpSocket::bind("127.0.0.1:0")?;
+        s.connect(("127.0.0.1", PORT))?;
+        let segs = (65000 / (size + 8)).min(64);
+        zcio::sys::setsockopt_int(&s, zcio::sys::SOL_UDP, zcio::sys::UDP_SEGMENT, size as i32)?;
+        let buf = vec![0x5au8; size * segs];
+        sd.wait();
+        let mut sent = 0u64;
+        while sent < count {
+            let k = (count - sent).min(segs as u64) as usize;
+            match s.send(&buf[..k * size]) {
+                Ok(_) => sent += k as u64,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Let the last segments reach the queue before the consumer starts.
+        std::thread::sleep(Duration::from_millis(20));
+        sf.wait();
+        Ok(sent)
+    })
+}
+
 struct Gate {
     barrier: Arc<Barrier>,
     passed: bool,
@@ -363,7 +389,7 @@ fn kstats(q: u16) -> (u64, u64) {
 }
 
 fn run_once(ns: &Netns, kind: Kind, size: usize, count: u64, gso: bool) -> Result<Sample> {
-    let cpus = zcio::sys::online_cpus();
+    let cpus = zcio_testnet::cpu::online_cpus();
     let (c_send, c_cons) = if cpus > 1 { (0, 1) } else { (0, 0) };
     let stop_recv = Arc::new(AtomicBool::new(false));
     let received = Arc::new(AtomicU64::new(0));
@@ -371,34 +397,17 @@ fn run_once(ns: &Netns, kind: Kind, size: usize, count: u64, gso: bool) -> Resul
     let filled = Arc::new(Barrier::new(2));
 
     // Receiver behind the queue.
-    let (sr, rc, mut rd) = (stop_recv.clone(), received.clone(), Gate::new(&ready));
-    let receiver = ns.spawn(move || -> std::io::Result<()> {
-        let _ = zcio::sys::pin_thread(c_send);
-        let s = UdpSocket::bind(("127.0.0.1", PORT))?;
-        let _ = nl::set_rcvbuf(&s, 64 << 20, true);
-        s.set_read_timeout(Some(Duration::from_millis(10)))?;
-        let mut rb = nl::RecvBatch::new(64, 2048);
-        rd.wait();
-        loop {
-            match rb.recv(&s, libc::MSG_WAITFORONE) {
-                Ok(n) => {
-                    rc.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if sr.load(Ordering::Relaxed) {
-                        return Ok(());
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    })?;
+    let sink = pair("nfq receiver").server_core(c_send).server_in(ns);
+    let receiver = spawn_receiver(&sink, &stop_recv, &received, Gate::new(&ready))?;
 
     // Consumer: binds, waits until the queue is filled, then drains it.
     let (mut cd, mut cf) = (Gate::new(&ready), Gate::new(&filled));
     let qmax = count as u32 + 4096;
-    let consumer = ns.spawn(move || -> Result<ConsumerResult> {
-        let _ = zcio::sys::pin_thread(c_cons);
+    let sides = pair("nfq queue")
+        .cores((c_send, c_cons))
+        .server_in(ns)
+        .client_in(ns);
+    let consumer = sides.server(move || -> Result<ConsumerResult> {
         let k0 = kstats(QUEUE);
         let r = match kind {
             Kind::Zcio => consume_zcio(QUEUE, qmax, true, gso, &mut cd, &mut cf),
@@ -415,42 +424,16 @@ fn run_once(ns: &Netns, kind: Kind, size: usize, count: u64, gso: bool) -> Resul
     })?;
 
     // Sender: `count` datagrams with UDP GSO (64 segments per send), then opens the gate.
-    let (mut sd, mut sf) = (Gate::new(&ready), Gate::new(&filled));
-    let sender = ns.spawn(move || -> std::io::Result<u64> {
-        let _ = zcio::sys::pin_thread(c_send);
-        let s = UdpSocket::bind("127.0.0.1:0")?;
-        s.connect(("127.0.0.1", PORT))?;
-        let segs = (65000 / (size + 8)).min(64);
-        zcio::sys::setsockopt_int(&s, zcio::sys::SOL_UDP, zcio::sys::UDP_SEGMENT, size as i32)?;
-        let buf = vec![0x5au8; size * segs];
-        sd.wait();
-        let mut sent = 0u64;
-        while sent < count {
-            let k = (count - sent).min(segs as u64) as usize;
-            match s.send(&buf[..k * size]) {
-                Ok(_) => sent += k as u64,
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        // Let the last segments reach the queue before the consumer starts.
-        std::thread::sleep(Duration::from_millis(20));
-        sf.wait();
-        Ok(sent)
-    })?;
+    let sender = spawn_gso_sender(&sides, size, count, (Gate::new(&ready), Gate::new(&filled)))?;
 
-    let sent = sender.join().map_err(|_| anyhow!("sender panicked"))??;
-    let c = consumer
-        .join()
-        .map_err(|_| anyhow!("consumer panicked"))??;
+    let sent = sender.io_result()?;
+    let c = consumer.result()?;
     let end = Instant::now() + Duration::from_secs(2);
     while received.load(Ordering::Relaxed) < c.verdicts && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(2));
     }
     stop_recv.store(true, Ordering::Relaxed);
-    receiver
-        .join()
-        .map_err(|_| anyhow!("receiver panicked"))??;
+    receiver.io_result()?;
     let delivered = received.load(Ordering::Relaxed);
     anyhow::ensure!(delivered > 0, "no packet was delivered through the queue");
     let mut s = Sample::default();
@@ -640,6 +623,14 @@ fn verdict(out: &mut Vec<u8>, q: u16, batch: bool, id: u32, v: Verdict, seq: u32
     .expect("message fits");
 }
 
+/// A plain consumer found its socket empty: waits up to [`IDLE`] (one `poll`, counted) and
+/// says whether the queue is drained (nothing arrived and the kernel holds nothing for it).
+fn drained(fd: &std::os::fd::OwnedFd, q: u16, syscalls: &mut u64) -> Result<bool> {
+    *syscalls += 1;
+    let r = zcio::sys::net::poll_one(fd, libc::POLLIN, IDLE.as_millis() as i32)?;
+    Ok(r == 0 && waiting(q) == 0)
+}
+
 fn consume_per_packet(
     q: u16,
     qmax: u32,
@@ -672,9 +663,7 @@ fn consume_per_packet(
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                syscalls += 1;
-                let r = zcio::sys::net::poll_one(&fd, libc::POLLIN, IDLE.as_millis() as i32)?;
-                if r == 0 && waiting(q) == 0 {
+                if drained(&fd, q, &mut syscalls)? {
                     break;
                 }
             }
@@ -754,9 +743,7 @@ fn consume_batch32(
                 // Idle: decide what is pending, then wait.
                 flush(&mut out, &mut last, &mut seq, &mut syscalls)?;
                 since = 0;
-                syscalls += 1;
-                let r = zcio::sys::net::poll_one(&fd, libc::POLLIN, IDLE.as_millis() as i32)?;
-                if r == 0 && waiting(q) == 0 {
+                if drained(&fd, q, &mut syscalls)? {
                     break;
                 }
             }

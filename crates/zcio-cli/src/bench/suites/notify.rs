@@ -45,7 +45,7 @@ const SIZE: usize = 16 << 10;
 /// `poll(POLLERR)` + one `recvmsg(MSG_ERRQUEUE)` per queued notification.
 fn baseline(sock: OwnedFd, stream: bool, limit: usize, dur: Duration) -> Result<Sample> {
     let (score, _) = core_plan(true);
-    let _ = zcio::sys::pin_thread(score);
+    let _ = zcio_testnet::cpu::pin_thread(score);
     net::enable_zerocopy(&sock)?;
     if !stream {
         zcio::sys::setsockopt_int(&sock, zcio::sys::SOL_UDP, zcio::sys::UDP_SEGMENT, 1400)?;
@@ -210,8 +210,10 @@ fn run_once(
         SocketAddr::from((pair.b4, 5202))
     };
     let l = pair.b.run(move || TcpListener::bind(dst))??;
-    let rx = pair.b.spawn(move || -> std::io::Result<_> {
-        let _ = zcio::sys::pin_thread(rcore);
+    let sides = crate::bench::pair::pair("notify pair")
+        .server_core(rcore)
+        .server_in(&pair.b);
+    let rx = sides.server(move || -> std::io::Result<_> {
         let (mut s, _) = l.accept()?;
         let w0 = runq_wait_s();
         let r = serve_conn(&mut s, false)?;
@@ -222,9 +224,7 @@ fn run_once(
         let sock = TcpStream::connect(dst)?;
         client(sock.into())
     })?;
-    let (r, runq) = rx
-        .join()
-        .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
+    let (r, runq) = rx.io_result()?;
     let mut s = s?;
     if r.seconds > 0.0 {
         s.set("receiver_busy", r.cpu_s / r.seconds);

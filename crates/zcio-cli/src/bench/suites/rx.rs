@@ -8,6 +8,7 @@
 //! batched waits) to show where receive CPU goes; see `docs/design/rx.md`.
 
 use crate::bench::measure::{core_plan, cpu_s_per_gb, gbit_per_s, Span};
+use crate::bench::pair::{ensure_bytes, pair};
 use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
 use anyhow::{Context, Result};
 use std::io::{Read, Write};
@@ -268,26 +269,27 @@ struct RecvStats {
 
 fn run_once(
     net: Net,
-    pair: Option<&Pair>,
+    hosts: Option<&Pair>,
     split: bool,
     dur: Duration,
     cfg: Option<&RxConfig>,
 ) -> Result<Sample> {
-    let (score, rcore) = core_plan(split);
-    let (laddr, caddr): (SocketAddr, Option<SocketAddr>) = match net {
-        Net::Loopback => ("127.0.0.1:0".parse()?, None),
+    let case = match net {
+        Net::Loopback => "rx loopback",
+        Net::Pair => "rx pair",
+    };
+    let mut p = pair(case).cores(core_plan(split));
+    let laddr: SocketAddr = match net {
+        Net::Loopback => "127.0.0.1:0".parse()?,
         Net::Pair => {
-            let p = pair.context("pair")?;
-            (
-                SocketAddr::from((p.b4, 0)),
-                Some(SocketAddr::from((p.b4, 0))),
-            )
+            let hosts = hosts.context("pair")?;
+            p = p.server_in(&hosts.b).client_in(&hosts.a);
+            SocketAddr::from((hosts.b4, 0))
         }
     };
     let (atx, arx) = std::sync::mpsc::channel::<std::io::Result<SocketAddr>>();
     let cfg = cfg.cloned();
-    let recv_fn = move || -> Result<RecvStats> {
-        let _ = zcio::sys::pin_thread(rcore);
+    let receiver = p.server(move || -> Result<RecvStats> {
         let l = match TcpListener::bind(laddr) {
             Ok(l) => l,
             Err(e) => {
@@ -300,18 +302,10 @@ fn run_once(
             None => receive_epoll(l, || drop(atx.send(addr))),
             Some(c) => receive_zcio(l, &c, || drop(atx.send(addr))),
         }
-    };
-    let receiver = match (net, pair) {
-        (Net::Pair, Some(p)) => p.b.spawn(recv_fn).map_err(|e| anyhow::anyhow!("{e}"))?,
-        _ => std::thread::Builder::new()
-            .name("rx-recv".into())
-            .spawn(recv_fn)?,
-    };
+    })?;
     let addr = arx.recv().context("receiver thread")??;
-    let _ = caddr;
     let t0 = Instant::now();
-    let send_fn = move || -> std::io::Result<(u64, f64)> {
-        let _ = zcio::sys::pin_thread(score);
+    let sender = p.client(move || -> std::io::Result<(u64, f64)> {
         let span = Span::start();
         let mut s = TcpStream::connect(addr)?;
         let buf = vec![0x5au8; WRITE];
@@ -325,24 +319,10 @@ fn run_once(
         let mut b = [0u8; 1];
         let _ = s.read(&mut b);
         Ok((sent, span.stop().1))
-    };
-    let sender = match (net, pair) {
-        (Net::Pair, Some(p)) => p.a.spawn(send_fn).map_err(|e| anyhow::anyhow!("{e}"))?,
-        _ => std::thread::Builder::new()
-            .name("rx-send".into())
-            .spawn(send_fn)?,
-    };
-    let (sent, send_cpu) = sender
-        .join()
-        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
-    let st = receiver
-        .join()
-        .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
-    anyhow::ensure!(
-        st.bytes == sent,
-        "receiver got {} of {sent} bytes",
-        st.bytes
-    );
+    })?;
+    let (sent, send_cpu) = sender.io_result()?;
+    let st = receiver.result()?;
+    ensure_bytes(st.bytes, sent)?;
     let wall = (st.end - t0).as_secs_f64();
     let gb = st.bytes as f64 / 1e9;
     let mut s = Sample::default();

@@ -7,6 +7,7 @@
 //! the CPU saving of zero-copy is real. Plus TCP loopback `auto` against plain send.
 
 use crate::bench::measure::{core_plan, size_label};
+use crate::bench::pair::ensure_bytes;
 use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
 use crate::perf::client::{drive, ClientOpts, ClientReport};
 use crate::perf::server::serve_conn;
@@ -49,6 +50,16 @@ pub fn wanted(case: &str) -> bool {
     std::env::var("ZCIO_BENCH_ONLY").map_or(true, |f| f.is_empty() || case.contains(&f))
 }
 
+/// The sender of one case: `size`-byte writes for `dur`, cycling through `ws` bytes of buffers.
+fn client_opts(mode: TxMode, size: usize, dur: Duration, ws: usize) -> ClientOpts {
+    let mut o = ClientOpts::new(mode, size, dur);
+    // About 4 MB in flight: TCP completions wait for ACKs.
+    o.depth = ((4 << 20) / size).clamp(16, 1024);
+    o.submit_batch = 16;
+    o.working_set = ws;
+    o
+}
+
 /// Where the bytes go.
 #[derive(Clone, Copy, Debug)]
 enum Route {
@@ -69,33 +80,27 @@ fn run_once(
     opts.cpu = Some(score);
     match route {
         Route::Loopback => {
+            let p = crate::bench::pair::pair("tx loopback").server_core(rcore);
             let l = TcpListener::bind("127.0.0.1:0")?;
             let addr = l.local_addr()?;
-            let rx = std::thread::spawn(move || -> std::io::Result<u64> {
-                let _ = zcio::sys::pin_thread(rcore);
+            let rx = p.server(move || -> std::io::Result<u64> {
                 let (mut s, _) = l.accept()?;
                 Ok(serve_conn(&mut s, false)?.bytes)
-            });
+            })?;
             let sock = TcpStream::connect(addr)?;
-            let rep = std::thread::spawn(move || drive(sock.into(), &opts))
-                .join()
-                .map_err(|_| anyhow::anyhow!("sender panicked"))??;
-            let got = rx
-                .join()
-                .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
-            anyhow::ensure!(
-                got == rep.total_bytes,
-                "receiver got {got} of {} bytes",
-                rep.total_bytes
-            );
+            // `drive` pins itself (opts.cpu).
+            let rep = p.client(move || drive(sock.into(), &opts))?.result()?;
+            ensure_bytes(rx.io_result()?, rep.total_bytes)?;
             Ok(rep)
         }
         Route::Pair => {
             let pair = pair.context("pair")?;
+            let p = crate::bench::pair::pair("tx pair")
+                .server_core(rcore)
+                .server_in(&pair.b);
             let dst = SocketAddr::from((pair.b4, 5201));
             let l = pair.b.run(move || TcpListener::bind(dst))??;
-            let rx = pair.b.spawn(move || -> std::io::Result<u64> {
-                let _ = zcio::sys::pin_thread(rcore);
+            let rx = p.server(move || -> std::io::Result<u64> {
                 let (mut s, _) = l.accept()?;
                 Ok(serve_conn(&mut s, false)?.bytes)
             })?;
@@ -103,14 +108,7 @@ fn run_once(
                 let sock = TcpStream::connect(dst)?;
                 drive(sock.into(), &opts)
             })??;
-            let got = rx
-                .join()
-                .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
-            anyhow::ensure!(
-                got == rep.total_bytes,
-                "receiver got {got} of {} bytes",
-                rep.total_bytes
-            );
+            ensure_bytes(rx.io_result()?, rep.total_bytes)?;
             Ok(rep)
         }
         Route::Sink => {
@@ -230,14 +228,7 @@ impl Suite for Tx {
                     if !wanted(&case) {
                         continue;
                     }
-                    let mk = |m: TxMode| {
-                        let mut o = ClientOpts::new(m, size, dur);
-                        // About 4 MB in flight: TCP completions wait for ACKs.
-                        o.depth = ((4 << 20) / size).clamp(16, 1024);
-                        o.submit_batch = 16;
-                        o.working_set = ws;
-                        o
-                    };
+                    let mk = |m: TxMode| client_opts(m, size, dur, ws);
                     let (p, s) = (pair.as_ref(), sink.as_ref());
                     let copied = &copied;
                     ctx.compare(
@@ -394,13 +385,9 @@ fn sweep(
             if !wanted(&case) {
                 continue;
             }
-            let mk = |m: TxMode| {
-                let mut o = ClientOpts::new(m, size, dur);
-                o.depth = ((4 << 20) / size).clamp(16, 1024);
-                o.submit_batch = 16;
-                o.working_set = ws;
-                o.warmup = warmup;
-                o
+            let mk = |m: TxMode| ClientOpts {
+                warmup,
+                ..client_opts(m, size, dur, ws)
             };
             ctx.compare(
                 &case,

@@ -1,17 +1,18 @@
 //! Equivalence scenarios: sequences of registrations, I/O and waits, as data, run against real
-//! epoll and against [`EventRing`](super::EventRing); both must produce the same trace (the
-//! result of every control call, and the set of `(token, events)` of every wait).
+//! epoll and against zcio's [`EventRing`]; both must produce the same trace (the result of
+//! every control call, and the set of `(token, events)` of every wait). They live in the
+//! test-host crate, not in the library: only tests (zcio's `event_ring`) run them.
 //!
 //! Kept as plain data so other drivers (the C trace program of the epoll shim) can replay
 //! them. Every wait is non-blocking (timeout 0); loopback TCP steps are preceded by a
 //! [`Step::Settle`] that polls until the expected state is reached, so runs are
 //! deterministic.
 
-use crate::sys::epoll as ep;
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use zcio::event::EventRing;
 
 /// What a slot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -648,33 +649,28 @@ impl Target for RawEpoll {
     }
     fn wait(&mut self, max: usize) -> Result<Vec<(u64, u32)>, i32> {
         let mut buf = vec![ep::empty_event(); max.max(1)];
-        let n = if max == 0 {
-            // SAFETY-free path: epoll_wait with maxevents 0 is EINVAL; ask the kernel.
-            ep::wait(self.epfd.as_raw_fd(), &mut buf[..0], 0).map_err(errno)?
-        } else {
-            ep::wait(self.epfd.as_raw_fd(), &mut buf, 0).map_err(errno)?
-        };
+        // maxevents 0 is EINVAL: ask the kernel rather than predicting it.
+        let n = ep::wait(self.epfd.as_raw_fd(), &mut buf[..max], 0).map_err(errno)?;
         Ok(buf[..n].iter().map(|e| (e.u64, e.events)).collect())
     }
 }
 
-impl Target for super::EventRing {
+impl Target for EventRing {
     fn add(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), i32> {
-        super::EventRing::add(self, fd, super::Interest(events), token).map_err(|e| e.errno())
+        EventRing::add(self, fd, zcio::event::Interest(events), token).map_err(|e| e.errno())
     }
     fn modify(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), i32> {
-        super::EventRing::modify(self, fd, super::Interest(events), token).map_err(|e| e.errno())
+        EventRing::modify(self, fd, zcio::event::Interest(events), token).map_err(|e| e.errno())
     }
     fn delete(&mut self, fd: RawFd) -> Result<(), i32> {
-        super::EventRing::delete(self, fd).map_err(|e| e.errno())
+        EventRing::delete(self, fd).map_err(|e| e.errno())
     }
     fn close(&mut self, fd: OwnedFd) {
-        super::EventRing::close(self, fd).expect("event ring close");
+        EventRing::close(self, fd).expect("event ring close");
     }
     fn wait(&mut self, max: usize) -> Result<Vec<(u64, u32)>, i32> {
-        let mut buf = vec![super::Event::default(); max];
-        let n = super::EventRing::wait(self, &mut buf, Some(std::time::Duration::ZERO))
-            .map_err(errno)?;
+        let mut buf = vec![zcio::event::Event::default(); max];
+        let n = EventRing::wait(self, &mut buf, Some(std::time::Duration::ZERO)).map_err(errno)?;
         Ok(buf[..n].iter().map(|e| (e.token, e.events)).collect())
     }
 }
@@ -702,7 +698,7 @@ fn open(kind: Kind) -> std::io::Result<Obj> {
             let (r, w) = ep::pipe()?;
             (r, Some(w))
         }
-        EventFd => (crate::sys::eventfd(0)?, None),
+        EventFd => (ep::eventfd()?, None),
         File => (std::fs::File::open("/proc/self/exe")?.into(), None),
         Listener => {
             let l = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -829,7 +825,7 @@ pub fn run(s: &Scenario, t: &mut dyn Target) -> std::io::Result<Vec<Obs>> {
             }
             PeerOob(slot) => {
                 let p = obj(&mut objs, slot).peer.as_ref().expect("peer");
-                crate::sys::net::send(p, b"!", libc::MSG_OOB)?;
+                ep::send_oob(p.as_raw_fd())?;
             }
             PeerClose(slot) => drop(obj(&mut objs, slot).peer.take()),
             Close(slot) => {
@@ -842,7 +838,7 @@ pub fn run(s: &Scenario, t: &mut dyn Target) -> std::io::Result<Vec<Obs>> {
             Dup2Over(slot) => {
                 let o = obj(&mut objs, slot);
                 let fd = o.own.as_ref().expect("open").as_raw_fd();
-                let e = crate::sys::eventfd(0)?;
+                let e = ep::eventfd()?;
                 ep::dup2(e.as_raw_fd(), fd)?;
                 // The number now names the eventfd; the slot keeps owning it.
                 o.kind = EventFd;
@@ -863,7 +859,7 @@ pub fn run(s: &Scenario, t: &mut dyn Target) -> std::io::Result<Vec<Obs>> {
                 let f = obj(&mut objs, slot).own.as_ref().expect("open");
                 let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
                 loop {
-                    let got = crate::sys::net::poll_one(f, ev as i16, 100)? as u32;
+                    let got = ep::poll_one(f.as_raw_fd(), ev as i16, 100)? as u32;
                     if got & ev == ev || std::time::Instant::now() > deadline {
                         break;
                     }
@@ -894,4 +890,111 @@ pub fn run(s: &Scenario, t: &mut dyn Target) -> std::io::Result<Vec<Obs>> {
         }
     }
     Ok(trace)
+}
+
+/// The raw calls the runner makes on its own objects and on the reference epoll.
+mod ep {
+    use std::io;
+    use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+    fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
+        if rc == -1 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(rc)
+        }
+    }
+
+    fn owned(fd: RawFd) -> OwnedFd {
+        // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    pub(super) fn create() -> io::Result<OwnedFd> {
+        // SAFETY: integer argument only.
+        cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) }).map(owned)
+    }
+
+    pub(super) fn ctl(epfd: RawFd, op: i32, fd: RawFd, events: u32, data: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: data };
+        // SAFETY: `ev` lives for the call; the kernel copies it (DEL ignores it).
+        cvt(unsafe { libc::epoll_ctl(epfd, op, fd, &mut ev) }).map(drop)
+    }
+
+    pub(super) fn empty_event() -> libc::epoll_event {
+        libc::epoll_event { events: 0, u64: 0 }
+    }
+
+    pub(super) fn wait(epfd: RawFd, out: &mut [libc::epoll_event], ms: i32) -> io::Result<usize> {
+        let max = out.len().min(i32::MAX as usize) as i32;
+        // SAFETY: `out` is writable for `max` entries for the duration of the call.
+        cvt(unsafe { libc::epoll_wait(epfd, out.as_mut_ptr(), max, ms) }).map(|n| n as usize)
+    }
+
+    pub(super) fn eventfd() -> io::Result<OwnedFd> {
+        // SAFETY: integer arguments only.
+        cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) }).map(owned)
+    }
+
+    pub(super) fn eventfd_write(fd: RawFd, v: u64) -> io::Result<()> {
+        let b = v.to_ne_bytes();
+        // SAFETY: `b` is 8 readable bytes alive for the call.
+        let n = unsafe { libc::write(fd, b.as_ptr().cast(), 8) };
+        cvt(n as libc::c_int).map(drop)
+    }
+
+    /// Reads and resets an eventfd counter; an empty counter (EAGAIN) is not an error.
+    pub(super) fn eventfd_read(fd: RawFd) -> io::Result<()> {
+        let mut b = [0u8; 8];
+        // SAFETY: `b` is 8 writable bytes alive for the call.
+        match cvt(unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) } as libc::c_int) {
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// `pipe2(O_NONBLOCK | O_CLOEXEC)`: `(read end, write end)`.
+    pub(super) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` is a writable array of two ints for the call.
+        cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) })?;
+        Ok((owned(fds[0]), owned(fds[1])))
+    }
+
+    pub(super) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+        // SAFETY: fcntl with integer arguments.
+        let fl = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+        // SAFETY: as above.
+        cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) }).map(drop)
+    }
+
+    pub(super) fn shutdown(fd: RawFd, how: i32) -> io::Result<()> {
+        // SAFETY: integer arguments only.
+        cvt(unsafe { libc::shutdown(fd, how) }).map(drop)
+    }
+
+    /// `dup3(old, new, O_CLOEXEC)`: `new` names `old`'s file (the caller keeps owning `new`).
+    pub(super) fn dup2(old: RawFd, new: RawFd) -> io::Result<()> {
+        // SAFETY: integer arguments only; `new`'s previous file is released by the kernel.
+        cvt(unsafe { libc::dup3(old, new, libc::O_CLOEXEC) }).map(drop)
+    }
+
+    /// One byte of urgent data on a socket.
+    pub(super) fn send_oob(fd: RawFd) -> io::Result<()> {
+        // SAFETY: one readable byte for the call.
+        let n = unsafe { libc::send(fd, b"!".as_ptr().cast(), 1, libc::MSG_OOB) };
+        cvt(n as libc::c_int).map(drop)
+    }
+
+    /// `poll` of one descriptor: its `revents`.
+    pub(super) fn poll_one(fd: RawFd, events: i16, ms: i32) -> io::Result<i16> {
+        let mut p = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the call.
+        cvt(unsafe { libc::poll(&mut p, 1, ms) })?;
+        Ok(p.revents)
+    }
 }
