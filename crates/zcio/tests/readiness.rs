@@ -436,8 +436,11 @@ fn event_ring_fires_per_event(test: &str, prefer: zcio::event::Prefer, defer: bo
         assert!(out[..n].iter().any(|e| e.token == 100 + u64::from(i)));
         // Under DEFER_TASKRUN the ring's own signal for the wake-up poll is raised inside
         // the wake eventfd's wake-up, where the kernel defers eventfd signals through RCU:
-        // it may land after this harvest. At most one such late wake, finding nothing.
-        if readable_within(rfd, Duration::from_millis(20)) {
+        // it may land after this harvest — on a quiet machine within a few ms, under load
+        // after a grace period of tens of ms (seen: > 20 ms with the other core busy). At
+        // most one such late wake per post, finding nothing; never a chain of them.
+        let window = if defer { 500 } else { 20 };
+        if readable_within(rfd, Duration::from_millis(window)) {
             assert!(defer, "round {i}: still ready after the user event");
             assert_eq!(ring.on_ready(&mut out).unwrap(), 0);
         }
