@@ -12,8 +12,8 @@
 //!
 //! ```no_run
 //! # async fn demo(stream: std::net::TcpStream) -> Result<(), Box<dyn std::error::Error>> {
-//! use zcio::buf::pool::Pool;
-//! use zcio::tx::{Sender, SenderConfig, TxMode};
+//! use zcio::tx::TxMode;
+//! use zcio::{Pool, Sender, SenderConfig};
 //! let pool = Pool::new(64 << 10, 16, false)?;
 //! let mut tx = zcio::tokio::AsyncSender::new(Sender::new(
 //!     stream,
@@ -24,7 +24,7 @@
 //! buf.set_len(5);
 //! buf.copy_from_slice(b"hello");
 //! let (done, buf) = tx.send(buf).await?;
-//! assert_eq!(done.result()?, 5);
+//! assert_eq!(done.result().ok(), Some(5));
 //! # drop(buf); Ok(()) }
 //! ```
 
