@@ -48,7 +48,6 @@ mod copy;
 pub(crate) mod core;
 mod msgzc;
 mod policy;
-mod track;
 
 use crate::buf::pool::{Pool, PoolBuf};
 use crate::ring::send::{Recovery, SendDone, SendRing};
