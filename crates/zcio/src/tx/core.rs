@@ -186,6 +186,8 @@ pub(crate) struct SendTracker<B> {
     chunk: usize,
     tail_copy_below: usize,
     slots: Vec<Option<Slot<B>>>,
+    /// Emptied `Slot::open` lists, kept for the next sends.
+    spare_open: Vec<Vec<Open>>,
     gens: Vec<u16>,
     free: Vec<u32>,
     staged: VecDeque<Req>,
@@ -218,6 +220,7 @@ impl<B> SendTracker<B> {
             chunk: chunk.max(1),
             tail_copy_below: 0,
             slots: Vec::new(),
+            spare_open: Vec::new(),
             gens: Vec::new(),
             free: Vec::new(),
             staged: VecDeque::new(),
@@ -257,7 +260,8 @@ impl<B> SendTracker<B> {
             copy_done: 0,
             reqs: 0,
             staged: 0,
-            open: Vec::new(),
+            // Reused: a send's bookkeeping allocates nothing in the steady state.
+            open: self.spare_open.pop().unwrap_or_default(),
             next_req: 0,
             zc: 0,
             copied: 0,
@@ -902,6 +906,11 @@ impl<B> SendTracker<B> {
     }
 
     fn emit(&mut self, mut slot: Slot<B>) {
+        let mut open = std::mem::take(&mut slot.open);
+        if open.capacity() > 0 && self.spare_open.len() < 1 << 16 {
+            open.clear();
+            self.spare_open.push(open);
+        }
         slot.unsent.sort_unstable();
         // Adjacent unsent ranges (a send cut into requests) become one.
         let mut unsent: Vec<(usize, usize)> = Vec::with_capacity(slot.unsent.len());
