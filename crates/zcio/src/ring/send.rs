@@ -43,9 +43,6 @@ pub struct SendDone {
     pub buf: PoolBuf,
     /// Bytes the kernel accepted for sending.
     pub bytes: usize,
-    /// Of `bytes`, those sent by copy: a short tail of a send cut into several requests
-    /// (`tx::core::TAIL_COPY_BELOW`).
-    pub copy_bytes: usize,
     /// The first error a request of this send returned (errno), if any.
     pub error: Option<i32>,
     /// Notifications that said the data went out without a copy.
@@ -169,7 +166,7 @@ impl SendRing {
         Ok(Self {
             ring,
             fd: sock.as_raw_fd(),
-            tracker: tracker_with_tail(SendTracker::new(stream, chunk)),
+            tracker: SendTracker::new(stream, chunk),
             // Probed once per process by a real request (`ring::features`): a kernel without
             // the flag refuses every SEND_ZC that carries it.
             report_usage: super::features::Features::get()
@@ -510,7 +507,6 @@ impl SendRing {
             tag: f.tag,
             buf: f.buf,
             bytes: f.bytes,
-            copy_bytes: f.copy_bytes,
             error: f.error,
             notifs_zerocopy: f.zc,
             notifs_copied: f.copied,
@@ -547,29 +543,13 @@ impl SendRing {
         assert!(off + req.len <= buf.len(), "request inside its buffer");
         // SAFETY (pointer arithmetic): `off + len <= buf.len()`, checked above.
         let ptr = unsafe { buf.as_ptr().add(off) };
-        let flags = libc::MSG_NOSIGNAL | if self.stream() { libc::MSG_WAITALL } else { 0 };
-        if req.copy {
-            // A short tail sent by copy (`IORING_OP_SEND`): one CQE, no notification.
-            let op = if self.fixed_file {
-                opcode::Send::new(types::Fixed(0), ptr, req.len as u32)
-            } else {
-                opcode::Send::new(types::Fd(self.fd), ptr, req.len as u32)
-            };
-            let mut sqe = op.flags(flags).build().user_data(encode(req.key));
-            if req.link {
-                sqe = sqe.flags(squeue::Flags::IO_LINK);
-            }
-            // SAFETY: as below; the kernel copies the bytes before posting the result CQE,
-            // and the tracker keeps the buffer at least until then.
-            return unsafe { self.ring.push(&sqe) };
-        }
         let fixed = matches!(&self.fixed, Some((id, _)) if *id == buf.pool_id());
         let mut op = if self.fixed_file {
             opcode::SendZc::new(types::Fixed(0), ptr, req.len as u32)
         } else {
             opcode::SendZc::new(types::Fd(self.fd), ptr, req.len as u32)
         }
-        .flags(flags);
+        .flags(libc::MSG_NOSIGNAL | if self.stream() { libc::MSG_WAITALL } else { 0 });
         if self.report_usage {
             op = op.zc_flags(IORING_SEND_ZC_REPORT_USAGE);
         }
@@ -650,9 +630,4 @@ impl Drop for SendRing {
             }
         }
     }
-}
-
-fn tracker_with_tail<B>(mut t: crate::tx::core::SendTracker<B>) -> crate::tx::core::SendTracker<B> {
-    t.set_tail_copy_below(crate::tx::core::TAIL_COPY_BELOW);
-    t
 }

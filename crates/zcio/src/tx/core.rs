@@ -23,13 +23,6 @@ use std::collections::VecDeque;
 /// Longest chain submitted at once on a stream socket.
 pub(crate) const MAX_CHAIN: usize = 256;
 
-/// The last request of a send cut into several (datagram sockets: a send larger than one
-/// GSO write) goes by copy when it is shorter than this: zero-copy costs a notification and
-/// page references per request whatever its size, more than copying a few KiB (the
-/// crossover is near 3 KB on real NICs). A 64 KiB send to a UDP socket is one 64768-byte
-/// GSO write and a 768-byte tail.
-pub(crate) const TAIL_COPY_BELOW: usize = 4096;
-
 /// What a request's SQE carries in `user_data`: the slot (buffer) it belongs to, the slot's
 /// generation (one per use of the slot, so a late notification of an earlier use never
 /// matches a later one) and the request's number within that use (every submission,
@@ -42,15 +35,13 @@ pub(crate) struct Key {
 }
 
 /// One request for the backend to submit: `len` bytes of the slot's buffer from `off`;
-/// `link` = chain it to the next request (`IOSQE_IO_LINK`, stream sockets); `copy` = send it
-/// by copy (a short tail, see [`TAIL_COPY_BELOW`]): no notification follows its result.
+/// `link` = chain it to the next request (`IOSQE_IO_LINK`, stream sockets).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Request {
     pub(crate) key: Key,
     pub(crate) off: usize,
     pub(crate) len: usize,
     pub(crate) link: bool,
-    pub(crate) copy: bool,
 }
 
 /// What a notification said about copying.
@@ -71,8 +62,6 @@ pub(crate) struct Finished<B> {
     pub(crate) buf: B,
     /// Bytes the kernel accepted.
     pub(crate) bytes: usize,
-    /// Of `bytes`, those of requests sent by copy (short tails).
-    pub(crate) copy_bytes: usize,
     /// The first error (errno) of the send, or the stream's fatal error.
     pub(crate) error: Option<i32>,
     pub(crate) zc: u32,
@@ -104,8 +93,6 @@ pub struct TrackStats {
     pub room_waits: u64,
     /// Notifications that matched no request awaiting one (late ones of failed requests).
     pub stray_notifs: u64,
-    /// Short tails of sends cut into several requests, handed out to go by copy.
-    pub tail_copies: u64,
     /// `MSG_ZEROCOPY` errqueue ranges seen.
     pub ranges: u64,
     /// Sequence numbers in errqueue ranges that no outstanding send had (never issued by
@@ -130,7 +117,6 @@ struct Slot<B> {
     tag: u64,
     gen: u16,
     done: usize,
-    copy_done: usize,
     /// Requests handed to the backend whose chain (stream) or result (datagram) is not
     /// settled yet.
     reqs: u32,
@@ -152,7 +138,6 @@ struct Req {
     slot: u32,
     off: usize,
     len: usize,
-    copy: bool,
 }
 
 /// A request handed to the backend and not finished.
@@ -161,7 +146,6 @@ struct Open {
     id: u32,
     off: usize,
     len: usize,
-    copy: bool,
     state: ReqState,
 }
 
@@ -184,7 +168,6 @@ enum ReqState {
 pub(crate) struct SendTracker<B> {
     stream: bool,
     chunk: usize,
-    tail_copy_below: usize,
     slots: Vec<Option<Slot<B>>>,
     /// Emptied `Slot::open` lists, kept for the next sends.
     spare_open: Vec<Vec<Open>>,
@@ -218,7 +201,6 @@ impl<B> SendTracker<B> {
         Self {
             stream,
             chunk: chunk.max(1),
-            tail_copy_below: 0,
             slots: Vec::new(),
             spare_open: Vec::new(),
             gens: Vec::new(),
@@ -243,12 +225,6 @@ impl<B> SendTracker<B> {
         }
     }
 
-    /// The last request of a send cut into several goes by copy when shorter than `n`
-    /// (backends: [`TAIL_COPY_BELOW`]; 0, the default, never).
-    pub(crate) fn set_tail_copy_below(&mut self, n: usize) {
-        self.tail_copy_below = n;
-    }
-
     /// Stages a send of `len` bytes of `buf`. An empty send, or any send after a fatal
     /// stream error or after the tracker gave up, finishes at once.
     pub(crate) fn stage(&mut self, tag: u64, buf: B, len: usize) {
@@ -257,7 +233,6 @@ impl<B> SendTracker<B> {
             tag,
             gen: 0,
             done: 0,
-            copy_done: 0,
             reqs: 0,
             staged: 0,
             // Reused: a send's bookkeeping allocates nothing in the steady state.
@@ -305,7 +280,6 @@ impl<B> SendTracker<B> {
                 slot: idx,
                 off,
                 len: n,
-                copy: off > 0 && n < self.tail_copy_below,
             });
             slot.staged += 1;
             off += n;
@@ -368,12 +342,10 @@ impl<B> SendTracker<B> {
             id,
             off: req.off,
             len: req.len,
-            copy: req.copy,
             state: ReqState::InKernel { early: None },
         });
         self.in_kernel += 1;
         self.stats.requests += 1;
-        self.stats.tail_copies += u64::from(req.copy);
         Request {
             key: Key {
                 slot: req.slot,
@@ -383,7 +355,6 @@ impl<B> SendTracker<B> {
             off: req.off,
             len: req.len,
             link,
-            copy: req.copy,
         }
     }
 
@@ -530,17 +501,11 @@ impl<B> SendTracker<B> {
         let epoch = self.epoch;
         let slot = self.slots[idx as usize].as_mut().expect("found");
         let Open {
-            off,
-            len,
-            copy,
-            state,
-            ..
+            off, len, state, ..
         } = slot.open[i];
         let ReqState::InKernel { early } = state else {
             unreachable!("found in kernel")
         };
-        // A request sent by copy lends no pages: nothing follows its result.
-        let then = if copy { Then::Nothing } else { then };
         let next = match (then, res > 0, early) {
             // Its notification came first: nothing more will come for it.
             (Then::Notif, true, Some(u)) => {
@@ -589,9 +554,6 @@ impl<B> SendTracker<B> {
         slot.reqs -= 1;
         if res >= 0 {
             slot.done += res as usize;
-            if copy {
-                slot.copy_done += res as usize;
-            }
         } else if gave_up && (is_room(-res) || -res == libc::EOPNOTSUPP) {
             slot.unsent.push((off, len));
         } else if is_room(-res) {
@@ -600,7 +562,6 @@ impl<B> SendTracker<B> {
                 slot: idx,
                 off,
                 len,
-                copy,
             });
             self.stats.resubmits += 1;
             self.stats.room_waits += 1;
@@ -665,7 +626,7 @@ impl<B> SendTracker<B> {
         };
         self.in_kernel -= 1;
         let slot = self.slots[key.slot as usize].as_mut().expect("found");
-        let Open { off, len, copy, .. } = slot.open.swap_remove(i);
+        let Open { off, len, .. } = slot.open.swap_remove(i);
         if self.stream {
             if let Some(e) = self
                 .chain
@@ -686,7 +647,6 @@ impl<B> SendTracker<B> {
             slot: key.slot,
             off,
             len,
-            copy,
         });
         if let Some(e) = self.gave_up {
             self.give_up(e);
@@ -808,16 +768,12 @@ impl<B> SendTracker<B> {
             if res >= 0 {
                 let n = res as usize;
                 slot.done += n;
-                if req.copy {
-                    slot.copy_done += n;
-                }
                 if n < req.len {
                     slot.staged += 1;
                     front.push(Req {
                         slot: req.slot,
                         off: req.off + n,
                         len: req.len - n,
-                        copy: req.copy,
                     });
                 }
             } else if -res == libc::ECANCELED && fatal.is_none() {
@@ -924,7 +880,6 @@ impl<B> SendTracker<B> {
             tag: slot.tag,
             buf: slot.buf,
             bytes: slot.done,
-            copy_bytes: slot.copy_done,
             error: slot.error,
             zc: slot.zc,
             copied: slot.copied,

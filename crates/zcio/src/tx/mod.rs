@@ -1291,7 +1291,7 @@ impl Sender {
         self.counters.notifications +=
             u64::from(d.notifs_zerocopy + d.notifs_copied + d.notifs_unknown);
         let status = status_of(d.notifs_zerocopy, d.notifs_copied, d.notifs_unknown);
-        self.count_zc(status, d.bytes - d.copy_bytes);
+        self.count_zc(status, d.bytes);
         self.observe(d.tag, status);
         self.push_ready(
             done(d.tag, meta.len, bytes, meta.path, status, error),

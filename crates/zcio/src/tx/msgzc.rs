@@ -101,7 +101,7 @@ impl MsgZc {
             chunk: chunk.max(1),
             notify_limit: notify_limit.max(1),
             since_reap: 0,
-            tracker: tracker_with_tail(SendTracker::new(stream, chunk.max(1))),
+            tracker: SendTracker::new(stream, chunk.max(1)),
             copied_by_copy: HashMap::new(),
             reqs: Vec::with_capacity(1),
             ranges: Vec::with_capacity(64),
@@ -116,7 +116,7 @@ impl MsgZc {
 
     pub(crate) fn next_done(&mut self) -> Option<MsgDone> {
         let f: Finished<PoolBuf> = self.tracker.next_done()?;
-        let copy_bytes = self.copied_by_copy.remove(&f.tag).unwrap_or(0) + f.copy_bytes;
+        let copy_bytes = self.copied_by_copy.remove(&f.tag).unwrap_or(0);
         Some(MsgDone {
             tag: f.tag,
             zc_bytes: f.bytes.saturating_sub(copy_bytes),
@@ -169,16 +169,6 @@ impl MsgZc {
     /// One request: its `send(MSG_ZEROCOPY)` call, retried on backpressure, and the result
     /// fed to the tracker.
     fn call(&mut self, r: Request) {
-        if r.copy {
-            // A short tail: by copy, no sequence number, no completion to wait for (the
-            // tracker counts its bytes as copied).
-            let piece = &self.tracker.buf(r.key.slot)[r.off..r.off + r.len];
-            let out = copy::send_all(&*self.fd, piece, self.chunk);
-            self.stats.send_calls += out.syscalls;
-            let res = out.error.map_or(res_of(out.bytes), |errno| -errno);
-            self.tracker.on_sent(r.key, res, false);
-            return;
-        }
         loop {
             self.stats.send_calls += 1;
             let piece = &self.tracker.buf(r.key.slot)[r.off..r.off + r.len];
@@ -354,9 +344,4 @@ impl Drop for MsgZc {
             );
         }
     }
-}
-
-fn tracker_with_tail<B>(mut t: crate::tx::core::SendTracker<B>) -> crate::tx::core::SendTracker<B> {
-    t.set_tail_copy_below(crate::tx::core::TAIL_COPY_BELOW);
-    t
 }

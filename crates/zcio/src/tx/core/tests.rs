@@ -445,29 +445,6 @@ impl Kernel {
             } else {
                 outcome(self.rand() as u8, fatal_ok)
             };
-            if r.copy {
-                // IORING_OP_SEND: the bytes are copied before the result; nothing follows.
-                release(self);
-                match o {
-                    Outcome::Full | Outcome::Short | Outcome::FailWithMore => {
-                        self.wire.push((buf, r.off, r.len));
-                        posted.push(Cqe::Result(r.key, r.len as i32, false));
-                    }
-                    Outcome::NoRoomAtPrep | Outcome::NoRoomAtIssue => {
-                        posted.push(Cqe::Result(r.key, -libc::ENOBUFS, false));
-                        if r.link {
-                            self.cancelled.push(chain);
-                        }
-                    }
-                    Outcome::Reset => {
-                        posted.push(Cqe::Result(r.key, -libc::ECONNRESET, false));
-                        if r.link {
-                            self.cancelled.push(chain);
-                        }
-                    }
-                }
-                continue;
-            }
             let usage = if self.rand() % 2 == 0 {
                 Usage::ZeroCopy
             } else {
@@ -548,11 +525,8 @@ struct Run {
 
 impl Run {
     fn new(stream: bool, seed: u64, fatal_ok: bool) -> Self {
-        let mut t = SendTracker::new(stream, 4);
-        // Half the runs send short tails (1..=2 bytes of a cut send) by copy.
-        t.set_tail_copy_below(if seed & 2 == 0 { 3 } else { 0 });
         Self {
-            t,
+            t: SendTracker::new(stream, 4),
             k: Kernel {
                 stream,
                 queue: VecDeque::new(),
@@ -980,7 +954,6 @@ struct ErrqRun {
 impl ErrqRun {
     fn new(stream: bool, seed: u64, first: u32) -> Self {
         let mut t = SendTracker::new(stream, 4);
-        t.set_tail_copy_below(if seed & 2 == 0 { 3 } else { 0 });
         t.errq_start(first);
         Self {
             t,
@@ -1015,12 +988,6 @@ impl ErrqRun {
         let r = pop(&mut self.t, 1);
         let Some(&r) = r.first() else { return false };
         let buf = *self.t.buf(r.key.slot);
-        if r.copy {
-            // A short tail: a plain send, no number taken.
-            self.wire.push((buf, r.off, r.len));
-            self.t.on_sent(r.key, r.len as i32, false);
-            return true;
-        }
         let c = if calm {
             Call::Full
         } else {
@@ -1215,39 +1182,4 @@ proptest! {
         run.drain();
         run.check();
     }
-}
-
-#[test]
-fn short_tail_of_a_cut_send_goes_by_copy_and_owes_no_notification() {
-    // 64 KiB to a UDP socket: one 64768-byte GSO write and a 768-byte tail.
-    let mut t = SendTracker::new(false, 64768);
-    t.set_tail_copy_below(TAIL_COPY_BELOW);
-    t.stage(1, 10, 65536);
-    t.stage(2, 11, 64768);
-    let r = pop(&mut t, 8);
-    assert_eq!(
-        r.iter().map(|r| (r.off, r.len, r.copy)).collect::<Vec<_>>(),
-        vec![(0, 64768, false), (64768, 768, true), (0, 64768, false)],
-        "only a short tail of a cut send goes by copy"
-    );
-    t.on_result(r[1].key, 768, false);
-    t.on_result(r[0].key, 64768, true);
-    t.on_notif(r[0].key, Usage::ZeroCopy);
-    let d = done(&mut t);
-    assert_eq!(
-        (d[0].tag, d[0].bytes, d[0].copy_bytes, d[0].zc),
-        (1, 65536, 768, 1)
-    );
-    assert_eq!(t.stats().tail_copies, 1);
-    // A failed copy request is not left waiting for a notification either.
-    t.on_result(r[2].key, 64768, true);
-    t.on_notif(r[2].key, Usage::ZeroCopy);
-    assert_eq!(done(&mut t)[0].tag, 2);
-    t.stage(3, 12, 65536);
-    let r = pop(&mut t, 8);
-    t.on_result(r[1].key, -libc::ECONNREFUSED, false);
-    t.on_result(r[0].key, 64768, true);
-    t.on_notif(r[0].key, Usage::ZeroCopy);
-    let d = done(&mut t);
-    assert_eq!((d[0].tag, d[0].error), (3, Some(libc::ECONNREFUSED)));
 }
