@@ -12,6 +12,11 @@
 //! passed prep flushes its notification in cleanup), which is settled by the first harvest
 //! after the next `GETEVENTS` enter. The send is finished when no request is staged or in the
 //! kernel and no notification is owed: only then does its buffer come back.
+//!
+//! `MSG_ZEROCOPY` (`tx::msgzc`) drives the same machine: each accepted `send` call is a
+//! request whose result is known at once ([`SendTracker::on_sent`]) and which takes the
+//! socket's next errqueue sequence number; its notification is the errqueue range that covers
+//! that number ([`SendTracker::on_range`], inclusive `[lo, hi]`, any order, u32 wrap).
 
 use std::collections::VecDeque;
 
@@ -90,6 +95,22 @@ pub struct TrackStats {
     pub room_waits: u64,
     /// Notifications that matched no request awaiting one (late ones of failed requests).
     pub stray_notifs: u64,
+    /// `MSG_ZEROCOPY` errqueue ranges seen.
+    pub ranges: u64,
+    /// Sequence numbers in errqueue ranges that no outstanding send had (never issued by
+    /// this tracker, or completed twice): counted, never matched to a buffer.
+    pub unknown_ids: u64,
+}
+
+/// What may still come for a request after its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// A notification (`F_MORE`, or an errqueue sequence number taken).
+    Notif,
+    /// Perhaps a notification (io_uring: failed without `F_MORE`).
+    Maybe,
+    /// Nothing.
+    Nothing,
 }
 
 #[derive(Debug)]
@@ -150,6 +171,8 @@ pub(crate) struct SendTracker<B> {
     stream: bool,
     chunk: usize,
     slots: Vec<Option<Slot<B>>>,
+    /// Emptied `Slot::open` lists, kept for the next sends.
+    spare_open: Vec<Vec<Open>>,
     gens: Vec<u16>,
     free: Vec<u32>,
     staged: VecDeque<Req>,
@@ -164,6 +187,11 @@ pub(crate) struct SendTracker<B> {
     fatal: Option<i32>,
     gave_up: Option<i32>,
     epoch: u64,
+    /// `MSG_ZEROCOPY`: the request of each errqueue sequence number from `errq_base` on,
+    /// `None` once completed.
+    errq: VecDeque<Option<Key>>,
+    errq_base: u32,
+    errq_live: usize,
     done: VecDeque<Finished<B>>,
     stats: TrackStats,
 }
@@ -176,6 +204,7 @@ impl<B> SendTracker<B> {
             stream,
             chunk: chunk.max(1),
             slots: Vec::new(),
+            spare_open: Vec::new(),
             gens: Vec::new(),
             free: Vec::new(),
             staged: VecDeque::new(),
@@ -190,6 +219,9 @@ impl<B> SendTracker<B> {
             fatal: None,
             gave_up: None,
             epoch: 0,
+            errq: VecDeque::new(),
+            errq_base: 0,
+            errq_live: 0,
             done: VecDeque::new(),
             stats: TrackStats::default(),
         }
@@ -205,7 +237,8 @@ impl<B> SendTracker<B> {
             done: 0,
             reqs: 0,
             staged: 0,
-            open: Vec::new(),
+            // Reused: a send's bookkeeping allocates nothing in the steady state.
+            open: self.spare_open.pop().unwrap_or_default(),
             next_req: 0,
             zc: 0,
             copied: 0,
@@ -332,6 +365,11 @@ impl<B> SendTracker<B> {
         &self.slots[slot as usize].as_ref().expect("live slot").buf
     }
 
+    /// The ticket of a live slot.
+    pub(crate) fn tag(&self, slot: u32) -> u64 {
+        self.slots[slot as usize].as_ref().expect("live slot").tag
+    }
+
     /// The backend entered the kernel with `GETEVENTS`; `total` counts such enters so far.
     /// Task work (the notifications of failed requests included) has run by then.
     pub(crate) fn entered(&mut self, total: u64) {
@@ -340,6 +378,120 @@ impl<B> SendTracker<B> {
 
     /// A result CQE: `res` bytes or `-errno`; `more` = `IORING_CQE_F_MORE`.
     pub(crate) fn on_result(&mut self, key: Key, res: i32, more: bool) {
+        let then = if more {
+            Then::Notif
+        } else if res < 0 {
+            Then::Maybe
+        } else {
+            Then::Nothing
+        };
+        self.result(key, res, then);
+    }
+
+    /// `MSG_ZEROCOPY`: the `send` call of request `key` returned `res` (bytes or `-errno`);
+    /// `took_id` = the kernel gave it the socket's next errqueue sequence number (every call
+    /// that moved bytes by zero-copy; a failed datagram whose completion was queued anyway),
+    /// so an errqueue range will name it.
+    pub(crate) fn on_sent(&mut self, key: Key, res: i32, took_id: bool) {
+        if took_id {
+            self.errq.push_back(Some(key));
+            self.errq_live += 1;
+            self.result(key, res, Then::Notif);
+        } else {
+            self.result(key, res, Then::Nothing);
+        }
+    }
+
+    /// `MSG_ZEROCOPY`: the errqueue range `[lo, hi]` (inclusive, wrap-aware) completed;
+    /// `copied` = `SO_EE_CODE_ZEROCOPY_COPIED`. Each outstanding number in it is its
+    /// request's notification; returns how many numbers were not outstanding (never issued
+    /// here, or completed twice), which are counted, never matched.
+    pub(crate) fn on_range(&mut self, lo: u32, hi: u32, copied: bool) -> u64 {
+        self.stats.ranges += 1;
+        let usage = if copied {
+            Usage::Copied
+        } else {
+            Usage::ZeroCopy
+        };
+        let n = u64::from(hi.wrapping_sub(lo)) + 1;
+        let len = self.errq.len() as u64;
+        let mut unknown = 0;
+        for k in 0..n {
+            let pos = u64::from(lo.wrapping_add(k as u32).wrapping_sub(self.errq_base));
+            let key = if pos < len {
+                self.errq[pos as usize].take()
+            } else {
+                None
+            };
+            match key {
+                Some(key) => {
+                    self.errq_live -= 1;
+                    self.on_notif(key, usage);
+                }
+                None => unknown += 1,
+            }
+        }
+        while let Some(None) = self.errq.front() {
+            self.errq.pop_front();
+            self.errq_base = self.errq_base.wrapping_add(1);
+        }
+        self.stats.unknown_ids += unknown;
+        unknown
+    }
+
+    /// `MSG_ZEROCOPY`: the sequence number the next accepted call will take (the socket's
+    /// counter starts at 0 with its first `MSG_ZEROCOPY` call).
+    pub(crate) fn errq_next(&self) -> u32 {
+        self.errq_base.wrapping_add(self.errq.len() as u32)
+    }
+
+    /// `MSG_ZEROCOPY`: the oldest outstanding sequence number (meaningful when
+    /// [`SendTracker::errq_outstanding`] is not 0).
+    pub(crate) fn errq_oldest(&self) -> u32 {
+        self.errq_base
+    }
+
+    /// `MSG_ZEROCOPY`: sequence numbers taken and not completed.
+    pub(crate) fn errq_outstanding(&self) -> usize {
+        self.errq_live
+    }
+
+    /// `MSG_ZEROCOPY`: the socket's next sequence number is `first` (only before any call;
+    /// no call reads the kernel's counter, so only tests start elsewhere than 0).
+    #[cfg(test)]
+    pub(crate) fn errq_start(&mut self, first: u32) {
+        debug_assert!(self.errq.is_empty(), "errqueue counter set with sends out");
+        if self.errq.is_empty() {
+            self.errq_base = first;
+        }
+    }
+
+    /// The connection failed outside any request (a socket error seen while waiting):
+    /// every send still owned here carries `errno`, staged requests are dropped, and new
+    /// sends finish at once with it. Requests in the kernel finish as they would have.
+    pub(crate) fn fail(&mut self, errno: i32) {
+        self.fatal.get_or_insert(errno);
+        self.fail_staged();
+    }
+
+    fn fail_staged(&mut self) {
+        let Some(e) = self.fatal else { return };
+        for s in self.slots.iter_mut().flatten() {
+            s.error.get_or_insert(e);
+        }
+        let mut touched = Vec::new();
+        while let Some(r) = self.staged.pop_front() {
+            let slot = self.slot(r.slot);
+            slot.staged -= 1;
+            slot.error.get_or_insert(e);
+            touched.push(r.slot);
+        }
+        for idx in touched {
+            self.finish(idx);
+        }
+    }
+
+    fn result(&mut self, key: Key, res: i32, then: Then) {
         let Some(i) = self.find(key, |st| matches!(st, ReqState::InKernel { .. })) else {
             // Cannot happen: a request's result comes once, and its slot lives until then.
             self.stats.stray_notifs += 1;
@@ -356,9 +508,9 @@ impl<B> SendTracker<B> {
         let ReqState::InKernel { early } = state else {
             unreachable!("found in kernel")
         };
-        let next = match (more, res > 0, early) {
+        let next = match (then, res > 0, early) {
             // Its notification came first: nothing more will come for it.
-            (true, true, Some(u)) => {
+            (Then::Notif, true, Some(u)) => {
                 count_usage(
                     &mut slot.zc,
                     &mut slot.copied,
@@ -369,15 +521,15 @@ impl<B> SendTracker<B> {
                 None
             }
             (_, _, Some(_)) => None,
-            (true, counts, None) => {
+            (Then::Notif, counts, None) => {
                 self.notifs_pending += 1;
                 Some(ReqState::Owed { counts })
             }
-            (false, _, None) if res < 0 => {
+            (Then::Maybe, _, None) => {
                 self.unsettled.push(idx);
                 Some(ReqState::Maybe { seen_at: epoch })
             }
-            (false, _, None) => None,
+            (Then::Nothing, _, None) => None,
         };
         match next {
             Some(st) => slot.open[i].state = st,
@@ -660,18 +812,10 @@ impl<B> SendTracker<B> {
         for r in front.into_iter().rev() {
             self.staged.push_front(r);
         }
-        if let Some(e) = self.fatal {
+        if self.fatal.is_some() {
             // Everything still owned by the tracker failed with the connection: mark it, so
             // buffers that come back later (on notification) carry the error too.
-            for s in self.slots.iter_mut().flatten() {
-                s.error.get_or_insert(e);
-            }
-            while let Some(r) = self.staged.pop_front() {
-                let slot = self.slot(r.slot);
-                slot.staged -= 1;
-                slot.error.get_or_insert(e);
-                touched.push(r.slot);
-            }
+            self.fail_staged();
         } else if let Some(e) = self.gave_up {
             self.give_up(e);
         }
@@ -720,6 +864,11 @@ impl<B> SendTracker<B> {
     }
 
     fn emit(&mut self, mut slot: Slot<B>) {
+        let mut open = std::mem::take(&mut slot.open);
+        if open.capacity() > 0 && self.spare_open.len() < 1 << 16 {
+            open.clear();
+            self.spare_open.push(open);
+        }
         slot.unsent.sort_unstable();
         // Adjacent unsent ranges (a send cut into requests) become one.
         let mut unsent: Vec<(usize, usize)> = Vec::with_capacity(slot.unsent.len());

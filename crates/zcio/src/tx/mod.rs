@@ -48,7 +48,6 @@ mod copy;
 pub(crate) mod core;
 mod msgzc;
 mod policy;
-mod track;
 
 pub use crate::buf::pool::{Pool, PoolBuf};
 use crate::ring::send::{Recovery, SendDone, SendRing};
@@ -332,6 +331,9 @@ pub struct TxStats {
     pub auto_windows: u64,
     /// `auto`: windows spent re-measuring the path not chosen.
     pub auto_explores: u64,
+    /// `auto`: re-measurements started because the chosen path's own cost drifted (a change
+    /// of conditions), not because the re-measuring gap ran out.
+    pub auto_drift_explores: u64,
     /// `auto`: the learned size below which copy is cheaper (`None` before a size class was
     /// measured on both paths; 0 when zero-copy won everywhere measured).
     pub auto_copy_below: Option<u64>,
@@ -1173,6 +1175,7 @@ impl Sender {
         self.stats.auto_size_copies = p.size_copies;
         self.stats.auto_windows = p.windows;
         self.stats.auto_explores = p.explores;
+        self.stats.auto_drift_explores = p.drift_explores;
         self.stats.auto_copy_below = self.auto.policy.copy_below().map(|b| b as u64);
     }
 

@@ -7,27 +7,15 @@
 //! up) is backpressure: reap, wait for completions, retry; never an error to the caller.
 
 use super::copy;
-use super::track::IdTracker;
+use super::core::{Finished, Request, SendTracker};
 use crate::buf::pool::PoolBuf;
 use crate::sys::errqueue::{self, QueuedError, ZcRange};
 use crate::sys::{net, MSG_ZEROCOPY};
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-#[derive(Debug)]
-struct Slot {
-    buf: Option<PoolBuf>,
-    tag: u64,
-    done: usize,
-    ids: u32,
-    zc: u32,
-    copied: u32,
-    copy_bytes: usize,
-    error: Option<i32>,
-}
 
 /// A finished `MSG_ZEROCOPY` send.
 #[derive(Debug)]
@@ -36,7 +24,8 @@ pub(crate) struct MsgDone {
     pub buf: PoolBuf,
     /// Bytes accepted by zero-copy calls.
     pub zc_bytes: usize,
-    /// Bytes sent by copy because even an empty queue had no room (ENOBUFS).
+    /// Bytes sent by copy because even an empty queue had no room (ENOBUFS), or because
+    /// the socket stopped taking zero-copy calls (EOPNOTSUPP).
     pub copy_bytes: usize,
     pub error: Option<i32>,
     pub ranges_zc: u32,
@@ -56,6 +45,8 @@ pub(crate) struct MsgStats {
     pub last_queued_error: Option<QueuedError>,
 }
 
+/// The `MSG_ZEROCOPY` backend: the syscalls around a [`SendTracker`], which maps every
+/// errqueue sequence number to the request (and buffer) that took it.
 #[derive(Debug)]
 pub(crate) struct MsgZc {
     fd: Arc<OwnedFd>,
@@ -63,14 +54,12 @@ pub(crate) struct MsgZc {
     chunk: usize,
     notify_limit: usize,
     since_reap: usize,
-    tracker: IdTracker,
-    slots: Vec<Option<Slot>>,
-    free: Vec<u32>,
-    live: usize,
+    tracker: SendTracker<PoolBuf>,
+    /// Bytes of live sends that went by copy, by ticket (rare: only ENOBUFS/EOPNOTSUPP).
+    copied_by_copy: HashMap<u64, usize>,
+    reqs: Vec<Request>,
     ranges: Vec<ZcRange>,
     errors: Vec<QueuedError>,
-    done: VecDeque<MsgDone>,
-    fatal: Option<i32>,
     pub stats: MsgStats,
 }
 
@@ -112,141 +101,140 @@ impl MsgZc {
             chunk: chunk.max(1),
             notify_limit: notify_limit.max(1),
             since_reap: 0,
-            tracker: IdTracker::new(0),
-            slots: Vec::new(),
-            free: Vec::new(),
-            live: 0,
+            tracker: SendTracker::new(stream, chunk.max(1)),
+            copied_by_copy: HashMap::new(),
+            reqs: Vec::with_capacity(1),
             ranges: Vec::with_capacity(64),
             errors: Vec::new(),
-            done: VecDeque::new(),
-            fatal: None,
             stats: MsgStats::default(),
         })
     }
 
     pub(crate) fn in_flight(&self) -> usize {
-        self.live
+        self.tracker.live()
     }
 
     pub(crate) fn next_done(&mut self) -> Option<MsgDone> {
-        self.done.pop_front()
+        let f: Finished<PoolBuf> = self.tracker.next_done()?;
+        let copy_bytes = self.copied_by_copy.remove(&f.tag).unwrap_or(0);
+        Some(MsgDone {
+            tag: f.tag,
+            zc_bytes: f.bytes.saturating_sub(copy_bytes),
+            copy_bytes,
+            error: f.error,
+            ranges_zc: f.zc + f.unknown,
+            ranges_copied: f.copied,
+            buf: f.buf,
+        })
     }
 
-    /// Sends `buf` (non-empty) with `MSG_ZEROCOPY`, in `chunk`-byte calls.
+    /// Sends `buf` with `MSG_ZEROCOPY`, in `chunk`-byte calls. Returns once every call was
+    /// made (or the send failed); the buffer comes back through [`MsgZc::next_done`] once
+    /// the errqueue has completed every call.
     pub(crate) fn send(&mut self, tag: u64, buf: PoolBuf) {
-        let idx = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.slots.push(None);
-                (self.slots.len() - 1) as u32
-            }
-        };
-        let mut slot = Slot {
-            buf: None,
-            tag,
-            done: 0,
-            ids: 0,
-            zc: 0,
-            copied: 0,
-            copy_bytes: 0,
-            error: self.fatal,
-        };
-        if self.fatal.is_some() {
-            slot.buf = Some(buf);
-            self.slots[idx as usize] = Some(slot);
-            self.live += 1;
-            self.finish(idx);
-            return;
-        }
-        // The slot is registered before the calls (completions may arrive for its first
-        // chunks while later ones are sent) but holds no buffer until they are done, so it
-        // cannot finish early.
-        self.slots[idx as usize] = Some(slot);
-        self.live += 1;
         let len = buf.len();
-        let mut off = 0;
-        let mut error = None;
-        while off < len {
-            let end = off.saturating_add(self.chunk).min(len);
+        self.tracker.stage(tag, buf, len);
+        self.pump();
+    }
+
+    /// Makes the calls of every request the tracker lets go now, one at a time (a call's
+    /// result is known before the next: on a stream, a short send is continued first).
+    fn pump(&mut self) {
+        loop {
+            self.tracker.pop_requests(1, &mut self.reqs);
+            let Some(r) = self.reqs.pop() else { break };
+            self.call(r);
+        }
+        if self.tracker.gave_up().is_some()
+            && self.tracker.in_kernel() == 0
+            && self.tracker.staged() == 0
+        {
+            // The socket stopped taking zero-copy calls: what is left goes by copy, in
+            // ticket order (nothing is in the middle of a call, so nothing overtakes it).
+            let (fd, chunk, stats, extra) = (
+                &self.fd,
+                self.chunk,
+                &mut self.stats,
+                &mut self.copied_by_copy,
+            );
+            self.tracker.send_unsent(|tag, buf, off, len| {
+                let out = copy::send_all(&**fd, &buf[off..off + len], chunk);
+                stats.send_calls += out.syscalls;
+                *extra.entry(tag).or_default() += out.bytes;
+                (out.bytes, out.error)
+            });
+        }
+    }
+
+    /// One request: its `send(MSG_ZEROCOPY)` call, retried on backpressure, and the result
+    /// fed to the tracker.
+    fn call(&mut self, r: Request) {
+        loop {
             self.stats.send_calls += 1;
-            match net::send(&*self.fd, &buf[off..end], MSG_ZEROCOPY | libc::MSG_NOSIGNAL) {
+            let piece = &self.tracker.buf(r.key.slot)[r.off..r.off + r.len];
+            match net::send(&*self.fd, piece, MSG_ZEROCOPY | libc::MSG_NOSIGNAL) {
                 Ok(n) => {
-                    self.tracker.push(idx);
-                    let s = self.slot(idx);
-                    s.ids += 1;
-                    s.done += n;
-                    off += n;
+                    // A call that moved bytes took a sequence number; one that moved none
+                    // gave it back (the kernel aborts the notification).
+                    self.tracker.on_sent(r.key, res_of(n), n > 0);
                     self.since_reap += 1;
                     if self.since_reap >= self.notify_limit {
                         self.reap();
                     }
+                    return;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    if self.tracker.outstanding() > 0 {
+                    if self.tracker.errq_outstanding() > 0 {
                         // optmem_max reached: completions free the notification state.
                         self.stats.enobufs_waits += 1;
-                        self.wait(Duration::from_millis(50));
-                    } else {
-                        // No room even with nothing in flight: send this piece by copy.
-                        self.stats.enobufs_copies += 1;
-                        let out = copy::send_all(&*self.fd, &buf[off..end], self.chunk);
-                        self.stats.send_calls += out.syscalls;
-                        off += out.bytes;
-                        self.slot(idx).copy_bytes += out.bytes;
-                        if out.error.is_some() {
-                            error = out.error;
-                            break;
+                        self.wait_completions(Duration::from_millis(50));
+                        continue;
+                    }
+                    // No room even with nothing in flight: send this piece by copy.
+                    self.stats.enobufs_copies += 1;
+                    let out = copy::send_all(&*self.fd, piece, self.chunk);
+                    self.stats.send_calls += out.syscalls;
+                    match out.error {
+                        Some(errno) => self.tracker.on_sent(r.key, -errno, false),
+                        None => {
+                            let tag = self.tracker.tag(r.key.slot);
+                            *self.copied_by_copy.entry(tag).or_default() += out.bytes;
+                            self.tracker.on_sent(r.key, res_of(out.bytes), false);
                         }
                     }
+                    return;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.stats.notify_calls += 1;
                     let _ = net::poll_one(&*self.fd, libc::POLLOUT, 100);
                     self.reap();
+                    continue;
                 }
                 Err(e) => {
                     let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                    if !self.stream {
+                    if self.stream {
+                        self.tracker.on_sent(r.key, -errno, false);
+                        // What completed normally is reaped now; the rest carries the error.
+                        self.reap();
+                    } else {
                         // A datagram can fail after the kernel built it (and took a sequence
                         // number); its completion is then already queued. Look for it.
-                        let id = self.tracker.next_id();
+                        let id = self.tracker.errq_next();
                         self.reap_raw(true);
-                        if self.ranges.iter().any(|r| r.contains(id)) {
-                            self.tracker.push(idx);
-                            self.slot(idx).ids += 1;
-                        }
+                        let took = self.ranges.iter().any(|r| r.contains(id));
+                        self.tracker.on_sent(r.key, -errno, took);
                         self.apply_ranges();
                     }
-                    error = Some(errno);
-                    break;
+                    return;
                 }
             }
-        }
-        let s = self.slot(idx);
-        s.buf = Some(buf);
-        if let Some(e) = error {
-            s.error.get_or_insert(e);
-            if self.stream {
-                self.fail_all(e);
-            }
-        }
-        self.finish(idx);
-    }
-
-    /// A stream failed: reap what completed normally, then mark every send still in flight
-    /// with the error (its data was accepted but may never arrive).
-    fn fail_all(&mut self, e: i32) {
-        self.fatal = Some(e);
-        self.reap();
-        for s in self.slots.iter_mut().flatten() {
-            s.error.get_or_insert(e);
         }
     }
 
     /// Non-blocking batched reap.
     pub(crate) fn reap(&mut self) {
         self.since_reap = 0;
-        if self.tracker.outstanding() == 0 {
+        if self.tracker.errq_outstanding() == 0 {
             return;
         }
         self.reap_raw(false);
@@ -259,7 +247,7 @@ impl MsgZc {
     /// completion available, and the read that would only return `EAGAIN` is skipped. A
     /// message starting later means completions came out of order and more are queued.
     fn reap_raw(&mut self, full: bool) {
-        let oldest = self.tracker.oldest();
+        let oldest = self.tracker.errq_oldest();
         loop {
             let r = errqueue::reap(&*self.fd, &mut self.ranges, &mut self.errors, 1);
             let (calls, msgs) = match r {
@@ -272,7 +260,7 @@ impl MsgZc {
             }
             let covered: u64 = self.ranges.iter().map(|r| r.len()).sum();
             let in_order = self.ranges.iter().any(|r| r.contains(oldest));
-            if !full && (in_order || covered >= self.tracker.outstanding() as u64) {
+            if !full && (in_order || covered >= self.tracker.errq_outstanding() as u64) {
                 break;
             }
         }
@@ -283,40 +271,34 @@ impl MsgZc {
     }
 
     fn apply_ranges(&mut self) {
-        let mut hit: Vec<(u32, bool)> = Vec::new();
         for r in self.ranges.drain(..) {
             self.stats.ranges += 1;
-            let copied = r.copied;
-            self.stats.unknown_ids += self.tracker.complete(r, |slot| hit.push((slot, copied)));
-        }
-        for (idx, copied) in hit {
-            let s = self.slot(idx);
-            s.ids -= 1;
-            if copied {
-                s.copied += 1;
-            } else {
-                s.zc += 1;
-            }
-            self.finish(idx);
+            self.stats.unknown_ids += self.tracker.on_range(r.lo, r.hi, r.copied);
         }
     }
 
-    /// Waits up to `timeout` for completions (`poll(POLLERR)`), then reaps.
+    /// Waits up to `timeout` for completions (`poll(POLLERR)`), reaps them, and makes the
+    /// calls they let go (after no room).
     pub(crate) fn wait(&mut self, timeout: Duration) {
-        if self.tracker.outstanding() == 0 {
+        self.wait_completions(timeout);
+        self.pump();
+    }
+
+    fn wait_completions(&mut self, timeout: Duration) {
+        if self.tracker.errq_outstanding() == 0 {
             return;
         }
         self.stats.notify_calls += 1;
         let ms = timeout.as_millis().clamp(0, i32::MAX as u128) as i32;
         let rev = net::poll_one(&*self.fd, libc::POLLERR, ms).unwrap_or(0);
-        let before = self.tracker.outstanding();
+        let before = self.tracker.errq_outstanding();
         self.reap();
-        if rev & (libc::POLLERR | libc::POLLHUP) != 0 && before == self.tracker.outstanding() {
+        if rev & (libc::POLLERR | libc::POLLHUP) != 0 && before == self.tracker.errq_outstanding() {
             // POLLERR without a completion: a socket error (reset). Read and clear it.
             self.stats.notify_calls += 1;
             if let Ok(e) = crate::sys::getsockopt_int(&*self.fd, libc::SOL_SOCKET, libc::SO_ERROR) {
                 if e != 0 && self.stream {
-                    self.fail_all(e);
+                    self.tracker.fail(e);
                 }
             }
             if rev & libc::POLLHUP != 0 {
@@ -329,7 +311,7 @@ impl MsgZc {
     /// Waits until nothing is in flight or `timeout` passes.
     pub(crate) fn drain(&mut self, timeout: Duration) -> bool {
         let end = Instant::now() + timeout;
-        while self.live > 0 {
+        while self.tracker.live() > 0 {
             let now = Instant::now();
             if now >= end {
                 return false;
@@ -338,43 +320,22 @@ impl MsgZc {
         }
         true
     }
+}
 
-    fn slot(&mut self, idx: u32) -> &mut Slot {
-        self.slots[idx as usize].as_mut().expect("live slot")
-    }
-
-    fn finish(&mut self, idx: u32) {
-        let ready = matches!(&self.slots[idx as usize], Some(s) if s.ids == 0 && s.buf.is_some());
-        if !ready {
-            return;
-        }
-        let s = self.slots[idx as usize].take().expect("checked");
-        self.free.push(idx);
-        self.live -= 1;
-        self.done.push_back(MsgDone {
-            tag: s.tag,
-            buf: s.buf.expect("checked"),
-            zc_bytes: s.done,
-            copy_bytes: s.copy_bytes,
-            error: s.error,
-            ranges_zc: s.zc,
-            ranges_copied: s.copied,
-        });
-    }
+fn res_of(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
 }
 
 impl Drop for MsgZc {
     fn drop(&mut self) {
-        if self.live > 0 {
+        if self.tracker.live() > 0 {
             self.drain(Duration::from_secs(2));
         }
         let mut leaked = 0;
-        for s in self.slots.iter_mut().filter_map(Option::take) {
+        for b in self.tracker.take_live() {
             // The kernel may still read these pages: never let the pool reuse them.
-            if let Some(b) = s.buf {
-                std::mem::forget(b);
-                leaked += 1;
-            }
+            std::mem::forget(b);
+            leaked += 1;
         }
         if leaked > 0 {
             tracing::warn!(

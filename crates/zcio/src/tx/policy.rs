@@ -12,10 +12,14 @@
 //!   the sender's CPU time per byte over *windows* of `WINDOW` consecutive sends of that group
 //!   on one path (the first window after a change of path is a warm-up and is not counted:
 //!   the notifications of the previous path's sends land in it). Until both paths have
-//!   `MIN_SAMPLES` windows, it alternates; then it takes the cheaper and re-measures the other
-//!   now and then (every `gap` windows, doubling while the answer stays, back to the minimum
-//!   when it changes). Groups never measured follow the nearest measured ones (copy below the
-//!   learned threshold, zero-copy above), or the prior threshold before anything is measured.
+//!   `MIN_SAMPLES` windows, it alternates; then it takes the cheaper. In that steady state the
+//!   chosen path's windows are `STEADY` times longer (one clock read per window, so the
+//!   per-send cost is one branch), and the other path is re-measured only briefly (a warm-up
+//!   and one short window) and rarely: every `gap` steady windows, doubling up to `GAP_MAX`
+//!   while the answer stays, or at once when the chosen path's own cost drifts by more than
+//!   `DRIFT` from what it was when chosen (the change signal: a route change moves it).
+//!   Groups never measured follow the nearest measured ones (copy below the learned
+//!   threshold, zero-copy above), or the prior threshold before anything is measured.
 
 use super::ZcStatus;
 
@@ -26,10 +30,15 @@ const WINDOW_BYTES: u64 = 4 << 20;
 const WINDOW_MIN: u32 = 4;
 /// Windows of each path a size group needs before the cheaper one is chosen.
 const MIN_SAMPLES: u32 = 2;
-/// Re-measurement gap (windows of the chosen path between two of the other), first and
-/// longest.
+/// Steady windows (the chosen path of a group that has chosen) are this many times longer.
+const STEADY: u32 = 8;
+/// Re-measurement gap (steady windows of the chosen path between two measurements of the
+/// other), first and longest.
 const GAP_MIN: u32 = 16;
-const GAP_MAX: u32 = 512;
+const GAP_MAX: u32 = 1024;
+/// The chosen path's cost moving this fraction away from its cost when chosen is a change
+/// signal: the other path is re-measured at once.
+const DRIFT: f64 = 0.25;
 /// A chosen path is changed only when the other costs this fraction less.
 const HYSTERESIS: f64 = 0.03;
 /// Before anything is measured, sizes below this go by copy.
@@ -76,6 +85,9 @@ pub(crate) struct PolicyStats {
     pub(crate) explores: u64,
     /// Measurement windows counted.
     pub(crate) windows: u64,
+    /// Re-measurements started by the chosen path's cost drifting (the change signal), not
+    /// by the gap running out.
+    pub(crate) drift_explores: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -104,6 +116,8 @@ struct Group {
     /// Windows of the chosen path left before the other is measured again.
     until_explore: u32,
     gap: u32,
+    /// The chosen path's cost (ns/B) when it was last compared with the other.
+    reference: f64,
 }
 
 impl Default for Group {
@@ -113,6 +127,7 @@ impl Default for Group {
             chosen: None,
             until_explore: GAP_MIN,
             gap: GAP_MIN,
+            reference: 0.0,
         }
     }
 }
@@ -127,11 +142,15 @@ struct Window {
     start_ns: Option<u64>,
     /// Warm-up window: run, not counted.
     warmup: bool,
+    /// Steady window (`STEADY` times longer).
+    steady: bool,
 }
 
 impl Window {
     fn full(&self) -> bool {
-        self.sends >= WINDOW || (self.sends >= WINDOW_MIN && self.bytes >= WINDOW_BYTES)
+        let k = if self.steady { STEADY } else { 1 };
+        self.sends >= WINDOW * k
+            || (self.sends >= WINDOW_MIN && self.bytes >= WINDOW_BYTES * u64::from(k))
     }
 }
 
@@ -153,6 +172,8 @@ pub(crate) struct AutoPolicy {
     last_choice: Option<Choice>,
     /// Whether sizing by cost is on (off: every send zero-copy unless COPIED says copy).
     by_size: bool,
+    /// [`AutoPolicy::copy_below`], kept up to date when a window is counted.
+    copy_below: Option<usize>,
     stats: PolicyStats,
 }
 
@@ -182,6 +203,7 @@ impl AutoPolicy {
             pending_close: None,
             last_choice: None,
             by_size,
+            copy_below: None,
             stats: PolicyStats::default(),
         }
     }
@@ -235,6 +257,7 @@ impl AutoPolicy {
         let closing = self.win.filter(|w| w.full() && w.start_ns.is_some());
         self.pending_close = closing;
         self.last_choice = Some(choice);
+        let steady = self.groups[g].chosen == Some(choice);
         self.win = Some(Window {
             group: g,
             choice,
@@ -242,6 +265,7 @@ impl AutoPolicy {
             bytes: len as u64,
             start_ns: None,
             warmup,
+            steady,
         });
         self.count(Decision {
             choice,
@@ -285,8 +309,18 @@ impl AutoPolicy {
             grp.chosen = Some(best);
             grp.gap = GAP_MIN;
             grp.until_explore = GAP_MIN;
+            grp.reference = c[idx(best)].per_byte;
+        } else if grp.reference > 0.0
+            && (c[idx(best)].per_byte - grp.reference).abs() > DRIFT * grp.reference
+        {
+            // The chosen path's cost moved: conditions changed, look at the other now.
+            grp.gap = GAP_MIN;
+            grp.until_explore = 0;
+            grp.reference = c[idx(best)].per_byte;
+            self.stats.drift_explores += 1;
         }
         if grp.until_explore == 0 {
+            grp.reference = c[idx(best)].per_byte;
             grp.gap = (grp.gap * 2).min(GAP_MAX);
             grp.until_explore = grp.gap;
             self.stats.explores += 1;
@@ -342,6 +376,7 @@ impl AutoPolicy {
                 let per_byte = now_ns.saturating_sub(start) as f64 / w.bytes as f64;
                 self.groups[w.group].cost[idx(w.choice)].add(per_byte);
                 self.stats.windows += 1;
+                self.copy_below = self.learned_copy_below();
             }
         }
         if let Some(w) = self.win.as_mut() {
@@ -399,6 +434,10 @@ impl AutoPolicy {
     /// every larger measured group) prefers zero-copy; 0 if nothing measured prefers copy
     /// (`None` before any group is measured on both paths).
     pub(crate) fn copy_below(&self) -> Option<usize> {
+        self.copy_below
+    }
+
+    fn learned_copy_below(&self) -> Option<usize> {
         let mut any = false;
         let mut below = 0usize;
         for (i, g) in self.groups.iter().enumerate() {
@@ -494,6 +533,73 @@ mod tests {
             .filter(|c| **c == Choice::ZeroCopy)
             .count();
         assert!(zc_late < 20_000 / 20, "{zc_late}");
+    }
+
+    /// Like [`run`], counting clock reads and sends on each path.
+    fn run_counted(
+        p: &mut AutoPolicy,
+        len: usize,
+        cost: impl Fn(usize) -> (f64, f64),
+        n: usize,
+        clock: &mut u64,
+    ) -> (u64, [u64; 2]) {
+        let (mut clocks, mut on) = (0, [0u64; 2]);
+        for i in 0..n {
+            let d = p.decide(len);
+            if d.clock {
+                p.clock(*clock);
+                clocks += 1;
+            }
+            let (copy, zc) = cost(i);
+            *clock += (len as f64 * if d.choice == Choice::Copy { copy } else { zc }) as u64;
+            on[idx(d.choice)] += 1;
+        }
+        (clocks, on)
+    }
+
+    #[test]
+    fn settled_choice_stays_put_with_rare_brief_re_measuring_and_one_clock_read_per_long_window() {
+        let mut p = AutoPolicy::new(4, 4096, true);
+        let mut t = 0;
+        // Converge (256 B: copy 2 ns/B, zero-copy 6 ns/B).
+        run_counted(&mut p, 256, |_| (2.0, 6.0), 50_000, &mut t);
+        assert_eq!(p.groups[group_of(256)].chosen, Some(Choice::Copy));
+        let explores = p.stats().explores;
+        // Steady: a million sends at constant cost.
+        let n = 1_000_000;
+        let (clocks, on) = run_counted(&mut p, 256, |_| (2.0, 6.0), n, &mut t);
+        // The other path: a few brief re-measurements (gap doubling), well under 0.5 %.
+        assert!(on[idx(Choice::ZeroCopy)] * 200 < n as u64, "{on:?}");
+        assert!(p.stats().explores - explores <= 8, "{:?}", p.stats());
+        assert_eq!(p.stats().drift_explores, 0, "no change, no change signal");
+        // About one clock read per steady window of WINDOW * STEADY sends.
+        let per = u64::from(WINDOW * STEADY);
+        assert!(clocks < n as u64 / per + 64, "{clocks} clock reads");
+        assert_eq!(p.copy_below(), Some(512));
+    }
+
+    #[test]
+    fn chosen_path_getting_dearer_is_a_change_signal_that_re_learns_at_once() {
+        let mut p = AutoPolicy::new(4, 4096, true);
+        let mut t = 0;
+        // Converge on zero-copy at 64 KiB and settle long enough for the gap to grow.
+        run_counted(&mut p, 64 << 10, |_| (0.3, 0.1), 200_000, &mut t);
+        assert_eq!(p.groups[group_of(64 << 10)].chosen, Some(Choice::ZeroCopy));
+        let gap = p.groups[group_of(64 << 10)].gap;
+        assert!(gap > GAP_MIN * 4, "gap {gap}");
+        // The route changes: zero-copy now costs 5× what it did, copy is unchanged.
+        let (_, on) = run_counted(&mut p, 64 << 10, |_| (0.3, 0.5), 3_000, &mut t);
+        assert!(p.stats().drift_explores >= 1, "{:?}", p.stats());
+        assert_eq!(p.groups[group_of(64 << 10)].chosen, Some(Choice::Copy));
+        // Switched within a few steady windows, not after the grown gap (`gap` windows of
+        // WINDOW * STEADY sends each).
+        let grown = u64::from(gap * WINDOW * STEADY);
+        assert!(
+            on[idx(Choice::ZeroCopy)] < 6 * u64::from(WINDOW * STEADY),
+            "{on:?}"
+        );
+        assert!(on[idx(Choice::ZeroCopy)] * 10 < grown, "{on:?} vs {grown}");
+        assert_eq!(p.copy_below(), Some(128 << 10));
     }
 
     #[test]

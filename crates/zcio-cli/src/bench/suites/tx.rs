@@ -403,7 +403,8 @@ fn sweep(
                     let mut s = sample(&rep)?;
                     s.note(format!(
                         "auto (path {}): {} of {} sends by copy for their size, copy below {}, {} \
-                         windows measured ({} re-measuring), {} switch(es) to copy on COPIED",
+                         windows measured ({} re-measuring, {} on drift), {} switch(es) to copy \
+                         on COPIED",
                         rep.path,
                         rep.stats.auto_size_copies,
                         rep.sends,
@@ -412,6 +413,7 @@ fn sweep(
                             .map_or("(not learned)".to_string(), |b| size_label(b as usize)),
                         rep.stats.auto_windows,
                         rep.stats.auto_explores,
+                        rep.stats.auto_drift_explores,
                         rep.stats.auto_switches_to_copy
                     ));
                     Ok(s)

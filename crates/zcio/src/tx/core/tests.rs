@@ -721,3 +721,465 @@ proptest! {
         run.check();
     }
 }
+
+// ---- MSG_ZEROCOPY: synchronous calls, errqueue ranges ----
+
+/// One synchronous call per request, each accepted in full and taking a sequence number.
+fn call_all(t: &mut SendTracker<u64>) -> Vec<Request> {
+    let mut all = Vec::new();
+    loop {
+        let r = pop(t, 1);
+        let Some(&r) = r.first() else { break };
+        t.on_sent(r.key, r.len as i32, true);
+        all.push(r);
+    }
+    all
+}
+
+#[test]
+fn one_errqueue_range_completes_several_sends() {
+    let mut t = SendTracker::new(true, 100);
+    for tag in 0..3 {
+        t.stage(tag, 10 + tag, 150);
+    }
+    assert_eq!(call_all(&mut t).len(), 6, "two calls per send");
+    assert!(
+        done(&mut t).is_empty(),
+        "no range yet: the kernel holds every page"
+    );
+    assert_eq!(t.errq_outstanding(), 6);
+    assert_eq!(t.on_range(0, 5, false), 0);
+    let d = done(&mut t);
+    assert_eq!(
+        d.iter()
+            .map(|f| (f.tag, f.buf, f.bytes, f.zc))
+            .collect::<Vec<_>>(),
+        vec![(0, 10, 150, 2), (1, 11, 150, 2), (2, 12, 150, 2)]
+    );
+    assert_eq!((t.errq_outstanding(), t.live(), t.errq_next()), (0, 0, 6));
+}
+
+#[test]
+fn partial_range_returns_only_sends_whose_every_call_completed() {
+    let mut t = SendTracker::new(false, 100);
+    t.stage(0, 10, 250); // calls 0, 1, 2
+    t.stage(1, 11, 50); // call 3
+    call_all(&mut t);
+    t.on_range(0, 1, false);
+    assert!(done(&mut t).is_empty(), "call 2 of send 0 is still out");
+    t.on_range(2, 2, false);
+    assert_eq!(done(&mut t)[0].tag, 0);
+    assert_eq!(t.errq_oldest(), 3);
+    t.on_range(3, 3, false);
+    assert_eq!(done(&mut t)[0].tag, 1);
+}
+
+#[test]
+fn out_of_order_errqueue_ranges_each_return_their_own_buffer() {
+    let mut t = SendTracker::new(false, 10);
+    for tag in 0..4 {
+        t.stage(tag, 100 + tag, 10);
+    }
+    call_all(&mut t);
+    t.on_range(2, 3, false);
+    let d = done(&mut t);
+    assert_eq!(d.iter().map(|f| f.buf).collect::<Vec<_>>(), vec![102, 103]);
+    assert_eq!(t.errq_oldest(), 0, "the window cannot advance past 0 yet");
+    t.on_range(1, 1, false);
+    t.on_range(0, 0, false);
+    let d = done(&mut t);
+    assert_eq!(d.iter().map(|f| f.buf).collect::<Vec<_>>(), vec![101, 100]);
+    assert_eq!((t.errq_oldest(), t.errq_outstanding()), (4, 0));
+}
+
+#[test]
+fn errqueue_counter_wrap_is_followed() {
+    let mut t = SendTracker::new(true, 10);
+    t.errq_start(u32::MAX - 2);
+    for tag in 0..6 {
+        t.stage(tag, 100 + tag, 10);
+    }
+    call_all(&mut t);
+    assert_eq!(t.errq_next(), 3);
+    // One range across the wrap: MAX-1, MAX, 0, 1.
+    assert_eq!(t.on_range(u32::MAX - 1, 1, false), 0);
+    t.on_range(2, 2, true);
+    assert_eq!(
+        done(&mut t).iter().map(|f| f.tag).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5]
+    );
+    t.on_range(u32::MAX - 2, u32::MAX - 2, false);
+    assert_eq!(done(&mut t)[0].tag, 0);
+    assert_eq!((t.errq_outstanding(), t.errq_next()), (0, 3));
+    t.stage(9, 109, 10);
+    call_all(&mut t);
+    t.on_range(3, 3, false);
+    assert_eq!(done(&mut t)[0].tag, 9);
+}
+
+#[test]
+fn copied_is_counted_per_range_for_the_calls_it_covers() {
+    let mut t = SendTracker::new(true, 100);
+    t.stage(0, 10, 300); // calls 0, 1, 2
+    call_all(&mut t);
+    t.on_range(0, 0, false);
+    t.on_range(1, 2, true);
+    let d = done(&mut t);
+    assert_eq!((d[0].zc, d[0].copied, d[0].unknown), (1, 2, 0));
+    assert_eq!(t.stats().notifs_copied, 2);
+    assert_eq!(t.stats().ranges, 2);
+}
+
+#[test]
+fn numbers_never_issued_or_completed_twice_are_counted_not_matched() {
+    // A socket with history (another sender took numbers 0..5 before this tracker, which
+    // believes it starts at 0) would see its numbers shifted: such numbers must never
+    // return a buffer that the kernel still reads. The backend refuses such sockets; the
+    // tracker never matches a number twice or one it never issued.
+    let mut t = SendTracker::new(true, 100);
+    t.stage(0, 10, 100);
+    call_all(&mut t);
+    assert_eq!(t.on_range(5, 9, false), 5, "never issued");
+    assert!(done(&mut t).is_empty());
+    assert_eq!(t.on_range(0, 0, false), 0);
+    assert_eq!(done(&mut t).len(), 1);
+    assert_eq!(t.on_range(0, 0, false), 1, "completed twice");
+    assert_eq!(t.stats().unknown_ids, 6);
+}
+
+#[test]
+fn short_stream_call_is_continued_before_the_next_send() {
+    let mut t = SendTracker::new(true, 100);
+    t.stage(0, 10, 100);
+    t.stage(1, 11, 100);
+    let r = pop(&mut t, 1);
+    t.on_sent(r[0].key, 40, true);
+    let r = pop(&mut t, 1);
+    assert_eq!((t.tag(r[0].key.slot), r[0].off, r[0].len), (0, 40, 60));
+    t.on_sent(r[0].key, 60, true);
+    let r = pop(&mut t, 1);
+    assert_eq!((t.tag(r[0].key.slot), r[0].off), (1, 0));
+    t.on_sent(r[0].key, 100, true);
+    t.on_range(0, 2, false);
+    let d = done(&mut t);
+    assert_eq!(
+        d.iter().map(|f| (f.tag, f.bytes, f.zc)).collect::<Vec<_>>(),
+        vec![(0, 100, 2), (1, 100, 1)]
+    );
+}
+
+#[test]
+fn failed_datagram_call_waits_for_its_number_only_if_it_took_one() {
+    let mut t = SendTracker::new(false, 100);
+    t.stage(0, 10, 100);
+    t.stage(1, 11, 100);
+    let r = pop(&mut t, 1);
+    t.on_sent(r[0].key, -libc::EMSGSIZE, true);
+    assert!(
+        done(&mut t).is_empty(),
+        "its completion is queued: pages still lent"
+    );
+    let r = pop(&mut t, 1);
+    t.on_sent(r[0].key, -libc::ECONNREFUSED, false);
+    let d = done(&mut t);
+    assert_eq!((d[0].tag, d[0].error), (1, Some(libc::ECONNREFUSED)));
+    t.on_range(0, 0, true);
+    let d = done(&mut t);
+    assert_eq!(
+        (d[0].tag, d[0].error, d[0].bytes),
+        (0, Some(libc::EMSGSIZE), 0)
+    );
+    // A failed call's notification reports nothing about copying.
+    assert_eq!((d[0].zc, d[0].copied), (0, 0));
+}
+
+#[test]
+fn socket_error_while_waiting_fails_every_send_still_owned() {
+    let mut t = SendTracker::new(true, 100);
+    t.stage(0, 10, 100);
+    call_all(&mut t);
+    t.fail(libc::ECONNRESET);
+    t.stage(1, 11, 100);
+    let d = done(&mut t);
+    assert_eq!((d[0].tag, d[0].error), (1, Some(libc::ECONNRESET)));
+    t.on_range(0, 0, false);
+    let d = done(&mut t);
+    assert_eq!((d[0].tag, d[0].error), (0, Some(libc::ECONNRESET)));
+}
+
+/// What the model socket does with one `send(MSG_ZEROCOPY)` call.
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    Full,
+    /// Stream only: part of the bytes.
+    Short,
+    /// ENOBUFS with nothing outstanding: the backend sends the piece by copy.
+    ByCopy,
+    /// Datagram only: failed, but the kernel took a number (its completion will come).
+    FailTook,
+    /// Failed without taking a number (datagram: that datagram; stream: the connection).
+    Fail,
+}
+
+#[derive(Debug, Clone)]
+enum ErrqOp {
+    Stage(usize),
+    /// Make up to `n` calls.
+    Call(usize),
+    /// The kernel completes up to `n` outstanding numbers (in any order).
+    Complete(usize),
+    /// Read up to `n` queued ranges.
+    Reap(usize),
+}
+
+/// A socket with `SO_ZEROCOPY`: a u32 counter that starts near the wrap, numbers whose
+/// pages the kernel still reads, completed numbers queued as ranges.
+struct ErrqRun {
+    t: SendTracker<u64>,
+    stream: bool,
+    fatal: bool,
+    next: u32,
+    /// Outstanding numbers: (number, buffer, copied).
+    out: Vec<(u32, u64, bool)>,
+    /// Completed, not yet read: ranges (lo, hi, copied), built the way the kernel merges a
+    /// completion into the queue's tail message when it extends it.
+    queued: VecDeque<(u32, u32, bool)>,
+    refs: HashMap<u64, u32>,
+    wire: Vec<(u64, usize, usize)>,
+    lens: Vec<usize>,
+    finished: HashMap<u64, Finished<u64>>,
+    rng: u64,
+}
+
+impl ErrqRun {
+    fn new(stream: bool, seed: u64, first: u32) -> Self {
+        let mut t = SendTracker::new(stream, 4);
+        t.errq_start(first);
+        Self {
+            t,
+            stream,
+            fatal: false,
+            next: first,
+            out: Vec::new(),
+            queued: VecDeque::new(),
+            refs: HashMap::new(),
+            wire: Vec::new(),
+            lens: Vec::new(),
+            finished: HashMap::new(),
+            rng: seed | 1,
+        }
+    }
+
+    fn rand(&mut self) -> u64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn take_number(&mut self, buf: u64) {
+        let copied = self.rand() % 4 == 0;
+        self.out.push((self.next, buf, copied));
+        self.next = self.next.wrapping_add(1);
+        *self.refs.entry(buf).or_default() += 1;
+    }
+
+    fn call(&mut self, calm: bool) -> bool {
+        let r = pop(&mut self.t, 1);
+        let Some(&r) = r.first() else { return false };
+        let buf = *self.t.buf(r.key.slot);
+        let c = if calm {
+            Call::Full
+        } else {
+            match self.rand() % 16 {
+                0..=10 => Call::Full,
+                11..=12 if self.stream => Call::Short,
+                11..=12 => Call::FailTook,
+                13 => Call::ByCopy,
+                14 if !self.stream || self.rand() % 4 == 0 => Call::Fail,
+                _ => Call::Full,
+            }
+        };
+        match c {
+            Call::Short if r.len > 1 => {
+                let n = 1 + (self.rand() as usize) % (r.len - 1);
+                self.wire.push((buf, r.off, n));
+                self.take_number(buf);
+                self.t.on_sent(r.key, n as i32, true);
+            }
+            Call::Full | Call::Short => {
+                self.wire.push((buf, r.off, r.len));
+                self.take_number(buf);
+                self.t.on_sent(r.key, r.len as i32, true);
+            }
+            Call::ByCopy => {
+                self.wire.push((buf, r.off, r.len));
+                self.t.on_sent(r.key, r.len as i32, false);
+            }
+            Call::FailTook => {
+                self.take_number(buf);
+                self.t.on_sent(r.key, -libc::EMSGSIZE, true);
+            }
+            Call::Fail => {
+                if self.stream {
+                    self.fatal = true;
+                }
+                self.t.on_sent(r.key, -libc::ECONNRESET, false);
+            }
+        }
+        true
+    }
+
+    fn complete(&mut self, n: usize) {
+        for _ in 0..n {
+            if self.out.is_empty() {
+                return;
+            }
+            let i = (self.rand() as usize) % self.out.len();
+            let (id, buf, copied) = self.out.swap_remove(i);
+            *self.refs.get_mut(&buf).expect("ref") -= 1;
+            match self.queued.back_mut() {
+                Some((_, hi, c)) if *c == copied && hi.wrapping_add(1) == id => *hi = id,
+                _ => self.queued.push_back((id, id, copied)),
+            }
+        }
+    }
+
+    fn collect(&mut self) {
+        while let Some(f) = self.t.next_done() {
+            assert_eq!(f.buf, f.tag, "a send came back with another send's buffer");
+            assert_eq!(
+                self.refs.get(&f.buf).copied().unwrap_or(0),
+                0,
+                "buffer {} returned while the kernel may still read it",
+                f.buf
+            );
+            assert!(
+                self.finished.insert(f.tag, f).is_none(),
+                "ticket completed twice"
+            );
+        }
+    }
+
+    fn step(&mut self, op: &ErrqOp, calm: bool) {
+        match *op {
+            ErrqOp::Stage(len) => {
+                let tag = self.lens.len() as u64;
+                self.lens.push(len);
+                self.t.stage(tag, tag, len);
+            }
+            ErrqOp::Call(n) => {
+                for _ in 0..n {
+                    if !self.call(calm) {
+                        break;
+                    }
+                }
+            }
+            ErrqOp::Complete(n) => self.complete(n),
+            ErrqOp::Reap(n) => {
+                for _ in 0..n {
+                    let Some((lo, hi, copied)) = self.queued.pop_front() else {
+                        break;
+                    };
+                    assert_eq!(self.t.on_range(lo, hi, copied), 0, "every number matched");
+                }
+            }
+        }
+        self.collect();
+    }
+
+    fn drain(&mut self) {
+        for _ in 0..10_000 {
+            if self.t.live() == 0 {
+                return;
+            }
+            self.step(&ErrqOp::Call(64), true);
+            self.step(&ErrqOp::Complete(64), true);
+            self.step(&ErrqOp::Reap(64), true);
+        }
+        panic!("did not drain: {:#?}", self.t);
+    }
+
+    fn check(&self) {
+        let n = self.lens.len() as u64;
+        assert_eq!(self.finished.len() as u64, n, "every ticket completes once");
+        let mut moved: HashMap<u64, usize> = HashMap::new();
+        for &(tag, _, len) in &self.wire {
+            *moved.entry(tag).or_default() += len;
+        }
+        for (tag, f) in &self.finished {
+            assert_eq!(
+                f.bytes,
+                moved.get(tag).copied().unwrap_or(0),
+                "bytes of {tag}"
+            );
+            assert!(f.unsent.is_empty());
+        }
+        if self.stream {
+            // What moved is the stream in order: the whole of it, or a prefix after a reset.
+            let mut pos = (0u64, 0usize);
+            for &(tag, off, len) in &self.wire {
+                while pos.0 < n && pos.1 == self.lens[pos.0 as usize] {
+                    pos = (pos.0 + 1, 0);
+                }
+                assert_eq!((tag, off), pos, "byte ranges out of order");
+                pos.1 += len;
+            }
+            while pos.0 < n && pos.1 == self.lens[pos.0 as usize] {
+                pos = (pos.0 + 1, 0);
+            }
+            if !self.fatal {
+                assert_eq!(pos.0, n, "bytes lost from the stream");
+            }
+        } else {
+            for tag in 0..n {
+                let f = &self.finished[&tag];
+                if f.error.is_some() {
+                    continue;
+                }
+                assert_eq!(f.bytes, self.lens[tag as usize], "datagram bytes of {tag}");
+            }
+        }
+    }
+}
+
+fn errq_ops() -> impl Strategy<Value = Vec<ErrqOp>> {
+    prop::collection::vec(
+        prop_oneof![
+            4 => (1usize..=12).prop_map(ErrqOp::Stage),
+            4 => (1usize..=6).prop_map(ErrqOp::Call),
+            3 => (1usize..=6).prop_map(ErrqOp::Complete),
+            3 => (1usize..=4).prop_map(ErrqOp::Reap),
+        ],
+        1..120,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn errqueue_stream_sends_complete_once_in_order_and_never_early(
+        ops in errq_ops(), seed in any::<u64>(), back in 0u32..64
+    ) {
+        // The counter starts close enough to the wrap that many runs cross it.
+        let mut run = ErrqRun::new(true, seed, 0u32.wrapping_sub(back));
+        for op in &ops {
+            run.step(op, false);
+        }
+        run.drain();
+        run.check();
+    }
+
+    #[test]
+    fn errqueue_datagram_sends_complete_once_and_never_early(
+        ops in errq_ops(), seed in any::<u64>(), back in 0u32..64
+    ) {
+        let mut run = ErrqRun::new(false, seed, 0u32.wrapping_sub(back));
+        for op in &ops {
+            run.step(op, false);
+        }
+        run.drain();
+        run.check();
+    }
+}
