@@ -514,6 +514,69 @@ impl Kernel {
     }
 }
 
+/// Moves finished sends from the tracker into `finished`: each ticket once, with its own
+/// buffer, and never while the kernel still holds a reference to that buffer.
+fn collect_finished(
+    t: &mut SendTracker<u64>,
+    refs: &HashMap<u64, u32>,
+    finished: &mut HashMap<u64, Finished<u64>>,
+) {
+    while let Some(f) = t.next_done() {
+        assert_eq!(f.buf, f.tag, "a send came back with another send's buffer");
+        assert_eq!(
+            refs.get(&f.buf).copied().unwrap_or(0),
+            0,
+            "buffer {} returned while the kernel may still read it",
+            f.buf
+        );
+        assert!(
+            finished.insert(f.tag, f).is_none(),
+            "ticket completed twice"
+        );
+    }
+}
+
+/// Every ticket finished once, reporting the bytes the kernel moved for it (`wire`: tag,
+/// offset, length).
+fn check_moved_bytes(
+    lens: &[usize],
+    finished: &HashMap<u64, Finished<u64>>,
+    wire: &[(u64, usize, usize)],
+) {
+    assert_eq!(finished.len(), lens.len(), "every ticket completes once");
+    let mut moved: HashMap<u64, usize> = HashMap::new();
+    for &(tag, _, len) in wire {
+        *moved.entry(tag).or_default() += len;
+    }
+    for (tag, f) in finished {
+        assert_eq!(
+            f.bytes,
+            moved.get(tag).copied().unwrap_or(0),
+            "bytes of {tag}"
+        );
+    }
+}
+
+/// `seq` (tag, offset, length) walks the stream of sends of `lens` in order, without gaps;
+/// when `complete`, to its end (otherwise a prefix is enough: after a fatal error).
+fn check_stream_order(lens: &[usize], seq: &[(u64, usize, usize)], complete: bool) {
+    let n = lens.len() as u64;
+    let mut pos = (0u64, 0usize);
+    for &(tag, off, len) in seq {
+        while pos.0 < n && pos.1 == lens[pos.0 as usize] {
+            pos = (pos.0 + 1, 0);
+        }
+        assert_eq!((tag, off), pos, "byte ranges out of order");
+        pos.1 += len;
+    }
+    while pos.0 < n && pos.1 == lens[pos.0 as usize] {
+        pos = (pos.0 + 1, 0);
+    }
+    if complete {
+        assert_eq!(pos.0, n, "bytes lost from the stream");
+    }
+}
+
 struct Run {
     t: SendTracker<u64>,
     k: Kernel,
@@ -547,19 +610,7 @@ impl Run {
     }
 
     fn collect(&mut self) {
-        while let Some(f) = self.t.next_done() {
-            assert_eq!(f.buf, f.tag, "a send came back with another send's buffer");
-            assert_eq!(
-                self.k.refs.get(&f.buf).copied().unwrap_or(0),
-                0,
-                "buffer {} returned while the kernel may still read it",
-                f.buf
-            );
-            assert!(
-                self.finished.insert(f.tag, f).is_none(),
-                "ticket completed twice"
-            );
-        }
+        collect_finished(&mut self.t, &self.k.refs, &mut self.finished);
     }
 
     fn step(&mut self, op: &Op, calm: bool) {
@@ -612,18 +663,7 @@ impl Run {
 
     fn check(&self) {
         let n = self.lens.len() as u64;
-        assert_eq!(self.finished.len() as u64, n, "every ticket completes once");
-        let mut moved: HashMap<u64, usize> = HashMap::new();
-        for &(tag, _, len) in &self.k.wire {
-            *moved.entry(tag).or_default() += len;
-        }
-        for (tag, f) in &self.finished {
-            assert_eq!(
-                f.bytes,
-                moved.get(tag).copied().unwrap_or(0),
-                "bytes of {tag}"
-            );
-        }
+        check_moved_bytes(&self.lens, &self.finished, &self.k.wire);
         if self.k.stream {
             // The bytes the kernel moved, then the unsent ranges in ticket order, are the
             // stream in order; after a fatal error what moved is a prefix (and unsent ranges
@@ -635,20 +675,7 @@ impl Run {
                     seq.push((tag, off, len));
                 }
             }
-            let mut pos = (0u64, 0usize);
-            for (tag, off, len) in seq {
-                while pos.0 < n && pos.1 == self.lens[pos.0 as usize] {
-                    pos = (pos.0 + 1, 0);
-                }
-                assert_eq!((tag, off), pos, "byte ranges out of order");
-                pos.1 += len;
-            }
-            while pos.0 < n && pos.1 == self.lens[pos.0 as usize] {
-                pos = (pos.0 + 1, 0);
-            }
-            if !fatal {
-                assert_eq!(pos.0, n, "bytes lost from the stream");
-            }
+            check_stream_order(&self.lens, &seq, !fatal);
         } else {
             for tag in 0..n {
                 let f = &self.finished[&tag];
@@ -1046,19 +1073,7 @@ impl ErrqRun {
     }
 
     fn collect(&mut self) {
-        while let Some(f) = self.t.next_done() {
-            assert_eq!(f.buf, f.tag, "a send came back with another send's buffer");
-            assert_eq!(
-                self.refs.get(&f.buf).copied().unwrap_or(0),
-                0,
-                "buffer {} returned while the kernel may still read it",
-                f.buf
-            );
-            assert!(
-                self.finished.insert(f.tag, f).is_none(),
-                "ticket completed twice"
-            );
-        }
+        collect_finished(&mut self.t, &self.refs, &mut self.finished);
     }
 
     fn step(&mut self, op: &ErrqOp, calm: bool) {
@@ -1102,35 +1117,11 @@ impl ErrqRun {
 
     fn check(&self) {
         let n = self.lens.len() as u64;
-        assert_eq!(self.finished.len() as u64, n, "every ticket completes once");
-        let mut moved: HashMap<u64, usize> = HashMap::new();
-        for &(tag, _, len) in &self.wire {
-            *moved.entry(tag).or_default() += len;
-        }
-        for (tag, f) in &self.finished {
-            assert_eq!(
-                f.bytes,
-                moved.get(tag).copied().unwrap_or(0),
-                "bytes of {tag}"
-            );
-            assert!(f.unsent.is_empty());
-        }
+        check_moved_bytes(&self.lens, &self.finished, &self.wire);
+        assert!(self.finished.values().all(|f| f.unsent.is_empty()));
         if self.stream {
             // What moved is the stream in order: the whole of it, or a prefix after a reset.
-            let mut pos = (0u64, 0usize);
-            for &(tag, off, len) in &self.wire {
-                while pos.0 < n && pos.1 == self.lens[pos.0 as usize] {
-                    pos = (pos.0 + 1, 0);
-                }
-                assert_eq!((tag, off), pos, "byte ranges out of order");
-                pos.1 += len;
-            }
-            while pos.0 < n && pos.1 == self.lens[pos.0 as usize] {
-                pos = (pos.0 + 1, 0);
-            }
-            if !self.fatal {
-                assert_eq!(pos.0, n, "bytes lost from the stream");
-            }
+            check_stream_order(&self.lens, &self.wire, !self.fatal);
         } else {
             for tag in 0..n {
                 let f = &self.finished[&tag];
