@@ -3,7 +3,7 @@
 //! Accepts everything except what the rules drop (UDP/TCP destination ports, IP protocols),
 //! prints stats periodically, and on SIGINT/SIGTERM decides every pending packet and unbinds.
 
-mod filter;
+use zcio::netlink::packet as filter;
 
 use anyhow::{bail, Context, Result};
 use std::sync::atomic::{AtomicBool, Ordering};

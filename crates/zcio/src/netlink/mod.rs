@@ -4,7 +4,9 @@
 //! - [`msg`]: netlink messages and attributes (parse in place, emit into a buffer);
 //! - [`nfqmsg`]: nfqueue CONFIG / PACKET / VERDICT / VERDICT_BATCH;
 //! - [`NfQueue`]: the consumer (bind one queue or a range, hold packets, batch verdicts);
-//! - [`route`]: rtnetlink dumps through the frame ring.
+//! - [`route`]: rtnetlink dumps through the frame ring;
+//! - [`packet`]: the queued packet itself: where its transport header is, and making a
+//!   rewritten packet consistent again (lengths and checksums) before a mangle verdict.
 //!
 //! The frame ring itself (the memory and the batched receive) is crate-private
 //! (`buf::frames::FrameRing`, public under the `unstable-raw` feature); its counters are
@@ -12,6 +14,7 @@
 
 pub mod msg;
 pub mod nfqmsg;
+pub mod packet;
 pub mod queue;
 pub mod route;
 pub mod tracker;

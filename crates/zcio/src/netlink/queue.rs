@@ -106,13 +106,15 @@ pub enum NfqError {
         #[source]
         source: io::Error,
     },
-    /// A replacement payload for a GSO packet (queued whole with `NFQA_CFG_F_GSO`): the
-    /// kernel drops such a packet after the mangle (`nfqnl_mangle` leaves `CHECKSUM_NONE`,
-    /// which GSO segmentation refuses), so zcio refuses it and the packet got
-    /// [`NfQueueConfig::on_error`] (or, for [`NfQueue::verdict`], stays held).
+    /// A replacement payload for a GSO packet other than TCP (queued whole with
+    /// `NFQA_CFG_F_GSO`): the kernel drops such a packet after the mangle, whatever its
+    /// checksums (UDP segmentation needs the `CHECKSUM_PARTIAL` state that `nfqnl_mangle`
+    /// resets), so zcio refuses it and the packet got [`NfQueueConfig::on_error`] (or, for
+    /// [`NfQueue::verdict`], stays held). TCP GSO packets can be mangled (TCP segmentation
+    /// rebuilds the checksum state); see [`packet::fix_checksums`](super::packet::fix_checksums).
     #[error(
-        "queue {queue}, packet {id}: cannot replace the payload of a GSO packet (the kernel \
-         drops it after the mangle); bind without gso to rewrite packets"
+        "queue {queue}, packet {id}: cannot replace the payload of a non-TCP GSO packet (the \
+         kernel drops it after the mangle); bind without gso to rewrite such packets"
     )]
     MangleGso {
         /// The queue.
@@ -719,7 +721,7 @@ where
                 *ctx.total += 1;
                 let d = match (ctx.f)(&p) {
                     Decision::Hold => None,
-                    Decision::Mangle(..) if is_gso(&p) => {
+                    Decision::Mangle(..) if mangle_dropped_by_kernel(&p) => {
                         ctx.stats.refused += 1;
                         ctx.deferred
                             .get_or_insert(NfqError::MangleGso { queue, id: p.id });
@@ -802,8 +804,17 @@ impl<F> Ctx<'_, F> {
 }
 
 /// Whether the kernel queued `p` as a GSO super-packet.
-fn is_gso(p: &Packet<'_>) -> bool {
+/// Whether the kernel would drop this packet after a mangle: a GSO packet (queued whole with
+/// `NFQA_CFG_F_GSO`) that is not TCP. Measured on 6.18: `nfqnl_mangle` marks the packet
+/// `CHECKSUM_NONE`; TCP segmentation rebuilds `CHECKSUM_PARTIAL` from the pseudo-header, and
+/// local delivery of a whole TCP burst checks the sum over all of it, so a TCP burst with
+/// recomputed checksums arrives intact. UDP segmentation on local delivery finds the checksum
+/// state gone (the receive path reuses its fields) and drops the burst, checksums fixed or not.
+fn mangle_dropped_by_kernel(p: &Packet<'_>) -> bool {
     p.skb_info.is_some_and(|i| i & NFQA_SKB_GSO != 0)
+        && p.payload
+            .and_then(super::packet::locate)
+            .map_or(true, |l| l.proto != 6)
 }
 
 fn to_decided(d: Decision) -> Result<Decided, EmitError> {
@@ -1086,7 +1097,9 @@ impl NfQueue {
         if d == Decision::Hold {
             return Ok(());
         }
-        if matches!(d, Decision::Mangle(..)) && self.with_held(r, is_gso) == Some(true) {
+        if matches!(d, Decision::Mangle(..))
+            && self.with_held(r, mangle_dropped_by_kernel) == Some(true)
+        {
             return Err(NfqError::MangleGso {
                 queue: r.queue,
                 id: r.id,
