@@ -126,6 +126,18 @@ pub struct FrameStats {
     pub full: u64,
 }
 
+/// Distance between frame starts for frames of `frame_size` bytes: rounded up to a whole
+/// number of 64-byte cache lines, and to an odd number of them. Frames a multiple of 4 KiB
+/// apart start in the same L1 cache sets (a 32 KiB 8-way L1 repeats its sets every 4 KiB), so
+/// the lines the kernel writes and the consumer then reads in 64 recently used frames compete
+/// for 8 ways; an odd number of lines walks every set before repeating. Measured with bench
+/// `nfq` (1400 B packets, 4 KiB frames): consumer CPU 2.25 → 2.00 µs/packet with a 4160-byte
+/// stride, the 13 % that zcio had been behind the batch32 + `recvmmsg` baseline.
+pub(crate) fn frame_stride(frame_size: usize) -> usize {
+    let lines = frame_size.div_ceil(64);
+    (lines | 1) * 64
+}
+
 /// Most frames one `recvmmsg` fills.
 pub const MAX_BATCH: usize = 64;
 
@@ -136,6 +148,9 @@ pub struct FrameRing {
     uring: Option<FrameRecv>,
     region: Region,
     frame_size: usize,
+    /// Bytes from one frame's start to the next: `frame_size` rounded up to an odd number of
+    /// cache lines (see [`frame_stride`]).
+    stride: usize,
     count: u32,
     free: VecDeque<u32>,
     ready: VecDeque<u32>,
@@ -156,12 +171,14 @@ impl FrameRing {
         if count == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "zero frames"));
         }
-        let region = Region::new(frame_size * count as usize, false)?;
+        let stride = frame_stride(frame_size);
+        let region = Region::new(stride * count as usize, false)?;
         let batch = MAX_BATCH.min(count as usize);
         Ok(Self {
             uring: None,
             region,
             frame_size,
+            stride,
             count,
             free: (0..count).collect(),
             ready: VecDeque::with_capacity(count as usize),
@@ -206,7 +223,7 @@ impl FrameRing {
     }
 
     fn hdr(&self, id: u32) -> FrameHdr {
-        let off = id as usize * self.frame_size;
+        let off = id as usize * self.stride;
         let b = &self.region.as_slice()[off..off + FRAME_HDR_LEN];
         let w = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         FrameHdr {
@@ -218,7 +235,7 @@ impl FrameRing {
     }
 
     fn set_hdr(&mut self, id: u32, h: FrameHdr) {
-        let off = id as usize * self.frame_size;
+        let off = id as usize * self.stride;
         let b = &mut self.region.as_mut_slice()[off..off + FRAME_HDR_LEN];
         b[0..4].copy_from_slice(&h.status.to_ne_bytes());
         b[4..8].copy_from_slice(&h.len.to_ne_bytes());
@@ -297,7 +314,7 @@ impl FrameRing {
         for i in 0..n {
             let id = self.free[top - 1 - i];
             ids[i] = id;
-            let off = id as usize * self.frame_size + FRAME_HDR_LEN;
+            let off = id as usize * self.stride + FRAME_HDR_LEN;
             iov[i][0] = libc::iovec {
                 iov_base: base.wrapping_add(off).cast(),
                 iov_len: payload,
@@ -360,7 +377,7 @@ impl FrameRing {
             }
             let status = if len > payload {
                 let mut v = Vec::with_capacity(len);
-                let off = id as usize * self.frame_size + FRAME_HDR_LEN;
+                let off = id as usize * self.stride + FRAME_HDR_LEN;
                 v.extend_from_slice(&self.region.as_slice()[off..off + payload]);
                 let s = i * self.spill_size;
                 let extra = (len - payload).min(self.spill_size);
@@ -406,7 +423,7 @@ impl FrameRing {
             self.stats.copies += 1;
             FrameStatus::Copy
         } else {
-            let off = id as usize * self.frame_size + FRAME_HDR_LEN;
+            let off = id as usize * self.stride + FRAME_HDR_LEN;
             self.region.as_mut_slice()[off..off + data.len()].copy_from_slice(data);
             FrameStatus::Valid
         };
@@ -439,7 +456,7 @@ impl FrameRing {
         }
         match FrameStatus::from_u32(h.status) {
             FrameStatus::Valid | FrameStatus::Skip => {
-                let off = id.0 as usize * self.frame_size + FRAME_HDR_LEN;
+                let off = id.0 as usize * self.stride + FRAME_HDR_LEN;
                 let len = (h.len as usize).min(self.frame_payload());
                 &self.region.as_slice()[off..off + len]
             }
@@ -492,7 +509,7 @@ impl FrameRing {
         let addr = self
             .region
             .as_ptr()
-            .wrapping_add(id as usize * self.frame_size + FRAME_HDR_LEN);
+            .wrapping_add(id as usize * self.stride + FRAME_HDR_LEN);
         self.set_status(id, FrameStatus::Reserved);
         let Some(u) = self.uring.as_mut() else { return };
         // SAFETY: the frame is inside `self.region`, which outlives the producer (`uring` is
@@ -667,6 +684,30 @@ impl FrameRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frames_are_an_odd_number_of_cache_lines_apart() {
+        for (size, stride) in [
+            (4096, 4160),
+            (4160, 4160),
+            (2048, 2112),
+            (80, 192),
+            (32784, 32832),
+        ] {
+            assert_eq!(frame_stride(size), stride, "{size}");
+        }
+        // 64 frames of 4 KiB start at 64 different offsets within a page.
+        let r = FrameRing::new(4096, 64, 4096).unwrap();
+        let base = r.region.as_ptr() as usize;
+        let offsets: std::collections::BTreeSet<usize> =
+            (0..64).map(|i| (base + i * r.stride) % 4096).collect();
+        assert_eq!(offsets.len(), 64);
+        assert_eq!(
+            r.frame_size(),
+            4096,
+            "the usable size is what was asked for"
+        );
+    }
 
     #[test]
     fn frames_start_unused_and_hold_release_cycle() {
