@@ -6,22 +6,23 @@
 //! - [`NfQueue`]: the consumer (bind one queue or a range, hold packets, batch verdicts);
 //! - [`route`]: rtnetlink dumps through the frame ring.
 //!
-//! The frame ring itself (the memory and the batched receive) is crate-private
-//! (`buf::frames::FrameRing`, public under the `unstable-raw` feature); its counters are
-//! [`FrameStats`].
+//! The frame ring is crate-private: its memory and frame states are `buf::frames::FrameRing`
+//! (public under the `unstable-raw` feature), its producers (`recvmmsg`, io_uring) are
+//! `netlink::source`; their counters are [`FrameStats`], their errors [`FrameError`].
 
 pub mod msg;
 pub mod nfqmsg;
 pub mod queue;
 pub mod route;
+mod source;
 pub mod tracker;
 
-pub use crate::buf::frames::FrameStats;
 pub use nfqmsg::{CopyMode, Packet, Verdict};
 pub use queue::{
     kernel_queue_stats, Decision, KernelQueueStats, NfQueue, NfQueueConfig, NfqError, NfqStats,
     PacketRef,
 };
+pub use source::{FrameError, FrameStats};
 
 /// How a netlink consumer ([`NfQueue`], [`RouteSocket`]) fills its frame ring: chosen once,
 /// when the socket is opened ([`NfQueueConfig::uring`], [`RouteSocket::use_uring`]).
