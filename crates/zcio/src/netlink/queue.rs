@@ -424,25 +424,19 @@ impl QueueSock {
             .map_err(sock_err("socket(AF_NETLINK, NETLINK_NETFILTER)"))?;
         nl::bind(&fd, 0, 0).map_err(sock_err("bind netlink socket"))?;
         if let Some((bytes, force)) = cfg.rcvbuf {
-            if let Err(e) = nl::set_rcvbuf(&fd, bytes, force) {
-                if force {
-                    fallbacks.push(Fallback::new(
-                        Path::setting("SO_RCVBUFFORCE"),
-                        Path::setting("SO_RCVBUF"),
-                        format!(
-                            "{e} (needs CAP_NET_ADMIN); receive buffer capped by net.core.rmem_max"
-                        ),
-                    ));
-                    nl::set_rcvbuf(&fd, bytes, false).map_err(sock_err("SO_RCVBUF"))?;
-                } else {
-                    return Err(sock_err("SO_RCVBUF")(e));
-                }
-            }
+            super::size_rcvbuf(&fd, bytes, force, fallbacks).map_err(sock_err("SO_RCVBUF"))?;
         }
         if cfg.no_enobufs {
             nl::set_no_enobufs(&fd, true).map_err(sock_err("NETLINK_NO_ENOBUFS"))?;
         }
-        let _ = nl::set_ext_ack(&fd);
+        if let Err(e) = nl::set_ext_ack(&fd) {
+            // Error ACKs then carry no message text; the errno still arrives.
+            fallbacks.push(Fallback::new(
+                Path::setting("NETLINK_EXT_ACK"),
+                Path::setting("plain ACKs"),
+                format!("NETLINK_CAP_ACK/NETLINK_EXT_ACK refused: {e} (Linux 4.12)"),
+            ));
+        }
         let mut ring = FrameSource::new(cfg.frame_size, cfg.frames, 70 << 10)
             .map_err(sock_err("mapping the frame ring"))?;
         if cfg.uring {

@@ -94,7 +94,8 @@ pub struct RouteSocket {
 
 impl RouteSocket {
     /// Opens a `NETLINK_ROUTE` socket with `frames` frames of 32 KiB and a receive buffer of
-    /// `rcvbuf` bytes (`SO_RCVBUFFORCE`, falling back to `SO_RCVBUF`).
+    /// `rcvbuf` bytes (`SO_RCVBUFFORCE`; without CAP_NET_ADMIN, `SO_RCVBUF` capped by
+    /// `net.core.rmem_max`, recorded in [`Report::fallbacks`] with the size granted).
     pub fn new(frames: u32, rcvbuf: usize) -> Result<Self, DumpError> {
         let fd = nl::socket(nl::NETLINK_ROUTE).map_err(|e| DumpError::Io {
             what: "socket(AF_NETLINK, NETLINK_ROUTE)",
@@ -104,9 +105,11 @@ impl RouteSocket {
             what: "bind",
             source: e,
         })?;
-        if nl::set_rcvbuf(&fd, rcvbuf, true).is_err() {
-            let _ = nl::set_rcvbuf(&fd, rcvbuf, false);
-        }
+        let mut fallbacks = Vec::new();
+        super::size_rcvbuf(&fd, rcvbuf, true, &mut fallbacks).map_err(|e| DumpError::Io {
+            what: "SO_RCVBUF",
+            source: e,
+        })?;
         // 32 KiB is the largest dump datagram the kernel builds.
         let ring =
             FrameSource::new((32 << 10) + 16, frames, 64 << 10).map_err(|e| DumpError::Io {
@@ -117,7 +120,7 @@ impl RouteSocket {
             fd,
             ring,
             seq: 0,
-            fallbacks: Vec::new(),
+            fallbacks,
             counters: Counters::default(),
         })
     }
