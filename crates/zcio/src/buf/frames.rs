@@ -134,6 +134,12 @@ impl LentFrame {
 
 /// `count` fixed-size frames, their states, the free stack, the ready queue and the
 /// out-of-line buffers of COPY frames. See the module docs.
+///
+/// Access model: the bytes are read and written only through this value (per frame, through
+/// the region's base pointer); the other holders of the region are [`FrameMemory`] handles,
+/// which give no access to them. So `&mut FrameRing` is exclusive access from user space, and
+/// the kernel writes only payloads of frames this ring lent ([`FrameRing::lend`]) and does not
+/// touch until they come back.
 #[derive(Debug)]
 pub struct FrameRing {
     region: Arc<Region>,
@@ -426,7 +432,9 @@ impl FrameRing {
     /// Holds a frame (status SKIP): its bytes stay valid and the producer skips it until
     /// [`release`](Self::release).
     pub fn hold(&mut self, id: FrameId) {
-        if self.status(id) == FrameStatus::Skip {
+        // Only a frame the consumer has (VALID or COPY) can be held; a free or lent one is not
+        // the consumer's, and a held one stays held once.
+        if !matches!(self.status(id), FrameStatus::Valid | FrameStatus::Copy) {
             return;
         }
         // A COPY frame keeps its out-of-line buffer; its status word says SKIP.
@@ -599,6 +607,14 @@ mod tests {
         assert_eq!(r.held(), 3);
         assert!(take(&mut r, 2).is_empty());
         assert!(r.lend().is_none());
+        // Holding a frame the consumer does not have (free or lent) changes nothing.
+        let mut fresh = FrameRing::new(256, 2).unwrap();
+        fresh.hold(FrameId(0));
+        let lent = fresh.lend().unwrap();
+        fresh.hold(lent.id());
+        assert_eq!(fresh.held(), 0);
+        assert_eq!(fresh.status(FrameId(0)), FrameStatus::Unused);
+        assert_eq!(fresh.status(lent.id()), FrameStatus::Reserved);
         // Releasing a RESERVED or UNUSED frame changes nothing; a held one frees it.
         r.release(FrameId(ids[1]));
         assert!(!r.all_held());
