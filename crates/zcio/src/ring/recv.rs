@@ -510,6 +510,8 @@ pub struct FrameRecv {
     /// The frames' memory, kept mapped until Drop has torn the receive down (fields drop
     /// after `Drop::drop`).
     memory: FrameMemory,
+    /// Entries of the buffer ring: the most buffers it holds at once.
+    capacity: u32,
     /// Entries added since the last publish.
     unpublished: u16,
     armed: bool,
@@ -560,6 +562,7 @@ impl FrameRecv {
             ring,
             bufs,
             memory,
+            capacity: u32::from(entries),
             unpublished: 0,
             armed: false,
             provided: 0,
@@ -576,20 +579,24 @@ impl FrameRecv {
     ///
     /// # Panics
     ///
-    /// If the frame is not inside the memory this ring was made with, or its id does not fit
-    /// a buffer id (a ring has at most 32768 frames).
+    /// If the frame is not inside the memory this ring was made with, its id does not fit a
+    /// buffer id (a ring has at most 32768 frames), or the buffer ring is full.
     pub fn provide(&mut self, frame: LentFrame) {
         assert!(
             self.memory.contains(frame.addr(), frame.len() as usize),
             "a frame of another frame ring"
+        );
+        assert!(
+            self.provided < self.capacity,
+            "more frames provided than the buffer ring holds"
         );
         let bid = u16::try_from(frame.id().0).expect("frame ids fit a buffer id");
         // SAFETY: the payload lies inside `self.memory`, which this value keeps mapped until
         // Drop has cancelled the receive, seen its last completion and unregistered the buffer
         // ring; a `LentFrame` is made only by `FrameRing::lend` for a frame it marked RESERVED,
         // and the ring does not read or write a RESERVED frame's payload until the completion
-        // carrying its id gives it back (`FrameRing::complete`). At most `count` buffers are
-        // provided at once, so the slot is not one the kernel may still read.
+        // carrying its id gives it back (`FrameRing::complete`). Fewer than `capacity` buffers
+        // are in the ring (asserted above), so the slot is not one the kernel may still read.
         unsafe {
             self.bufs
                 .add(frame.addr(), frame.len(), bid, self.unpublished)
@@ -785,6 +792,11 @@ impl Drop for FrameRecv {
                         self.armed = false;
                     }
                 }
+            }
+            if self.armed {
+                tracing::error!("frame receive still armed after cancel; leaking the frame memory");
+                // Keep the frames mapped forever rather than free them under the kernel.
+                std::mem::forget(self.memory.clone());
             }
         }
         let _ = self
