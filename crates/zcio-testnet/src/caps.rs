@@ -2,6 +2,8 @@
 
 use std::io;
 
+/// `CAP_NET_ADMIN`: network administration (`SO_RCVBUFFORCE`, netfilter configuration).
+pub const CAP_NET_ADMIN: u32 = 12;
 /// `CAP_IPC_LOCK`: exempt from `RLIMIT_MEMLOCK` accounting.
 pub const CAP_IPC_LOCK: u32 = 14;
 

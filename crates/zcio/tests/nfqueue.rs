@@ -1502,3 +1502,53 @@ fn mangled_udp_payload_arrives_only_when_its_checksums_are_fixed() {
     })
     .unwrap();
 }
+
+#[test]
+fn a_receive_buffer_capped_by_rmem_max_is_recorded_not_silent() {
+    let Some(ns) = host(
+        "a_receive_buffer_capped_by_rmem_max_is_recorded_not_silent",
+        35,
+    ) else {
+        return;
+    };
+    let max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+        .expect("net.core.rmem_max")
+        .trim()
+        .parse()
+        .expect("a number");
+    let want = (max * 2 + (1 << 20)).min(i32::MAX as usize / 2);
+    ns.run(move || {
+        // Plain SO_RCVBUF past rmem_max: the kernel caps it without an error.
+        let q = NfQueue::open(NfQueueConfig {
+            rcvbuf: Some((want, false)),
+            ..cfg(35)
+        })
+        .unwrap();
+        let f: Vec<_> = q
+            .fallbacks()
+            .iter()
+            .filter(|f| f.from.to_string() == "SO_RCVBUF")
+            .collect();
+        assert_eq!(f.len(), 1, "{:?}", q.fallbacks());
+        assert!(
+            f[0].reason.contains(&want.to_string()) && f[0].reason.contains("net.core.rmem_max"),
+            "{}",
+            f[0].reason
+        );
+        drop(q);
+        // SO_RCVBUFFORCE (root) grants it: nothing to record.
+        let q = NfQueue::open(NfQueueConfig {
+            rcvbuf: Some((want, true)),
+            ..cfg(35)
+        })
+        .unwrap();
+        assert!(
+            !q.fallbacks()
+                .iter()
+                .any(|f| f.from.to_string().starts_with("SO_RCVBUF")),
+            "{:?}",
+            q.fallbacks()
+        );
+    })
+    .unwrap();
+}

@@ -1,32 +1,29 @@
-//! The netlink frame ring: fixed-size frames in one [`Region`], each starting with a
-//! [`FrameHdr`] whose status word is the protocol between producer and consumer, as in the
-//! memory-mapped netlink design of Linux 3.10–4.5 (`nl_mmap_hdr`, `NL_MMAP_STATUS_*`).
+//! The netlink frame ring's memory and frame states: fixed-size frames in one [`Region`], each
+//! starting with a [`FrameHdr`] whose status word is the protocol between producer and
+//! consumer, as in the memory-mapped netlink design of Linux 3.10–4.5 (`nl_mmap_hdr`,
+//! `NL_MMAP_STATUS_*`).
 //!
 //! - `UNUSED`: free, the producer may fill it;
-//! - `RESERVED`: lent to the kernel for a receive in progress;
+//! - `RESERVED`: taken by the producer (lent to the kernel for a receive in progress);
 //! - `VALID`: holds one datagram (one or more netlink messages) for the consumer;
 //! - `COPY`: the datagram did not fit; it lives in an out-of-line buffer;
 //! - `SKIP`: the consumer holds it; the producer skips it until it is released.
 //!
-//! Frames are filled by `recvmmsg(2)`, one datagram per frame, in one syscall per batch. Each
-//! datagram gets a second iovec into a per-slot spill area, so a datagram longer than a frame
-//! is not lost: it becomes a `COPY` frame. Ready frames are handed out in arrival order.
-//!
-//! Or by io_uring: [`crate::ring::recv::FrameRecv`] (the ring, the multishot receive, the
-//! provided-buffer ring and the verdict sends) lends the frames to the kernel; this module
-//! keeps the memory and the frame states and turns its completions into ready frames.
+//! This module owns memory and the state machine and makes no syscall. The producers (one
+//! `recvmmsg(2)` per batch, or an io_uring multishot receive) live with the netlink code
+//! (`netlink::source`) and drive the ring through a small producer-side API:
+//! [`FrameRing::reserve`] / [`FrameRing::lend`] take frames off the top of the free stack
+//! (most recently released first, so the frames in use stay in cache), [`FrameRing::complete`]
+//! turns a reserved frame into a ready one, and [`FrameRing::unreserve`] gives back the ones a
+//! receive did not fill, in their order. The consumer side is [`FrameRing::pop_ready`] (arrival
+//! order), [`FrameRing::data`], [`FrameRing::hold`] and [`FrameRing::release`].
 #![allow(unsafe_code)]
 
 use super::Region;
-use crate::ring::recv::{FrameEvent, FrameRecv};
-use crate::sys::{assert_layout, syscall};
+use crate::sys::assert_layout;
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::time::Duration;
-
-/// Frames lent to the kernel at a time in io_uring mode (the rest wait on a LIFO stack).
-const URING_WINDOW: u32 = 64;
+use std::sync::Arc;
 
 /// Header at the start of every frame (the layout of the old `struct nl_mmap_hdr` minus
 /// credentials).
@@ -61,7 +58,7 @@ pub const FRAME_HDR_LEN: usize = std::mem::size_of::<FrameHdr>();
 pub enum FrameStatus {
     /// Free.
     Unused = 0,
-    /// Lent to the kernel.
+    /// Taken by the producer (lent to the kernel).
     Reserved = 1,
     /// Holds a datagram in the frame.
     Valid = 2,
@@ -87,95 +84,109 @@ impl FrameStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FrameId(pub u32);
 
-/// What one [`FrameRing::fill`] did.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Fill {
-    /// Frames that became VALID or COPY.
-    pub frames: usize,
-    /// The kernel reported an overrun (ENOBUFS): messages were lost before this receive.
-    pub overrun: bool,
-    /// No frame was free (all ready or held); nothing was received.
-    pub full: bool,
+/// The memory of a [`FrameRing`], kept alive by a producer that lends frames to the kernel
+/// ([`crate::ring::recv::FrameRecv`] holds one until its receive is cancelled and its buffer
+/// ring unregistered), so the mapping outlives every kernel write into it whatever order the
+/// owners are dropped in. It gives no access to the bytes.
+#[derive(Debug, Clone)]
+pub struct FrameMemory(Arc<Region>);
+
+impl FrameMemory {
+    /// Whether `addr..addr + len` lies inside this memory.
+    pub fn contains(&self, addr: *const u8, len: usize) -> bool {
+        let start = self.0.as_ptr() as usize;
+        let a = addr as usize;
+        a >= start
+            && a.checked_add(len)
+                .is_some_and(|end| end <= start + self.0.len())
+    }
 }
 
-/// Errors filling the ring.
-#[derive(Debug, thiserror::Error)]
-pub enum FrameError {
-    /// Every frame is held (SKIP): release some before receiving more.
-    #[error("all {0} frames are held (SKIP); release held frames before receiving more")]
-    AllHeld(u32),
-    /// The receive failed.
-    #[error("recvmmsg on the netlink socket: {0}")]
-    Io(#[from] io::Error),
+/// A frame taken off the free stack by [`FrameRing::lend`] to be handed to the kernel: its
+/// payload address and length. Only [`FrameRing::lend`] makes one, for a frame it marked
+/// RESERVED; the ring does not read or write that payload until [`FrameRing::complete`] or
+/// [`FrameRing::unreserve`] takes the frame back.
+#[derive(Debug)]
+pub struct LentFrame {
+    id: u32,
+    addr: *mut u8,
+    len: u32,
 }
 
-/// Counters of a frame ring.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
-pub struct FrameStats {
-    /// Receive syscalls made.
-    pub syscalls: u64,
-    /// Datagrams received into frames.
-    pub frames: u64,
-    /// Of those, datagrams larger than a frame (COPY).
-    pub copies: u64,
-    /// Datagrams larger than frame + spill: cut short (reported, payload incomplete).
-    pub truncated: u64,
-    /// Kernel overruns (ENOBUFS) seen.
-    pub overruns: u64,
-    /// Fills that found every frame taken.
-    pub full: u64,
+impl LentFrame {
+    /// The frame.
+    pub fn id(&self) -> FrameId {
+        FrameId(self.id)
+    }
+    /// Start of the payload (just after the header).
+    pub fn addr(&self) -> *mut u8 {
+        self.addr
+    }
+    /// Payload bytes.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+    /// Never true: a frame has at least 64 payload bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
-/// Distance between frame starts for frames of `frame_size` bytes: rounded up to a whole
-/// number of 64-byte cache lines, and to an odd number of them. Frames a multiple of 4 KiB
-/// apart start in the same L1 cache sets (a 32 KiB 8-way L1 repeats its sets every 4 KiB), so
-/// the lines the kernel writes and the consumer then reads in 64 recently used frames compete
-/// for 8 ways; an odd number of lines walks every set before repeating. Measured with bench
-/// `nfq` (1400 B packets, 4 KiB frames): consumer CPU 2.25 → 2.00 µs/packet with a 4160-byte
-/// stride, the 13 % that zcio had been behind the batch32 + `recvmmsg` baseline.
-pub(crate) fn frame_stride(frame_size: usize) -> usize {
-    let lines = frame_size.div_ceil(64);
-    (lines | 1) * 64
-}
-
-/// Most frames one `recvmmsg` fills.
-pub const MAX_BATCH: usize = 64;
-
-/// A ring of fixed-size frames filled by batched netlink receives.
+/// `count` fixed-size frames, their states, the free stack, the ready queue and the
+/// out-of-line buffers of COPY frames. See the module docs.
+///
+/// Access model: the bytes are read and written only through this value (per frame, through
+/// the region's base pointer); the other holders of the region are [`FrameMemory`] handles,
+/// which give no access to them. So `&mut FrameRing` is exclusive access from user space, and
+/// the kernel writes only payloads of frames this ring lent ([`FrameRing::lend`]) and does not
+/// touch until they come back.
 #[derive(Debug)]
 pub struct FrameRing {
-    // Declared first: torn down (in Drop) before the frames it writes into.
-    uring: Option<FrameRecv>,
-    region: Region,
+    region: Arc<Region>,
     frame_size: usize,
     /// Bytes from one frame's start to the next: `frame_size` rounded up to an odd number of
     /// cache lines (see [`frame_stride`]).
     stride: usize,
     count: u32,
-    free: VecDeque<u32>,
+    /// Free frames; the top (back) is the most recently released.
+    free: Vec<u32>,
+    /// Ready frames in arrival order.
     ready: VecDeque<u32>,
     held: u32,
     copies: Vec<Option<Vec<u8>>>,
-    spill: Vec<u8>,
-    spill_size: usize,
     seq: u32,
-    stats: FrameStats,
+}
+
+/// Distance between frame starts for frames of `frame_size` bytes: rounded up to a whole
+/// number of 64-byte cache lines, and to an odd number of them. Frames a multiple of 4 KiB
+/// apart start in the same L1 cache sets (a 32 KiB 8-way L1 repeats its sets every 4 KiB), so
+/// the lines the kernel writes and the consumer then reads in the ~64 frames in rotation
+/// compete for 8 ways; an odd number of lines walks every set before repeating. Measured with
+/// bench `nfq` (1400 B packets, 4 KiB frames): consumer CPU 2.25 → 2.00 µs/packet with a
+/// 4160-byte stride, the 13 % zcio had been behind the batch32 + `recvmmsg` baseline.
+pub(crate) fn frame_stride(frame_size: usize) -> usize {
+    (frame_size.div_ceil(64) | 1) * 64
 }
 
 impl FrameRing {
-    /// `count` frames of `frame_size` bytes (header included; rounded up to 16). Datagrams up
-    /// to `frame_size - 16 + spill` bytes are received whole; `spill` (per batch slot) is
-    /// lazily backed memory, only touched by datagrams that overflow their frame.
-    pub fn new(frame_size: usize, count: u32, spill: usize) -> io::Result<Self> {
+    /// `count` frames of `frame_size` bytes (header included; at least 80, rounded up to 16).
+    pub fn new(frame_size: usize, count: u32) -> io::Result<Self> {
         let frame_size = super::align_up(frame_size.max(FRAME_HDR_LEN + 64), 16);
         if count == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "zero frames"));
         }
+        if count > u32::MAX / 2 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "too many frames",
+            ));
+        }
         let stride = frame_stride(frame_size);
-        let region = Region::new(stride * count as usize, false)?;
-        let batch = MAX_BATCH.min(count as usize);
+        let len = stride
+            .checked_mul(count as usize)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "frame ring too large"))?;
+        let region = Arc::new(Region::new(len, false)?);
         Ok(Self {
-            uring: None,
             region,
             frame_size,
             stride,
@@ -184,11 +195,7 @@ impl FrameRing {
             ready: VecDeque::with_capacity(count as usize),
             held: 0,
             copies: (0..count).map(|_| None).collect(),
-            // vec![0; n] comes from calloc: untouched pages are never backed.
-            spill: vec![0u8; spill.max(1) * batch],
-            spill_size: spill.max(1),
             seq: 0,
-            stats: FrameStats::default(),
         })
     }
 
@@ -212,35 +219,45 @@ impl FrameRing {
         self.held
     }
 
+    /// Whether every frame is held: nothing can be received until one is released.
+    pub fn all_held(&self) -> bool {
+        self.held == self.count
+    }
+
     /// Frames ready for the consumer.
     pub fn ready(&self) -> usize {
         self.ready.len()
     }
 
-    /// Counters.
-    pub fn stats(&self) -> FrameStats {
-        self.stats
+    /// Frames free (UNUSED).
+    pub fn free(&self) -> usize {
+        self.free.len()
+    }
+
+    /// A handle that keeps this ring's memory mapped (for a producer lending frames to the
+    /// kernel).
+    pub fn memory(&self) -> FrameMemory {
+        FrameMemory(Arc::clone(&self.region))
+    }
+
+    /// Start of frame `id` (its header). `id < count`.
+    fn frame_ptr(&self, id: u32) -> *mut u8 {
+        debug_assert!(id < self.count);
+        self.region.as_ptr().wrapping_add(id as usize * self.stride)
     }
 
     fn hdr(&self, id: u32) -> FrameHdr {
-        let off = id as usize * self.stride;
-        let b = &self.region.as_slice()[off..off + FRAME_HDR_LEN];
-        let w = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        FrameHdr {
-            status: w(0),
-            len: w(4),
-            flags: w(8),
-            seq: w(12),
-        }
+        assert!(id < self.count, "frame {id} of {}", self.count);
+        // SAFETY: frame `id` lies inside the mapping (`id < count`, `count * stride` bytes
+        // mapped, `frame_size <= stride`), its start is 64-aligned (page-aligned region,
+        // `stride` a multiple of 64), and its header is never lent to the kernel (only the payload after it is).
+        unsafe { self.frame_ptr(id).cast::<FrameHdr>().read() }
     }
 
     fn set_hdr(&mut self, id: u32, h: FrameHdr) {
-        let off = id as usize * self.stride;
-        let b = &mut self.region.as_mut_slice()[off..off + FRAME_HDR_LEN];
-        b[0..4].copy_from_slice(&h.status.to_ne_bytes());
-        b[4..8].copy_from_slice(&h.len.to_ne_bytes());
-        b[8..12].copy_from_slice(&h.flags.to_ne_bytes());
-        b[12..16].copy_from_slice(&h.seq.to_ne_bytes());
+        assert!(id < self.count, "frame {id} of {}", self.count);
+        // SAFETY: as in `hdr`; `&mut self` makes this the only access from user space.
+        unsafe { self.frame_ptr(id).cast::<FrameHdr>().write(h) }
     }
 
     fn set_status(&mut self, id: u32, s: FrameStatus) {
@@ -254,192 +271,134 @@ impl FrameRing {
         FrameStatus::from_u32(self.hdr(id.0).status)
     }
 
-    /// Receives up to `max` datagrams from `fd` into free frames: one `io_uring_enter` that
-    /// harvests the multishot receive's completions (io_uring mode), or one `recvmmsg`.
-    /// Waits up to `wait` when nothing is ready (`Duration::ZERO`: never; `Duration::MAX`:
-    /// forever). Held frames are skipped; fails only when every frame is held.
-    pub fn fill(
-        &mut self,
-        fd: &impl AsRawFd,
-        max: usize,
-        wait: Duration,
-    ) -> Result<Fill, FrameError> {
-        if self.held == self.count {
-            return Err(FrameError::AllHeld(self.count));
+    /// Payload of frame `id`, which must not be lent to the kernel (any status but RESERVED
+    /// after [`FrameRing::lend`]; `reserve` hands payloads out itself).
+    fn payload(&self, id: u32) -> &[u8] {
+        assert!(id < self.count, "frame {id} of {}", self.count);
+        // SAFETY: the payload lies inside the mapping (see `hdr`); callers only read frames
+        // the kernel does not hold (VALID, SKIP, or RESERVED by `reserve` after its receive
+        // returned), and `&self` excludes writes through this ring meanwhile.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.frame_ptr(id).wrapping_add(FRAME_HDR_LEN),
+                self.frame_payload(),
+            )
         }
-        if self.uring.is_some() {
-            return self.fill_uring(fd, wait);
-        }
-        if wait == Duration::MAX {
-            return self.fill_recvmmsg(fd, max, true);
-        }
-        let f = self.fill_recvmmsg(fd, max, false)?;
-        if f.frames > 0 || f.full || f.overrun || wait.is_zero() {
-            return Ok(f);
-        }
-        self.stats.syscalls += 1;
-        let ms = wait.as_millis().min(i32::MAX as u128) as i32;
-        if crate::sys::net::poll_one(fd, libc::POLLIN, ms.max(1))? == 0 {
-            return Ok(f);
-        }
-        self.fill_recvmmsg(fd, max, false)
     }
 
-    fn fill_recvmmsg(
-        &mut self,
-        fd: &impl AsRawFd,
-        max: usize,
-        wait: bool,
-    ) -> Result<Fill, FrameError> {
-        let mut fill = Fill::default();
-        if self.free.is_empty() {
-            if self.held == self.count {
-                return Err(FrameError::AllHeld(self.count));
-            }
-            self.stats.full += 1;
-            fill.full = true;
-            return Ok(fill);
-        }
-        let n = max.min(MAX_BATCH).min(self.free.len()).max(1);
-        let payload = self.frame_payload();
-        let base = self.region.as_ptr();
-        let spill = self.spill.as_mut_ptr();
-        let mut ids = [0u32; MAX_BATCH];
-        // SAFETY: all-zero iovec/mmsghdr arrays are valid plain C values.
-        let mut iov: [[libc::iovec; 2]; MAX_BATCH] = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
-        // Most recently released frames first (the back of `free`): they are still in cache.
-        let top = self.free.len();
-        for i in 0..n {
-            let id = self.free[top - 1 - i];
-            ids[i] = id;
-            let off = id as usize * self.stride + FRAME_HDR_LEN;
-            iov[i][0] = libc::iovec {
-                iov_base: base.wrapping_add(off).cast(),
-                iov_len: payload,
-            };
-            iov[i][1] = libc::iovec {
-                iov_base: spill.wrapping_add(i * self.spill_size).cast(),
-                iov_len: self.spill_size,
-            };
-        }
-        for i in 0..n {
-            msgs[i].msg_hdr.msg_iov = iov[i].as_mut_ptr();
-            msgs[i].msg_hdr.msg_iovlen = 2;
-        }
-        for &id in &ids[..n] {
+    /// Takes up to `ids.len()` frames off the top of the free stack (most recently released
+    /// first), marks them RESERVED, writes their ids to `ids` and gives `each(i, payload)` the
+    /// payload of the `i`-th, borrowed from the ring for `'a` (e.g. for the iovecs of one
+    /// receive). Returns how many were taken (0 when none is free). Each taken frame must
+    /// then be [`complete`](Self::complete)d or [`unreserve`](Self::unreserve)d.
+    pub fn reserve<'a>(
+        &'a mut self,
+        ids: &mut [u32],
+        mut each: impl FnMut(usize, &'a mut [u8]),
+    ) -> usize {
+        let n = ids.len().min(self.free.len());
+        for (i, slot) in ids[..n].iter_mut().enumerate() {
+            let id = self.free[self.free.len() - 1 - i];
+            *slot = id;
             self.set_status(id, FrameStatus::Reserved);
         }
-        let flags = if wait {
-            libc::MSG_WAITFORONE
-        } else {
-            libc::MSG_DONTWAIT
-        };
-        self.stats.syscalls += 1;
-        // SAFETY: `msgs[..n]` point at iovecs into this ring's region (frames we just marked
-        // RESERVED, `payload` bytes each, inside the mapping) and into `self.spill` (slot `i`,
-        // `spill_size` bytes, inside the vector); both live and are not otherwise accessed for
-        // the duration of the call.
-        let res = syscall!(recvmmsg(
-            fd.as_raw_fd(),
-            msgs.as_mut_ptr(),
-            n as u32,
-            flags,
-            std::ptr::null_mut()
-        ));
-        let got = match res {
-            Ok(k) => k as usize,
-            Err(e) => {
-                for &id in &ids[..n] {
-                    self.set_status(id, FrameStatus::Unused);
-                }
-                return match e.raw_os_error() {
-                    Some(libc::EAGAIN) => Ok(fill),
-                    Some(libc::ENOBUFS) => {
-                        self.stats.overruns += 1;
-                        fill.overrun = true;
-                        Ok(fill)
-                    }
-                    _ => Err(FrameError::Io(e)),
-                };
-            }
-        };
-        for (i, &id) in ids[..n].iter().enumerate() {
-            if i >= got {
-                self.set_status(id, FrameStatus::Unused);
-                continue;
-            }
-            let len = msgs[i].msg_len as usize;
-            let mflags = msgs[i].msg_hdr.msg_flags as u32;
-            if mflags & libc::MSG_TRUNC as u32 != 0 {
-                self.stats.truncated += 1;
-            }
-            let status = if len > payload {
-                let mut v = Vec::with_capacity(len);
-                let off = id as usize * self.stride + FRAME_HDR_LEN;
-                v.extend_from_slice(&self.region.as_slice()[off..off + payload]);
-                let s = i * self.spill_size;
-                let extra = (len - payload).min(self.spill_size);
-                v.extend_from_slice(&self.spill[s..s + extra]);
-                self.copies[id as usize] = Some(v);
-                self.stats.copies += 1;
-                FrameStatus::Copy
-            } else {
-                FrameStatus::Valid
-            };
-            self.seq = self.seq.wrapping_add(1);
-            self.set_hdr(
-                id,
-                FrameHdr {
-                    status: status as u32,
-                    len: len as u32,
-                    flags: mflags,
-                    seq: self.seq,
-                },
-            );
-            self.ready.push_back(id);
-        }
+        let top = self.free.len();
         self.free.truncate(top - n);
-        // Frames not filled go back on top in their original order.
-        for i in (got..n).rev() {
-            self.free.push_back(ids[i]);
+        let payload = self.frame_payload();
+        for (i, &id) in ids[..n].iter().enumerate() {
+            // SAFETY: the ids came off the free stack, where each frame is at most once, so
+            // the payloads are disjoint; each lies inside the mapping (see `hdr`), which the
+            // ring keeps for `'a`; the ring does not touch a RESERVED frame's payload while
+            // `&'a mut self` is borrowed, and nothing else can reach it.
+            let p = unsafe {
+                std::slice::from_raw_parts_mut(
+                    self.frame_ptr(id).wrapping_add(FRAME_HDR_LEN),
+                    payload,
+                )
+            };
+            each(i, p);
         }
-        self.stats.frames += got as u64;
-        fill.frames = got;
-        Ok(fill)
+        n
     }
 
-    /// Puts a datagram that was received some other way (e.g. while waiting for a config ACK)
-    /// into a free frame as if the producer had received it: VALID, or COPY when it does not
-    /// fit. Returns `false` when no frame is free.
-    pub fn inject(&mut self, data: &[u8]) -> bool {
-        let Some(id) = self.free.pop_back() else {
-            return false;
-        };
+    /// Takes the frame on top of the free stack to lend it to the kernel (status RESERVED);
+    /// `None` when no frame is free. It comes back through [`complete`](Self::complete) when
+    /// the kernel filled it, or [`unreserve`](Self::unreserve).
+    pub fn lend(&mut self) -> Option<LentFrame> {
+        let id = self.free.pop()?;
+        self.set_status(id, FrameStatus::Reserved);
+        Some(LentFrame {
+            id,
+            addr: self.frame_ptr(id).wrapping_add(FRAME_HDR_LEN),
+            len: self.frame_payload() as u32,
+        })
+    }
+
+    /// A RESERVED frame received a datagram of `len` bytes with receive flags `flags`: it
+    /// becomes VALID and ready (in arrival order), or COPY when `len` exceeds the frame — the
+    /// datagram is then the frame's payload followed by up to `len - payload` bytes of `spill`
+    /// (where the receive put the rest), in an out-of-line buffer. Returns the new status, or
+    /// `None` (nothing changed) when `id` is not a RESERVED frame of this ring.
+    pub fn complete(
+        &mut self,
+        id: FrameId,
+        len: usize,
+        flags: u32,
+        spill: &[u8],
+    ) -> Option<FrameStatus> {
+        if id.0 >= self.count || self.status(id) != FrameStatus::Reserved {
+            return None;
+        }
         let payload = self.frame_payload();
-        let status = if data.len() > payload {
-            self.copies[id as usize] = Some(data.to_vec());
-            self.stats.copies += 1;
+        let status = if len > payload {
+            let extra = (len - payload).min(spill.len());
+            let mut v = Vec::with_capacity(payload + extra);
+            v.extend_from_slice(self.payload(id.0));
+            v.extend_from_slice(&spill[..extra]);
+            self.copies[id.0 as usize] = Some(v);
             FrameStatus::Copy
         } else {
-            let off = id as usize * self.stride + FRAME_HDR_LEN;
-            self.region.as_mut_slice()[off..off + data.len()].copy_from_slice(data);
             FrameStatus::Valid
         };
         self.seq = self.seq.wrapping_add(1);
         self.set_hdr(
-            id,
+            id.0,
             FrameHdr {
                 status: status as u32,
-                len: data.len() as u32,
-                flags: 0,
+                len: len.min(u32::MAX as usize) as u32,
+                flags,
                 seq: self.seq,
             },
         );
-        self.ready.push_back(id);
-        self.stats.frames += 1;
-        true
+        self.ready.push_back(id.0);
+        Some(status)
+    }
+
+    /// Gives RESERVED frames that received nothing back to the free stack, so the stack is as
+    /// before they were taken: `ids` in the order [`reserve`](Self::reserve) gave them (the
+    /// first ends on top). Frames that are not RESERVED are left alone.
+    pub fn unreserve(&mut self, ids: &[u32]) {
+        for &id in ids.iter().rev() {
+            if id < self.count && self.status(FrameId(id)) == FrameStatus::Reserved {
+                self.set_status(id, FrameStatus::Unused);
+                self.free.push(id);
+            }
+        }
+    }
+
+    /// Puts a datagram that was received some other way (e.g. while waiting for a config ACK)
+    /// into a free frame as if the producer had received it: VALID, or COPY when it does not
+    /// fit. Returns the status, or `None` when no frame is free.
+    pub fn inject(&mut self, data: &[u8]) -> Option<FrameStatus> {
+        let head = data.len().min(self.frame_payload());
+        let mut id = [0u32; 1];
+        if self.reserve(&mut id, |_, p| p[..head].copy_from_slice(&data[..head])) == 0 {
+            return None;
+        }
+        // A datagram longer than a frame: its head is in the frame, the rest plays the part
+        // of the receive's spill, and `complete` joins them out of line (a rare path: it only
+        // runs for datagrams that arrive outside a fill).
+        self.complete(FrameId(id[0]), data.len(), 0, &data[head..])
     }
 
     /// The next ready frame (VALID or COPY), in arrival order. The consumer must
@@ -456,9 +415,8 @@ impl FrameRing {
         }
         match FrameStatus::from_u32(h.status) {
             FrameStatus::Valid | FrameStatus::Skip => {
-                let off = id.0 as usize * self.stride + FRAME_HDR_LEN;
                 let len = (h.len as usize).min(self.frame_payload());
-                &self.region.as_slice()[off..off + len]
+                &self.payload(id.0)[..len]
             }
             _ => &[],
         }
@@ -469,7 +427,9 @@ impl FrameRing {
         self.hdr(id.0).flags & libc::MSG_TRUNC as u32 != 0
     }
 
-    /// Gives a frame back to the producer (status UNUSED).
+    /// Gives a frame back to the producer (status UNUSED, on top of the free stack, so a small
+    /// set of recently used — cached — frames cycles). UNUSED and RESERVED frames are left
+    /// alone.
     pub fn release(&mut self, id: FrameId) {
         let st = self.status(id);
         if st == FrameStatus::Unused || st == FrameStatus::Reserved {
@@ -479,200 +439,16 @@ impl FrameRing {
             self.held -= 1;
         }
         self.copies[id.0 as usize] = None;
-        // In io_uring mode too the frame goes on the free stack; `fill` tops the kernel's
-        // buffer ring up from its top, so a small set of recently used (cached) frames cycles.
         self.set_status(id.0, FrameStatus::Unused);
-        self.free.push_back(id.0);
-    }
-
-    /// Frames kept in the kernel's buffer ring in io_uring mode.
-    fn uring_window(&self) -> u32 {
-        self.count.min(URING_WINDOW)
-    }
-
-    fn top_up(&mut self) {
-        let window = self.uring_window();
-        while self.uring.as_ref().is_some_and(|u| u.provided() < window) {
-            let Some(id) = self.free.pop_back() else {
-                break;
-            };
-            self.provide(id);
-        }
-        if let Some(u) = self.uring.as_mut() {
-            u.publish();
-        }
-    }
-
-    /// Hands a frame to the kernel's buffer ring (status RESERVED); published by `top_up`.
-    fn provide(&mut self, id: u32) {
-        let payload = self.frame_payload();
-        let addr = self
-            .region
-            .as_ptr()
-            .wrapping_add(id as usize * self.stride + FRAME_HDR_LEN);
-        self.set_status(id, FrameStatus::Reserved);
-        let Some(u) = self.uring.as_mut() else { return };
-        // SAFETY: the frame is inside `self.region`, which outlives the producer (`uring` is
-        // declared first, so it is dropped — receive cancelled, buffer ring unregistered —
-        // before the region); its status is RESERVED, so nothing in user space reads or
-        // writes it until the completion with its id returns it.
-        unsafe { u.provide(addr, payload as u32, id as u16) };
-    }
-
-    /// Switches the producer to io_uring: a multishot `recv` on the socket picks frames from a
-    /// provided-buffer ring ([`FrameRecv`]). On error the ring stays in `recvmmsg` mode and
-    /// the error says why. Datagrams larger than a frame cannot spill here: size frames for
-    /// the largest datagram (the caller clamps the nfqueue copy range).
-    pub fn enable_uring(&mut self) -> Result<(), String> {
-        if self.uring.is_some() {
-            return Ok(());
-        }
-        self.uring = Some(FrameRecv::new(self.count)?);
-        self.top_up();
-        Ok(())
-    }
-
-    /// In io_uring mode: queues `buf` (whole netlink messages for the kernel) as a send on
-    /// `fd` ([`FrameRecv::queue_send`]); its result comes back under `token` from
-    /// [`FrameRing::take_send_results`]. Outside io_uring mode, or when the submission queue
-    /// is full, the buffer comes back as `Err`.
-    pub fn queue_send(
-        &mut self,
-        fd: &impl AsRawFd,
-        buf: Vec<u8>,
-        token: u64,
-    ) -> Result<(), Vec<u8>> {
-        match self.uring.as_mut() {
-            Some(u) => u.queue_send(fd, buf, token),
-            None => Err(buf),
-        }
-    }
-
-    /// Submits queued sends now (no syscall when none are queued).
-    pub fn submit_sends(&mut self) -> io::Result<()> {
-        if let Some(u) = self.uring.as_mut() {
-            let before = u.enters();
-            u.submit_sends()?;
-            self.stats.syscalls += u.enters() - before;
-        }
-        Ok(())
-    }
-
-    /// An empty buffer for the next send (recycled from completed sends when possible).
-    pub fn spare_send_buf(&mut self) -> Vec<u8> {
-        self.uring
-            .as_mut()
-            .map_or_else(|| Vec::with_capacity(4096), |u| u.spare_send_buf())
-    }
-
-    /// Results of the sends completed since the last call, appended to `out` as
-    /// `(token, result)`; a short send is an error (a netlink datagram goes whole or not).
-    pub fn take_send_results(&mut self, out: &mut Vec<(u64, io::Result<()>)>) {
-        if let Some(u) = self.uring.as_mut() {
-            u.take_send_results(out);
-        }
-    }
-
-    /// Sends queued or submitted whose completion has not been harvested yet.
-    pub fn sends_outstanding(&self) -> usize {
-        self.uring.as_ref().map_or(0, |u| u.sends_outstanding())
-    }
-
-    /// The io_uring producer, when in use (for its readiness eventfd).
-    pub fn uring_mut(&mut self) -> Option<&mut FrameRecv> {
-        self.uring.as_mut()
-    }
-
-    /// Whether frames are filled by io_uring multishot receive.
-    pub fn is_uring(&self) -> bool {
-        self.uring.is_some()
-    }
-
-    fn fill_uring(&mut self, fd: &impl AsRawFd, wait: Duration) -> Result<Fill, FrameError> {
-        let deadline = (wait != Duration::MAX).then(|| std::time::Instant::now() + wait);
-        let mut w = wait;
-        loop {
-            let f = self.fill_uring_once(fd, w)?;
-            if f.frames > 0 || f.full || f.overrun || wait.is_zero() {
-                return Ok(f);
-            }
-            // Only other completions (verdict sends) ended the wait: keep waiting for data.
-            if let Some(d) = deadline {
-                let now = std::time::Instant::now();
-                if now >= d {
-                    return Ok(f);
-                }
-                w = d - now;
-            }
-        }
-    }
-
-    fn fill_uring_once(&mut self, fd: &impl AsRawFd, wait: Duration) -> Result<Fill, FrameError> {
-        let mut fill = Fill::default();
-        self.top_up();
-        let Some(mut u) = self.uring.take() else {
-            return Ok(fill);
-        };
-        if !u.armed() && u.provided() == 0 {
-            // Every frame is ready or held: nothing to receive into.
-            self.uring = Some(u);
-            self.stats.full += 1;
-            fill.full = true;
-            return Ok(fill);
-        }
-        let before = u.enters();
-        let mut err = None;
-        let r = u.wait(fd, wait, |ev| match ev {
-            FrameEvent::Data { bid, len } => {
-                let bid = u32::from(bid);
-                if bid >= self.count {
-                    return;
-                }
-                if len as usize >= self.frame_payload() {
-                    // A full frame may be a cut datagram: the parser will see a short message.
-                    self.stats.truncated += 1;
-                }
-                self.seq = self.seq.wrapping_add(1);
-                self.set_hdr(
-                    bid,
-                    FrameHdr {
-                        status: FrameStatus::Valid as u32,
-                        len,
-                        flags: 0,
-                        seq: self.seq,
-                    },
-                );
-                self.ready.push_back(bid);
-                self.stats.frames += 1;
-                fill.frames += 1;
-            }
-            FrameEvent::Dry => {
-                self.stats.full += 1;
-                fill.full = true;
-            }
-            FrameEvent::Overrun => {
-                self.stats.overruns += 1;
-                fill.overrun = true;
-            }
-            FrameEvent::Error(e) => {
-                err.get_or_insert(e);
-            }
-        });
-        self.stats.syscalls += u.enters() - before;
-        self.uring = Some(u);
-        r?;
-        if let Some(e) = err {
-            if fill.frames == 0 {
-                return Err(FrameError::Io(e));
-            }
-        }
-        Ok(fill)
+        self.free.push(id.0);
     }
 
     /// Holds a frame (status SKIP): its bytes stay valid and the producer skips it until
     /// [`release`](Self::release).
     pub fn hold(&mut self, id: FrameId) {
-        if self.status(id) == FrameStatus::Skip {
+        // Only a frame the consumer has (VALID or COPY) can be held; a free or lent one is not
+        // the consumer's, and a held one stays held once.
+        if !matches!(self.status(id), FrameStatus::Valid | FrameStatus::Copy) {
             return;
         }
         // A COPY frame keeps its out-of-line buffer; its status word says SKIP.
@@ -684,6 +460,16 @@ impl FrameRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Takes up to `n` frames, writing `fill(i)` at the start of each payload.
+    fn take(r: &mut FrameRing, n: usize) -> Vec<u32> {
+        let mut ids = vec![0u32; n];
+        let got = r.reserve(&mut ids, |i, p| {
+            p[..4].copy_from_slice(&(i as u32).to_ne_bytes())
+        });
+        ids.truncate(got);
+        ids
+    }
 
     #[test]
     fn frames_are_an_odd_number_of_cache_lines_apart() {
@@ -697,28 +483,202 @@ mod tests {
             assert_eq!(frame_stride(size), stride, "{size}");
         }
         // 64 frames of 4 KiB start at 64 different offsets within a page.
-        let r = FrameRing::new(4096, 64, 4096).unwrap();
-        let base = r.region.as_ptr() as usize;
+        let r = FrameRing::new(4096, 64).unwrap();
         let offsets: std::collections::BTreeSet<usize> =
-            (0..64).map(|i| (base + i * r.stride) % 4096).collect();
+            (0..64).map(|i| r.frame_ptr(i) as usize % 4096).collect();
         assert_eq!(offsets.len(), 64);
         assert_eq!(
             r.frame_size(),
             4096,
             "the usable size is what was asked for"
         );
+        assert_eq!(r.frame_payload(), 4096 - FRAME_HDR_LEN);
     }
 
     #[test]
     fn frames_start_unused_and_hold_release_cycle() {
-        let mut r = FrameRing::new(4096, 4, 4096).unwrap();
+        let mut r = FrameRing::new(4096, 4).unwrap();
         for i in 0..4 {
             assert_eq!(r.status(FrameId(i)), FrameStatus::Unused);
         }
-        r.hold(FrameId(1));
+        let ids = take(&mut r, 1);
+        r.complete(FrameId(ids[0]), 4, 0, &[]).unwrap();
+        let id = r.pop_ready().unwrap();
+        r.hold(id);
         assert_eq!(r.held(), 1);
-        r.release(FrameId(1));
+        assert_eq!(r.status(id), FrameStatus::Skip);
+        assert_eq!(
+            r.data(id),
+            &0u32.to_ne_bytes(),
+            "a held frame's bytes stay readable"
+        );
+        r.hold(id);
+        assert_eq!(r.held(), 1, "holding twice counts once");
+        r.release(id);
         assert_eq!(r.held(), 0);
-        assert_eq!(r.status(FrameId(1)), FrameStatus::Unused);
+        assert_eq!(r.status(id), FrameStatus::Unused);
+        assert_eq!(r.free(), 4);
+    }
+
+    #[test]
+    fn reserve_takes_the_most_recently_released_frames_first() {
+        let mut r = FrameRing::new(256, 8).unwrap();
+        // Fresh ring: the stack is 0..8 with 7 on top.
+        assert_eq!(take(&mut r, 3), vec![7, 6, 5]);
+        for id in [7, 6, 5] {
+            assert_eq!(r.status(FrameId(id)), FrameStatus::Reserved);
+            r.complete(FrameId(id), 10, 0, &[]).unwrap();
+        }
+        assert_eq!(r.free(), 5);
+        let popped: Vec<u32> = std::iter::from_fn(|| r.pop_ready()).map(|f| f.0).collect();
+        assert_eq!(popped, vec![7, 6, 5]);
+        // Released in the order 6, 5, 7: 7 is on top, then 5, then 6, then the untouched 4.
+        for id in [6, 5, 7] {
+            r.release(FrameId(id));
+        }
+        assert_eq!(take(&mut r, 4), vec![7, 5, 6, 4]);
+    }
+
+    #[test]
+    fn ready_frames_come_out_in_completion_order_with_rising_seq() {
+        let mut r = FrameRing::new(256, 4).unwrap();
+        let ids = take(&mut r, 3);
+        // Complete out of reservation order: arrival order is completion order.
+        for &i in &[1usize, 0, 2] {
+            assert_eq!(
+                r.complete(FrameId(ids[i]), 4, 0, &[]),
+                Some(FrameStatus::Valid)
+            );
+        }
+        let mut seqs = Vec::new();
+        let mut order = Vec::new();
+        while let Some(id) = r.pop_ready() {
+            seqs.push(r.hdr(id.0).seq);
+            order.push(id.0);
+            // The payload is what `take` wrote for this frame's slot.
+            let slot = ids.iter().position(|&x| x == id.0).unwrap() as u32;
+            assert_eq!(r.data(id), &slot.to_ne_bytes());
+        }
+        assert_eq!(order, vec![ids[1], ids[0], ids[2]]);
+        assert!(
+            seqs.windows(2).all(|w| w[1] == w[0].wrapping_add(1)),
+            "{seqs:?}"
+        );
+    }
+
+    #[test]
+    fn unreserve_restores_the_free_stack_order() {
+        let mut r = FrameRing::new(256, 6).unwrap();
+        let ids = take(&mut r, 4);
+        assert_eq!(ids, vec![5, 4, 3, 2]);
+        // The receive filled the first one only: the rest go back, 4 on top.
+        r.complete(FrameId(ids[0]), 8, 0, &[]).unwrap();
+        r.unreserve(&ids[1..]);
+        for &id in &ids[1..] {
+            assert_eq!(r.status(FrameId(id)), FrameStatus::Unused);
+        }
+        assert_eq!(take(&mut r, 5), vec![4, 3, 2, 1, 0]);
+        // A frame that is not RESERVED is left alone by unreserve and complete.
+        let before = r.free();
+        r.unreserve(&[5]);
+        assert_eq!(r.free(), before);
+        assert_eq!(r.complete(FrameId(5), 1, 0, &[]), None);
+        assert_eq!(r.complete(FrameId(99), 1, 0, &[]), None);
+    }
+
+    #[test]
+    fn a_datagram_longer_than_a_frame_becomes_a_copy_frame_with_its_spill() {
+        let mut r = FrameRing::new(FRAME_HDR_LEN + 64, 2).unwrap();
+        assert_eq!(r.frame_payload(), 64);
+        let mut ids = [0u32; 1];
+        r.reserve(&mut ids, |_, p| p.fill(0xaa));
+        let spill = [0xbbu8; 100];
+        // 64 bytes in the frame and 36 in the spill; the spill slot had room for 100.
+        assert_eq!(
+            r.complete(FrameId(ids[0]), 100, 0, &spill),
+            Some(FrameStatus::Copy)
+        );
+        let id = r.pop_ready().unwrap();
+        let d = r.data(id);
+        assert_eq!(d.len(), 100);
+        assert!(d[..64].iter().all(|&b| b == 0xaa) && d[64..].iter().all(|&b| b == 0xbb));
+        // Held, a COPY frame keeps its bytes; released, the buffer goes.
+        r.hold(id);
+        assert_eq!(r.data(id).len(), 100);
+        r.release(id);
+        assert!(r.data(id).is_empty());
+        // Longer than frame + spill: what arrived is kept, cut to frame + spill.
+        let mut ids = [0u32; 1];
+        r.reserve(&mut ids, |_, _| {});
+        r.complete(FrameId(ids[0]), 500, libc::MSG_TRUNC as u32, &spill[..10])
+            .unwrap();
+        let id = r.pop_ready().unwrap();
+        assert_eq!(r.data(id).len(), 74);
+        assert!(r.truncated(id));
+    }
+
+    #[test]
+    fn inject_fills_a_free_frame_valid_or_copy() {
+        let mut r = FrameRing::new(FRAME_HDR_LEN + 64, 2).unwrap();
+        assert_eq!(r.inject(&[1, 2, 3]), Some(FrameStatus::Valid));
+        let big: Vec<u8> = (0..200u8).collect();
+        assert_eq!(r.inject(&big), Some(FrameStatus::Copy));
+        assert_eq!(r.inject(&[9]), None, "no frame free");
+        let a = r.pop_ready().unwrap();
+        assert_eq!(r.data(a), &[1, 2, 3]);
+        let b = r.pop_ready().unwrap();
+        assert_eq!(r.data(b), &big[..]);
+    }
+
+    #[test]
+    fn with_every_frame_held_nothing_can_be_reserved_until_one_is_released() {
+        let mut r = FrameRing::new(256, 3).unwrap();
+        let ids = take(&mut r, 3);
+        for &id in &ids {
+            r.complete(FrameId(id), 4, 0, &[]).unwrap();
+        }
+        while let Some(id) = r.pop_ready() {
+            assert!(!r.all_held());
+            r.hold(id);
+        }
+        assert!(r.all_held());
+        assert_eq!(r.held(), 3);
+        assert!(take(&mut r, 2).is_empty());
+        assert!(r.lend().is_none());
+        // Holding a frame the consumer does not have (free or lent) changes nothing.
+        let mut fresh = FrameRing::new(256, 2).unwrap();
+        fresh.hold(FrameId(0));
+        let lent = fresh.lend().unwrap();
+        fresh.hold(lent.id());
+        assert_eq!(fresh.held(), 0);
+        assert_eq!(fresh.status(FrameId(0)), FrameStatus::Unused);
+        assert_eq!(fresh.status(lent.id()), FrameStatus::Reserved);
+        // Releasing a RESERVED or UNUSED frame changes nothing; a held one frees it.
+        r.release(FrameId(ids[1]));
+        assert!(!r.all_held());
+        assert_eq!(take(&mut r, 2), vec![ids[1]]);
+        r.release(FrameId(ids[1]));
+        assert_eq!(r.status(FrameId(ids[1])), FrameStatus::Reserved);
+    }
+
+    #[test]
+    fn lent_frames_point_into_the_ring_memory_and_come_back_by_completion() {
+        let mut r = FrameRing::new(256, 2).unwrap();
+        let mem = r.memory();
+        let f = r.lend().unwrap();
+        assert_eq!(f.id(), FrameId(1));
+        assert_eq!(f.len() as usize, r.frame_payload());
+        assert!(mem.contains(f.addr(), f.len() as usize));
+        assert!(!mem.contains(f.addr(), 1 << 20));
+        assert_eq!(r.status(f.id()), FrameStatus::Reserved);
+        assert!(
+            r.data(f.id()).is_empty(),
+            "a lent frame's bytes are not the ring's to read"
+        );
+        assert_eq!(r.complete(f.id(), 32, 0, &[]), Some(FrameStatus::Valid));
+        assert_eq!(r.pop_ready(), Some(f.id()));
+        // The memory outlives the ring while a producer keeps it.
+        drop(r);
+        assert!(mem.contains(f.addr(), 1));
     }
 }

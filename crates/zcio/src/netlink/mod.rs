@@ -8,23 +8,24 @@
 //! - [`packet`]: the queued packet itself: where its transport header is, and making a
 //!   rewritten packet consistent again (lengths and checksums) before a mangle verdict.
 //!
-//! The frame ring itself (the memory and the batched receive) is crate-private
-//! (`buf::frames::FrameRing`, public under the `unstable-raw` feature); its counters are
-//! [`FrameStats`].
+//! The frame ring is crate-private: its memory and frame states are `buf::frames::FrameRing`
+//! (public under the `unstable-raw` feature), its producers (`recvmmsg`, io_uring) are
+//! `netlink::source`; their counters are [`FrameStats`], their errors [`FrameError`].
 
 pub mod msg;
 pub mod nfqmsg;
 pub mod packet;
 pub mod queue;
 pub mod route;
+mod source;
 pub mod tracker;
 
-pub use crate::buf::frames::FrameStats;
 pub use nfqmsg::{CopyMode, Packet, Verdict};
 pub use queue::{
     kernel_queue_stats, Decision, KernelQueueStats, NfQueue, NfQueueConfig, NfqError, NfqStats,
     PacketRef,
 };
+pub use source::{FrameError, FrameStats};
 
 /// How a netlink consumer ([`NfQueue`], [`RouteSocket`]) fills its frame ring: chosen once,
 /// when the socket is opened ([`NfQueueConfig::uring`], [`RouteSocket::use_uring`]).
@@ -53,6 +54,56 @@ impl std::fmt::Display for NetlinkPath {
     }
 }
 pub use route::{link_names, DumpKind, DumpStats, Route, RouteSocket};
+
+/// Sets a netlink socket's receive buffer to `bytes`. With `force`, `SO_RCVBUFFORCE` (past
+/// `net.core.rmem_max`; needs CAP_NET_ADMIN in the initial user namespace, which a rootless
+/// container lacks even where it may bind a queue); when that is refused, plain `SO_RCVBUF`.
+/// A refused `SO_RCVBUFFORCE`, or a buffer the kernel capped below the request, is recorded
+/// in `fallbacks` with the size asked for and the size granted: never silently smaller.
+/// Fails only when `SO_RCVBUF` itself fails. Returns the size the kernel reports.
+fn size_rcvbuf(
+    fd: &impl std::os::fd::AsRawFd,
+    bytes: usize,
+    force: bool,
+    fallbacks: &mut Vec<crate::stats::Fallback>,
+) -> std::io::Result<usize> {
+    use crate::stats::{Fallback, Path};
+    use crate::sys::netlink as nl;
+    let want = bytes.min(i32::MAX as usize / 2);
+    // The kernel stores (and `getsockopt` reports) twice the size granted, for its overhead.
+    let granted = |reported: usize| reported / 2;
+    if force {
+        match nl::set_rcvbuf(fd, want, true) {
+            Ok(got) => return Ok(got),
+            Err(e) => {
+                let got = nl::set_rcvbuf(fd, want, false)?;
+                fallbacks.push(Fallback::new(
+                    Path::setting("SO_RCVBUFFORCE"),
+                    Path::setting("SO_RCVBUF"),
+                    format!(
+                        "SO_RCVBUFFORCE refused: {e} (needs CAP_NET_ADMIN); asked for {want} \
+                         bytes, SO_RCVBUF granted {} (capped by net.core.rmem_max)",
+                        granted(got)
+                    ),
+                ));
+                return Ok(got);
+            }
+        }
+    }
+    let got = nl::set_rcvbuf(fd, want, false)?;
+    if granted(got) < want {
+        fallbacks.push(Fallback::new(
+            Path::setting("SO_RCVBUF"),
+            Path::setting("SO_RCVBUF capped"),
+            format!(
+                "asked for {want} bytes, the kernel granted {} (capped by net.core.rmem_max); \
+                 raise net.core.rmem_max or use SO_RCVBUFFORCE (CAP_NET_ADMIN)",
+                granted(got)
+            ),
+        ));
+    }
+    Ok(got)
+}
 
 /// Runs every parser over `data` as the fuzz target does: netlink framing, attributes (with
 /// nfqueue and rtnetlink fixed headers), the nfqueue messages, routes, and for each message

@@ -14,8 +14,9 @@
 
 use super::msg::{messages, EmitError, ParseError};
 use super::nfqmsg::{self, AnyMsg, ConfigMsg, CopyMode, Packet, Verdict};
+use super::source::{FrameError, FrameSource, FrameStats, MAX_BATCH};
 use super::tracker::{Built, Decided, SendId, State, Tracker};
-use crate::buf::frames::{FrameError, FrameId, FrameRing, FrameStats, MAX_BATCH};
+use crate::buf::frames::{FrameId, FrameRing};
 use crate::netlink::NetlinkPath;
 use crate::stats::{Counters, Fallback, Path, Report};
 use crate::sys::netlink as nl;
@@ -382,7 +383,7 @@ pub fn kernel_queue_stats() -> io::Result<Vec<KernelQueueStats>> {
 struct QueueSock {
     fd: OwnedFd,
     queue: u16,
-    ring: FrameRing,
+    ring: FrameSource,
     track: Tracker,
     out: Vec<u8>,
     seq: u32,
@@ -425,33 +426,27 @@ impl QueueSock {
             .map_err(sock_err("socket(AF_NETLINK, NETLINK_NETFILTER)"))?;
         nl::bind(&fd, 0, 0).map_err(sock_err("bind netlink socket"))?;
         if let Some((bytes, force)) = cfg.rcvbuf {
-            if let Err(e) = nl::set_rcvbuf(&fd, bytes, force) {
-                if force {
-                    fallbacks.push(Fallback::new(
-                        Path::setting("SO_RCVBUFFORCE"),
-                        Path::setting("SO_RCVBUF"),
-                        format!(
-                            "{e} (needs CAP_NET_ADMIN); receive buffer capped by net.core.rmem_max"
-                        ),
-                    ));
-                    nl::set_rcvbuf(&fd, bytes, false).map_err(sock_err("SO_RCVBUF"))?;
-                } else {
-                    return Err(sock_err("SO_RCVBUF")(e));
-                }
-            }
+            super::size_rcvbuf(&fd, bytes, force, fallbacks).map_err(sock_err("SO_RCVBUF"))?;
         }
         if cfg.no_enobufs {
             nl::set_no_enobufs(&fd, true).map_err(sock_err("NETLINK_NO_ENOBUFS"))?;
         }
-        let _ = nl::set_ext_ack(&fd);
-        let mut ring = FrameRing::new(cfg.frame_size, cfg.frames, 70 << 10)
+        if let Err(e) = nl::set_ext_ack(&fd) {
+            // Error ACKs then carry no message text; the errno still arrives.
+            fallbacks.push(Fallback::new(
+                Path::setting("NETLINK_EXT_ACK"),
+                Path::setting("plain ACKs"),
+                format!("NETLINK_CAP_ACK/NETLINK_EXT_ACK refused: {e} (Linux 4.12)"),
+            ));
+        }
+        let mut ring = FrameSource::new(cfg.frame_size, cfg.frames, 70 << 10)
             .map_err(sock_err("mapping the frame ring"))?;
         if cfg.uring {
             let need = match cfg.copy {
                 CopyMode::Meta => FRAME_OVERHEAD,
                 CopyMode::Packet(r) => r as usize + FRAME_OVERHEAD,
             };
-            if need > ring.frame_payload() {
+            if need > ring.frames().frame_payload() {
                 fallbacks.push(Fallback::new(
                     NetlinkPath::FrameRingUring,
                     NetlinkPath::FrameRingRecvmmsg,
@@ -459,7 +454,7 @@ impl QueueSock {
                         "copy range needs {need}-byte frames but frames hold {}: a provided \
                          buffer cannot spill, so datagrams could be cut; lower the copy range \
                          or raise frame_size",
-                        ring.frame_payload()
+                        ring.frames().frame_payload()
                     ),
                 ));
             } else if let Err(reason) = ring.enable_uring() {
@@ -573,7 +568,9 @@ impl QueueSock {
                 // A packet queued between BIND and this ACK: keep it for `process`, so it
                 // gets a verdict like any other (never dropped on the floor here).
                 if !self.ring.inject(&buf[..n]) {
-                    return Err(NfqError::Frames(FrameError::AllHeld(self.ring.count())));
+                    return Err(NfqError::Frames(FrameError::AllHeld(
+                        self.ring.frames().count(),
+                    )));
                 }
             }
             match ack {
@@ -675,7 +672,7 @@ impl QueueSock {
         F: FnMut(&Packet<'_>) -> Decision,
     {
         let n = decode_frame(
-            &mut self.ring,
+            self.ring.frames_mut(),
             &mut self.track,
             &mut self.hold_refs,
             self.queue,
@@ -1013,7 +1010,7 @@ impl NfQueue {
                     deferred: &mut self.deferred,
                 };
                 let uring = s.ring.is_uring();
-                while let Some(id) = s.ring.pop_ready() {
+                while let Some(id) = s.ring.frames_mut().pop_ready() {
                     s.decode_frame(id, &mut ctx);
                     // With sendto, flush every `batch` decided packets; on the ring the
                     // verdicts go out with the next enter anyway, so one datagram per receive
@@ -1070,7 +1067,7 @@ impl NfQueue {
         let Some(State::Held(fid)) = s.track.state(r.id) else {
             return None;
         };
-        for m in messages(s.ring.data(FrameId(*fid))).flatten() {
+        for m in messages(s.ring.frames().data(FrameId(*fid))).flatten() {
             if let Ok(pkt) = Packet::parse(&m) {
                 if pkt.id == r.id {
                     return Some(f(&pkt));
@@ -1123,7 +1120,7 @@ impl NfQueue {
         let refs = &mut s.hold_refs[fid as usize];
         *refs = refs.saturating_sub(1);
         if *refs == 0 {
-            s.ring.release(FrameId(fid));
+            s.ring.frames_mut().release(FrameId(fid));
         }
         Ok(())
     }
@@ -1359,7 +1356,7 @@ mod tests {
 
     fn parse_errors_release_frames_and_decide_the_rest(uring: bool) {
         let (a, b) = std::os::unix::net::UnixDatagram::pair().unwrap();
-        let mut ring = FrameRing::new(4096, 4, 4096).unwrap();
+        let mut ring = FrameSource::new(4096, 4, 4096).unwrap();
         if uring {
             ring.enable_uring()
                 .expect("io_uring multishot recv on a unix socket");
@@ -1379,7 +1376,7 @@ mod tests {
             while got < 3 && Instant::now() < end {
                 let fill = ring.fill(&a, 64, Duration::from_millis(20)).unwrap();
                 assert!(!fill.full, "round {r}: no free frame: the ring shrank");
-                while let Some(id) = ring.pop_ready() {
+                while let Some(id) = ring.frames_mut().pop_ready() {
                     got += 1;
                     let mut total = 0;
                     let mut deferred = None;
@@ -1394,13 +1391,20 @@ mod tests {
                         on_error: Verdict::Drop,
                         deferred: &mut deferred,
                     };
-                    decode_frame(&mut ring, &mut track, &mut hold_refs, 0, id, &mut ctx);
+                    decode_frame(
+                        ring.frames_mut(),
+                        &mut track,
+                        &mut hold_refs,
+                        0,
+                        id,
+                        &mut ctx,
+                    );
                     assert!(deferred.is_none());
                 }
             }
             assert_eq!(got, 3, "round {r}");
-            assert_eq!(ring.held(), 0);
-            assert_eq!(ring.ready(), 0);
+            assert_eq!(ring.frames().held(), 0);
+            assert_eq!(ring.frames().ready(), 0);
         }
         let want: Vec<u32> = (0..10)
             .flat_map(|r| [1, 2, 3, 4, 6, 7].map(|i| 8 * r + i))

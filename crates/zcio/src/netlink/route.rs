@@ -5,7 +5,7 @@
 //! syscalls rather than thousands.
 
 use super::msg::{attrs, emit_header, finish, messages, NlMsg, ParseError};
-use crate::buf::frames::{FrameError, FrameRing, FrameStats};
+use super::source::{FrameError, FrameSource, FrameStats};
 use crate::netlink::NetlinkPath;
 use crate::stats::{Counters, Fallback, Report};
 use crate::sys::netlink as nl;
@@ -85,7 +85,7 @@ pub struct DumpStats {
 /// A rtnetlink socket with a frame ring for dumps.
 #[derive(Debug)]
 pub struct RouteSocket {
-    ring: FrameRing,
+    ring: FrameSource,
     fd: OwnedFd,
     seq: u32,
     fallbacks: Vec<Fallback>,
@@ -94,7 +94,8 @@ pub struct RouteSocket {
 
 impl RouteSocket {
     /// Opens a `NETLINK_ROUTE` socket with `frames` frames of 32 KiB and a receive buffer of
-    /// `rcvbuf` bytes (`SO_RCVBUFFORCE`, falling back to `SO_RCVBUF`).
+    /// `rcvbuf` bytes (`SO_RCVBUFFORCE`; without CAP_NET_ADMIN, `SO_RCVBUF` capped by
+    /// `net.core.rmem_max`, recorded in [`Report::fallbacks`] with the size granted).
     pub fn new(frames: u32, rcvbuf: usize) -> Result<Self, DumpError> {
         let fd = nl::socket(nl::NETLINK_ROUTE).map_err(|e| DumpError::Io {
             what: "socket(AF_NETLINK, NETLINK_ROUTE)",
@@ -104,12 +105,14 @@ impl RouteSocket {
             what: "bind",
             source: e,
         })?;
-        if nl::set_rcvbuf(&fd, rcvbuf, true).is_err() {
-            let _ = nl::set_rcvbuf(&fd, rcvbuf, false);
-        }
+        let mut fallbacks = Vec::new();
+        super::size_rcvbuf(&fd, rcvbuf, true, &mut fallbacks).map_err(|e| DumpError::Io {
+            what: "SO_RCVBUF",
+            source: e,
+        })?;
         // 32 KiB is the largest dump datagram the kernel builds.
         let ring =
-            FrameRing::new((32 << 10) + 16, frames, 64 << 10).map_err(|e| DumpError::Io {
+            FrameSource::new((32 << 10) + 16, frames, 64 << 10).map_err(|e| DumpError::Io {
                 what: "mapping the frame ring",
                 source: e,
             })?;
@@ -117,7 +120,7 @@ impl RouteSocket {
             fd,
             ring,
             seq: 0,
-            fallbacks: Vec::new(),
+            fallbacks,
             counters: Counters::default(),
         })
     }
@@ -177,8 +180,8 @@ impl RouteSocket {
                 return Err(DumpError::Overrun);
             }
             let mut done = false;
-            while let Some(id) = self.ring.pop_ready() {
-                let data = self.ring.data(id);
+            while let Some(id) = self.ring.frames_mut().pop_ready() {
+                let data = self.ring.frames().data(id);
                 st.datagrams += 1;
                 st.bytes += data.len() as u64;
                 let mut err = None;
@@ -212,7 +215,7 @@ impl RouteSocket {
                         }
                     }
                 }
-                self.ring.release(id);
+                self.ring.frames_mut().release(id);
                 if let Some(e) = err {
                     return Err(e);
                 }
@@ -226,14 +229,7 @@ impl RouteSocket {
         self.counters.ops += st.messages;
         // The request's send, and the receives.
         self.counters.syscalls += 1 + (after.syscalls - before.syscalls);
-        st.frames = FrameStats {
-            syscalls: after.syscalls - before.syscalls,
-            frames: after.frames - before.frames,
-            copies: after.copies - before.copies,
-            truncated: after.truncated - before.truncated,
-            overruns: after.overruns - before.overruns,
-            full: after.full - before.full,
-        };
+        st.frames = after.since(&before);
         Ok(st)
     }
 }

@@ -11,6 +11,7 @@ use super::key::{self, Key, Op};
 use super::zcrx::{flush_refill, refill_region_len, register_ifq, IfqError, ZcrxBind};
 use super::{Ring, RingConfig, RingError};
 use crate::buf::bufring::{BufLease, BufRing, BufRingConfig};
+use crate::buf::frames::{FrameMemory, LentFrame};
 use crate::buf::refill::{RefillRing, ZcrxArea, ZcrxLease};
 use crate::buf::Region;
 use crate::sys::IORING_CQE_F_MORE;
@@ -490,18 +491,27 @@ pub enum FrameEvent {
     Error(io::Error),
 }
 
-/// The netlink frame ring's io_uring producer: one multishot `RECV` on a socket that picks
-/// frames from a provided-buffer ring ([`crate::buf::bufring::PbufRing`]), and the verdict
-/// sends that ride the same ring (submitted with the next wait, so a receive → decide →
-/// verdict cycle costs one `io_uring_enter`). The frames themselves (memory and states) are
-/// [`crate::buf::frames::FrameRing`]'s; this owns only the ring and the requests.
+/// The netlink frame ring's io_uring ring: one multishot `RECV` on a socket that picks frames
+/// from a provided-buffer ring ([`crate::buf::bufring::PbufRing`]), and the verdict sends that
+/// ride the same ring (submitted with the next wait, so a receive → decide → verdict cycle
+/// costs one `io_uring_enter`). The frames themselves (memory and states) are
+/// [`crate::buf::frames::FrameRing`]'s and the orchestration (which frames to lend, what a
+/// completion makes of a frame) is the netlink side's (`netlink::source`); this owns the ring,
+/// the requests and a handle on the frames' memory.
 ///
 /// Dropping it cancels the multishot receive, waits for its last completion and unregisters
-/// the buffer ring, so the kernel never writes into a frame after that.
+/// the buffer ring, so the kernel never writes into a frame after that; only then does it let
+/// go of the frame memory ([`FrameMemory`]), so the mapping outlives every kernel write
+/// whatever order the owners drop things in.
 #[derive(Debug)]
 pub struct FrameRecv {
     pub(crate) ring: Ring,
     bufs: crate::buf::bufring::PbufRing,
+    /// The frames' memory, kept mapped until Drop has torn the receive down (fields drop
+    /// after `Drop::drop`).
+    memory: FrameMemory,
+    /// Entries of the buffer ring: the most buffers it holds at once.
+    capacity: u32,
     /// Entries added since the last publish.
     unpublished: u16,
     armed: bool,
@@ -520,9 +530,10 @@ pub struct FrameRecv {
 }
 
 impl FrameRecv {
-    /// A ring with a buffer ring of room for `count` buffers (≤ 32768) under group 0. The
-    /// error says why io_uring cannot be used (the caller records it as a fallback).
-    pub fn new(count: u32) -> Result<Self, String> {
+    /// A ring with a buffer ring of room for `count` buffers (≤ 32768) under group 0, lending
+    /// frames of `memory`. The error says why io_uring cannot be used (the caller records it
+    /// as a fallback).
+    pub fn new(count: u32, memory: FrameMemory) -> Result<Self, String> {
         if count > 32768 {
             return Err("more than 32768 frames: a buffer ring holds at most 32768".into());
         }
@@ -550,6 +561,8 @@ impl FrameRecv {
         Ok(Self {
             ring,
             bufs,
+            memory,
+            capacity: u32::from(entries),
             unpublished: 0,
             armed: false,
             provided: 0,
@@ -561,17 +574,33 @@ impl FrameRecv {
         })
     }
 
-    /// Adds a buffer to the buffer ring; it becomes visible at [`FrameRecv::publish`].
+    /// Adds a frame to the buffer ring under its id; it becomes visible at
+    /// [`FrameRecv::publish`] and comes back as a [`FrameEvent::Data`] with that id.
     ///
-    /// # Safety
+    /// # Panics
     ///
-    /// `addr..addr+len` must stay valid for writes, and untouched by the caller, until a
-    /// [`FrameEvent::Data`] with `bid` hands it back or this `FrameRecv` is dropped (its Drop
-    /// cancels the receive and waits for the last completion first).
-    pub unsafe fn provide(&mut self, addr: *mut u8, len: u32, bid: u16) {
-        // SAFETY: forwarded contract; at most `count` buffers are provided at once, so the
-        // slot is not one the kernel may still read.
-        unsafe { self.bufs.add(addr, len, bid, self.unpublished) };
+    /// If the frame is not inside the memory this ring was made with, its id does not fit a
+    /// buffer id (a ring has at most 32768 frames), or the buffer ring is full.
+    pub fn provide(&mut self, frame: LentFrame) {
+        assert!(
+            self.memory.contains(frame.addr(), frame.len() as usize),
+            "a frame of another frame ring"
+        );
+        assert!(
+            self.provided < self.capacity,
+            "more frames provided than the buffer ring holds"
+        );
+        let bid = u16::try_from(frame.id().0).expect("frame ids fit a buffer id");
+        // SAFETY: the payload lies inside `self.memory`, which this value keeps mapped until
+        // Drop has cancelled the receive, seen its last completion and unregistered the buffer
+        // ring; a `LentFrame` is made only by `FrameRing::lend` for a frame it marked RESERVED,
+        // and the ring does not read or write a RESERVED frame's payload until the completion
+        // carrying its id gives it back (`FrameRing::complete`). Fewer than `capacity` buffers
+        // are in the ring (asserted above), so the slot is not one the kernel may still read.
+        unsafe {
+            self.bufs
+                .add(frame.addr(), frame.len(), bid, self.unpublished)
+        };
         self.unpublished += 1;
         self.provided += 1;
     }
@@ -763,6 +792,11 @@ impl Drop for FrameRecv {
                         self.armed = false;
                     }
                 }
+            }
+            if self.armed {
+                tracing::error!("frame receive still armed after cancel; leaking the frame memory");
+                // Keep the frames mapped forever rather than free them under the kernel.
+                std::mem::forget(self.memory.clone());
             }
         }
         let _ = self

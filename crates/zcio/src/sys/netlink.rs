@@ -1,8 +1,10 @@
 //! AF_NETLINK sockets: creation, binding, options and the constants of `linux/netlink.h` and
-//! `linux/rtnetlink.h` that zcio uses. Batched receive into frames is in `buf::frames`.
+//! `linux/rtnetlink.h` that zcio uses, and the batched receive ([`recv_split`]) that the
+//! frame ring's `recvmmsg` producer (`netlink::source`) fills frames with.
 
 use super::{getsockopt_int, owned, setsockopt_int, syscall};
 use std::io;
+use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 /// Netlink protocol: routing (2.2).
@@ -138,10 +140,59 @@ pub fn set_rcvbuf(fd: &impl AsRawFd, bytes: usize, force: bool) -> io::Result<us
     Ok(getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)? as usize)
 }
 
+/// Most datagrams one [`recv_split`] receives.
+pub const RECV_SPLIT_MAX: usize = 64;
+
+/// What one datagram of a [`recv_split`] was.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Received {
+    /// Bytes of the datagram (`msg_len`), across both buffers.
+    pub len: usize,
+    /// `msg_flags` of the receive (`MSG_TRUNC` when it was longer than both buffers).
+    pub flags: u32,
+}
+
+/// One `recvmmsg(2)` of up to `bufs.len()` datagrams (at most [`RECV_SPLIT_MAX`]), datagram
+/// `i` scattered over `bufs[i][0]` then `bufs[i][1]`; `got[i]` says what it was. `flags` is
+/// `MSG_DONTWAIT` or `MSG_WAITFORONE` (the first datagram blocks, the rest do not). Returns
+/// how many datagrams arrived; `EAGAIN` and `ENOBUFS` (a netlink overrun) are errors for the
+/// caller to interpret. The message headers live on the stack: no allocation.
+pub fn recv_split(
+    fd: &impl AsRawFd,
+    bufs: &mut [[IoSliceMut<'_>; 2]],
+    got: &mut [Received],
+    flags: i32,
+) -> io::Result<usize> {
+    let n = bufs.len().min(got.len()).min(RECV_SPLIT_MAX);
+    // SAFETY: an all-zero mmsghdr array is a valid plain C value.
+    let mut msgs: [libc::mmsghdr; RECV_SPLIT_MAX] = unsafe { std::mem::zeroed() };
+    for (m, b) in msgs.iter_mut().zip(bufs[..n].iter_mut()) {
+        // `IoSliceMut` is ABI compatible with `struct iovec` on Unix (std's guarantee).
+        m.msg_hdr.msg_iov = b.as_mut_ptr().cast::<libc::iovec>();
+        m.msg_hdr.msg_iovlen = 2;
+    }
+    // SAFETY: `msgs[..n]` point at the iovecs of `bufs[..n]`, which describe live, exclusively
+    // borrowed byte slices (`IoSliceMut<'_>`) for the duration of the call; no name or control
+    // buffer is given.
+    let k = syscall!(recvmmsg(
+        fd.as_raw_fd(),
+        msgs.as_mut_ptr(),
+        n as u32,
+        flags,
+        std::ptr::null_mut()
+    ))? as usize;
+    for (g, m) in got.iter_mut().zip(&msgs[..k.min(n)]) {
+        *g = Received {
+            len: m.msg_len as usize,
+            flags: m.msg_hdr.msg_flags as u32,
+        };
+    }
+    Ok(k.min(n))
+}
+
 /// Preallocated buffers for `recvmmsg(2)`, one datagram per buffer, set up once so that each
 /// receive is one syscall and no allocation (what a careful libmnl/libnetfilter_queue user
-/// writes). Used by baselines and simple consumers; the frame ring has its own in
-/// `buf::frames`.
+/// writes). Used by baselines and simple consumers; the frame ring uses [`recv_split`].
 pub struct RecvBatch {
     bufs: Vec<Vec<u8>>,
     // Boxed so the addresses `msgs` point at stay put when the struct moves.
