@@ -255,8 +255,23 @@ fn script() -> std::path::PathBuf {
 /// Runs `scripts/libuv-tests compare` (optionally with io_uring denied for it and every
 /// process it starts); returns its last line and whether it found no difference.
 fn libuv_compare(no_uring: bool, tests: &[&str]) -> (String, bool) {
+    libuv_compare_with(&[], no_uring, "", tests)
+}
+
+/// `scripts/libuv-tests compare` with `variant` arguments (`--no-uring`: the io_uring-off
+/// build) and `shim_env` for the shimmed side.
+fn libuv_compare_with(
+    variant: &[&str],
+    no_uring: bool,
+    shim_env: &str,
+    tests: &[&str],
+) -> (String, bool) {
     let mut cmd = Command::new(script());
-    cmd.arg("compare").args(tests).env("SHIM", shim_path());
+    cmd.arg("compare")
+        .args(variant)
+        .args(tests)
+        .env("SHIM", shim_path())
+        .env("SHIM_ENV", shim_env);
     let mut run = move || cmd.output().expect("run scripts/libuv-tests");
     let out = if no_uring {
         std::thread::spawn(move || {
@@ -282,18 +297,18 @@ fn libuv_compare(no_uring: bool, tests: &[&str]) -> (String, bool) {
     (last, out.status.success())
 }
 
-#[test]
-fn libuv_tests_pass_under_the_shim_as_natively() {
-    let test = "libuv_tests_pass_under_the_shim_as_natively";
-    let mut missing = ["cmake", "make", "cc", "setpriv", "python3"]
+/// Builds libuv's runner (`variant`: `[]` stock, `["--no-uring"]` io_uring path off); false
+/// (after printing the skip) when the tools or the source are missing outside CI.
+fn libuv_build(test: &str, variant: &[&str]) -> bool {
+    let mut missing = ["cmake", "make", "cc", "setpriv", "python3", "strace"]
         .into_iter()
         .filter(|t| common::tool(test, t).is_none());
     if missing.next().is_some() {
-        return;
+        return false;
     }
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let build = Command::new(script())
         .arg("build")
+        .args(variant)
         .output()
         .expect("run scripts/libuv-tests build");
     if !build.status.success() {
@@ -306,6 +321,16 @@ fn libuv_tests_pass_under_the_shim_as_natively() {
             panic!("{test}: {why}");
         }
         println!("SKIP {test}: {why}");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn libuv_tests_pass_under_the_shim_as_natively() {
+    let test = "libuv_tests_pass_under_the_shim_as_natively";
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !libuv_build(test, &[]) {
         return;
     }
     let (line, same) = libuv_compare(false, &[]);
@@ -318,6 +343,100 @@ fn libuv_tests_pass_under_the_shim_as_natively() {
     assert!(
         same && same_nu,
         "libuv tests pass natively and fail under the shim: {line} / io_uring denied: {line_nu}"
+    );
+}
+
+/// libuv built with its io_uring path off, run in CI under the default (kernel-mode) shim:
+/// every libuv `epoll_ctl` then reaches the shim through the C library (stock libuv sends them
+/// through its own io_uring), closes stay raw `syscall(SYS_close)`. Connections, pipes, polls,
+/// closes, shutdowns, bind errors, signals and UDP.
+const LIBUV_IO_URING_OFF_CI: &[&str] = &[
+    "close_fd",
+    "pipe_ping_pong",
+    "pipe_ping_pong_vec",
+    "pipe_close_stdout_read_stdin",
+    "poll_close",
+    "poll_close_doesnt_corrupt_stack",
+    "poll_closesocket",
+    "poll_duplex",
+    "poll_multiple_handles",
+    "poll_nested_epoll",
+    "poll_oob",
+    "poll_unidirectional",
+    "shutdown_close_tcp",
+    "shutdown_eof",
+    "signal_multiple_loops",
+    "signal_pending_on_close",
+    "we_get_signal",
+    "we_get_signals",
+    "tcp_bind_error_addrinuse_connect",
+    "tcp_bind_error_addrinuse_listen",
+    "tcp_close",
+    "tcp_close_accept",
+    "tcp_close_reset_accepted",
+    "tcp_close_while_connecting",
+    "tcp_ping_pong",
+    "tcp_ping_pong_vec",
+    "tcp_read_stop",
+    "tcp_read_stop_start",
+    "tcp_shutdown_after_write",
+    "tcp_write_in_a_row",
+    "tcp_writealot",
+    "tcp_reuseport",
+    "udp_send_and_recv",
+    "udp_reuseport",
+    "udp_multicast_join",
+];
+
+#[test]
+fn libuv_built_without_io_uring_passes_under_the_shim_as_natively() {
+    let test = "libuv_built_without_io_uring_passes_under_the_shim_as_natively";
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !libuv_build(test, &["--no-uring"]) {
+        return;
+    }
+    let full = std::env::var("ZCIO_PEER_SUITES").as_deref() == Ok("full");
+    // The runner's processes run as nobody: the stats directory must be theirs to write.
+    let dir = TempDir::new("peers-libuv");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+        .expect("chmod stats dir");
+    let stats = dir.path().join("stats-kernel");
+    let tests: &[&str] = if full { &[] } else { LIBUV_IO_URING_OFF_CI };
+    let (line, same) = libuv_compare_with(
+        &["--no-uring"],
+        false,
+        &format!("ZCIO_EPOLL_STATS={}", stats.display()),
+        tests,
+    );
+    println!("io_uring path off, kernel mode: {line}");
+    let served = common::stats_sum(&stats, "ring_waits");
+    assert!(
+        served > 100,
+        "the shim served (almost) no libuv waits from the ring ({served}): {:?}",
+        std::fs::read_to_string(&stats)
+    );
+    let mut lines = vec![line];
+    let mut all_same = same;
+    if full {
+        // The poll ring: the shim keeps the interest list itself, so it sees every epoll_ctl.
+        let stats = dir.path().join("stats-poll");
+        let (line, same) = libuv_compare_with(
+            &["--no-uring"],
+            false,
+            &format!(
+                "ZCIO_EPOLL_BACKEND=poll ZCIO_EPOLL_STATS={}",
+                stats.display()
+            ),
+            &[],
+        );
+        println!("io_uring path off, poll ring: {line}");
+        lines.push(line);
+        all_same &= same;
+    }
+    assert!(
+        all_same,
+        "libuv (io_uring path off) tests pass natively and fail under the shim: {lines:?}"
     );
 }
 
