@@ -295,6 +295,18 @@ unsafe impl Send for State {}
 /// ring cannot be set up (then the program simply uses its real epoll fd; logged).
 pub fn create(epfd: libc::c_int) -> Option<()> {
     let slot = fd_slot(epfd)?;
+    // An entry already at this number is stale: the kernel reuses a number only after a close,
+    // and the shim sees every close but a raw one (libuv closes its epoll fd with
+    // `syscall(SYS_close)`). It goes now, whatever happens to the new instance: a new epoll fd
+    // that gets no ring must not be taken for the old instance (its ring, owner and interest
+    // list), which would serve the new loop the old loop's registrations.
+    if is_instance(epfd) {
+        log(format_args!(
+            "epoll fd {epfd}: the instance that had this number was closed behind the shim's \
+             back (a raw close system call); its ring is retired"
+        ));
+        remove(epfd);
+    }
     let ring = match new_ring(epfd) {
         Ok(r) => r,
         Err(e) => {
@@ -344,7 +356,7 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
         slot.fetch_or(F_EPOLL, Ordering::Relaxed);
         t[epfd as usize].replace(inst)
     });
-    // A stale entry (its fd was closed behind the shim's back) is retired.
+    // A stale entry that appeared meanwhile (another thread's raw close and create) goes too.
     if let Some(old) = old {
         retire(&old);
     }
@@ -589,12 +601,32 @@ pub fn convert(epfd: libc::c_int, why: &str) {
         // Kernel mode: the epoll fd already is the instance (nesting, poll, dup, other
         // threads and forked children see exactly what the ring sees).
         if inst.ring_mode.load(Ordering::Relaxed) && !inst.kernel {
+            if !still_epoll(epfd) {
+                // The number now names another file: the instance's epoll fd was closed behind
+                // the shim's back (libuv's raw close) and the number reused (libuv's signal
+                // pipe, an eventfd): nothing to convert, the stale instance goes.
+                log(format_args!(
+                    "epoll fd {epfd}: closed behind the shim's back (a raw close system call; \
+                     the number is now another file); its ring is retired"
+                ));
+                remove(epfd);
+                return;
+            }
             let f = forked(&inst);
             if let Some(mut st) = lock_checked(&inst) {
                 let why = if f { "used in a forked child" } else { why };
                 to_real_in(&inst, &mut st, why, f);
             }
         }
+    }
+}
+
+/// Whether `fd` still names an epoll instance (`/proc/self/fd` shows `anon_inode:[eventpoll]`);
+/// true when that cannot be told (no `/proc`). Used only on the rare conversion paths.
+fn still_epoll(fd: libc::c_int) -> bool {
+    match std::fs::read_link(format!("/proc/self/fd/{fd}")) {
+        Ok(target) => target.as_os_str() == "anon_inode:[eventpoll]",
+        Err(e) => e.raw_os_error() != Some(libc::ENOENT),
     }
 }
 

@@ -10,6 +10,12 @@
 //! `scripts/libuv-tests` from the libuv source tree the crates.io crate `libuv-sys2` vendors,
 //! natively and under the shim; with io_uring denied, [`LIBUV_NO_URING_CI`] in CI and all
 //! tests with `ZCIO_PEER_SUITES=full`.
+//!
+//! The same runner built with libuv's io_uring path off (`scripts/libuv-tests build
+//! --no-uring`: every `epoll_ctl` through the C library, where the shim sees it): in CI the
+//! tests named by [`LIBUV_IO_URING_OFF_CI`] under the default (kernel-mode) shim; with
+//! `ZCIO_PEER_SUITES=full` all of them, and all of them again on the poll ring
+//! (`ZCIO_EPOLL_BACKEND=poll`).
 //! A test that differs is re-run alone on both sides once (timing-sensitive asyncio tests on
 //! a loaded machine); it counts as a difference only if it passes natively and fails under
 //! the shim again.
@@ -255,8 +261,23 @@ fn script() -> std::path::PathBuf {
 /// Runs `scripts/libuv-tests compare` (optionally with io_uring denied for it and every
 /// process it starts); returns its last line and whether it found no difference.
 fn libuv_compare(no_uring: bool, tests: &[&str]) -> (String, bool) {
+    libuv_compare_with(&[], no_uring, "", tests)
+}
+
+/// `scripts/libuv-tests compare` with `variant` arguments (`--no-uring`: the io_uring-off
+/// build) and `shim_env` for the shimmed side.
+fn libuv_compare_with(
+    variant: &[&str],
+    no_uring: bool,
+    shim_env: &str,
+    tests: &[&str],
+) -> (String, bool) {
     let mut cmd = Command::new(script());
-    cmd.arg("compare").args(tests).env("SHIM", shim_path());
+    cmd.arg("compare")
+        .args(variant)
+        .args(tests)
+        .env("SHIM", shim_path())
+        .env("SHIM_ENV", shim_env);
     let mut run = move || cmd.output().expect("run scripts/libuv-tests");
     let out = if no_uring {
         std::thread::spawn(move || {
@@ -282,18 +303,21 @@ fn libuv_compare(no_uring: bool, tests: &[&str]) -> (String, bool) {
     (last, out.status.success())
 }
 
-#[test]
-fn libuv_tests_pass_under_the_shim_as_natively() {
-    let test = "libuv_tests_pass_under_the_shim_as_natively";
+/// Builds libuv's runner (`variant`: `[]` stock, `["--no-uring"]` io_uring path off); false
+/// (after printing the skip) when the tools or the source are missing outside CI.
+fn libuv_build(test: &str, variant: &[&str]) -> bool {
+    // strace: the io_uring-off build proves with it that its runner sets up no ring.
+    let strace: &[&str] = if variant.is_empty() { &[] } else { &["strace"] };
     let mut missing = ["cmake", "make", "cc", "setpriv", "python3"]
-        .into_iter()
+        .iter()
+        .chain(strace)
         .filter(|t| common::tool(test, t).is_none());
     if missing.next().is_some() {
-        return;
+        return false;
     }
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let build = Command::new(script())
         .arg("build")
+        .args(variant)
         .output()
         .expect("run scripts/libuv-tests build");
     if !build.status.success() {
@@ -306,6 +330,16 @@ fn libuv_tests_pass_under_the_shim_as_natively() {
             panic!("{test}: {why}");
         }
         println!("SKIP {test}: {why}");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn libuv_tests_pass_under_the_shim_as_natively() {
+    let test = "libuv_tests_pass_under_the_shim_as_natively";
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !libuv_build(test, &[]) {
         return;
     }
     let (line, same) = libuv_compare(false, &[]);
@@ -318,6 +352,120 @@ fn libuv_tests_pass_under_the_shim_as_natively() {
     assert!(
         same && same_nu,
         "libuv tests pass natively and fail under the shim: {line} / io_uring denied: {line_nu}"
+    );
+}
+
+/// libuv built with its io_uring path off, run in CI under the default (kernel-mode) shim:
+/// every libuv `epoll_ctl` then reaches the shim through the C library (stock libuv sends them
+/// through its own io_uring), closes stay raw `syscall(SYS_close)`. The selection: every test
+/// whose name starts with one of these (connections, pipes, polls, closes, shutdowns, bind
+/// errors, signals, UDP; 186 tests of libuv 1.53, ≈45 s for both sides on 2 cores).
+const LIBUV_IO_URING_OFF_CI: &[&str] = &[
+    "tcp_",
+    "tcp4_",
+    "tcp6_",
+    "pipe_",
+    "poll_",
+    "udp_",
+    "signal_",
+    "we_get_signal",
+    "close",
+    "shutdown_",
+    "socket_",
+    "connection_",
+    "getsockname",
+    "delayed_accept",
+    "multiple_listen",
+    "emfile",
+    "watcher_cross_stop",
+];
+
+/// The runner's test names (`TEST_ENTRY` and `TEST_ENTRY_CUSTOM` in `test/test-list.h` of the
+/// built source) that start with one of `prefixes`.
+fn libuv_tests_named(src: &Path, prefixes: &[&str]) -> Vec<String> {
+    let list = std::fs::read_to_string(src.join("test/test-list.h")).expect("libuv test-list.h");
+    let mut names: Vec<String> = list
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let rest = l
+                .strip_prefix("TEST_ENTRY_CUSTOM")
+                .or_else(|| l.strip_prefix("TEST_ENTRY"))?;
+            let name = rest
+                .trim_start()
+                .strip_prefix('(')?
+                .split([',', ')'])
+                .next()?;
+            Some(name.trim().to_string())
+        })
+        .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[test]
+fn libuv_built_without_io_uring_passes_under_the_shim_as_natively() {
+    let test = "libuv_built_without_io_uring_passes_under_the_shim_as_natively";
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !libuv_build(test, &["--no-uring"]) {
+        return;
+    }
+    let full = std::env::var("ZCIO_PEER_SUITES").as_deref() == Ok("full");
+    // The runner's processes run as nobody: the stats directory must be theirs to write.
+    let dir = TempDir::new("peers-libuv");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+        .expect("chmod stats dir");
+    let stats = dir.path().join("stats-kernel");
+    let selected = if full {
+        Vec::new()
+    } else {
+        // Where scripts/libuv-tests put the variant's source (its ZCIO_LIBUV_DIR default).
+        let dir = std::env::var_os("ZCIO_LIBUV_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/libuv"));
+        let src = dir.join("src-nouring");
+        let names = libuv_tests_named(&src, LIBUV_IO_URING_OFF_CI);
+        assert!(names.len() > 100, "libuv's test list: only {names:?}");
+        names
+    };
+    let tests: Vec<&str> = selected.iter().map(String::as_str).collect();
+    let (line, same) = libuv_compare_with(
+        &["--no-uring"],
+        false,
+        &format!("ZCIO_EPOLL_STATS={}", stats.display()),
+        &tests,
+    );
+    println!("io_uring path off, kernel mode: {line}");
+    let served = common::stats_sum(&stats, "ring_waits");
+    assert!(
+        served > 100,
+        "the shim served (almost) no libuv waits from the ring ({served}): {:?}",
+        std::fs::read_to_string(&stats)
+    );
+    let mut lines = vec![line];
+    let mut all_same = same;
+    if full {
+        // The poll ring: the shim keeps the interest list itself, so it sees every epoll_ctl.
+        let stats = dir.path().join("stats-poll");
+        let (line, same) = libuv_compare_with(
+            &["--no-uring"],
+            false,
+            &format!(
+                "ZCIO_EPOLL_BACKEND=poll ZCIO_EPOLL_STATS={}",
+                stats.display()
+            ),
+            &[],
+        );
+        println!("io_uring path off, poll ring: {line}");
+        lines.push(line);
+        all_same &= same;
+    }
+    assert!(
+        all_same,
+        "libuv (io_uring path off) tests pass natively and fail under the shim: {lines:?}"
     );
 }
 

@@ -96,6 +96,35 @@ fn closes_behind_the_shims_back_behave_as_without_it() {
 }
 
 #[test]
+fn an_epoll_fd_closed_behind_the_shims_back_leaves_nothing_to_its_number() {
+    // libuv closes its epoll fd with a raw close system call; the number comes back for an
+    // eventfd (added to another epoll set) and for a new epoll fd that gets no ring (io_uring
+    // refused, as when many loops exist at once). Before the fix, on the poll ring, the new
+    // epoll fd was taken for the old instance: its add failed EEXIST and its wait reported
+    // the old loop's registration.
+    let dir = TempDir::new("trace-raw-epoll-close");
+    let Some(exe) = build_trace(&dir) else { return };
+    let (native, _) = run_with(&exe, &Preload::default(), &["raw-epoll-close"], &[]);
+    assert!(
+        native.contains("new-epoll-got-the-number: yes") && native.ends_with("done\n"),
+        "{native}"
+    );
+    for backend in ["poll", "epoll_wait"] {
+        let env: &[(&str, &str)] = if backend == "poll" {
+            &[("ZCIO_EPOLL_BACKEND", "poll")]
+        } else {
+            &[]
+        };
+        let (shimmed, log, _) = shim_run(&dir, &exe, &["raw-epoll-close"], env);
+        assert_same_output(&native, &shimmed, &log);
+        assert!(
+            log.contains("closed behind the shim's back"),
+            "{backend}: the stale instance was not detected:\n{log}"
+        );
+    }
+}
+
+#[test]
 fn trace_is_identical_on_the_poll_ring() {
     // ZCIO_EPOLL_BACKEND=poll: one POLL_ADD per fd, the interest list kept by the shim.
     let dir = TempDir::new("trace-poll");

@@ -6,6 +6,10 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -584,6 +588,54 @@ static void s_behind(void) {
     close(ep);
 }
 
+/* From here on io_uring_setup fails with ENOMEM in this process, as it does when many loops
+   are created at once (libuv's signal_multiple_loops): the shim's next instances get no ring. */
+static void deny_io_uring(void) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOMEM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
+    CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0);
+    CHECK(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0);
+}
+
+/* libuv closes its epoll fd with a raw close system call: the number comes back for another
+   file, or for the next loop's epoll fd. Neither may inherit the old instance's registrations.
+   Ends with io_uring denied: run last. */
+static void s_raw_epoll_close(void) {
+    cur = "raw-epoll-close";
+    int s[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, s) == 0);
+    int outer = epoll_create1(0);
+    /* The number reused by an eventfd, which goes into another epoll set. */
+    int ep = epoll_create1(0);
+    add(ep, s[0], EPOLLIN, 1);
+    CHECK(syscall(SYS_close, ep) == 0);
+    int e = eventfd(1, EFD_NONBLOCK);
+    printf("%s/eventfd-got-the-number: %s\n", cur, e == ep ? "yes" : "no");
+    ctl("add-eventfd-to-outer", outer, EPOLL_CTL_ADD, e, EPOLLIN, 2);
+    wr(s[1], "x");
+    show("outer-sees-eventfd", outer, 8, 1000);
+    close(e);
+    /* The number reused by the next epoll fd, which gets no ring. */
+    ep = epoll_create1(0);
+    add(ep, s[0], EPOLLIN, 3);
+    CHECK(syscall(SYS_close, ep) == 0);
+    deny_io_uring();
+    int ep2 = epoll_create1(0);
+    printf("%s/new-epoll-got-the-number: %s\n", cur, ep2 == ep ? "yes" : "no");
+    show("new-epoll-empty", ep2, 8, 0);
+    ctl("add-to-new-epoll", ep2, EPOLL_CTL_ADD, s[0], EPOLLIN, 4);
+    show("new-epoll-registered", ep2, 8, 1000);
+    close(ep2);
+    close(outer);
+    close(s[0]);
+    close(s[1]);
+}
+
 /* exec with close-on-exec: the registered listener goes with the old image. Runs in a child
    (the listener exists only there); the new image gets the epoll fd (no CLOEXEC) and the port. */
 static void s_exec(const char *self) {
@@ -627,6 +679,11 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "behind") == 0) {
         s_behind();
         s_exec(argv[0]);
+        printf("done\n");
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "raw-epoll-close") == 0) {
+        s_raw_epoll_close();
         printf("done\n");
         return 0;
     }
