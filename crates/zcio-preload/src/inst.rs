@@ -55,6 +55,12 @@ static LOGGED_PID: AtomicU64 = AtomicU64::new(0);
 static NEXT_TID: AtomicU64 = AtomicU64::new(1);
 /// Token of the user event that wakes a ring wait so another thread can take the lock.
 const WAKE: u64 = u64::MAX;
+/// Poll ring: token of the ring's poll on the program's own epoll fd. In ring mode that epoll
+/// holds no registration of the shim's, so it becomes readable only through registrations
+/// made behind the shim's back (libuv's `IORING_OP_EPOLL_CTL` on an io_uring of its own, a
+/// raw `epoll_ctl` system call): the instance then converts to the real epoll, which reports
+/// them. (Fd tokens are fd numbers, below `MAXFD`.)
+const BEHIND: u64 = u64::MAX - 1;
 
 thread_local! {
     static TID: Cell<u64> = const { Cell::new(0) };
@@ -318,6 +324,19 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
         }
     };
     let kernel = ring.epoll_fd() == Some(epfd);
+    let mut ring = ring;
+    if !kernel {
+        if let Err(e) = ring.add(epfd, Interest::IN, BEHIND) {
+            // Without the watch a registration made behind the shim's back would never be
+            // reported: the real epoll serves this instance instead.
+            bump(&STATS.fallbacks, 1);
+            log(format_args!(
+                "epoll fd {epfd}: cannot watch the epoll fd for registrations made behind the \
+                 shim's back ({e}); using the real epoll"
+            ));
+            return None;
+        }
+    }
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u64;
     if LOGGED_PID.swap(pid, Ordering::Relaxed) != pid {
@@ -384,9 +403,17 @@ fn new_ring(epfd: libc::c_int) -> std::io::Result<EventRing> {
         };
         match EventRing::with_config(&cfg) {
             Ok(r) => return Ok(r),
-            Err(e) => log(format_args!(
+            // The kernel (before 6.15) or the process lacks it: the poll ring is the next
+            // best.
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => log(format_args!(
                 "epoll fd {epfd}: no EPOLL_WAIT ring ({e}); trying the poll ring"
             )),
+            // Out of ring memory or descriptors (rings of dropped loops are freed
+            // asynchronously): the real epoll. The poll ring would keep the interest list
+            // to itself, and registrations made behind the shim's back (libuv's
+            // IORING_OP_EPOLL_CTL) would never be reported: its loop hung in libuv's
+            // tty_pty_partial under load.
+            Err(e) => return Err(e),
         }
     }
     let mut cfg = EventConfig {
@@ -491,6 +518,10 @@ fn park_ring(inst: &Instance, st: &mut State, mut ring: EventRing) {
         if r.is_some() && !is_pending(fd) {
             let _ = ring.delete(fd as libc::c_int);
         }
+    }
+    if !inst.kernel {
+        // The watch on the program's epoll fd (it holds a reference to that file).
+        let _ = ring.delete(inst.epfd);
     }
     // A zero-timeout wait submits the cancellations and runs their completions, so the
     // kernel drops its file references now.
@@ -870,9 +901,14 @@ pub fn wait(
                 k += 1;
             }
         }
+        let mut behind = false;
         for ev in st.buf[..n].iter().filter(|_| !inst.kernel) {
             if ev.token == WAKE {
                 woken = true;
+                continue;
+            }
+            if ev.token == BEHIND {
+                behind = true;
                 continue;
             }
             let fd = ev.token as usize;
@@ -895,6 +931,22 @@ pub fn wait(
         }
         bump(&STATS.ring_waits, 1);
         bump(&STATS.ring_events, k as u64);
+        if behind {
+            // The program's epoll became readable: something registered there behind the
+            // shim's back is ready. From now on the real epoll serves the instance (the ring's
+            // registrations replayed into it); its events come with the next collection.
+            to_real(
+                inst,
+                st,
+                "a registration made behind the shim's back became ready (an io_uring \
+                 IORING_OP_EPOLL_CTL or a raw epoll_ctl system call, as libuv makes)",
+            );
+            if k > 0 {
+                return k as libc::c_int;
+            }
+            drop(guard);
+            continue;
+        }
         if k > 0 || (n == 0 && !woken) {
             return k as libc::c_int;
         }

@@ -125,6 +125,110 @@ fn an_epoll_fd_closed_behind_the_shims_back_leaves_nothing_to_its_number() {
 }
 
 #[test]
+fn registrations_made_through_io_uring_are_reported_as_without_the_shim() {
+    // libuv (>= 1.45) sends every epoll_ctl through an io_uring of its own
+    // (IORING_OP_EPOLL_CTL), which no interposer sees. Kernel mode: they land in the
+    // program's own epoll, which the ring collects. Poll ring (kernels before 6.15): the ring
+    // watches the program's epoll fd, which holds nothing of the shim's, and converts the
+    // instance when it becomes readable (before the watch, such registrations were never
+    // reported and libuv's loops hung).
+    let dir = TempDir::new("trace-uring-ctl");
+    let Some(exe) = build_trace(&dir) else { return };
+    let (native, _) = run_with(&exe, &Preload::default(), &["uring-ctl"], &[]);
+    assert!(
+        native.contains("io_uring-registered-ready: n=1 1:IN") && native.ends_with("done\n"),
+        "{native}"
+    );
+    for backend in ["epoll_wait", "poll"] {
+        let env: &[(&str, &str)] = if backend == "poll" {
+            &[("ZCIO_EPOLL_BACKEND", "poll")]
+        } else {
+            &[]
+        };
+        let (shimmed, log, _) = shim_run(&dir, &exe, &["uring-ctl"], env);
+        assert_same_output(&native, &shimmed, &log);
+        if backend == "poll" {
+            assert!(
+                log.contains("registration made behind the shim's back became ready"),
+                "poll ring: the behind-the-back registration was not detected:\n{log}"
+            );
+        } else {
+            assert!(!log.contains("falling back"), "{log}");
+        }
+    }
+}
+
+#[test]
+fn a_ring_short_of_memory_leaves_the_instance_on_the_real_epoll() {
+    // io_uring_setup fails with ENOMEM for small rings (the shim's EPOLL_WAIT ring), as when
+    // ring memory (RLIMIT_MEMLOCK, freed asynchronously after a ring goes) is short. The poll
+    // ring, which could still be made, keeps the interest list to itself: an instance put
+    // there lost libuv's io_uring registrations (tty_pty_partial hung under load). A lack of
+    // resources now means the real epoll.
+    let dir = TempDir::new("trace-short-memory");
+    let Some(exe) = build_trace(&dir) else { return };
+    let (native, _) = run_with(&exe, &Preload::default(), &["uring-ctl-short-memory"], &[]);
+    let (shimmed, log, stats) = shim_run(&dir, &exe, &["uring-ctl-short-memory"], &[]);
+    assert_same_output(&native, &shimmed, &log);
+    assert!(
+        log.contains("Cannot allocate memory") && log.contains("using the real epoll"),
+        "{log}"
+    );
+    assert!(!log.contains("served by the event ring (io_uring)"), "{log}");
+    assert_eq!(common::stats_sum(&stats, "ring_instances"), 0, "{log}");
+}
+
+#[test]
+fn many_loops_of_an_unprivileged_user_each_get_an_epoll_wait_ring() {
+    // Ring memory counts against RLIMIT_MEMLOCK (8 MiB) for an unprivileged user. The
+    // EPOLL_WAIT ring holds one request: sized for it (2 pages), 100 loops at once all get
+    // one; sized like the poll ring (81 pages) only 24 did. Run as a uid of its own, whose
+    // locked-memory count no other test shares.
+    let test = "many_loops_of_an_unprivileged_user_each_get_an_epoll_wait_ring";
+    if !zcio_testnet::is_root() {
+        zcio_testnet::skip(test, "needs root to run the program as another user");
+        return;
+    }
+    let Some(setpriv) = common::tool(test, "setpriv") else {
+        return;
+    };
+    let dir = TempDir::new("trace-many-loops");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let Some(exe) = build_trace(&dir) else { return };
+    let stats = dir.path().join("stats");
+    let pre = Preload {
+        shim: Some(shim_path()),
+        stats: Some(stats.clone()),
+        log: true,
+    };
+    let mut cmd = std::process::Command::new(setpriv);
+    cmd.args(["--reuid=64999", "--regid=64999", "--clear-groups"])
+        .arg(&exe)
+        .args(["many-loops", "100"]);
+    pre.apply(&mut cmd);
+    let out = cmd.output().expect("run setpriv");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{log}");
+    assert!(
+        stdout.contains("100-loops-each-saw-its-event: 100"),
+        "{stdout}\n{log}"
+    );
+    if log.contains("no EPOLL_WAIT ring") {
+        zcio_testnet::skip_kernel_feature(
+            test,
+            "ZCIO_REQUIRE_EPOLL_WAIT",
+            "the kernel lacks IORING_OP_EPOLL_WAIT (Linux 6.15)",
+        );
+        return;
+    }
+    let text = std::fs::read_to_string(&stats).unwrap_or_default();
+    assert_eq!(common::stats_sum(&stats, "ring_instances"), 100, "{text}\n{log}");
+    assert_eq!(common::stats_sum(&stats, "fallbacks"), 0, "{text}\n{log}");
+}
+
+#[test]
 fn trace_is_identical_on_the_poll_ring() {
     // ZCIO_EPOLL_BACKEND=poll: one POLL_ADD per fd, the interest list kept by the shim.
     let dir = TempDir::new("trace-poll");
@@ -142,8 +246,13 @@ fn trace_is_identical_on_the_poll_ring() {
         "{:?}",
         std::fs::read_to_string(&stats)
     );
+    // The fork/dup/nest section converts its instance: for the nesting or the dup, or first
+    // because the forked child's replay into the epoll it shares with the parent is, for the
+    // parent's ring, a registration made behind its back.
     assert!(
-        log.contains("nested in another epoll set") || log.contains("duplicated"),
+        log.contains("nested in another epoll set")
+            || log.contains("duplicated")
+            || log.contains("registration made behind the shim's back became ready"),
         "{log}"
     );
 }

@@ -7,9 +7,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/filter.h>
+#include <linux/io_uring.h>
 #include <linux/seccomp.h>
 #include <stddef.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -636,6 +639,140 @@ static void s_raw_epoll_close(void) {
     close(s[1]);
 }
 
+/* An io_uring of the program's own, used only for IORING_OP_EPOLL_CTL: libuv (>= 1.45) sends
+   every epoll_ctl this way, past any interposer. Raw system calls, one request at a time. */
+struct uring {
+    int fd;
+    unsigned *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
+    struct io_uring_sqe *sqes;
+    struct io_uring_cqe *cqes;
+};
+
+static void uring_init(struct uring *u, unsigned entries) {
+    struct io_uring_params p;
+    memset(&p, 0, sizeof p);
+    u->fd = (int)syscall(SYS_io_uring_setup, entries, &p);
+    CHECK(u->fd >= 0 && (p.features & IORING_FEAT_SINGLE_MMAP));
+    size_t sq_len = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+    size_t cq_len = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+    size_t len = sq_len > cq_len ? sq_len : cq_len;
+    char *r = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, u->fd,
+                   IORING_OFF_SQ_RING);
+    CHECK(r != MAP_FAILED);
+    u->sqes = mmap(NULL, p.sq_entries * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, u->fd, IORING_OFF_SQES);
+    CHECK(u->sqes != MAP_FAILED);
+    u->sq_tail = (unsigned *)(r + p.sq_off.tail);
+    u->sq_mask = (unsigned *)(r + p.sq_off.ring_mask);
+    u->sq_array = (unsigned *)(r + p.sq_off.array);
+    u->cq_head = (unsigned *)(r + p.cq_off.head);
+    u->cq_tail = (unsigned *)(r + p.cq_off.tail);
+    u->cq_mask = (unsigned *)(r + p.cq_off.ring_mask);
+    u->cqes = (struct io_uring_cqe *)(r + p.cq_off.cqes);
+}
+
+/* epoll_ctl through the ring; returns 0 or -errno. */
+static int uring_epoll_ctl(struct uring *u, int ep, int op, int fd, uint32_t events,
+                           uint64_t data) {
+    struct epoll_event e = {.events = events, .data.u64 = data};
+    unsigned tail = *u->sq_tail, i = tail & *u->sq_mask;
+    struct io_uring_sqe *q = &u->sqes[i];
+    memset(q, 0, sizeof *q);
+    q->opcode = IORING_OP_EPOLL_CTL;
+    q->fd = ep;
+    q->off = (uint64_t)fd;
+    q->addr = (uint64_t)(uintptr_t)&e;
+    q->len = (uint32_t)op;
+    u->sq_array[i] = i;
+    __atomic_store_n(u->sq_tail, tail + 1, __ATOMIC_RELEASE);
+    CHECK(syscall(SYS_io_uring_enter, u->fd, 1, 1, IORING_ENTER_GETEVENTS, NULL, 0) == 1);
+    unsigned head = *u->cq_head;
+    CHECK(__atomic_load_n(u->cq_tail, __ATOMIC_ACQUIRE) != head);
+    int res = u->cqes[head & *u->cq_mask].res;
+    __atomic_store_n(u->cq_head, head + 1, __ATOMIC_RELEASE);
+    return res;
+}
+
+static void uring_ctl(const char *label, struct uring *u, int ep, int op, int fd,
+                      uint32_t events, uint64_t data) {
+    int r = uring_epoll_ctl(u, ep, op, fd, events, data);
+    printf("%s/%s: %s\n", cur, label, r == 0 ? "ok" : strerrorname_np(-r));
+}
+
+/* Registrations made behind the shim's back with IORING_OP_EPOLL_CTL, next to ones made through
+   libc, as a libuv loop makes them: every one reported, deleted ones no longer. */
+static void s_uring_ctl(void) {
+    cur = "uring-ctl";
+    struct uring u;
+    uring_init(&u, 64);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    int p[2], q[2];
+    CHECK(ep >= 0 && pipe2(p, O_NONBLOCK) == 0 && pipe2(q, O_NONBLOCK) == 0);
+    add(ep, q[0], EPOLLIN, 2);
+    uring_ctl("add-through-io_uring", &u, ep, EPOLL_CTL_ADD, p[0], EPOLLIN, 1);
+    show("nothing-ready", ep, 8, 0);
+    wr(p[1], "x");
+    show("io_uring-registered-ready", ep, 8, 1000);
+    wr(q[1], "y");
+    show("both-ready", ep, 8, 1000);
+    drain(p[0]);
+    drain(q[0]);
+    show("drained", ep, 8, 0);
+    uring_ctl("del-through-io_uring", &u, ep, EPOLL_CTL_DEL, p[0], 0, 0);
+    wr(p[1], "z");
+    wr(q[1], "w");
+    show("after-del", ep, 8, 1000);
+    close(p[0]);
+    close(p[1]);
+    close(q[0]);
+    close(q[1]);
+    close(ep);
+    close(u.fd);
+}
+
+/* io_uring_setup fails with ENOMEM for rings of fewer than 64 entries, as it does when ring
+   memory is short: the shim's EPOLL_WAIT ring (8 entries) cannot be made, a 1024-entry poll
+   ring could. Registrations made behind the shim's back must still be reported. */
+static void deny_small_io_urings(void) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_setup, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOMEM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
+    CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0);
+    CHECK(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0);
+}
+
+/* Many loops at once, each with a registration and an event (run unprivileged: ring memory
+   then counts against RLIMIT_MEMLOCK, set here to the usual 8 MiB). */
+static void s_many_loops(int n) {
+    cur = "many-loops";
+    struct rlimit rl = {.rlim_cur = 8 << 20, .rlim_max = 8 << 20};
+    CHECK(setrlimit(RLIMIT_MEMLOCK, &rl) == 0);
+    int *ep = calloc((size_t)n, sizeof *ep);
+    int p[2];
+    CHECK(ep && pipe2(p, O_NONBLOCK) == 0);
+    wr(p[1], "x");
+    int served = 0;
+    for (int i = 0; i < n; i++) {
+        ep[i] = epoll_create1(EPOLL_CLOEXEC);
+        CHECK(ep[i] >= 0);
+        add(ep[i], p[0], EPOLLIN, (uint64_t)i);
+        struct epoll_event ev;
+        served += epoll_wait(ep[i], &ev, 1, 1000) == 1 && ev.data.u64 == (uint64_t)i;
+    }
+    printf("%s/%d-loops-each-saw-its-event: %d\n", cur, n, served);
+    for (int i = 0; i < n; i++)
+        close(ep[i]);
+    close(p[0]);
+    close(p[1]);
+    free(ep);
+}
+
 /* exec with close-on-exec: the registered listener goes with the old image. Runs in a child
    (the listener exists only there); the new image gets the epoll fd (no CLOEXEC) and the port. */
 static void s_exec(const char *self) {
@@ -679,6 +816,22 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "behind") == 0) {
         s_behind();
         s_exec(argv[0]);
+        printf("done\n");
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "uring-ctl") == 0) {
+        s_uring_ctl();
+        printf("done\n");
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "uring-ctl-short-memory") == 0) {
+        deny_small_io_urings();
+        s_uring_ctl();
+        printf("done\n");
+        return 0;
+    }
+    if (argc > 2 && strcmp(argv[1], "many-loops") == 0) {
+        s_many_loops(atoi(argv[2]));
         printf("done\n");
         return 0;
     }

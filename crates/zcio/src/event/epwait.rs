@@ -41,6 +41,14 @@ const BATCH: usize = 1024;
 const MAX_BATCH: usize = 1 << 17;
 /// A blocking ring entry that lasted this long is taken to have slept (for the choice).
 const SLEPT: Duration = Duration::from_micros(50);
+/// Ring size: this ring only ever holds the one `EPOLL_WAIT`, the wake-up poll and their
+/// cancels (a burst of wake-up completions beyond the CQ waits on the overflow list, which
+/// `harvest` flushes). Ring memory counts against `RLIMIT_MEMLOCK` for unprivileged users
+/// (8 MiB by default) and is released asynchronously when a ring goes: a ring sized for the
+/// poll backend (1024 SQEs, 16 Ki CQEs: 81 pages) allowed 24 live rings per user, and a program
+/// that makes and drops loops quickly (libuv's tests) ran out; this size takes 2 pages.
+const SQ_ENTRIES: u32 = 8;
+const CQ_ENTRIES: u32 = 64;
 
 /// The epoll instance: created here, or the caller's (the epoll shim's program fd).
 enum Epfd {
@@ -93,7 +101,12 @@ impl EpwaitEvents {
         epfd: Option<RawFd>,
         choice: WaitChoice,
     ) -> Result<Self, NewError> {
-        let ring = Ring::new(cfg)?;
+        let cfg = RingConfig {
+            entries: cfg.entries.min(SQ_ENTRIES),
+            cq_entries: Some(CQ_ENTRIES),
+            ..cfg.clone()
+        };
+        let ring = Ring::new(&cfg)?;
         let probe = ring.probe_opcodes().map_err(NewError::Io)?;
         if !probe.is_supported(io_uring::opcode::EpollWait::CODE) {
             return Err(NewError::Unavailable(

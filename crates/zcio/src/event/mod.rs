@@ -51,10 +51,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Why a ring backend could not be set up: unavailable here (fall back, with the reason), or
-/// an I/O error to report.
+/// Why a ring backend could not be set up: unavailable here (the kernel or the process lacks
+/// it: fall back, with the reason), out of resources for now (the ring's memory is charged to
+/// `RLIMIT_MEMLOCK` for unprivileged users and freed asynchronously when a ring goes; file
+/// descriptors), or an I/O error to report.
 pub(super) enum NewError {
     Unavailable(String),
+    Exhausted(io::Error),
     Io(io::Error),
 }
 
@@ -62,9 +65,40 @@ impl From<RingError> for NewError {
     fn from(e: RingError) -> Self {
         match e {
             RingError::Unavailable { reason, .. } => NewError::Unavailable(reason),
+            RingError::Setup(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOMEM | libc::EMFILE | libc::ENFILE | libc::EAGAIN)
+                ) =>
+            {
+                NewError::Exhausted(e)
+            }
             RingError::Setup(e) => {
                 NewError::Unavailable(format!("io_uring_setup failed with every flag set: {e}"))
             }
+        }
+    }
+}
+
+impl NewError {
+    /// The reason a fallback records.
+    fn reason(self) -> Result<String, io::Error> {
+        match self {
+            NewError::Unavailable(r) => Ok(r),
+            NewError::Exhausted(e) => Ok(format!(
+                "io_uring_setup failed for lack of resources: {e} (ring memory counts against \
+                 RLIMIT_MEMLOCK for unprivileged users)"
+            )),
+            NewError::Io(e) => Err(e),
+        }
+    }
+
+    /// The error of a backend asked for by name: `Unsupported` when the kernel or the
+    /// process lacks it; a lack of resources keeps its errno (it may pass).
+    fn into_io(self) -> io::Error {
+        match self {
+            NewError::Unavailable(r) => io::Error::new(io::ErrorKind::Unsupported, r),
+            NewError::Exhausted(e) | NewError::Io(e) => e,
         }
     }
 }
@@ -420,22 +454,13 @@ impl EventRing {
         let mut fallbacks = Vec::new();
         let backend = match cfg.prefer {
             Prefer::Epoll => Backend::Epoll(epoll::EpollEvents::new(wake)?),
-            Prefer::EpollWait => {
-                match epwait::EpwaitEvents::new(&cfg.ring, wake, cfg.epoll_fd, cfg.wait_choice) {
-                    Ok(e) => Backend::Epwait(e),
-                    Err(NewError::Unavailable(reason)) => {
-                        return Err(io::Error::new(io::ErrorKind::Unsupported, reason))
-                    }
-                    Err(NewError::Io(e)) => return Err(e),
-                }
-            }
-            Prefer::Uring => match uring::UringEvents::new(&cfg.ring, cfg.spin, wake) {
-                Ok(u) => Backend::Uring(u),
-                Err(NewError::Unavailable(reason)) => {
-                    return Err(io::Error::new(io::ErrorKind::Unsupported, reason))
-                }
-                Err(NewError::Io(e)) => return Err(e),
-            },
+            Prefer::EpollWait => Backend::Epwait(
+                epwait::EpwaitEvents::new(&cfg.ring, wake, cfg.epoll_fd, cfg.wait_choice)
+                    .map_err(NewError::into_io)?,
+            ),
+            Prefer::Uring => Backend::Uring(
+                uring::UringEvents::new(&cfg.ring, cfg.spin, wake).map_err(NewError::into_io)?,
+            ),
             Prefer::Auto => Self::choose(cfg, wake, &mut fallbacks)?,
         };
         Ok(Self {
@@ -460,12 +485,11 @@ impl EventRing {
     ) -> io::Result<Backend> {
         match epwait::EpwaitEvents::new(&cfg.ring, wake, cfg.epoll_fd, cfg.wait_choice) {
             Ok(e) => return Ok(Backend::Epwait(e)),
-            Err(NewError::Unavailable(reason)) => fallbacks.push(Fallback::new(
+            Err(e) => fallbacks.push(Fallback::new(
                 EventPath::UringEpollWait,
                 EventPath::Uring,
-                reason,
+                e.reason()?,
             )),
-            Err(NewError::Io(e)) => return Err(e),
         }
         if cfg.epoll_fd.is_some() {
             // Only a kernel epoll reading that instance could serve it: the caller decides.
@@ -476,11 +500,10 @@ impl EventRing {
         }
         match uring::UringEvents::new(&cfg.ring, cfg.spin, wake) {
             Ok(u) => Ok(Backend::Uring(u)),
-            Err(NewError::Unavailable(reason)) => {
-                fallbacks.push(Fallback::new(EventPath::Uring, EventPath::Epoll, reason));
+            Err(e) => {
+                fallbacks.push(Fallback::new(EventPath::Uring, EventPath::Epoll, e.reason()?));
                 Ok(Backend::Epoll(epoll::EpollEvents::new(wake)?))
             }
-            Err(NewError::Io(e)) => Err(e),
         }
     }
 
