@@ -9,7 +9,9 @@
 //! libuv's own test runner (all 527 tests, about a minute per side), built by
 //! `scripts/libuv-tests` from the libuv source tree the crates.io crate `libuv-sys2` vendors,
 //! natively and under the shim; with io_uring denied, [`LIBUV_NO_URING_CI`] in CI and all
-//! tests with `ZCIO_PEER_SUITES=full`.
+//! tests with `ZCIO_PEER_SUITES=full`; on the poll ring (`ZCIO_EPOLL_BACKEND=poll`, the mode
+//! of kernels before 6.15), the tests named by [`LIBUV_IO_URING_OFF_CI`] in CI and all of
+//! them with `ZCIO_PEER_SUITES=full`.
 //!
 //! The same runner built with libuv's io_uring path off (`scripts/libuv-tests build
 //! --no-uring`: every `epoll_ctl` through the C library, where the shim sees it): in CI the
@@ -349,13 +351,34 @@ fn libuv_tests_pass_under_the_shim_as_natively() {
     let full = std::env::var("ZCIO_PEER_SUITES").as_deref() == Ok("full");
     let (line_nu, same_nu) = libuv_compare(true, if full { &[] } else { LIBUV_NO_URING_CI });
     println!("with io_uring denied: {line_nu}");
+    // The poll ring (the shim's mode on kernels before 6.15, where stock libuv still sends
+    // its registrations through an io_uring of its own): the ring watches the epoll fd and
+    // hands the instance to the real epoll when one of them becomes ready (before the watch,
+    // libuv's loops hung). The CI selection, or all tests with ZCIO_PEER_SUITES=full.
+    let selected = if full {
+        Vec::new()
+    } else {
+        libuv_tests_named(&libuv_dir().join("src"), LIBUV_IO_URING_OFF_CI)
+    };
+    let tests: Vec<&str> = selected.iter().map(String::as_str).collect();
+    let (line_poll, same_poll) = libuv_compare_with(&[], false, "ZCIO_EPOLL_BACKEND=poll", &tests);
+    println!("poll ring: {line_poll}");
     assert!(
-        same && same_nu,
-        "libuv tests pass natively and fail under the shim: {line} / io_uring denied: {line_nu}"
+        same && same_nu && same_poll,
+        "libuv tests pass natively and fail under the shim: {line} / io_uring denied: \
+         {line_nu} / poll ring: {line_poll}"
     );
 }
 
-/// libuv built with its io_uring path off, run in CI under the default (kernel-mode) shim:
+/// Where scripts/libuv-tests builds (its `ZCIO_LIBUV_DIR` default).
+fn libuv_dir() -> std::path::PathBuf {
+    std::env::var_os("ZCIO_LIBUV_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/libuv"))
+}
+
+/// The CI selection for libuv built with its io_uring path off under the default (kernel-mode)
+/// shim, and for stock libuv on the poll ring. io_uring path off:
 /// every libuv `epoll_ctl` then reaches the shim through the C library (stock libuv sends them
 /// through its own io_uring), closes stay raw `syscall(SYS_close)`. The selection: every test
 /// whose name starts with one of these (connections, pipes, polls, closes, shutdowns, bind
@@ -422,11 +445,7 @@ fn libuv_built_without_io_uring_passes_under_the_shim_as_natively() {
     let selected = if full {
         Vec::new()
     } else {
-        // Where scripts/libuv-tests put the variant's source (its ZCIO_LIBUV_DIR default).
-        let dir = std::env::var_os("ZCIO_LIBUV_DIR")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/libuv"));
-        let src = dir.join("src-nouring");
+        let src = libuv_dir().join("src-nouring");
         let names = libuv_tests_named(&src, LIBUV_IO_URING_OFF_CI);
         assert!(names.len() > 100, "libuv's test list: only {names:?}");
         names

@@ -174,7 +174,10 @@ fn a_ring_short_of_memory_leaves_the_instance_on_the_real_epoll() {
         log.contains("Cannot allocate memory") && log.contains("using the real epoll"),
         "{log}"
     );
-    assert!(!log.contains("served by the event ring (io_uring)"), "{log}");
+    assert!(
+        !log.contains("served by the event ring (io_uring)"),
+        "{log}"
+    );
     assert_eq!(common::stats_sum(&stats, "ring_instances"), 0, "{log}");
 }
 
@@ -224,7 +227,11 @@ fn many_loops_of_an_unprivileged_user_each_get_an_epoll_wait_ring() {
         return;
     }
     let text = std::fs::read_to_string(&stats).unwrap_or_default();
-    assert_eq!(common::stats_sum(&stats, "ring_instances"), 100, "{text}\n{log}");
+    assert_eq!(
+        common::stats_sum(&stats, "ring_instances"),
+        100,
+        "{text}\n{log}"
+    );
     assert_eq!(common::stats_sum(&stats, "fallbacks"), 0, "{text}\n{log}");
 }
 

@@ -501,7 +501,11 @@ impl EventRing {
         match uring::UringEvents::new(&cfg.ring, cfg.spin, wake) {
             Ok(u) => Ok(Backend::Uring(u)),
             Err(e) => {
-                fallbacks.push(Fallback::new(EventPath::Uring, EventPath::Epoll, e.reason()?));
+                fallbacks.push(Fallback::new(
+                    EventPath::Uring,
+                    EventPath::Epoll,
+                    e.reason()?,
+                ));
                 Ok(Backend::Epoll(epoll::EpollEvents::new(wake)?))
             }
         }
