@@ -1029,15 +1029,18 @@ fn socket_with_msg_zerocopy_history_is_refused_for_msg_zc_or_mapped_right() {
         );
     }
     let mut off = 0u64;
-    let mut first = vec![0u8; 1000];
-    for _ in 0..5 {
-        common::fill_pattern(&mut first, off);
-        // SAFETY: as above.
+    // One buffer per send, kept to the end: the kernel may read a MSG_ZEROCOPY buffer until
+    // its completion (these are never reaped here), so refilling one buffer corrupted the
+    // stream whenever delivery lagged (6.12 and 7.x under emulation: "corrupt at 2000").
+    let mut first = vec![vec![0u8; 1000]; 5];
+    for buf in &mut first {
+        common::fill_pattern(buf, off);
+        // SAFETY: as above; `buf` lives until the end of the test.
         let n = unsafe {
             libc::send(
                 fd,
-                first.as_ptr().cast(),
-                first.len(),
+                buf.as_ptr().cast(),
+                buf.len(),
                 zcio::sys::MSG_ZEROCOPY | libc::MSG_NOSIGNAL,
             )
         };
