@@ -52,6 +52,13 @@ fn shim_run(
     (shimmed, log, stats)
 }
 
+/// The shim's two modes and the environment that selects each: kernel mode (`EPOLL_WAIT` over
+/// the program's epoll fd, the default on 6.15+) and the poll ring.
+const BACKENDS: [(&str, &[(&str, &str)]); 2] = [
+    ("epoll_wait", &[]),
+    ("poll", &[("ZCIO_EPOLL_BACKEND", "poll")]),
+];
+
 #[test]
 fn trace_is_identical_with_and_without_the_shim() {
     // The default: EPOLL_WAIT over the program's own epoll fd (Linux 6.15).
@@ -109,12 +116,7 @@ fn an_epoll_fd_closed_behind_the_shims_back_leaves_nothing_to_its_number() {
         native.contains("new-epoll-got-the-number: yes") && native.ends_with("done\n"),
         "{native}"
     );
-    for backend in ["poll", "epoll_wait"] {
-        let env: &[(&str, &str)] = if backend == "poll" {
-            &[("ZCIO_EPOLL_BACKEND", "poll")]
-        } else {
-            &[]
-        };
+    for (backend, env) in BACKENDS {
         let (shimmed, log, _) = shim_run(&dir, &exe, &["raw-epoll-close"], env);
         assert_same_output(&native, &shimmed, &log);
         assert!(
@@ -139,12 +141,7 @@ fn registrations_made_through_io_uring_are_reported_as_without_the_shim() {
         native.contains("io_uring-registered-ready: n=1 1:IN") && native.ends_with("done\n"),
         "{native}"
     );
-    for backend in ["epoll_wait", "poll"] {
-        let env: &[(&str, &str)] = if backend == "poll" {
-            &[("ZCIO_EPOLL_BACKEND", "poll")]
-        } else {
-            &[]
-        };
+    for (backend, env) in BACKENDS {
         let (shimmed, log, _) = shim_run(&dir, &exe, &["uring-ctl"], env);
         assert_same_output(&native, &shimmed, &log);
         if backend == "poll" {
