@@ -313,7 +313,7 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
         ));
         remove(epfd);
     }
-    let ring = match new_ring(epfd) {
+    let mut ring = match new_ring(epfd) {
         Ok(r) => r,
         Err(e) => {
             bump(&STATS.fallbacks, 1);
@@ -324,7 +324,6 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
         }
     };
     let kernel = ring.epoll_fd() == Some(epfd);
-    let mut ring = ring;
     if !kernel {
         if let Err(e) = ring.add(epfd, Interest::IN, BEHIND) {
             // Without the watch a registration made behind the shim's back would never be
