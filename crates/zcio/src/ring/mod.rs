@@ -18,7 +18,7 @@ pub mod features;
 pub mod key;
 pub mod poll;
 pub mod recv;
-pub mod send;
+pub mod lend;
 pub mod zcrx;
 
 use io_uring::{cqueue, squeue, IoUring};

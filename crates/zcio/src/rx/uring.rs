@@ -2,7 +2,7 @@
 //! over a zcrx queue. Both accept with a multishot `ACCEPT`.
 
 use super::{
-    AcceptBackoff, Backend, ChunkData, ConnId, RxChunk, RxConfig, RxCounters, RxError, RxEvent,
+    AcceptBackoff, Backend, ConnId, RxChunk, RxConfig, RxCounters, RxError, RxEvent,
     RxPath, Slab, ZcrxTarget,
 };
 use crate::buf::bufring::{BufRing, BufRingConfig};
@@ -298,7 +298,7 @@ impl<C: Cqe> RingRx<C> {
                         f(RxEvent::Data(RxChunk {
                             conn: id,
                             path,
-                            data: ChunkData::Lease(lease),
+                            data: lease.into(),
                         }));
                         Ok(1)
                     }
