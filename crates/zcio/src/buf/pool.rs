@@ -192,7 +192,6 @@ impl PoolBuf {
     pub fn index(&self) -> u32 {
         self.idx
     }
-
 }
 
 impl std::ops::Deref for PoolBuf {

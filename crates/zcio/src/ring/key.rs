@@ -183,7 +183,10 @@ mod tests {
         assert_eq!(k.op(), Some(Op::SendZc));
         assert_eq!(k.send_zc_parts(), (0xabc, 0xff_ffff, 0xad_beef));
         // Request numbers wrap inside their field, never into the buffer's.
-        assert_eq!(Key::send_zc(1, 2, 0x1ff_ffff).send_zc_parts(), (1, 2, 0xff_ffff));
+        assert_eq!(
+            Key::send_zc(1, 2, 0x1ff_ffff).send_zc_parts(),
+            (1, 2, 0xff_ffff)
+        );
         let k = Key::send(12345);
         assert_eq!((k.op(), k.tag()), (Some(Op::Send), 12345));
         for op in [Op::Recv, Op::RecvZc, Op::Accept] {

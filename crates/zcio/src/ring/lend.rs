@@ -344,7 +344,12 @@ impl<B: Stable> LendRing<B> {
         let mut fixed = false;
         if idx < self.file_table {
             self.stats.register_calls += 1;
-            match self.ring.raw().submitter().register_files_update(idx, &[raw]) {
+            match self
+                .ring
+                .raw()
+                .submitter()
+                .register_files_update(idx, &[raw])
+            {
                 Ok(_) => fixed = true,
                 Err(e) => why = Some(format!("IORING_REGISTER_FILES_UPDATE failed: {e}")),
             }
@@ -413,7 +418,11 @@ impl<B: Stable> LendRing<B> {
             self.stats.register_calls += 1;
             // A failure leaves a reference to the file in the table until the ring closes:
             // the socket stays open a little longer, nothing worse.
-            let _ = self.ring.raw().submitter().register_files_update(idx, &[-1]);
+            let _ = self
+                .ring
+                .raw()
+                .submitter()
+                .register_files_update(idx, &[-1]);
         }
         f.fd = None;
         f.raw = -1;
@@ -652,11 +661,9 @@ impl<B: Stable> LendRing<B> {
                 }
                 op.build()
             }
-            (false, true) => {
-                opcode::Send::new(types::Fixed(s.file.idx), ptr, s.len as u32)
-                    .flags(flags)
-                    .build()
-            }
+            (false, true) => opcode::Send::new(types::Fixed(s.file.idx), ptr, s.len as u32)
+                .flags(flags)
+                .build(),
             (false, false) => opcode::Send::new(types::Fd(f.raw), ptr, s.len as u32)
                 .flags(flags)
                 .build(),
@@ -681,8 +688,10 @@ impl<B: Stable> LendRing<B> {
         // result. On drop with requests outstanding the buffers are leaked, never freed.
         unsafe { self.ring.push(&sqe) }?;
         let slot = &mut self.slots[s.lend.idx as usize];
-        slot.reqs
-            .push((s.req & key::SEND_REQ_MASK, Life::InKernel { notified: false }));
+        slot.reqs.push((
+            s.req & key::SEND_REQ_MASK,
+            Life::InKernel { notified: false },
+        ));
         self.files[s.file.idx as usize].inflight += 1;
         self.unentered.push((s.lend, s.req & key::SEND_REQ_MASK));
         self.stats.requests += 1;
@@ -976,7 +985,10 @@ impl<B: Stable> Drop for LendRing<B> {
         // Requests still out: give the kernel a moment to finish them.
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         while self.dead.is_none()
-            && self.slots.iter().any(|s| s.buf.is_some() && !s.reqs.is_empty())
+            && self
+                .slots
+                .iter()
+                .any(|s| s.buf.is_some() && !s.reqs.is_empty())
             && std::time::Instant::now() < deadline
         {
             if self.wait(Some(Duration::from_millis(50))).is_err() {

@@ -16,9 +16,9 @@
 pub mod epwait;
 pub mod features;
 pub mod key;
+pub mod lend;
 pub mod poll;
 pub mod recv;
-pub mod lend;
 pub mod zcrx;
 
 use io_uring::{cqueue, squeue, IoUring};

@@ -1,8 +1,6 @@
 //! The plain backend: level-triggered epoll and `recv(2)` into pooled buffers.
 
-use super::{
-    AcceptBackoff, Backend, ConnId, RxChunk, RxConfig, RxCounters, RxEvent, RxPath, Slab,
-};
+use super::{AcceptBackoff, Backend, ConnId, RxChunk, RxConfig, RxCounters, RxEvent, RxPath, Slab};
 use crate::buf::lent::{HeapPool, Lent};
 use crate::sys::net;
 use crate::sys::poller::Poller;

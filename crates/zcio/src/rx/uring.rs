@@ -2,8 +2,8 @@
 //! over a zcrx queue. Both accept with a multishot `ACCEPT`.
 
 use super::{
-    AcceptBackoff, Backend, ConnId, RxChunk, RxConfig, RxCounters, RxError, RxEvent,
-    RxPath, Slab, ZcrxTarget,
+    AcceptBackoff, Backend, ConnId, RxChunk, RxConfig, RxCounters, RxError, RxEvent, RxPath, Slab,
+    ZcrxTarget,
 };
 use crate::buf::bufring::{BufRing, BufRingConfig};
 use crate::buf::refill::ZcrxArea;

@@ -752,7 +752,6 @@ impl<B> SendTracker<B> {
         }
     }
 
-
     /// The open request `key` names, if its state passes `f`.
     fn find(&self, key: Key, f: impl Fn(&ReqState) -> bool) -> Option<usize> {
         let slot = self.slots.get(key.slot as usize)?.as_ref()?;
@@ -940,12 +939,10 @@ impl<B> SendTracker<B> {
             .collect()
     }
 
-
     /// Takes the next finished send.
     pub(crate) fn next_done(&mut self) -> Option<Finished<B>> {
         self.done.pop_front()
     }
-
 
     /// Sends owned by the tracker (staged, in the kernel, or owed a notification).
     pub(crate) fn live(&self) -> usize {

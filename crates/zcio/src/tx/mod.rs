@@ -577,6 +577,15 @@ pub enum TxError {
     /// The io_uring failed.
     #[error("io_uring: {0}")]
     Ring(#[source] io::Error),
+    /// Registering a pool with the ring failed (recorded as a fallback too).
+    #[error("{reason}")]
+    Register {
+        /// What failed and what to do.
+        reason: String,
+        /// The error (`ENOMEM`: `RLIMIT_MEMLOCK` exhausted).
+        #[source]
+        source: io::Error,
+    },
 }
 
 impl TxError {
@@ -586,6 +595,7 @@ impl TxError {
             TxError::Socket { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             TxError::Timeout { .. } => libc::ETIMEDOUT,
             TxError::Ring(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            TxError::Register { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
         }
     }
 }

@@ -200,7 +200,10 @@ impl SendRing {
                     why.clone(),
                 ));
                 self.pool_error = Some(why.clone());
-                Err(TxError::Ring(io::Error::new(e.kind(), why)))
+                Err(TxError::Register {
+                    reason: why,
+                    source: e,
+                })
             }
         }
     }
@@ -430,7 +433,14 @@ impl SendRing {
         if let Some(errno) = s.broken {
             // The ring failed with requests of unknown outcome ahead of this one.
             s.meta.insert(seq, meta(Path::Copy));
-            self.finish(idx, seq, lent, 0, Some(SendError::Os { errno }), ZcStatus::NotAttempted);
+            self.finish(
+                idx,
+                seq,
+                lent,
+                0,
+                Some(SendError::Os { errno }),
+                ZcStatus::NotAttempted,
+            );
             return Ok(Ticket(ticket));
         }
         if len == 0 {
@@ -830,7 +840,10 @@ impl SendRing {
             return;
         }
         self.ready.retain(|(c, _)| c.sock != id);
-        if self.sock_ref(id).is_some_and(|s| s.tracker.is_some() && !s.closing) {
+        if self
+            .sock_ref(id)
+            .is_some_and(|s| s.tracker.is_some() && !s.closing)
+        {
             self.ring_abandon(idx);
         }
         if let Some(s) = self.sock_mut(id) {
@@ -946,7 +959,8 @@ impl SendRing {
         let mut sys_socks = Vec::new();
         for (i, s) in self.socks.iter().enumerate() {
             if let Some(s) = s {
-                let n = s.msg.as_ref().map_or(0, |m| m.in_flight()) + usize::from(s.pending.is_some());
+                let n =
+                    s.msg.as_ref().map_or(0, |m| m.in_flight()) + usize::from(s.pending.is_some());
                 if n > 0 {
                     sys_socks.push(i as u32);
                 }

@@ -146,7 +146,8 @@ impl Sender {
     fn sync_fallbacks(&mut self) {
         let mine = self.ring.sock_fallbacks(self.sock);
         if mine.len() > self.sock_seen {
-            self.fallbacks.extend(mine[self.sock_seen..].iter().cloned());
+            self.fallbacks
+                .extend(mine[self.sock_seen..].iter().cloned());
             self.sock_seen = mine.len();
         }
     }

@@ -141,7 +141,6 @@ impl Metas {
         }
         m
     }
-
 }
 
 /// A copy send the socket buffer could not take in full: the rest goes when it is writable.

@@ -379,7 +379,11 @@ impl SendRing {
                 continue;
             };
             t.entered(epoch);
-            let key = Key { slot, gen, req: c.req };
+            let key = Key {
+                slot,
+                gen,
+                req: c.req,
+            };
             if c.is_notif() {
                 let usage = if !report_usage {
                     Usage::Unknown
@@ -428,7 +432,9 @@ impl SendRing {
             let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
                 continue;
             };
-            let Some(t) = s.tracker.as_mut() else { continue };
+            let Some(t) = s.tracker.as_mut() else {
+                continue;
+            };
             t.entered(epoch);
             t.settle();
             s.stats.room_waits = t.stats().room_waits;
@@ -588,7 +594,12 @@ impl SendRing {
             return;
         }
         let errno = e.raw_os_error().unwrap_or(libc::EIO);
-        for t in self.socks.iter_mut().flatten().filter_map(|s| s.tracker.as_mut()) {
+        for t in self
+            .socks
+            .iter_mut()
+            .flatten()
+            .filter_map(|s| s.tracker.as_mut())
+        {
             t.give_up(errno);
         }
         let ok = matches!(self.settle_results(Duration::from_secs(5)), Ok(true));
@@ -654,7 +665,12 @@ impl SendRing {
         let end = Instant::now() + timeout;
         loop {
             let (mut results_out, mut notifs) = (false, false);
-            for t in self.socks.iter().flatten().filter_map(|s| s.tracker.as_ref()) {
+            for t in self
+                .socks
+                .iter()
+                .flatten()
+                .filter_map(|s| s.tracker.as_ref())
+            {
                 results_out |= t.in_kernel() > 0;
                 notifs |= t.notifs_pending() > 0;
             }
