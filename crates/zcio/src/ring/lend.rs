@@ -208,6 +208,7 @@ pub struct LendRing<B: Stable> {
     free: Vec<u32>,
     spare_reqs: Vec<Vec<(u32, Life)>>,
     live: usize,
+    ignored_live: usize,
     returned: Vec<(u64, LendId, B)>,
     files: Vec<FSlot>,
     free_files: Vec<u32>,
@@ -251,6 +252,7 @@ impl<B: Stable> LendRing<B> {
             free: Vec::new(),
             spare_reqs: Vec::new(),
             live: 0,
+            ignored_live: 0,
             returned: Vec::new(),
             files: Vec::new(),
             free_files: Vec::new(),
@@ -555,6 +557,12 @@ impl<B: Stable> LendRing<B> {
         self.live
     }
 
+    /// Buffers whose owner has gone and that the kernel still holds: the ring must still be
+    /// entered for them to go.
+    pub fn ignored_live(&self) -> usize {
+        self.ignored_live
+    }
+
     /// Whether the kernel may still read the buffer (a request without its result, or owing
     /// a notification).
     pub fn in_kernel(&self, id: LendId) -> bool {
@@ -592,6 +600,7 @@ impl<B: Stable> LendRing<B> {
             drop(self.free_slot(id.idx));
         } else {
             s.owner = Owner::Ignored;
+            self.ignored_live += 1;
         }
     }
 
@@ -973,6 +982,7 @@ impl<B: Stable> LendRing<B> {
             Owner::Ignored => {
                 if empty {
                     drop(self.free_slot(id.idx));
+                    self.ignored_live -= 1;
                 }
                 None
             }

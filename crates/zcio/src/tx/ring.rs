@@ -916,7 +916,9 @@ impl SendRing {
     pub fn wait(&mut self, timeout: Duration) -> Result<usize, TxError> {
         let end = Instant::now() + timeout;
         self.poll()?;
-        while self.ready.is_empty() && self.in_flight() > 0 {
+        // Buffers of abandoned sockets come back only while the ring is entered: a wait
+        // with nothing else in flight drives them too.
+        while self.ready.is_empty() && (self.in_flight() > 0 || self.ignored_in_kernel() > 0) {
             let now = Instant::now();
             if now >= end {
                 break;
@@ -954,7 +956,7 @@ impl SendRing {
     /// syscall-path socket when only it has sends out, else on the readiness set.
     fn wait_inner(&mut self, timeout: Duration) -> Result<(), TxError> {
         let timeout = timeout.min(Duration::from_millis(100));
-        let ring_out = self.ring_in_flight();
+        let ring_out = self.ring_in_flight() + self.ignored_in_kernel();
         let dead = self.uring.as_ref().is_some_and(|u| u.lr.is_dead());
         let mut sys_socks = Vec::new();
         for (i, s) in self.socks.iter().enumerate() {
@@ -1009,6 +1011,14 @@ impl SendRing {
         self.own.1.notify_syscalls += 1;
         self.on_ready()?;
         Ok(())
+    }
+
+    /// Buffers of abandoned sockets the kernel still holds.
+    fn ignored_in_kernel(&self) -> usize {
+        self.uring
+            .as_ref()
+            .filter(|u| !u.lr.is_dead())
+            .map_or(0, |u| u.lr.ignored_live())
     }
 
     /// The error of waiting on an abandoned ring.

@@ -534,17 +534,18 @@ impl SendRing {
         let Some(t) = s.tracker.as_mut() else { return };
         let busy = t.live() > 0;
         t.fail(libc::ECANCELED);
-        if busy {
-            // Data may be queued in the socket: close with a reset so the kernel frees it
-            // (and notifies) at once instead of retrying to a peer that may not read.
-            let _ = crate::sys::net::set_linger_zero(&*s.fd);
-        }
         if let Some(f) = s.file {
             if u.lr.file_inflight(f) > 0 && !u.lr.is_dead() {
                 let _ = u.lr.cancel_file(f);
-                self.account(true);
             }
         }
+        if busy && s.stream {
+            // Data may be queued in the socket, its pages ours until the peer acknowledges
+            // it, which a peer that stopped reading never does: reset the connection so the
+            // kernel frees them (and notifies) now.
+            reset(&s.fd);
+        }
+        self.account(true);
         self.ring_collect(idx);
     }
 
@@ -559,9 +560,7 @@ impl SendRing {
         let Some(mut t) = s.tracker.take() else {
             return;
         };
-        if t.live() > 0 {
-            let _ = crate::sys::net::set_linger_zero(&*s.fd);
-        }
+        let busy = t.live() > 0;
         while let Some(f) = t.next_done() {
             u.lr.discard(f.buf);
         }
@@ -576,9 +575,12 @@ impl SendRing {
         if let Some(f) = s.file {
             if u.lr.file_inflight(f) > 0 && !u.lr.is_dead() {
                 let _ = u.lr.cancel_file(f);
-                self.account(true);
             }
         }
+        if busy && s.stream {
+            reset(&s.fd);
+        }
+        self.account(true);
     }
 
     /// `io_uring_enter` failed (`e`): the ring is not used for new sends any more. Requests
@@ -713,6 +715,14 @@ impl SendRing {
         s.stats.send_syscalls += calls;
         s.stats.room_copies += copies;
     }
+}
+
+/// Resets a TCP connection at once: `SO_LINGER` 0 for the close to come, and a disconnect
+/// now (`tcp_disconnect` purges the write queue, so zero-copy pages come back while the
+/// descriptor is still open).
+fn reset(fd: &std::os::fd::OwnedFd) {
+    let _ = crate::sys::net::set_linger_zero(fd);
+    let _ = crate::sys::net::disconnect(fd);
 }
 
 /// A ring socket's zero-copy sends go by copy from now on (recorded).
