@@ -241,7 +241,7 @@ fn sockets_closed_with_sends_in_flight_return_every_buffer_once_and_leave_the_ot
             Ok(t) => panic!("{mode}: a closed socket took send {t:?}"),
         }
         for (k, &s) in socks.clone().iter().enumerate() {
-            let i = if k < 4 { k + 4 } else { k + 4 };
+            let i = k + 4; // streams 4..8, then the new 8..12
             send_some(&mut ring, &mut book, &mut sent, &mut owner, i, s, 4);
         }
         // The closed sockets' sends all come back, though the peer still reads nothing.

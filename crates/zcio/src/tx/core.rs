@@ -175,6 +175,9 @@ pub(crate) struct SendTracker<B> {
     free: Vec<u32>,
     staged: VecDeque<Req>,
     chain: Vec<(Req, u32, Option<i32>)>,
+    /// Scratch lists of `end_chain`, kept for their capacity.
+    scratch_front: Vec<Req>,
+    scratch_touched: Vec<u32>,
     chain_pending: usize,
     chain_cap: usize,
     in_kernel: usize,
@@ -211,6 +214,8 @@ impl<B> SendTracker<B> {
             free: Vec::new(),
             staged: VecDeque::new(),
             chain: Vec::new(),
+            scratch_front: Vec::new(),
+            scratch_touched: Vec::new(),
             chain_pending: 0,
             chain_cap: MAX_CHAIN,
             in_kernel: 0,
@@ -793,12 +798,13 @@ impl<B> SendTracker<B> {
     }
 
     fn end_chain(&mut self) {
-        let chain = std::mem::take(&mut self.chain);
+        // The lists keep their capacity from chain to chain: no allocation per chain.
+        let mut chain = std::mem::take(&mut self.chain);
         let n = chain.len();
         let mut room = false;
-        let mut front: Vec<Req> = Vec::new();
-        let mut touched = Vec::new();
-        for (req, _, res) in chain {
+        let mut front = std::mem::take(&mut self.scratch_front);
+        let mut touched = std::mem::take(&mut self.scratch_touched);
+        for (req, _, res) in chain.drain(..) {
             let res = res.unwrap_or(-libc::ECANCELED);
             touched.push(req.slot);
             let fatal = self.fatal;
@@ -845,10 +851,12 @@ impl<B> SendTracker<B> {
         } else if self.chain_cap < MAX_CHAIN {
             self.chain_cap = (self.chain_cap * 2).min(MAX_CHAIN);
         }
+        self.chain = chain;
         self.stats.resubmits += front.len() as u64;
-        for r in front.into_iter().rev() {
+        for r in front.drain(..).rev() {
             self.staged.push_front(r);
         }
+        self.scratch_front = front;
         if self.fatal.is_some() {
             // Everything still owned by the tracker failed with the connection: mark it, so
             // buffers that come back later (on notification) carry the error too.
@@ -856,9 +864,11 @@ impl<B> SendTracker<B> {
         } else if let Some(e) = self.gave_up {
             self.give_up(e);
         }
-        for idx in touched {
+        for &idx in &touched {
             self.finish(idx);
         }
+        touched.clear();
+        self.scratch_touched = touched;
     }
 
     /// Stops submitting: every staged request becomes an unsent range of its send, and so

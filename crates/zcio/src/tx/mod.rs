@@ -20,7 +20,7 @@
 //! `SO_ZEROCOPY`) and, while sending, watches the completions: when they report that the
 //! kernel copied anyway (loopback, local delivery over veth), it sends that socket's data by
 //! copy — on the ring, `uring-copy` — and re-probes now and then. Every path not taken is
-//! recorded as a [`Fallback`] with its reason.
+//! recorded as a [`Fallback`](crate::stats::Fallback) with its reason.
 //!
 //! Nothing blocks inside a call but the explicit waits ([`SendRing::wait`],
 //! [`SendRing::flush`]): a send that cannot be queued (the socket's `depth` of sends in

@@ -35,8 +35,9 @@ pub(super) struct Uring {
     pub(super) send_zc: Result<bool, String>,
     pub(super) report_usage: bool,
     reqs: Vec<Request>,
-    /// Sockets with staged requests that may be pushed.
+    /// Sockets with staged requests that may be pushed (and the list a pump walks).
     dirty: Vec<u32>,
+    dirty_spare: Vec<u32>,
     /// Requests staged since the last submission (the batch trigger).
     staged_new: usize,
     /// Sockets whose core waits for "maybe" notifications to settle after an enter.
@@ -84,6 +85,7 @@ impl Uring {
                 report_usage,
                 reqs: Vec::new(),
                 dirty: Vec::new(),
+                dirty_spare: Vec::new(),
                 staged_new: 0,
                 unsettled: Vec::new(),
                 touched: Vec::new(),
@@ -168,10 +170,12 @@ impl SendRing {
         if u.lr.is_dead() || u.dirty.is_empty() {
             return false;
         }
-        let dirty = std::mem::take(&mut u.dirty);
+        // Double-buffered: staging pushes into `dirty` while this pass walks the other list,
+        // and neither is reallocated per pass.
+        let mut dirty = std::mem::take(&mut u.dirty_spare);
+        std::mem::swap(&mut dirty, &mut u.dirty);
         let mut pushed = false;
-        let mut keep = Vec::new();
-        for idx in dirty {
+        for &idx in &dirty {
             let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
                 continue;
             };
@@ -184,7 +188,7 @@ impl SendRing {
             }
             let room = u.lr.sq_room();
             if room == 0 {
-                keep.push(idx);
+                u.dirty.push(idx);
                 s.dirty = true;
                 continue;
             }
@@ -233,11 +237,12 @@ impl SendRing {
                 u.pumped.push(idx);
             }
             if t.staged() > 0 && !t.chain_out() {
-                keep.push(idx);
+                u.dirty.push(idx);
                 s.dirty = true;
             }
         }
-        u.dirty.extend(keep);
+        dirty.clear();
+        u.dirty_spare = dirty;
         pushed
     }
 

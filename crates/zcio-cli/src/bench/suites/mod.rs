@@ -8,6 +8,7 @@ mod notify;
 mod rx;
 mod shim;
 mod tx;
+mod tx_many;
 
 use super::Suite;
 
