@@ -1,5 +1,11 @@
 //! Memory areas handed to the kernel: page-aligned anonymous mappings, optionally on huge
 //! pages, unmapped on drop.
+//!
+//! Everything in this module makes no syscall beyond `mmap`/`munmap`/`mlock`, and its tests run
+//! under Miri (`scripts/miri`), the kernel's side of shared memory played by the tests through
+//! the addresses user space publishes. Exception: the kernel-allocated buffer ring
+//! (`IOU_PBUF_RING_MMAP`) is mapped from an io_uring descriptor, which Miri cannot make; its
+//! user-memory twin is the same code past the mapping.
 #![allow(unsafe_code)]
 // Public under the `unstable-raw` feature, crate-private without it: the `pub` items here are
 // the feature's surface (used by the C ABI, the preload shim and the CLI), not dead code.
@@ -61,7 +67,14 @@ impl Region {
             ));
         }
         let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // Miri's mmap accepts exactly MAP_PRIVATE | MAP_ANONYMOUS: no pre-faulting and no huge
+        // pages there (both only change when pages are faulted in, not what the code does).
+        #[cfg(not(miri))]
         let base = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
+        #[cfg(miri)]
+        let base = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        #[cfg(miri)]
+        let huge = huge && false;
         if huge {
             let hlen = align_up(len, 2 << 20);
             // SAFETY: anonymous mapping with no address hint; the result is checked.
