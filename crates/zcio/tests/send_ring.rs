@@ -703,3 +703,109 @@ fn ten_thousand_connections_of_an_unprivileged_process_fit_one_ring_under_the_de
         assert_eq!((*b, *n), (base(i), 4 << 10), "connection {i}");
     }
 }
+
+#[test]
+fn a_proxy_receives_and_forwards_chunks_in_place_on_one_ring_per_thread() {
+    use zcio::rx::{Receiver, RxConfig, RxEvent, RxMode};
+    let conns = 16;
+    let len: u64 = 256 << 10;
+    // Upstream: checks every forwarded stream (header and pattern, in order).
+    let (up_l, up_addr) = listener();
+    let upstream = serve_checked(up_l, conns, Arc::new(AtomicBool::new(false)));
+    // The proxy's front: a receiver with io_uring, and a send ring on the same ring.
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let front_addr = front.local_addr().unwrap();
+    let mut rx = Receiver::listen(front, &RxConfig::with_mode(RxMode::BufRing)).unwrap();
+    let mut tx = SendRing::on_receiver(&rx, &SendRingConfig::default()).unwrap();
+    assert!(
+        tx.shares_receiver_ring(),
+        "{:?}",
+        zcio::stats::Report::fallbacks(&tx)
+    );
+    let clients: Vec<_> = (0..conns)
+        .map(|i| {
+            std::thread::spawn(move || {
+                // Sent in full, then closed: the proxy sees the end of the stream.
+                drop(common::streams::send_stream(front_addr, base(i), len, 32 << 10).unwrap())
+            })
+        })
+        .collect();
+    let mut up: HashMap<zcio::rx::ConnId, SockId> = HashMap::new();
+    let mut held: HashMap<SockId, VecDeque<TxBuf>> = HashMap::new();
+    let mut closed = 0;
+    let mut forwarded = 0u64;
+    let mut chunks = 0u64;
+    let end = Instant::now() + common::scaled(Duration::from_secs(60));
+    use std::collections::VecDeque;
+    while closed < conns || tx.in_flight() > 0 || held.values().any(|q| !q.is_empty()) {
+        assert!(Instant::now() < end, "the proxy stalled");
+        let mut events = Vec::new();
+        rx.poll(Duration::from_millis(20), &mut |ev| events.push(ev))
+            .unwrap();
+        for ev in events {
+            match ev {
+                RxEvent::Accepted(c) => {
+                    let s = std::net::TcpStream::connect(up_addr).unwrap();
+                    let id = tx.add(s, &cfg(TxMode::Auto, 64)).unwrap();
+                    up.insert(c, id);
+                }
+                RxEvent::Data(chunk) => {
+                    let id = up[&chunk.conn()];
+                    chunks += 1;
+                    forwarded += chunk.len() as u64;
+                    held.entry(id).or_default().push_back(TxBuf::Chunk(chunk));
+                }
+                RxEvent::Closed(c, e) => {
+                    assert!(e.is_none(), "{e:?}");
+                    closed += 1;
+                    let _ = c;
+                }
+            }
+        }
+        // Forward in order; what the ring refuses waits (backpressure) in `held`.
+        for (id, q) in held.iter_mut() {
+            while let Some(b) = q.pop_front() {
+                if let Err(r) = tx.send(*id, b) {
+                    assert!(r.reason.is_backpressure(), "{r}");
+                    q.push_front(r.buf);
+                    break;
+                }
+            }
+        }
+        // Queue the sends for the receiver's next wait: one enter serves both sides.
+        tx.prepare();
+        tx.harvest().unwrap();
+        for (c, buf) in tx.completions() {
+            assert_eq!(c.result(), Ok(c.len), "{c:?}");
+            // The chunk goes back to the receiver's buffer ring now.
+            assert!(buf.into_chunk().is_some());
+        }
+    }
+    tx.flush(Duration::from_secs(10)).unwrap();
+    for (c, _) in tx.completions() {
+        assert_eq!(c.result(), Ok(c.len), "{c:?}");
+    }
+    for c in clients {
+        c.join().unwrap();
+    }
+    let tx_enters = tx.enters();
+    let rx_enters = rx.stats().ring_enters;
+    eprintln!(
+        "{chunks} chunks ({forwarded} bytes) forwarded; enters: receiver {rx_enters}, send ring \
+         {tx_enters}"
+    );
+    // The send side rode on the receiver's enters: far fewer of its own than chunks.
+    assert!(
+        tx_enters * 4 < chunks,
+        "send ring entered {tx_enters} times for {chunks} chunks"
+    );
+    for id in up.values() {
+        tx.close(*id);
+    }
+    drop(tx);
+    drop(rx);
+    let got = upstream.join().unwrap();
+    for (i, (b, n)) in got.iter().enumerate() {
+        assert_eq!((*b, *n), (base(i), len), "stream {i}");
+    }
+}

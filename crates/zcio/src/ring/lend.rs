@@ -30,11 +30,12 @@
 #![allow(unsafe_code)]
 
 use super::key::{self, Op};
-use super::{Ring, RingConfig, RingError};
+use super::{Ring, RingConfig, RingError, SendCore, SetupFlag, SharedRing};
 use crate::buf::lent::Stable;
 use crate::buf::pool::{Pool, PoolPin};
 use crate::sys::{IORING_CQE_F_MORE, IORING_CQE_F_NOTIF, IORING_SEND_ZC_REPORT_USAGE};
 use io_uring::{opcode, squeue, types};
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -201,9 +202,9 @@ struct FSlot {
 
 /// The ring, its lent buffers, sockets and registered pools. See the [module docs](self).
 pub struct LendRing<B: Stable> {
-    // Field order is drop order: the ring (and with it every registration) goes before the
-    // pools' pins and the sockets.
-    ring: Ring,
+    // Field order is drop order: the ring (and with it every registration, unless a receiver
+    // shares it: see Drop) goes before the pools' pins and the sockets.
+    ring: Box<dyn SendCore>,
     slots: Vec<LSlot<B>>,
     free: Vec<u32>,
     spare_reqs: Vec<Vec<(u32, Life)>>,
@@ -220,8 +221,9 @@ pub struct LendRing<B: Stable> {
     sparse_bufs: Option<bool>,
     cqes: Vec<(u64, i32, u32)>,
     own_enters: u64,
-    /// Entries pushed since the last enter that went through, in order.
-    unentered: Vec<(LendId, u32)>,
+    /// Entries pushed and not yet taken by the kernel, in order, with their number in the
+    /// ring's submission order (see `SendCore::pushed_taken`).
+    unentered: VecDeque<(LendId, u32, u64)>,
     dead: Option<i32>,
     #[cfg(feature = "fault-injection")]
     fault: Option<Fault>,
@@ -231,7 +233,6 @@ pub struct LendRing<B: Stable> {
 impl<B: Stable> std::fmt::Debug for LendRing<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LendRing")
-            .field("ring", &self.ring)
             .field("live", &self.live)
             .field("files", &(self.files.len() - self.free_files.len()))
             .field("stats", &self.stats)
@@ -245,7 +246,13 @@ impl<B: Stable> LendRing<B> {
     /// the kernel enforces; a table it refuses is recorded ([`LendRing::file_table_error`])
     /// and every socket is named by descriptor.
     pub fn new(cfg: &RingConfig, files: u32) -> Result<Self, RingError> {
-        let ring = Ring::new(cfg)?;
+        let ring: Ring = Ring::new(cfg)?;
+        Ok(Self::on(Box::new(SharedRing::new(ring)), files))
+    }
+
+    /// Sends on a ring another side uses too (a receiver's: one ring per thread), with a
+    /// sparse registered-file table of `files` slots (see [`LendRing::new`]).
+    pub fn on(ring: Box<dyn SendCore>, files: u32) -> Self {
         let mut me = Self {
             ring,
             slots: Vec::new(),
@@ -262,7 +269,7 @@ impl<B: Stable> LendRing<B> {
             sparse_bufs: None,
             cqes: Vec::new(),
             own_enters: 0,
-            unentered: Vec::new(),
+            unentered: VecDeque::new(),
             dead: None,
             #[cfg(feature = "fault-injection")]
             fault: None,
@@ -275,7 +282,10 @@ impl<B: Stable> LendRing<B> {
                 .unwrap_or(u64::from(files));
             let n = files.min(nofile.min(1 << 20) as u32).max(1);
             me.stats.register_calls += 1;
-            match me.ring.raw().submitter().register_files_sparse(n) {
+            let mut res = Ok(());
+            me.ring
+                .with_submitter(&mut |s| res = s.register_files_sparse(n));
+            match res {
                 Ok(()) => me.file_table = n,
                 Err(e) => {
                     me.file_table_error = Some(format!(
@@ -285,12 +295,17 @@ impl<B: Stable> LendRing<B> {
                 }
             }
         }
-        Ok(me)
+        me
     }
 
-    /// The underlying ring (flags, counters, opcode probe).
-    pub fn ring(&self) -> &Ring {
-        &self.ring
+    /// The ring's set-up flags, asked for and granted.
+    pub fn setup_flags(&self) -> Vec<SetupFlag> {
+        self.ring.setup_flags()
+    }
+
+    /// Whether a receiver shares the ring.
+    pub fn is_shared(&self) -> bool {
+        self.ring.is_shared()
     }
 
     /// Why the registered-file table could not be set up, if it could not.
@@ -346,12 +361,10 @@ impl<B: Stable> LendRing<B> {
         let mut fixed = false;
         if idx < self.file_table {
             self.stats.register_calls += 1;
-            match self
-                .ring
-                .raw()
-                .submitter()
-                .register_files_update(idx, &[raw])
-            {
+            let mut res = Ok(0);
+            self.ring
+                .with_submitter(&mut |s| res = s.register_files_update(idx, &[raw]));
+            match res {
                 Ok(_) => fixed = true,
                 Err(e) => why = Some(format!("IORING_REGISTER_FILES_UPDATE failed: {e}")),
             }
@@ -420,11 +433,9 @@ impl<B: Stable> LendRing<B> {
             self.stats.register_calls += 1;
             // A failure leaves a reference to the file in the table until the ring closes:
             // the socket stays open a little longer, nothing worse.
-            let _ = self
-                .ring
-                .raw()
-                .submitter()
-                .register_files_update(idx, &[-1]);
+            self.ring.with_submitter(&mut |s| {
+                let _ = s.register_files_update(idx, &[-1]);
+            });
         }
         f.fd = None;
         f.raw = -1;
@@ -450,27 +461,23 @@ impl<B: Stable> LendRing<B> {
         }
         if self.sparse_bufs.is_none() {
             self.stats.register_calls += 1;
-            self.sparse_bufs = Some(
-                self.ring
-                    .raw()
-                    .submitter()
-                    .register_buffers_sparse(MAX_REGIONS)
-                    .is_ok(),
-            );
+            let mut ok = false;
+            self.ring
+                .with_submitter(&mut |s| ok = s.register_buffers_sparse(MAX_REGIONS).is_ok());
+            self.sparse_bufs = Some(ok);
         }
         let (iov, pin) = pool.iovec();
         let idx = self.regions.len() as u16;
         self.stats.register_calls += 1;
+        let mut res = Ok(());
         if self.sparse_bufs == Some(true) {
-            // SAFETY: `iov` describes the pool's live mapping; `pin` keeps it mapped and is kept
-            // in `self.regions`, which is dropped after `self.ring` (field order), i.e. after
-            // the registration is gone.
-            unsafe {
-                self.ring
-                    .raw()
-                    .submitter()
-                    .register_buffers_update(u32::from(idx), &[iov], None)
-            }?;
+            self.ring.with_submitter(&mut |s| {
+                // SAFETY: `iov` describes the pool's live mapping; `pin` keeps it mapped and
+                // is kept in `self.regions`, which is dropped after `self.ring` (field order),
+                // i.e. after the registration is gone, or, on a ring a receiver shares, after
+                // the registration was removed (Drop).
+                res = unsafe { s.register_buffers_update(u32::from(idx), &[iov], None) };
+            });
         } else {
             if idx > 0 {
                 return Err(io::Error::new(
@@ -478,9 +485,12 @@ impl<B: Stable> LendRing<B> {
                     "this kernel registers one pool per ring (no sparse buffer table)",
                 ));
             }
-            // SAFETY: as above.
-            unsafe { self.ring.raw().submitter().register_buffers(&[iov]) }?;
+            self.ring.with_submitter(&mut |s| {
+                // SAFETY: as above.
+                res = unsafe { s.register_buffers(&[iov]) };
+            });
         }
+        res?;
         self.regions.push((pool.id(), idx, pin));
         Ok(())
     }
@@ -696,13 +706,15 @@ impl<B: Stable> LendRing<B> {
         // a registered slot or a descriptor that `remove_file` keeps until this request's
         // result. On drop with requests outstanding the buffers are leaked, never freed.
         unsafe { self.ring.push(&sqe) }?;
+        let seq = self.ring.pushed_taken().0 - 1;
         let slot = &mut self.slots[s.lend.idx as usize];
         slot.reqs.push((
             s.req & key::SEND_REQ_MASK,
             Life::InKernel { notified: false },
         ));
         self.files[s.file.idx as usize].inflight += 1;
-        self.unentered.push((s.lend, s.req & key::SEND_REQ_MASK));
+        self.unentered
+            .push_back((s.lend, s.req & key::SEND_REQ_MASK, seq));
         self.stats.requests += 1;
         Ok(())
     }
@@ -744,9 +756,11 @@ impl<B: Stable> LendRing<B> {
 
     // ---- entering the kernel ----
 
-    /// `io_uring_enter` calls made.
+    /// `io_uring_enter` calls this side made (each with `GETEVENTS`: after one, deferred task
+    /// work queued before it has run). On a shared ring the receiver's enters are its own and
+    /// not counted here: a lower bound, which only delays what waits for an enter.
     pub fn enters(&self) -> u64 {
-        self.ring.enters() + self.own_enters
+        self.own_enters
     }
 
     /// Whether the ring was abandoned after failing ([`LendRing::abandon`]).
@@ -788,18 +802,8 @@ impl<B: Stable> LendRing<B> {
     pub fn enter_getevents(&mut self) -> io::Result<()> {
         loop {
             let res = self.fault_due().and_then(|()| {
-                let pending = self.ring.pending();
                 self.own_enters += 1;
-                // SAFETY: no argument pointer is passed; the entries submitted are the ones
-                // `push_send` queued, whose buffer contract it upholds.
-                unsafe {
-                    self.ring.raw().submitter().enter::<libc::sigset_t>(
-                        pending as u32,
-                        0,
-                        io_uring::EnterFlags::GETEVENTS.bits(),
-                        None,
-                    )
-                }
+                self.ring.enter_getevents()
             });
             match res {
                 Ok(_) => {
@@ -819,9 +823,10 @@ impl<B: Stable> LendRing<B> {
     /// Submits and waits until at least one CQE is there or `timeout` passes. A signal ends
     /// the wait early (`Ok`).
     pub fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        let res = self
-            .fault_due()
-            .and_then(|()| self.ring.submit_and_wait(1, timeout));
+        let res = self.fault_due().and_then(|()| {
+            self.own_enters += 1;
+            self.ring.submit_and_wait(1, timeout)
+        });
         match res {
             Ok(_) => {
                 self.entered_ok();
@@ -833,16 +838,16 @@ impl<B: Stable> LendRing<B> {
     }
 
     fn entered_ok(&mut self) {
-        let pending = self.ring.pending();
-        let taken = self.unentered.len().saturating_sub(pending);
-        self.unentered.drain(..taken);
+        let (_, taken) = self.ring.pushed_taken();
+        while self.unentered.front().is_some_and(|e| e.2 < taken) {
+            self.unentered.pop_front();
+        }
     }
 
     /// Whether the kernel flagged deferred task work (`IORING_SQ_TASKRUN`): an enter with
     /// GETEVENTS would post completions.
     pub fn task_work_pending(&self) -> bool {
-        // SAFETY: only the shared flags word is read; this thread is the ring's only user.
-        unsafe { self.ring.raw().submission_shared() }.taskrun()
+        self.ring.task_work_pending()
     }
 
     /// The ring was entered for the last time (it failed and will not be entered again):
@@ -850,10 +855,10 @@ impl<B: Stable> LendRing<B> {
     /// taken back) and returned, oldest first, for their owners to withdraw.
     pub fn abandon(&mut self, errno: i32) -> Vec<(u64, LendId, u32)> {
         self.dead.get_or_insert(errno);
-        let pending = self.ring.pending().min(self.unentered.len());
-        let never = self.unentered.split_off(self.unentered.len() - pending);
+        self.entered_ok();
+        let never: Vec<(LendId, u32, u64)> = self.unentered.drain(..).collect();
         let mut out = Vec::with_capacity(never.len());
-        for (lend, req) in never {
+        for (lend, req, _) in never {
             let Some(s) = self
                 .slots
                 .get_mut(lend.idx as usize)
@@ -878,7 +883,7 @@ impl<B: Stable> LendRing<B> {
 
     /// The ring's readiness eventfd (see [`Ring::notify_fd`]), registered on first call.
     pub fn notify_fd(&mut self) -> io::Result<RawFd> {
-        self.ring.notify_fd().map(|fd| fd.as_raw_fd())
+        self.ring.notify_raw()
     }
 
     /// Resets the ring's eventfd (see [`Ring::clear_notify`]).
@@ -903,10 +908,15 @@ impl<B: Stable> LendRing<B> {
         mut on_send: impl FnMut(SendCqe),
         mut other: impl FnMut(u64, i32, u32),
     ) -> io::Result<usize> {
+        // Entries another side's enter took are the kernel's now.
+        self.entered_ok();
         let mut cqes = std::mem::take(&mut self.cqes);
+        let before = self.ring.enters();
         let res = self
             .ring
-            .harvest(|c| cqes.push((c.user_data(), c.result(), c.flags())));
+            .harvest_sends(&mut |ud, r, flags| cqes.push((ud, r, flags)));
+        // Enters made to flush an overflowed CQ count as this side's.
+        self.own_enters += self.ring.enters() - before;
         let n = cqes.len();
         for &(ud, r, flags) in &cqes {
             let k = key::Key::from_raw(ud);
@@ -1025,6 +1035,19 @@ impl<B: Stable> Drop for LendRing<B> {
             // The registered pools too: the kernel may still read through the registration.
             for r in self.regions.drain(..) {
                 std::mem::forget(r);
+            }
+        } else if self.ring.is_shared() {
+            // The ring lives on (a receiver uses it): take our registrations off it before
+            // the pools' pins and the sockets go.
+            if !self.regions.is_empty() {
+                self.ring.with_submitter(&mut |s| {
+                    let _ = s.unregister_buffers();
+                });
+            }
+            for idx in 0..self.files.len() as u32 {
+                if self.files[idx as usize].fd.is_some() {
+                    self.release_file(idx);
+                }
             }
         }
     }

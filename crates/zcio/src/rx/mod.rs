@@ -768,6 +768,18 @@ impl<T> Slab<T> {
     }
 }
 
+impl Receiver {
+    /// The receiver's io_uring, for a send ring to share ([`crate::tx::SendRing::on_receiver`]);
+    /// `None` for the plain backend, which has none.
+    pub(crate) fn send_core(&self) -> Option<Box<dyn crate::ring::SendCore>> {
+        match &self.backend {
+            RxBackend::Plain(_) => None,
+            RxBackend::BufRing(b) => Some(Box::new(b.shared_ring())),
+            RxBackend::Zcrx(b) => Some(Box::new(b.shared_ring())),
+        }
+    }
+}
+
 impl Report for Receiver {
     type Path = RxPath;
     fn path(&self) -> RxPath {

@@ -228,6 +228,11 @@ impl<C: Cqe> RingRx<C> {
         }
     }
 
+    /// The ring, for a send ring to share.
+    pub(crate) fn shared_ring(&self) -> Rc<crate::ring::SharedRing<C>> {
+        self.rr.shared()
+    }
+
     fn arm(&mut self, id: ConnId) -> io::Result<()> {
         let Some(conn) = self.conns.get_mut(id) else {
             return Ok(());
@@ -442,12 +447,10 @@ impl<C: Cqe> RingRx<C> {
 
 impl<C: Cqe> Backend for RingRx<C> {
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
-        self.rr.ring_mut().notify_fd()
+        self.rr.notify_fd()
     }
     fn clear_notify(&mut self) -> bool {
-        let ring = self.rr.ring_mut();
-        ring.clear_notify();
-        ring.has_work()
+        self.rr.clear_notify()
     }
     fn path(&self) -> RxPath {
         if self.nodev {

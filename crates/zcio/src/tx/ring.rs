@@ -130,7 +130,45 @@ impl SendRing {
                 (None, Some(why))
             }
         };
-        Ok(Self {
+        Ok(Self::build(uring, no_uring, fallbacks, cfg))
+    }
+
+    /// A send ring on `rx`'s io_uring: receive and send of a thread on one ring, so one
+    /// `io_uring_enter` submits the receiver's re-arms and the sends of every socket and
+    /// collects both sides' completions (whichever side harvests keeps the other side's
+    /// completions for it). [`SendRing::prepare`] queues sends for the receiver's next wait
+    /// to submit; [`SendRing::harvest`] reads them back without a syscall. A receiver without
+    /// io_uring (the plain backend) has no ring to share: the send ring then has its own, and
+    /// records why.
+    pub fn on_receiver(rx: &crate::rx::Receiver, cfg: &SendRingConfig) -> Result<Self, TxError> {
+        match rx.send_core() {
+            Some(core) => {
+                let (u, notes) = Uring::on(core, cfg);
+                Ok(Self::build(Some(u), None, notes, cfg))
+            }
+            None => {
+                let mut r = Self::new(cfg)?;
+                r.fallbacks.push(Fallback::new(
+                    stats::Path::setting("one ring with the receiver"),
+                    stats::Path::setting("a ring of its own"),
+                    format!(
+                        "the receiver has no io_uring to share (its path is {}: epoll and \
+                         recv(2))",
+                        rx.path()
+                    ),
+                ));
+                Ok(r)
+            }
+        }
+    }
+
+    fn build(
+        uring: Option<Uring>,
+        no_uring: Option<String>,
+        fallbacks: Vec<Fallback>,
+        cfg: &SendRingConfig,
+    ) -> Self {
+        Self {
             uring,
             no_uring,
             socks: Vec::new(),
@@ -148,31 +186,31 @@ impl SendRing {
             readiness: None,
             stalled: Vec::new(),
             _one_thread: std::marker::PhantomData,
-        })
+        }
     }
 
     /// A send ring without io_uring: every socket sends by syscalls (`MSG_ZEROCOPY`, copy).
     /// For a [`Sender`](super::Sender) whose mode needs no ring.
     pub(crate) fn without_uring(cfg: &SendRingConfig) -> Self {
-        Self {
-            uring: None,
-            no_uring: Some("no io_uring was asked for".into()),
-            socks: Vec::new(),
-            gens: Vec::new(),
-            free: Vec::new(),
-            next_ticket: 0,
-            ready: VecDeque::new(),
-            writable: VecDeque::new(),
-            policy: AutoPolicy::new(4, 4096, true),
-            cfg: cfg.clone(),
-            fallbacks: Vec::new(),
-            pool_error: None,
-            gone: Default::default(),
-            own: Default::default(),
-            readiness: None,
-            stalled: Vec::new(),
-            _one_thread: std::marker::PhantomData,
-        }
+        Self::build(
+            None,
+            Some("no io_uring was asked for".into()),
+            Vec::new(),
+            cfg,
+        )
+    }
+
+    /// Whether the ring is shared with a receiver ([`SendRing::on_receiver`]).
+    pub fn shares_receiver_ring(&self) -> bool {
+        self.uring.as_ref().is_some_and(|u| u.lr.is_shared())
+    }
+
+    /// Queues the requests of every socket that may go in the submission queue without
+    /// entering the kernel: on a ring shared with a receiver, the receiver's next wait
+    /// submits them (one `io_uring_enter` for both sides). On a ring of its own, the next
+    /// [`SendRing::submit`], poll or wait does.
+    pub fn prepare(&mut self) {
+        self.ring_prepare();
     }
 
     /// Registers `pool` with the ring, once for every socket: sends of its buffers on the

@@ -58,8 +58,20 @@ impl Uring {
             Err(RingError::Unavailable { reason, .. }) => return Err(reason),
             Err(e) => return Err(e.to_string()),
         };
+        Ok(Self::with(lr))
+    }
+
+    /// The send side of a ring a receiver owns too.
+    pub(super) fn on(
+        core: Box<dyn crate::ring::SendCore>,
+        cfg: &SendRingConfig,
+    ) -> (Self, Vec<Fallback>) {
+        Self::with(LendRing::on(core, cfg.files))
+    }
+
+    fn with(lr: LendRing<Lent>) -> (Self, Vec<Fallback>) {
         let mut notes = Vec::new();
-        for f in lr.ring().setup_flags() {
+        for f in lr.setup_flags() {
             if f.requested && !f.granted {
                 notes.push(Fallback::new(
                     stats::Path::setting(format!("ring with {}", f.name)),
@@ -78,7 +90,7 @@ impl Uring {
         let send_zc = lr.supports_send_zc().map_err(|e| e.to_string());
         let report_usage = crate::ring::features::Features::get()
             .has(crate::ring::features::Features::SEND_ZC_REPORT_USAGE);
-        Ok((
+        (
             Self {
                 lr,
                 send_zc,
@@ -94,7 +106,7 @@ impl Uring {
                 enters_seen: 0,
             },
             notes,
-        ))
+        )
     }
 
     /// Whether enough requests are staged to enter now.
@@ -159,6 +171,14 @@ impl SendRing {
             }
             None => self.ring_collect(idx),
         }
+    }
+
+    /// [`SendRing::prepare`]: pushes what may go, without entering.
+    pub(super) fn ring_prepare(&mut self) {
+        if let Some(u) = self.uring.as_mut() {
+            u.staged_new = 0;
+        }
+        self.pump();
     }
 
     /// Pushes what the cores of the listed sockets let go into the submission queue; returns
