@@ -7,6 +7,7 @@ mod common;
 use common::streams::{connect_with_base, serve_checked};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -546,6 +547,31 @@ fn scale_conns() -> usize {
     }
 }
 
+/// Raises this process's `RLIMIT_NOFILE` towards `want` (root may raise the hard limit too;
+/// the child inherits it); returns the soft limit now.
+fn raise_nofile(want: u64) -> u64 {
+    let (soft, hard) = zcio::sys::getrlimit(libc::RLIMIT_NOFILE).unwrap();
+    let (soft, hard) = (soft.unwrap_or(u64::MAX), hard.unwrap_or(u64::MAX));
+    if soft >= want {
+        return soft;
+    }
+    let hard = if hard < want && zcio_testnet::is_root() {
+        want
+    } else {
+        hard
+    };
+    let l = libc::rlimit {
+        rlim_cur: want.min(hard),
+        rlim_max: hard,
+    };
+    // SAFETY: `l` lives for the call.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) } == 0 {
+        want.min(hard)
+    } else {
+        soft
+    }
+}
+
 fn status_kib(field: &str) -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
     s.lines()
@@ -664,7 +690,17 @@ fn ten_thousand_connections_of_an_unprivileged_process_fit_one_ring_under_the_de
     let exe = std::env::current_exe().unwrap();
     let (l, addr) = listener();
     // The server side, in this process: reads every connection to its end and checks it.
-    let conns = scale_conns();
+    // Both processes hold one descriptor per connection (a guest's default limit is 1024).
+    let want = scale_conns();
+    let nofile = raise_nofile(want as u64 + 512);
+    let conns = want.min(nofile.saturating_sub(512) as usize);
+    if conns < want {
+        println!("{test}: RLIMIT_NOFILE {nofile} allows only {conns} connections");
+        assert!(
+            !zcio_testnet::require_priv(),
+            "{test}: {conns} < {want} connections"
+        );
+    }
     let server = serve_checked(l, conns, Arc::new(AtomicBool::new(false)));
     let mut cmd = std::process::Command::new(&exe);
     cmd.args(["--exact", "scale_child", "--nocapture", "--test-threads=1"])
@@ -837,4 +873,56 @@ fn a_proxy_receives_and_forwards_chunks_in_place_on_one_ring_per_thread() {
     for (i, (b, n)) in got.iter().enumerate() {
         assert_eq!((*b, *n), (base(i), len), "stream {i}");
     }
+}
+
+#[test]
+fn sends_staged_behind_a_chain_go_when_only_the_readiness_descriptor_drives_the_ring() {
+    let (l, addr) = small_buffers_listener();
+    let pause = Arc::new(AtomicBool::new(true));
+    let server = serve_checked(l, 1, pause.clone());
+    let pool = Pool::new(64 << 10, 16, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    let s = ring
+        .add(stalled_socket(addr, 0), &cfg(TxMode::UringZc, 16))
+        .unwrap();
+    let mut sent = 0u64;
+    let mut send = |ring: &mut SendRing| {
+        let mut b = pool.try_get().unwrap();
+        common::fill_pattern(&mut b, base(0) + sent);
+        sent += 64 << 10;
+        ring.send(s, b).unwrap();
+    };
+    // One request goes out and meets the full socket (its chain stays out); the rest wait
+    // behind it in the socket's core.
+    send(&mut ring);
+    ring.submit().unwrap();
+    for _ in 0..7 {
+        send(&mut ring);
+    }
+    pause.store(false, Ordering::Relaxed);
+    // Only the descriptor and on_ready from here: as an event loop drives the ring.
+    let fd = ring.readiness_fd().unwrap().as_raw_fd();
+    let mut done = 0;
+    let end = Instant::now() + common::scaled(Duration::from_secs(20));
+    while done < 8 {
+        assert!(
+            Instant::now() < end,
+            "{done} of 8 completed: staged sends were never submitted"
+        );
+        let mut p = [libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(p.as_mut_ptr(), 1, 200) };
+        ring.on_ready().unwrap();
+        for (c, _) in ring.completions() {
+            assert_eq!(c.result(), Ok(64 << 10), "{c:?}");
+            done += 1;
+        }
+    }
+    ring.close(s);
+    drop(ring);
+    assert_eq!(server.join().unwrap()[0].1, sent);
 }

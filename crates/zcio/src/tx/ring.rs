@@ -905,11 +905,7 @@ impl SendRing {
     /// completions and error queues, continues stalled sends. Returns the number of
     /// completions ready.
     pub fn poll(&mut self) -> Result<usize, TxError> {
-        let res = if self.uring.as_mut().is_some_and(|u| u.has_staged()) {
-            self.ring_submit()
-        } else {
-            self.ring_harvest_only(true)
-        };
+        let res = self.ring_progress(false);
         if let Err(e) = res {
             self.ring_failed(e);
         }
@@ -1191,12 +1187,7 @@ impl SendRing {
             }
         }
         for _ in 0..4 {
-            let res = if self.uring.as_mut().is_some_and(|u| u.has_staged()) {
-                self.ring_submit()
-            } else {
-                self.ring_reap()
-            };
-            if let Err(e) = res {
+            if let Err(e) = self.ring_progress(true) {
                 self.ring_failed(e);
             }
             self.reap_syscall_paths();
@@ -1228,10 +1219,25 @@ impl SendRing {
             if !self.clear_readiness() {
                 return;
             }
-            if let Err(e) = self.ring_reap() {
+            if let Err(e) = self.ring_progress(true) {
                 self.ring_failed(e);
             }
         }
+    }
+
+    /// Collects what the kernel posted (`reap`: entering when it flagged deferred task work
+    /// while buffers are out; else reading the CQ only), then submits what that let go: a
+    /// chain's results let the socket's next requests go, which nothing else would submit.
+    fn ring_progress(&mut self, reap: bool) -> std::io::Result<()> {
+        if reap {
+            self.ring_reap()?;
+        } else {
+            self.ring_harvest_only(true)?;
+        }
+        if self.uring.as_mut().is_some_and(|u| u.has_staged()) {
+            self.ring_submit()?;
+        }
+        Ok(())
     }
 
     // ---- what it reports ----
