@@ -423,6 +423,12 @@ impl<B> SendTracker<B> {
         self.result(key, res, then);
     }
 
+    /// The result of a request that never notifies (io_uring `SEND`: the kernel copied): it
+    /// is done, failed or not.
+    pub(crate) fn on_copy_result(&mut self, key: Key, res: i32) {
+        self.result(key, res, Then::Nothing);
+    }
+
     /// `MSG_ZEROCOPY`: the `send` call of request `key` returned `res` (bytes or `-errno`);
     /// `took_id` = the kernel gave it the socket's next errqueue sequence number (every call
     /// that moved bytes by zero-copy; a failed datagram whose completion was queued anyway),

@@ -343,7 +343,9 @@ impl SendRing {
         }
         self.ring_harvest()?;
         let u = self.uring.as_mut().expect("ring");
-        if u.lr.live() > 0 && u.lr.task_work_pending() {
+        // Deferred task work flagged while buffers are out, or failed zero-copy requests whose
+        // late notification (if any) only an enter with GETEVENTS would post: enter once.
+        if (u.lr.live() > 0 && u.lr.task_work_pending()) || !u.unsettled.is_empty() {
             let res = u.lr.enter_getevents();
             self.account(false);
             res?;
@@ -367,8 +369,20 @@ impl SendRing {
             // Something came back already: no need to enter.
             return Ok(());
         }
-        let res = if u.lr.live() == 0 {
-            u.lr.submit()
+        let in_kernel = self.socks.iter().flatten().any(|s| {
+            s.tracker
+                .as_ref()
+                .is_some_and(|t| t.in_kernel() > 0 || t.notifs_pending() > 0)
+        });
+        let u = self.uring.as_mut().expect("ring");
+        let res = if !in_kernel && u.lr.ignored_live() == 0 {
+            // Nothing the kernel would complete: an enter with GETEVENTS still settles failed
+            // zero-copy requests that may have a late notification (their only wait).
+            if u.unsettled.is_empty() && u.lr.pending() == 0 {
+                u.lr.submit()
+            } else {
+                u.lr.enter_getevents()
+            }
         } else {
             u.lr.wait(Some(timeout))
         };
@@ -439,7 +453,12 @@ impl SendRing {
                     res = -libc::ECANCELED;
                 }
                 let t = s.tracker.as_mut().expect("on the ring");
-                t.on_result(key, res, c.more());
+                if zc {
+                    t.on_result(key, res, c.more());
+                } else {
+                    // A copy (SEND) never notifies: a failed one is done too.
+                    t.on_copy_result(key, res);
+                }
             }
             if !touched.contains(&idx) {
                 touched.push(idx);
