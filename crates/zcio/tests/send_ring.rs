@@ -268,7 +268,16 @@ fn sockets_closed_with_sends_in_flight_return_every_buffer_once_and_leave_the_ot
             }
         }
         pause.store(false, Ordering::Relaxed);
-        ring.flush(Duration::from_secs(30)).unwrap();
+        if let Err(e) = ring.flush(common::scaled(Duration::from_secs(30))) {
+            let per: Vec<_> = socks
+                .iter()
+                .map(|&s| (ring.sock_in_flight(s), ring.sock_stats(s)))
+                .collect();
+            panic!(
+                "{mode}: {e:?}; ring {:?}; per socket {per:?}",
+                ring.ring_stats()
+            );
+        }
         book.take(&mut ring);
         assert_eq!(
             book.done.len(),
