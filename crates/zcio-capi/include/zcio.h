@@ -769,8 +769,9 @@ int zcio_send_ring_send_chunk(struct zcio_send_ring *r,
 int zcio_send_ring_submit(struct zcio_send_ring *r);
 
 /*
- Makes progress without blocking (submits, collects); returns how many completions are
- ready.
+ Makes progress without blocking (submits, collects; enters the kernel only when
+ something is queued or it flagged deferred task work, so a loop that only polls sees every
+ completion); returns how many completions are ready.
 
  Thread: the owner only (`-EPERM` from any other).
  */

@@ -305,8 +305,9 @@ pub extern "C" fn zcio_send_ring_submit(r: *mut zcio_send_ring) -> c_int {
     })
 }
 
-/// Makes progress without blocking (submits, collects); returns how many completions are
-/// ready.
+/// Makes progress without blocking (submits, collects; enters the kernel only when
+/// something is queued or it flagged deferred task work, so a loop that only polls sees every
+/// completion); returns how many completions are ready.
 ///
 /// Thread: the owner only (`-EPERM` from any other).
 #[no_mangle]

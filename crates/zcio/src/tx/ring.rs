@@ -893,7 +893,9 @@ impl SendRing {
     }
 
     /// Submits the queued requests of every socket with one `io_uring_enter` (no syscall when
-    /// nothing is queued) and collects what has completed.
+    /// nothing is queued) and collects what has completed. With nothing queued it only reads
+    /// what the kernel has posted: zero-copy notifications waiting as deferred task work need
+    /// [`SendRing::poll`], [`SendRing::wait`] or [`SendRing::on_ready`].
     pub fn submit(&mut self) -> Result<(), TxError> {
         if let Err(e) = self.ring_submit() {
             self.ring_failed(e);
@@ -903,9 +905,12 @@ impl SendRing {
 
     /// Makes progress without blocking: submits queued io_uring requests, reaps ready
     /// completions and error queues, continues stalled sends. Returns the number of
-    /// completions ready.
+    /// completions ready. On io_uring paths it enters the kernel only when requests are
+    /// queued or the kernel flagged deferred task work while buffers are out (under
+    /// `DEFER_TASKRUN` a zero-copy notification is posted only by an enter of the ring's
+    /// thread): a loop that only polls sees every completion.
     pub fn poll(&mut self) -> Result<usize, TxError> {
-        let res = self.ring_progress(false);
+        let res = self.ring_progress(true);
         if let Err(e) = res {
             self.ring_failed(e);
         }
@@ -1225,11 +1230,14 @@ impl SendRing {
         }
     }
 
-    /// Collects what the kernel posted (`reap`: entering when it flagged deferred task work
-    /// while buffers are out; else reading the CQ only), then submits what that let go: a
-    /// chain's results let the socket's next requests go, which nothing else would submit.
+    /// Submits what is queued (that enter also runs deferred task work), else collects what
+    /// the kernel posted (`reap`: entering when it flagged deferred task work while buffers
+    /// are out; else reading the CQ only); then submits what that let go: a chain's results
+    /// let the socket's next requests go, which nothing else would submit.
     fn ring_progress(&mut self, reap: bool) -> std::io::Result<()> {
-        if reap {
+        if self.uring.as_mut().is_some_and(|u| u.has_staged()) {
+            self.ring_submit()?;
+        } else if reap {
             self.ring_reap()?;
         } else {
             self.ring_harvest_only(true)?;

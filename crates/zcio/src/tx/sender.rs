@@ -210,7 +210,8 @@ impl Sender {
     }
 
     /// Makes progress without blocking: submits queued io_uring requests, reaps ready
-    /// completions. Returns the number of completions ready.
+    /// completions (entering the kernel only when something is queued or it flagged
+    /// deferred task work: see [`SendRing::poll`]). Returns the number of completions ready.
     pub fn poll(&mut self) -> Result<usize, TxError> {
         let r = self.ring.poll();
         self.sync_fallbacks();
