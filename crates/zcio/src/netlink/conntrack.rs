@@ -481,17 +481,13 @@ impl<'a> Conntrack<'a> {
     /// Appends the attributes in the order `ctnetlink_conntrack_event` builds them for an
     /// event of `kind` (destroy events carry counters, timestamps and protocol state after
     /// the timeout; the others carry protocol state, helper, security context, labels, master,
-    /// sequence adjustment and SYN proxy). Attributes zcio does not know are not re-emitted.
+    /// sequence adjustment and SYN proxy). What a kind never carries from the kernel still
+    /// goes out (after what it does carry), so parse → emit → parse keeps every field.
+    /// Attributes zcio does not know are not re-emitted.
     pub fn emit_event_attrs(&self, out: &mut Vec<u8>, kind: CtEventKind) -> Result<(), EmitError> {
         let be32 = |out: &mut Vec<u8>, ty: u16, v: Option<u32>| -> Result<(), EmitError> {
             match v {
                 Some(v) => emit_attr(out, ty, &v.to_be_bytes()),
-                None => Ok(()),
-            }
-        };
-        let raw = |out: &mut Vec<u8>, ty: u16, v: Option<&[u8]>| -> Result<(), EmitError> {
-            match v {
-                Some(v) => emit_attr(out, ty | NLA_F_NESTED, v),
                 None => Ok(()),
             }
         };
@@ -511,20 +507,11 @@ impl<'a> Conntrack<'a> {
             self.emit_counters(out)?;
             self.emit_timestamp(out)?;
             self.emit_protoinfo(out)?;
+            self.emit_extras(out)?;
         } else {
             self.emit_protoinfo(out)?;
-            raw(out, CTA_HELP, self.help)?;
-            raw(out, CTA_SECCTX, self.secctx)?;
-            if let Some(l) = self.labels {
-                emit_attr(out, CTA_LABELS, l)?;
-            }
-            if let Some(m) = &self.master {
-                m.emit(out, CTA_TUPLE_MASTER)?;
-            }
-            raw(out, CTA_SEQ_ADJ_ORIG, self.seq_adj_orig)?;
-            raw(out, CTA_SEQ_ADJ_REPLY, self.seq_adj_reply)?;
-            raw(out, CTA_SYNPROXY, self.synproxy)?;
-            // An update may carry counters (`IPCT_COUNTER_FILLING` in older kernels).
+            self.emit_extras(out)?;
+            // Older kernels sent counters on updates too (`IPCT_COUNTER_FILLING`).
             self.emit_counters(out)?;
             self.emit_timestamp(out)?;
         }
@@ -535,6 +522,28 @@ impl<'a> Conntrack<'a> {
             emit_attr(out, CTA_TIMESTAMP_EVENT, &t.to_be_bytes())?;
         }
         Ok(())
+    }
+
+    /// Helper, security context, labels, master, sequence adjustment and SYN proxy, in the
+    /// order of a NEW/UPDATE event (a DESTROY event carries none of them).
+    fn emit_extras(&self, out: &mut Vec<u8>) -> Result<(), EmitError> {
+        let raw = |out: &mut Vec<u8>, ty: u16, v: Option<&[u8]>| -> Result<(), EmitError> {
+            match v {
+                Some(v) => emit_attr(out, ty | NLA_F_NESTED, v),
+                None => Ok(()),
+            }
+        };
+        raw(out, CTA_HELP, self.help)?;
+        raw(out, CTA_SECCTX, self.secctx)?;
+        if let Some(l) = self.labels {
+            emit_attr(out, CTA_LABELS, l)?;
+        }
+        if let Some(m) = &self.master {
+            m.emit(out, CTA_TUPLE_MASTER)?;
+        }
+        raw(out, CTA_SEQ_ADJ_ORIG, self.seq_adj_orig)?;
+        raw(out, CTA_SEQ_ADJ_REPLY, self.seq_adj_reply)?;
+        raw(out, CTA_SYNPROXY, self.synproxy)
     }
 
     fn emit_counters(&self, out: &mut Vec<u8>) -> Result<(), EmitError> {
