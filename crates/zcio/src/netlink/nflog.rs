@@ -643,7 +643,7 @@ impl NfLog {
             cfg,
         };
         for &f in &me.cfg.bind_families.clone() {
-            me.config(
+            me.request(
                 LogConfigMsg {
                     family: f,
                     cmd: Some(NFULNL_CFG_CMD_PF_BIND),
@@ -669,7 +669,7 @@ impl NfLog {
             CopyMode::Packet(r) => (NFULNL_COPY_PACKET, r),
         };
         for &g in &me.cfg.groups.clone() {
-            me.config(
+            me.request(
                 LogConfigMsg {
                     group: g,
                     cmd: Some(NFULNL_CFG_CMD_BIND),
@@ -680,7 +680,7 @@ impl NfLog {
                 "; EBUSY: another socket is bound to this group; EPERM: needs CAP_NET_ADMIN",
             )?;
             me.bound = true;
-            me.config(
+            me.request(
                 LogConfigMsg {
                     group: g,
                     mode: Some(mode),
@@ -700,7 +700,7 @@ impl NfLog {
 
     /// Sends one config request and waits for its ACK. `EAGAIN` (the kernel loaded
     /// nf_conntrack_netlink for the CONNTRACK flag and asks for the request again) is retried.
-    fn config(
+    fn request(
         &mut self,
         c: LogConfigMsg,
         target: String,
@@ -756,7 +756,7 @@ impl NfLog {
     }
 
     /// The configuration it was opened with.
-    pub fn config_used(&self) -> &NfLogConfig {
+    pub fn config(&self) -> &NfLogConfig {
         &self.cfg
     }
 
@@ -843,7 +843,7 @@ impl NfLog {
         }
         self.bound = false;
         for g in self.cfg.groups.clone() {
-            let _ = self.config(
+            let _ = self.request(
                 LogConfigMsg {
                     group: g,
                     cmd: Some(NFULNL_CFG_CMD_UNBIND),
