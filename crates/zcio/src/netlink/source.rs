@@ -42,7 +42,7 @@ pub enum FrameError {
     #[error("all {0} frames are held (SKIP); release held frames before receiving more")]
     AllHeld(u32),
     /// The receive failed.
-    #[error("recvmmsg on the netlink socket: {0}")]
+    #[error("receiving on the netlink socket: {0}")]
     Io(#[from] io::Error),
 }
 

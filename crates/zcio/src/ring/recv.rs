@@ -701,11 +701,17 @@ impl FrameRecv {
             self.armed = true;
         }
         if self.ring.ready() == 0 {
-            if wait.is_zero() {
-                self.ring.submit()?;
+            let r = if wait.is_zero() {
+                self.ring.submit().map(drop)
             } else {
                 let t = (wait != Duration::MAX).then_some(wait);
-                self.ring.submit_and_wait(1, t)?;
+                self.ring.submit_and_wait(1, t).map(drop)
+            };
+            match r {
+                // A signal cut the wait short (job control's SIGSTOP/SIGCONT, a handler):
+                // harvest what is there; the caller looks at its signals and waits again.
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                other => other?,
             }
         }
         let (got, sent) = (&mut self.got, &mut self.sent);
