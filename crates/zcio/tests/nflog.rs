@@ -728,3 +728,33 @@ fn nflog_parser_survives_fuzz_corpus_and_mutations() {
     });
     assert!(errors > 0, "mutations never produced a malformed message");
 }
+
+#[test]
+fn bind_families_makes_nfnetlink_log_the_namespaces_logger_for_them() {
+    let test = "bind_families_makes_nfnetlink_log_the_namespaces_logger_for_them";
+    let Some(ns) = host(test, &[(9111, 21)], &[]) else {
+        return;
+    };
+    ns.run(|| {
+        let logger = |family: u8| {
+            std::fs::read_to_string("/proc/thread-self/net/netfilter/nf_log")
+                .unwrap()
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(&family.to_string()))
+                .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+                .unwrap_or_default()
+        };
+        assert_ne!(logger(10), "nfnetlink_log", "not bound before");
+        let log = NfLog::open(NfLogConfig {
+            bind_families: vec![2, 10],
+            ..cfg(21)
+        })
+        .unwrap();
+        assert_eq!(logger(2), "nfnetlink_log");
+        assert_eq!(logger(10), "nfnetlink_log");
+        drop(log);
+        // A namespace-wide setting: it stays (documented), for other consumers of group 0.
+        assert_eq!(logger(2), "nfnetlink_log");
+    })
+    .unwrap();
+}

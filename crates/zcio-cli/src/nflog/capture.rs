@@ -3,8 +3,11 @@
 //! the rule's prefix as its comment and the direction in its flags) or classic pcap; to a file
 //! (rotated by size or time, like tcpdump's `-C`/`-G`) or to stdout.
 //!
-//! Blocks are built in one buffer and written with one `write` when it fills, when the
-//! consumer is idle, or before a rotation: no syscall per packet.
+//! Block headers (and small packets) are built in one buffer; a packet's bytes of 256 or more
+//! stay where they are — in the frame the kernel received them into — and go out with the
+//! headers in one `writev` per receive batch ([`Writer::batch`]): no copy in user space, no
+//! syscall per packet. A buffer with no such reference waits for 1 MiB, an idle consumer or a
+//! rotation before it is written.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -42,14 +45,193 @@ enum Sink {
 }
 
 impl Sink {
-    fn write_all(&mut self, b: &[u8]) -> io::Result<()> {
-        match self {
-            Sink::File(f) => f.write_all(b),
-            Sink::Stdout(s) => {
-                let mut l = s.lock();
-                l.write_all(b)?;
-                l.flush()
+    /// Writes every byte of `parts` (one `writev`; after a short write, another for the rest).
+    fn write_all_vectored(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        let mut out: Box<dyn Write + '_> = match self {
+            Sink::File(f) => Box::new(f),
+            Sink::Stdout(s) => Box::new(s.lock()),
+        };
+        let mut rest: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+        while !rest.is_empty() {
+            let iov: Vec<io::IoSlice<'_>> = rest.iter().map(|p| io::IoSlice::new(p)).collect();
+            let mut n = match out.write_vectored(&iov) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            // Drop what was written: whole parts, then the start of a partly written one.
+            let mut done = 0;
+            while done < rest.len() && n >= rest[done].len() {
+                n -= rest[done].len();
+                done += 1;
             }
+            rest.drain(..done);
+            if let Some(first) = rest.first_mut() {
+                *first = &first[n..];
+            }
+        }
+        out.flush()
+    }
+}
+
+/// Payloads this long or longer are written from where they lie; shorter ones are copied
+/// into the buffer (an iovec entry costs more than copying a few dozen bytes).
+const REFERENCE_FROM: usize = 256;
+
+/// Part of what a batch writes: bytes of the writer's buffer, or a packet's bytes elsewhere.
+enum Part<'a> {
+    Own(std::ops::Range<usize>),
+    Ext(&'a [u8]),
+}
+
+/// Packets of one receive batch on their way to a [`Writer`]: see [`Writer::batch`].
+pub struct Batch<'w, 'a> {
+    w: &'w mut Writer,
+    parts: Vec<Part<'a>>,
+    /// Start of the buffer bytes not yet in `parts`.
+    run: usize,
+}
+
+impl<'a> Batch<'_, 'a> {
+    /// Adds one packet (rotating first, after writing what came before, when the current file
+    /// is full or old enough).
+    pub fn write(&mut self, r: &Record<'a>) -> io::Result<()> {
+        if self.w.rotation_due() {
+            self.flush_parts()?;
+            self.w.rotate()?;
+            self.run = 0;
+        }
+        let w = &mut *self.w;
+        let start = w.buf.len();
+        let ext = r.data.len() >= REFERENCE_FROM;
+        match w.format {
+            Format::Pcapng => {
+                let id = w.iface(r.ifindex, r.linktype);
+                let start = w.buf.len();
+                let us = r.ts.0.saturating_mul(1_000_000).saturating_add(r.ts.1);
+                w.buf.extend_from_slice(&6u32.to_le_bytes());
+                w.buf.extend_from_slice(&[0; 4]);
+                w.buf.extend_from_slice(&id.to_le_bytes());
+                w.buf.extend_from_slice(&((us >> 32) as u32).to_le_bytes());
+                w.buf.extend_from_slice(&(us as u32).to_le_bytes());
+                let cap = r.l2.len() + r.data.len();
+                w.buf.extend_from_slice(&(cap as u32).to_le_bytes());
+                w.buf.extend_from_slice(&r.orig_len.to_le_bytes());
+                w.buf.extend_from_slice(r.l2);
+                if ext {
+                    if w.buf.len() > self.run {
+                        self.parts.push(Part::Own(self.run..w.buf.len()));
+                    }
+                    self.parts.push(Part::Ext(r.data));
+                    self.run = w.buf.len();
+                } else {
+                    w.buf.extend_from_slice(r.data);
+                }
+                let pad = pad4(cap) - cap;
+                w.buf.extend_from_slice(&[0u8; 3][..pad]);
+                let mut opts = false;
+                if let Some(c) = r.comment.filter(|c| !c.is_empty()) {
+                    opt(&mut w.buf, 1, &c[..c.len().min(65_000)]);
+                    opts = true;
+                }
+                if r.direction != 0 {
+                    opt(&mut w.buf, 2, &r.direction.to_le_bytes());
+                    opts = true;
+                }
+                if opts {
+                    w.buf.extend_from_slice(&[0, 0, 0, 0]);
+                }
+                // The block's length: what is in the buffer plus the referenced bytes, and
+                // the trailing copy.
+                let len = (w.buf.len() - start + if ext { r.data.len() } else { 0 } + 4) as u32;
+                w.buf.extend_from_slice(&len.to_le_bytes());
+                w.buf[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
+            }
+            Format::Pcap => {
+                match w.pcap_linktype {
+                    None => {
+                        w.pcap_linktype = Some(r.linktype);
+                        w.buf.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
+                        w.buf.extend_from_slice(&2u16.to_le_bytes());
+                        w.buf.extend_from_slice(&4u16.to_le_bytes());
+                        w.buf.extend_from_slice(&0i32.to_le_bytes());
+                        w.buf.extend_from_slice(&0u32.to_le_bytes());
+                        w.buf.extend_from_slice(&w.snaplen.to_le_bytes());
+                        w.buf
+                            .extend_from_slice(&u32::from(r.linktype).to_le_bytes());
+                    }
+                    Some(l) if l != r.linktype => {
+                        // Classic pcap has one link type per file.
+                        w.skipped += 1;
+                        return Ok(());
+                    }
+                    Some(_) => {}
+                }
+                w.buf.extend_from_slice(&(r.ts.0 as u32).to_le_bytes());
+                w.buf.extend_from_slice(&(r.ts.1 as u32).to_le_bytes());
+                w.buf
+                    .extend_from_slice(&((r.l2.len() + r.data.len()) as u32).to_le_bytes());
+                w.buf.extend_from_slice(&r.orig_len.to_le_bytes());
+                w.buf.extend_from_slice(r.l2);
+                if ext {
+                    if w.buf.len() > self.run {
+                        self.parts.push(Part::Own(self.run..w.buf.len()));
+                    }
+                    self.parts.push(Part::Ext(r.data));
+                    self.run = w.buf.len();
+                } else {
+                    w.buf.extend_from_slice(r.data);
+                }
+            }
+        }
+        w.file_bytes += (w.buf.len() - start + if ext { r.data.len() } else { 0 }) as u64;
+        w.file_packets += 1;
+        w.packets += 1;
+        Ok(())
+    }
+
+    /// Replaces the interface names (see [`Writer::set_names`]).
+    pub fn set_names(&mut self, names: HashMap<u32, String>) {
+        self.w.set_names(names);
+    }
+
+    /// Writes the parts gathered so far (with the buffer bytes after the last of them).
+    fn flush_parts(&mut self) -> io::Result<()> {
+        let w = &mut *self.w;
+        if self.parts.is_empty() {
+            return Ok(());
+        }
+        if w.buf.len() > self.run {
+            self.parts.push(Part::Own(self.run..w.buf.len()));
+        }
+        let iov: Vec<&[u8]> = self
+            .parts
+            .iter()
+            .map(|p| match p {
+                Part::Own(r) => &w.buf[r.clone()],
+                Part::Ext(s) => *s,
+            })
+            .collect();
+        let bytes: usize = iov.iter().map(|s| s.len()).sum();
+        w.sink.write_all_vectored(&iov)?;
+        w.writes += 1;
+        w.bytes += bytes as u64;
+        w.buf.clear();
+        self.parts.clear();
+        self.run = 0;
+        Ok(())
+    }
+
+    /// Ends the batch: writes it if any packet was referenced (its frame is about to be
+    /// given back), or the buffer once it holds 1 MiB; otherwise the bytes wait in the buffer.
+    pub fn finish(mut self) -> io::Result<()> {
+        if !self.parts.is_empty() {
+            self.flush_parts()
+        } else if self.w.buf.len() >= BUF {
+            self.w.flush()
+        } else {
+            Ok(())
         }
     }
 }
@@ -61,8 +243,11 @@ pub struct Record<'a> {
     pub ts: (u64, u64),
     /// The interface it was logged on (index; `None`: unknown).
     pub ifindex: Option<u32>,
-    /// Link type of `data`.
+    /// Link type of the packet (`l2` then `data`).
     pub linktype: u16,
+    /// A link-layer header written before `data` (an Ethernet header from NFLOG's
+    /// `NFULA_HWHEADER` for a packet that is not IP), or nothing.
+    pub l2: &'a [u8],
     /// The bytes (cut to the copy range).
     pub data: &'a [u8],
     /// The packet's full length.
@@ -90,6 +275,8 @@ pub struct Writer {
     files: u32,
     /// Interface blocks of the current file: (ifindex, linktype) → interface id.
     ifaces: HashMap<(Option<u32>, u16), u32>,
+    /// The last interface looked up (packets mostly come from one: no hashing).
+    last_iface: Option<((Option<u32>, u16), u32)>,
     /// The classic pcap file's link type, once written.
     pcap_linktype: Option<u16>,
     names: HashMap<u32, String>,
@@ -161,6 +348,7 @@ impl Writer {
             file_started: Instant::now(),
             files: 1,
             ifaces: HashMap::new(),
+            last_iface: None,
             pcap_linktype: None,
             names,
             skipped: 0,
@@ -194,6 +382,7 @@ impl Writer {
 
     fn start_file(&mut self) {
         self.ifaces.clear();
+        self.last_iface = None;
         self.pcap_linktype = None;
         self.file_started = Instant::now();
         self.file_bytes = 0;
@@ -227,11 +416,19 @@ impl Writer {
     /// The interface id for a packet, writing its description block first if it is new in
     /// this file.
     fn iface(&mut self, ifindex: Option<u32>, linktype: u16) -> u32 {
-        if let Some(&id) = self.ifaces.get(&(ifindex, linktype)) {
+        let key = (ifindex, linktype);
+        if let Some((k, id)) = self.last_iface {
+            if k == key {
+                return id;
+            }
+        }
+        if let Some(&id) = self.ifaces.get(&key) {
+            self.last_iface = Some((key, id));
             return id;
         }
         let id = self.ifaces.len() as u32;
-        self.ifaces.insert((ifindex, linktype), id);
+        self.ifaces.insert(key, id);
+        self.last_iface = Some((key, id));
         let name = self.iface_name(ifindex);
         let start = self.buf.len();
         self.buf.extend_from_slice(&1u32.to_le_bytes());
@@ -248,90 +445,43 @@ impl Writer {
         id
     }
 
-    /// Appends one packet (rotating first when the current file is full or old enough).
-    pub fn write(&mut self, r: &Record<'_>) -> io::Result<()> {
-        self.rotate_if_due()?;
-        let start = self.buf.len();
-        match self.format {
-            Format::Pcapng => {
-                let id = self.iface(r.ifindex, r.linktype);
-                let start = self.buf.len();
-                let us = r.ts.0.saturating_mul(1_000_000).saturating_add(r.ts.1);
-                self.buf.extend_from_slice(&6u32.to_le_bytes());
-                self.buf.extend_from_slice(&[0; 4]);
-                self.buf.extend_from_slice(&id.to_le_bytes());
-                self.buf
-                    .extend_from_slice(&((us >> 32) as u32).to_le_bytes());
-                self.buf.extend_from_slice(&(us as u32).to_le_bytes());
-                self.buf
-                    .extend_from_slice(&(r.data.len() as u32).to_le_bytes());
-                self.buf.extend_from_slice(&r.orig_len.to_le_bytes());
-                self.buf.extend_from_slice(r.data);
-                self.buf
-                    .resize(self.buf.len() + pad4(r.data.len()) - r.data.len(), 0);
-                let mut opts = false;
-                if let Some(c) = r.comment.filter(|c| !c.is_empty()) {
-                    opt(&mut self.buf, 1, &c[..c.len().min(65_000)]);
-                    opts = true;
-                }
-                if r.direction != 0 {
-                    opt(&mut self.buf, 2, &r.direction.to_le_bytes());
-                    opts = true;
-                }
-                end_block(&mut self.buf, start, opts);
-            }
-            Format::Pcap => {
-                match self.pcap_linktype {
-                    None => {
-                        self.pcap_linktype = Some(r.linktype);
-                        self.buf.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
-                        self.buf.extend_from_slice(&2u16.to_le_bytes());
-                        self.buf.extend_from_slice(&4u16.to_le_bytes());
-                        self.buf.extend_from_slice(&0i32.to_le_bytes());
-                        self.buf.extend_from_slice(&0u32.to_le_bytes());
-                        self.buf.extend_from_slice(&self.snaplen.to_le_bytes());
-                        self.buf
-                            .extend_from_slice(&u32::from(r.linktype).to_le_bytes());
-                    }
-                    Some(l) if l != r.linktype => {
-                        // Classic pcap has one link type per file.
-                        self.skipped += 1;
-                        return Ok(());
-                    }
-                    Some(_) => {}
-                }
-                self.buf.extend_from_slice(&(r.ts.0 as u32).to_le_bytes());
-                self.buf.extend_from_slice(&(r.ts.1 as u32).to_le_bytes());
-                self.buf
-                    .extend_from_slice(&(r.data.len() as u32).to_le_bytes());
-                self.buf.extend_from_slice(&r.orig_len.to_le_bytes());
-                self.buf.extend_from_slice(r.data);
-            }
+    /// Starts a receive batch: packets written to it may reference bytes that live until
+    /// [`Batch::finish`] (their frames), which writes them.
+    pub fn batch<'a>(&mut self) -> Batch<'_, 'a> {
+        // Everything already buffered (headers, small packets of earlier batches) goes out
+        // first: the first run of buffer bytes starts at 0.
+        Batch {
+            w: self,
+            parts: Vec::new(),
+            run: 0,
         }
-        self.file_bytes += (self.buf.len() - start) as u64;
-        self.file_packets += 1;
-        self.packets += 1;
-        if self.buf.len() >= BUF {
-            self.flush()?;
-        }
-        Ok(())
     }
 
-    fn rotate_if_due(&mut self) -> io::Result<()> {
+    /// Writes one packet on its own (a batch of one).
+    #[cfg(test)]
+    pub fn write(&mut self, r: &Record<'_>) -> io::Result<()> {
+        let mut b = self.batch();
+        b.write(r)?;
+        b.finish()
+    }
+
+    /// Whether the current file is full (`-C`) or old enough (`-G`) and has a packet.
+    fn rotation_due(&self) -> bool {
+        if self.base.is_none() || self.file_packets == 0 {
+            return false;
+        }
+        self.rotation.size.is_some_and(|s| self.file_bytes >= s)
+            || self
+                .rotation
+                .every
+                .is_some_and(|d| self.file_started.elapsed() >= d)
+    }
+
+    /// Writes what is buffered and starts the next file.
+    fn rotate(&mut self) -> io::Result<()> {
         let Some(base) = self.base.clone() else {
             return Ok(());
         };
-        let by_size = self
-            .rotation
-            .size
-            .is_some_and(|s| self.file_bytes >= s && self.file_packets > 0);
-        let by_time = self
-            .rotation
-            .every
-            .is_some_and(|d| self.file_started.elapsed() >= d);
-        if !(by_size || by_time) {
-            return Ok(());
-        }
         self.flush()?;
         let next = Self::file_name(&base, self.files);
         self.sink = Sink::File(File::create(&next)?);
@@ -345,7 +495,10 @@ impl Writer {
         if self.buf.is_empty() {
             return Ok(());
         }
-        self.sink.write_all(&self.buf)?;
+        let buf = std::mem::take(&mut self.buf);
+        let r = self.sink.write_all_vectored(&[&buf]);
+        self.buf = buf;
+        r?;
         self.writes += 1;
         self.bytes += self.buf.len() as u64;
         self.buf.clear();
@@ -354,8 +507,8 @@ impl Writer {
 
     /// Rotates by time even when no packet comes (called when idle).
     pub fn tick(&mut self) -> io::Result<()> {
-        if self.rotation.every.is_some() && self.file_packets > 0 {
-            self.rotate_if_due()?;
+        if self.rotation.every.is_some() && self.rotation_due() {
+            self.rotate()?;
         }
         Ok(())
     }
@@ -448,6 +601,7 @@ mod tests {
                 ts: (1_700_000_000 + i as u64, 5),
                 ifindex: *ifindex,
                 linktype: LINKTYPE_RAW,
+                l2: &[],
                 data,
                 orig_len: data.len() as u32 + 10,
                 comment: *comment,
@@ -486,18 +640,26 @@ mod tests {
             HashMap::from([(1, "lo".to_string())]),
         )
         .unwrap();
-        for i in 0..30u8 {
-            w.write(&Record {
+        // One batch: short packets copied, long ones (300 bytes) written from where they lie,
+        // rotating in the middle of the batch.
+        let pkts: Vec<Vec<u8>> = (0..30u8)
+            .map(|i| vec![i; if i % 2 == 0 { 100 } else { 300 }])
+            .collect();
+        let mut b = w.batch();
+        for p in &pkts {
+            b.write(&Record {
                 ts: (1, 0),
                 ifindex: Some(1),
                 linktype: LINKTYPE_RAW,
-                data: &[i; 100],
-                orig_len: 100,
-                comment: None,
-                direction: 0,
+                l2: &[],
+                data: p,
+                orig_len: p.len() as u32,
+                comment: Some(b"c"),
+                direction: 1,
             })
             .unwrap();
         }
+        b.finish().unwrap();
         w.flush().unwrap();
         assert!(w.files() >= 3, "{} files", w.files());
         let mut all = Vec::new();
@@ -536,6 +698,7 @@ mod tests {
                 ts: (7, 8),
                 ifindex: None,
                 linktype: lt,
+                l2: &[],
                 data: &[0x45, 0, 0, 4],
                 orig_len: 4,
                 comment: Some(b"ignored"),

@@ -86,6 +86,8 @@ struct Names {
     rs: Option<RouteSocket>,
     map: HashMap<u32, String>,
     tried: std::collections::HashSet<u32>,
+    /// The index last asked about (packets mostly come from one interface: no hashing).
+    last: Option<u32>,
 }
 
 impl Names {
@@ -99,11 +101,16 @@ impl Names {
             rs,
             map,
             tried: Default::default(),
+            last: None,
         }
     }
     /// Whether `i` was new and the table was dumped again (the caller then passes the new
     /// names on).
     fn refresh_for(&mut self, i: u32) -> bool {
+        if self.last == Some(i) {
+            return false;
+        }
+        self.last = Some(i);
         if self.map.contains_key(&i) || !self.tried.insert(i) {
             return false;
         }
@@ -336,12 +343,10 @@ pub fn run(a: NflogArgs) -> Result<()> {
             break None;
         }
         // The receive time of packets without a kernel timestamp (OUTPUT, POSTROUTING): one
-        // clock read per batch, when its first packet is handed over.
-        let mut now = None;
+        // clock read per receive batch, when it is handed over.
         let n = log
-            .process(Some(Duration::from_millis(20)), |p| {
-                let t = *now.get_or_insert_with(now_us);
-                sink.packet(p, t)
+            .process_batch(Some(Duration::from_millis(20)), |items| {
+                sink.batch(items, now_us())
             })
             .context("receiving")?;
         sink.after_batch(n == 0)?;
@@ -365,7 +370,9 @@ pub fn run(a: NflogArgs) -> Result<()> {
     let path = log.path();
     // The kernel's partial batch, then everything still queued.
     let now = now_us();
-    let st = log.close(Duration::from_millis(25), |p| sink.packet(p, now))?;
+    let st = log.close(Duration::from_millis(25), |p| {
+        sink.batch(&mut std::iter::once(p.clone()), now)
+    })?;
     sink.after_batch(true)?;
     if let Out::Capture(w) = &sink.out {
         sink.skipped += w.skipped;
@@ -427,54 +434,69 @@ impl Sink {
         self.limit.is_some_and(|c| self.written + self.skipped >= c)
     }
 
-    fn packet(&mut self, p: &LogPacket<'_>, now: (u64, u64)) {
-        if self.io_err.is_some() || self.full() {
+    /// One receive batch: every packet in it, written with one `writev` (capture files) or
+    /// as text lines. `now` is the receive time of packets without a kernel timestamp.
+    fn batch<'d>(&mut self, items: &mut dyn Iterator<Item = LogPacket<'d>>, now: (u64, u64)) {
+        if self.io_err.is_some() {
             return;
         }
-        let ts = p.timestamp.unwrap_or(now);
-        let (ifindex, direction) = iface_dir(p);
         match &mut self.out {
             Out::Capture(w) => {
-                if let Some(i) = ifindex {
-                    if self.names.refresh_for(i) {
-                        w.set_names(self.names.map.clone());
+                let mut b = w.batch();
+                for p in items {
+                    if self.limit.is_some_and(|c| self.written + self.skipped >= c) {
+                        break;
                     }
+                    let (ifindex, direction) = iface_dir(&p);
+                    if let Some(i) = ifindex {
+                        if self.names.refresh_for(i) {
+                            b.set_names(self.names.map.clone());
+                        }
+                    }
+                    let payload = p.payload.unwrap_or(&[]);
+                    let (linktype, l2): (u16, &[u8]) = match p.hw_protocol {
+                        0x0800 | 0x86dd => (LINKTYPE_RAW, &[]),
+                        _ => match p.l2hdr.or(p.hwheader) {
+                            Some(h) if h.len() == 14 => (LINKTYPE_ETHERNET, h),
+                            _ => {
+                                self.skipped += 1;
+                                continue;
+                            }
+                        },
+                    };
+                    let orig_len =
+                        ip_len(payload).unwrap_or(0).max(payload.len() as u32) + l2.len() as u32;
+                    if let Err(e) = b.write(&Record {
+                        ts: p.timestamp.unwrap_or(now),
+                        ifindex,
+                        linktype,
+                        l2,
+                        data: payload,
+                        orig_len,
+                        comment: p.prefix,
+                        direction,
+                    }) {
+                        self.io_err = Some(e);
+                        return;
+                    }
+                    self.written += 1;
                 }
-                let payload = p.payload.unwrap_or(&[]);
-                let owned;
-                let (linktype, data) = match p.hw_protocol {
-                    0x0800 | 0x86dd => (LINKTYPE_RAW, payload),
-                    _ => match p.l2hdr.or(p.hwheader) {
-                        Some(h) if h.len() == 14 => {
-                            owned = [h, payload].concat();
-                            (LINKTYPE_ETHERNET, &owned[..])
-                        }
-                        _ => {
-                            self.skipped += 1;
-                            return;
-                        }
-                    },
-                };
-                let orig_len = ip_len(payload).unwrap_or(0).max(data.len() as u32);
-                match w.write(&Record {
-                    ts,
-                    ifindex,
-                    linktype,
-                    data,
-                    orig_len,
-                    comment: p.prefix,
-                    direction,
-                }) {
-                    Ok(()) => self.written += 1,
-                    Err(e) => self.io_err = Some(e),
+                if let Err(e) = b.finish() {
+                    self.io_err = Some(e);
                 }
             }
             Out::Text(_, line) => {
-                if let Some(i) = ifindex {
-                    self.names.refresh_for(i);
+                for p in items {
+                    if self.limit.is_some_and(|c| self.written >= c) {
+                        break;
+                    }
+                    let (ifindex, _) = iface_dir(&p);
+                    if let Some(i) = ifindex {
+                        self.names.refresh_for(i);
+                    }
+                    text_line(line, &p, &self.names.map, p.timestamp.unwrap_or(now));
+                    self.written += 1;
                 }
-                text_line(line, p, &self.names.map, ts);
-                self.written += 1;
             }
         }
     }

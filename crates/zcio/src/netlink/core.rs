@@ -51,6 +51,9 @@ pub(crate) struct SockSpec<'a> {
     pub(crate) spill: usize,
     /// Fill with io_uring, if the largest datagram fits a frame.
     pub(crate) uring: Option<UringNeed>,
+    /// io_uring mode: gather up to this many datagrams per wait, holding the first back at
+    /// most this long (`IORING_FEAT_MIN_TIMEOUT`, 6.12; a refusal is a recorded fallback).
+    pub(crate) batch_wait: Option<(usize, Duration)>,
 }
 
 /// What the io_uring producer needs: frames holding the largest datagram the kernel may send
@@ -149,7 +152,17 @@ impl NlSocket {
             drops_at_open,
         };
         if let Some(need) = &spec.uring {
-            s.enable_uring(need, fallbacks);
+            if s.enable_uring(need, fallbacks) {
+                if let Some((n, min_wait)) = spec.batch_wait.filter(|b| b.0 > 1 && !b.1.is_zero()) {
+                    if let Err(reason) = s.ring.set_batch_wait(n, min_wait) {
+                        fallbacks.push(Fallback::new(
+                            Path::setting("batched waits (min-wait)"),
+                            Path::setting("return on the first completion"),
+                            reason,
+                        ));
+                    }
+                }
+            }
         }
         Ok(s)
     }
@@ -366,6 +379,64 @@ pub(crate) struct Stream<F: Family> {
     tally: F::Tally,
     stats: StreamStats,
     budget: usize,
+    /// The frames of the batch being handed over (kept to reuse its allocation).
+    batch_ids: Vec<FrameId>,
+}
+
+/// The items of one receive batch, parsed as they are taken; counters and the family's tally
+/// are updated on the way.
+struct Items<'d, 's, F: Family> {
+    datas: std::slice::Iter<'s, &'d [u8]>,
+    msgs: Option<super::msg::Messages<'d>>,
+    stats: &'s mut StreamStats,
+    tally: &'s mut F::Tally,
+    count: usize,
+}
+
+impl<'d, F: Family> Iterator for Items<'d, '_, F> {
+    type Item = F::Item<'d>;
+
+    fn next(&mut self) -> Option<F::Item<'d>> {
+        loop {
+            let Some(msgs) = &mut self.msgs else {
+                self.msgs = Some(messages(self.datas.next()?));
+                continue;
+            };
+            let m = match msgs.next() {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    // The framing broke: nothing after this point can be found.
+                    self.stats.parse_errors += 1;
+                    tracing::warn!(error = %e, "malformed netlink datagram");
+                    self.msgs = None;
+                    continue;
+                }
+                None => {
+                    self.msgs = None;
+                    continue;
+                }
+            };
+            if m.ty == nl::NLMSG_ERROR {
+                if m.error_code().is_ok_and(|c| c != 0) {
+                    self.stats.kernel_errors += 1;
+                }
+                continue;
+            }
+            match F::parse(&m) {
+                Ok(Some(item)) => {
+                    F::tally(self.tally, &item);
+                    self.stats.items += 1;
+                    self.count += 1;
+                    return Some(item);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    self.stats.parse_errors += 1;
+                    tracing::warn!(error = %e, ty = m.ty, "malformed netlink message");
+                }
+            }
+        }
+    }
 }
 
 impl<F: Family> Stream<F> {
@@ -377,6 +448,7 @@ impl<F: Family> Stream<F> {
             tally: F::Tally::default(),
             stats: StreamStats::default(),
             budget: budget.max(1),
+            batch_ids: Vec::with_capacity(MAX_BATCH),
         }
     }
 
@@ -406,6 +478,26 @@ impl<F: Family> Stream<F> {
     where
         G: for<'a> FnMut(&F::Item<'a>),
     {
+        self.process_batches(wait, &mut |items: &mut dyn Iterator<Item = F::Item<'_>>| {
+            for item in items {
+                f(&item);
+            }
+        })
+    }
+
+    /// As [`Stream::process`], but hands over one receive batch at a time: `g` gets an
+    /// iterator over the items of every datagram one fill received, and all of them stay valid
+    /// (their frames are not released) until `g` returns — so a writer can gather payloads from
+    /// many frames into one `writev` without copying them. Items `g` leaves untaken are parsed
+    /// and counted all the same (sequence accounting stays exact).
+    pub(crate) fn process_batches<G>(
+        &mut self,
+        wait: Duration,
+        g: &mut G,
+    ) -> Result<usize, FrameError>
+    where
+        G: for<'d> FnMut(&mut dyn Iterator<Item = F::Item<'d>>),
+    {
         let mut wait = wait;
         let mut total = 0usize;
         // An overrun takes one receive (the error), the data behind it is still queued: look
@@ -418,42 +510,32 @@ impl<F: Family> Stream<F> {
             }
             let asked = left.min(MAX_BATCH);
             let fill = self.sock.fill(asked, std::mem::take(&mut wait))?;
-            let (stats, tally) = (&mut self.stats, &mut self.tally);
-            let frames = self.sock.for_each_ready(|_, data| {
-                stats.datagrams += 1;
-                stats.bytes += data.len() as u64;
-                for m in messages(data) {
-                    let m = match m {
-                        Ok(m) => m,
-                        Err(e) => {
-                            // The framing broke: nothing after this point can be found.
-                            stats.parse_errors += 1;
-                            tracing::warn!(error = %e, "malformed netlink datagram");
-                            break;
-                        }
-                    };
-                    if m.ty == nl::NLMSG_ERROR {
-                        if m.error_code().is_ok_and(|c| c != 0) {
-                            stats.kernel_errors += 1;
-                        }
-                        continue;
-                    }
-                    match F::parse(&m) {
-                        Ok(Some(item)) => {
-                            F::tally(tally, &item);
-                            stats.items += 1;
-                            total += 1;
-                            f(&item);
-                        }
-                        Ok(None) => {}
-                        Err(e) => {
-                            stats.parse_errors += 1;
-                            tracing::warn!(error = %e, ty = m.ty, "malformed netlink message");
-                        }
-                    }
+            let mut ids = std::mem::take(&mut self.batch_ids);
+            while let Some(id) = self.sock.pop_ready() {
+                ids.push(id);
+            }
+            let frames = ids.len();
+            if frames > 0 {
+                let datas: Vec<&[u8]> = ids.iter().map(|&id| self.sock.data(id)).collect();
+                for d in &datas {
+                    self.stats.datagrams += 1;
+                    self.stats.bytes += d.len() as u64;
                 }
-                Fate::Release
-            });
+                let mut items = Items::<F> {
+                    datas: datas.iter(),
+                    msgs: None,
+                    stats: &mut self.stats,
+                    tally: &mut self.tally,
+                    count: 0,
+                };
+                g(&mut items);
+                for _ in items.by_ref() {}
+                total += items.count;
+            }
+            for id in ids.drain(..) {
+                self.sock.finish(id, Fate::Release);
+            }
+            self.batch_ids = ids;
             if fill.overrun && overruns < 4 {
                 overruns += 1;
                 continue;

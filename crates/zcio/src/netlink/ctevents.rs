@@ -79,6 +79,13 @@ pub struct CtEventsConfig {
     pub uring: bool,
     /// Most events one [`CtEvents::process`] call handles.
     pub budget: usize,
+    /// io_uring mode: events (one datagram each) to gather per wait, holding the first back
+    /// at most [`CtEventsConfig::min_wait`]; 1 returns on the first (Linux 6.12; older kernels
+    /// return on the first, recorded as a fallback). The kernel sends every event on its own,
+    /// so this is the batching that makes a receive move many.
+    pub batch: usize,
+    /// How long a wait may hold its first event back to gather [`CtEventsConfig::batch`].
+    pub min_wait: Duration,
 }
 
 impl Default for CtEventsConfig {
@@ -93,6 +100,8 @@ impl Default for CtEventsConfig {
             frames: 256,
             uring: true,
             budget: 1024,
+            batch: 64,
+            min_wait: Duration::from_millis(1),
         }
     }
 }
@@ -206,6 +215,7 @@ impl CtEvents {
                 datagram: frame_size - crate::buf::frames::FRAME_HDR_LEN,
                 what: "a conntrack event",
             }),
+            batch_wait: Some((cfg.batch, cfg.min_wait)),
         };
         let sock = NlSocket::open(&spec, &mut fallbacks).map_err(sock_err)?;
         Ok(Self {

@@ -438,6 +438,8 @@ impl QueueSock {
                 datagram,
                 what: "the copy range",
             }),
+            // A verdict is owed per packet: no wait may hold one back.
+            batch_wait: None,
         };
         let sock = NlSocket::open(&spec, fallbacks).map_err(|e| NfqError::Socket {
             what: e.what.to_string(),

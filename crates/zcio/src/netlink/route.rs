@@ -109,6 +109,7 @@ impl RouteSocket {
             frames,
             spill: 64 << 10,
             uring: None,
+            batch_wait: None,
         };
         let sock = NlSocket::open(&spec, &mut fallbacks).map_err(|e| DumpError::Io {
             what: e.what,
