@@ -60,7 +60,9 @@ pub struct LogPacket<'a> {
     /// Link-layer header (`NFULA_HWHEADER`).
     pub hwheader: Option<&'a [u8]>,
     /// When the packet was received, (seconds, microseconds) since the epoch; the kernel sends
-    /// it on PREROUTING, INPUT and FORWARD only.
+    /// it on PREROUTING, INPUT and FORWARD only — always since Linux 6.6, before that only for
+    /// packets something had asked to timestamp (a socket with `SO_TIMESTAMP`, a packet
+    /// capture).
     pub timestamp: Option<(u64, u64)>,
     /// UID of the local socket that sent or receives it.
     pub uid: Option<u32>,
