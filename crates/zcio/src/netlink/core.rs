@@ -340,7 +340,7 @@ pub(crate) trait Family {
     fn tally(t: &mut Self::Tally, item: &Self::Item<'_>);
 }
 
-/// Counters of a [`Stream`].
+/// Counters of a read-only netlink stream (`NfLogStats::stream`, `CtStats::stream`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StreamStats {
     /// Items handed to the caller (logged packets, conntrack events).
