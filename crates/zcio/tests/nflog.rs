@@ -179,6 +179,17 @@ fn every_logged_packet_arrives_with(test: &str, group: u16, uring: bool) {
             NetlinkPath::FrameRingRecvmmsg
         };
         assert_eq!(log.path(), want, "fallbacks: {:?}", log.fallbacks());
+        if uring {
+            // Batched waits need IORING_FEAT_MIN_TIMEOUT (6.12); before, a recorded fallback.
+            let fb = format!("{:?}", log.fallbacks());
+            if kernel_at_least(6, 12) {
+                assert!(log.fallbacks().is_empty(), "{fb}");
+            } else {
+                assert_eq!(log.fallbacks().len(), 1, "{fb}");
+                assert!(fb.contains("MIN_TIMEOUT"), "{fb}");
+            }
+            println!("path {want}, fallbacks {fb}");
+        }
         let udp = Udp::new(9100);
         let total = 3000u32;
         let always_stamped = kernel_at_least(6, 6);
