@@ -504,14 +504,6 @@ impl Writer {
         self.buf.clear();
         Ok(())
     }
-
-    /// Rotates by time even when no packet comes (called when idle).
-    pub fn tick(&mut self) -> io::Result<()> {
-        if self.rotation.every.is_some() && self.rotation_due() {
-            self.rotate()?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

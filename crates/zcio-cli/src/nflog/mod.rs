@@ -501,16 +501,17 @@ impl Sink {
         }
     }
 
-    /// After a receive batch: writes text lines; when `idle`, flushes and rotates by time.
+    /// After a receive batch: writes text lines; when `idle`, flushes.
     fn after_batch(&mut self, idle: bool) -> Result<()> {
         if let Some(e) = self.io_err.take() {
             return Err(e).context("writing packets");
         }
         match &mut self.out {
             Out::Capture(w) => {
+                // Rotation happens only as a packet arrives (as tcpdump's -G): a file is
+                // never opened that no packet goes into.
                 if idle {
                     w.flush().context("writing packets")?;
-                    w.tick().context("rotating")?;
                 }
             }
             Out::Text(o, line) => {
