@@ -102,6 +102,7 @@ impl<'a> Batch<'_, 'a> {
             self.w.rotate()?;
             self.run = 0;
         }
+        let r = &r.cut(self.w.snaplen);
         let w = &mut *self.w;
         let start = w.buf.len();
         let ext = r.data.len() >= REFERENCE_FROM;
@@ -256,6 +257,18 @@ pub struct Record<'a> {
     pub comment: Option<&'a [u8]>,
     /// pcapng `epb_flags` direction: 1 inbound, 2 outbound, 0 unknown.
     pub direction: u32,
+}
+
+impl<'a> Record<'a> {
+    /// The record cut to `snaplen` bytes (link-layer header first). The kernel cuts packets to
+    /// the copy range already, but a packet logged while the group was being bound can carry
+    /// the kernel's default range (the whole packet), and the file's header promises `snaplen`.
+    fn cut(&self, snaplen: u32) -> Record<'a> {
+        let snap = snaplen as usize;
+        let l2 = &self.l2[..self.l2.len().min(snap)];
+        let data = &self.data[..self.data.len().min(snap - l2.len())];
+        Record { l2, data, ..*self }
+    }
 }
 
 /// A rotating capture writer.
@@ -704,6 +717,60 @@ mod tests {
         assert_eq!(b.len(), 24 + 2 * (16 + 4));
         assert_eq!(u32::from_le_bytes(b[20..24].try_into().unwrap()), 101);
         assert_eq!(u32::from_le_bytes(b[16..20].try_into().unwrap()), 128);
+    }
+
+    #[test]
+    fn records_are_cut_to_the_snap_length_the_header_states() {
+        let dir = zcio_testnet::tempdir::TempDir::new("snap").unwrap();
+        let eth = [0xaa; 14];
+        let long = [0x45; 600];
+        for format in [Format::Pcapng, Format::Pcap] {
+            let path = dir.join(format!("{format:?}"));
+            let mut w =
+                Writer::new(format, Some(&path), 64, Rotation::default(), HashMap::new()).unwrap();
+            // A short one, one past the snap length in its payload (written from the frame
+            // when whole), one whose link-layer header counts against it.
+            for (linktype, l2, data) in [
+                (LINKTYPE_RAW, &[][..], &long[..20]),
+                (LINKTYPE_RAW, &[][..], &long[..]),
+                (LINKTYPE_ETHERNET, &eth[..], &long[..]),
+            ] {
+                w.write(&Record {
+                    ts: (1, 2),
+                    ifindex: Some(1),
+                    linktype,
+                    l2,
+                    data,
+                    orig_len: (l2.len() + data.len()) as u32,
+                    comment: None,
+                    direction: 0,
+                })
+                .unwrap();
+            }
+            w.flush().unwrap();
+            let b = std::fs::read(&path).unwrap();
+            let caps: Vec<usize> = match format {
+                Format::Pcapng => read_pcapng(&b).into_iter().map(|p| p.1.len()).collect(),
+                Format::Pcap => {
+                    // Classic pcap keeps one link type: the Ethernet record is skipped.
+                    let mut o = 24;
+                    let mut v = Vec::new();
+                    while o < b.len() {
+                        let cap = u32::from_le_bytes(b[o + 8..o + 12].try_into().unwrap());
+                        let orig = u32::from_le_bytes(b[o + 12..o + 16].try_into().unwrap());
+                        assert!(orig == 20 || orig == 600, "original length kept: {orig}");
+                        v.push(cap as usize);
+                        o += 16 + cap as usize;
+                    }
+                    v
+                }
+            };
+            let want: &[usize] = match format {
+                Format::Pcapng => &[20, 64, 64],
+                Format::Pcap => &[20, 64],
+            };
+            assert_eq!(caps, want, "{format:?}");
+        }
     }
 
     #[test]

@@ -680,21 +680,16 @@ impl NfLog {
             CopyMode::Meta => (NFULNL_COPY_META, 0),
             CopyMode::Packet(r) => (NFULNL_COPY_PACKET, r),
         };
+        // One message per group: BIND and the settings. nfulnl_recv_config checks the flags
+        // first (EAGAIN / EOPNOTSUPP for CONNTRACK), then creates the instance and applies the
+        // settings in the same call, so a failure leaves nothing bound, and packets logged
+        // after the bind see the settings — not the kernel's defaults (the whole packet, a
+        // 1 s timeout), as they could between two requests.
         for &g in &me.cfg.groups.clone() {
             me.request(
                 LogConfigMsg {
                     group: g,
                     cmd: Some(NFULNL_CFG_CMD_BIND),
-                    ..Default::default()
-                },
-                format!("group {g}"),
-                "BIND",
-                "; EBUSY: another socket is bound to this group; EPERM: needs CAP_NET_ADMIN",
-            )?;
-            me.bound = true;
-            me.request(
-                LogConfigMsg {
-                    group: g,
                     mode: Some(mode),
                     nlbufsiz: me.cfg.nlbufsiz,
                     timeout: me.cfg.timeout,
@@ -703,9 +698,11 @@ impl NfLog {
                     ..Default::default()
                 },
                 format!("group {g}"),
-                "MODE/NLBUFSIZ/TIMEOUT/QTHRESH/FLAGS",
-                "; EOPNOTSUPP: the CONNTRACK flag needs nf_conntrack_netlink",
+                "BIND with MODE/NLBUFSIZ/TIMEOUT/QTHRESH/FLAGS",
+                "; EBUSY: another socket is bound to this group; EPERM: needs CAP_NET_ADMIN; \
+                 EOPNOTSUPP: the CONNTRACK flag needs nf_conntrack_netlink",
             )?;
+            me.bound = true;
         }
         Ok(me)
     }
