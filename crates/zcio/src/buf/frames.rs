@@ -49,6 +49,9 @@ assert_layout!(
     seq = 12
 );
 
+/// Frame rings larger than this are mapped without `MAP_POPULATE` (see [`FrameRing::new`]).
+pub const LAZY_ABOVE: usize = 4 << 20;
+
 /// Bytes of [`FrameHdr`] at the start of each frame.
 pub const FRAME_HDR_LEN: usize = std::mem::size_of::<FrameHdr>();
 
@@ -185,7 +188,15 @@ impl FrameRing {
         let len = stride
             .checked_mul(count as usize)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "frame ring too large"))?;
-        let region = Arc::new(Region::new(len, false)?);
+        // A small ring is faulted in up front (no page fault on the hot path); a large one
+        // (frames sized for a worst-case datagram, as NFLOG's with a 64 KiB copy range) gets
+        // its pages as the kernel first writes into them: frames are reused most recently
+        // released first, so the few in rotation are backed and the rest stay untouched.
+        let region = Arc::new(if len <= LAZY_ABOVE {
+            Region::new(len, false)?
+        } else {
+            Region::new_lazy(len)?
+        });
         Ok(Self {
             region,
             frame_size,

@@ -3,6 +3,7 @@
 mod event;
 mod fileserver;
 mod loopback;
+mod netlink;
 mod nfq;
 mod notify;
 mod rx;
@@ -21,6 +22,7 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(event::EventSuite),
         Box::new(fileserver::FileServerSuite),
         Box::new(nfq::Nfq),
+        Box::new(netlink::NetlinkSuite),
         Box::new(shim::Shim),
     ]
 }
