@@ -20,10 +20,11 @@ pub mod route;
 mod source;
 pub mod tracker;
 
+pub use crate::buf::frames::FramePin;
 pub use nfqmsg::{CopyMode, Packet, Verdict};
 pub use queue::{
     kernel_queue_stats, Decision, KernelQueueStats, NfQueue, NfQueueConfig, NfqError, NfqStats,
-    PacketRef,
+    PacketInfo, PacketRef, Received,
 };
 pub use source::{FrameError, FrameStats};
 

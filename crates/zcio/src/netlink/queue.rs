@@ -16,7 +16,7 @@ use super::msg::{messages, EmitError, ParseError};
 use super::nfqmsg::{self, AnyMsg, ConfigMsg, CopyMode, Packet, Verdict};
 use super::source::{FrameError, FrameSource, FrameStats, MAX_BATCH};
 use super::tracker::{Built, Decided, SendId, State, Tracker};
-use crate::buf::frames::{FrameId, FrameRing};
+use crate::buf::frames::{FrameId, FramePin, FrameRing};
 use crate::netlink::NetlinkPath;
 use crate::stats::{Counters, Fallback, Path, Report};
 use crate::sys::netlink as nl;
@@ -228,6 +228,81 @@ pub struct PacketRef {
     pub queue: u16,
     /// Packet id.
     pub id: u32,
+}
+
+/// A packet handed over by [`NfQueue::receive`]: held until the caller's
+/// [`NfQueue::verdict`], with its payload pinned in its frame.
+#[derive(Debug)]
+pub struct Received {
+    /// The packet, for [`NfQueue::verdict`].
+    pub packet: PacketRef,
+    /// Its metadata.
+    pub info: PacketInfo,
+    /// Its payload (`NFQA_PAYLOAD`, from the network header on, up to the copy range), in
+    /// the frame it arrived in; `None` in `CopyMode::Meta` or for a packet without one.
+    pub payload: Option<FramePin>,
+}
+
+/// A queued packet's metadata, owned (the fields of [`Packet`] but the payload).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PacketInfo {
+    /// Address family of the hook (`AF_INET` = 2, `AF_INET6` = 10).
+    pub family: u8,
+    /// Ethertype (host order).
+    pub hw_protocol: u16,
+    /// Netfilter hook number.
+    pub hook: u8,
+    /// `NFQA_MARK`.
+    pub mark: Option<u32>,
+    /// `NFQA_IFINDEX_INDEV`.
+    pub indev: Option<u32>,
+    /// `NFQA_IFINDEX_OUTDEV`.
+    pub outdev: Option<u32>,
+    /// `NFQA_IFINDEX_PHYSINDEV`.
+    pub physindev: Option<u32>,
+    /// `NFQA_IFINDEX_PHYSOUTDEV`.
+    pub physoutdev: Option<u32>,
+    /// `NFQA_HWADDR`: the address (up to 8 bytes, zero-padded) and its length.
+    pub hwaddr: Option<([u8; 8], u8)>,
+    /// `NFQA_TIMESTAMP` (sec, usec).
+    pub timestamp: Option<(u64, u64)>,
+    /// `NFQA_CAP_LEN`: the full length when the payload was cut to the copy range.
+    pub cap_len: Option<u32>,
+    /// `NFQA_SKB_INFO` flags.
+    pub skb_info: Option<u32>,
+    /// `NFQA_UID`.
+    pub uid: Option<u32>,
+    /// `NFQA_GID`.
+    pub gid: Option<u32>,
+    /// `NFQA_CT_INFO`.
+    pub ct_info: Option<u32>,
+}
+
+impl From<&Packet<'_>> for PacketInfo {
+    fn from(p: &Packet<'_>) -> Self {
+        Self {
+            family: p.family,
+            hw_protocol: p.hw_protocol,
+            hook: p.hook,
+            mark: p.mark,
+            indev: p.indev,
+            outdev: p.outdev,
+            physindev: p.physindev,
+            physoutdev: p.physoutdev,
+            hwaddr: p.hwaddr.map(|h| {
+                let mut a = [0u8; 8];
+                let n = h.len().min(8);
+                a[..n].copy_from_slice(&h[..n]);
+                (a, n as u8)
+            }),
+            timestamp: p.timestamp,
+            cap_len: p.cap_len,
+            skb_info: p.skb_info,
+            uid: p.uid,
+            gid: p.gid,
+            ct_info: p.ct_info,
+        }
+    }
 }
 
 /// Counters of an [`NfQueue`].
@@ -669,7 +744,7 @@ impl QueueSock {
 
     fn decode_frame<F>(&mut self, id: FrameId, ctx: &mut Ctx<'_, F>)
     where
-        F: FnMut(&Packet<'_>) -> Decision,
+        F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
     {
         let n = decode_frame(
             self.ring.frames_mut(),
@@ -696,10 +771,14 @@ fn decode_frame<F>(
     ctx: &mut Ctx<'_, F>,
 ) -> usize
 where
-    F: FnMut(&Packet<'_>) -> Decision,
+    F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
 {
     let mut held = 0u16;
     let mut tracked = 0;
+    let site = PinSite {
+        ring: &*ring,
+        frame: id,
+    };
     let data = ring.data(id);
     for m in messages(data) {
         let m = match m {
@@ -716,7 +795,7 @@ where
             Ok(AnyMsg::Packet(p)) => {
                 ctx.stats.received += 1;
                 *ctx.total += 1;
-                let d = match (ctx.f)(&p) {
+                let d = match (ctx.f)(&p, &site) {
                     Decision::Hold => None,
                     Decision::Mangle(..) if mangle_dropped_by_kernel(&p) => {
                         ctx.stats.refused += 1;
@@ -765,6 +844,20 @@ where
         ring.release(id);
     }
     tracked
+}
+
+/// Where a packet handed to the decoding closure lives: its frame, whose bytes a
+/// [`FramePin`] can keep past the packet's verdict.
+pub(crate) struct PinSite<'a> {
+    ring: &'a FrameRing,
+    frame: FrameId,
+}
+
+impl PinSite<'_> {
+    /// Pins `bytes` (part of the packet being decided, e.g. its payload).
+    pub(crate) fn pin(&self, bytes: &[u8]) -> Option<FramePin> {
+        self.ring.pin(self.frame, bytes)
+    }
 }
 
 /// What decoding needs besides the socket: the caller's closure and the counters.
@@ -908,19 +1001,65 @@ impl NfQueue {
     where
         F: FnMut(&Packet<'_>) -> Decision,
     {
+        let budget = self.cfg.budget;
+        self.process_with(timeout, budget, &mut |p: &Packet<'_>, _: &PinSite<'_>| f(p))
+    }
+
+    /// Receives up to about `max` packets (waiting up to `timeout` when none is ready) and
+    /// appends them to `out`, each **held**: its verdict is the caller's, given later with
+    /// [`NfQueue::verdict`] (and sent by [`NfQueue::flush`] or the next receive, in batches as
+    /// ever), and its payload is pinned in its frame ([`FramePin`]) — no copy. A pin outlives
+    /// the verdict if the caller keeps it: the frame returns to the ring only when the packet
+    /// is decided *and* its pin dropped, so pinned bytes never change. Returns the number of
+    /// packets appended. Packets whose message cannot be parsed get
+    /// [`NfQueueConfig::on_error`] and are not appended. Held packets count against the frame
+    /// ring: with every frame held the receive fails ([`FrameError::AllHeld`]).
+    ///
+    /// `max` bounds the work as [`NfQueueConfig::budget`] does for `process` (an io_uring
+    /// fill may pass it by up to one receive window).
+    pub fn receive(
+        &mut self,
+        timeout: Option<Duration>,
+        max: usize,
+        out: &mut Vec<Received>,
+    ) -> Result<usize, NfqError> {
+        let before = out.len();
+        self.process_with(timeout, max, &mut |p: &Packet<'_>, site: &PinSite<'_>| {
+            out.push(Received {
+                packet: PacketRef {
+                    queue: p.queue,
+                    id: p.id,
+                },
+                info: PacketInfo::from(p),
+                payload: p.payload.and_then(|b| site.pin(b)),
+            });
+            Decision::Hold
+        })?;
+        Ok(out.len() - before)
+    }
+
+    fn process_with<F>(
+        &mut self,
+        timeout: Option<Duration>,
+        budget: usize,
+        f: &mut F,
+    ) -> Result<usize, NfqError>
+    where
+        F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
+    {
         let wait = timeout.unwrap_or(Duration::MAX);
         if self.socks.len() == 1 {
             // One socket: the frame ring waits itself (one io_uring_enter, or poll + recvmmsg).
-            return self.process_ready(&mut f, wait);
+            return self.process_ready(f, wait, budget);
         }
-        let n = self.process_ready(&mut f, Duration::ZERO)?;
+        let n = self.process_ready(f, Duration::ZERO, budget)?;
         if n > 0 || wait.is_zero() {
             return Ok(n);
         }
         let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
         self.stats.recv_syscalls += 1;
         if self.poll(ms)? {
-            return self.process_ready(&mut f, Duration::ZERO);
+            return self.process_ready(f, Duration::ZERO, budget);
         }
         Ok(0)
     }
@@ -935,14 +1074,19 @@ impl NfQueue {
         crate::sys::net::poll_many(&fds, libc::POLLIN, ms).map_err(sock_err("poll"))
     }
 
-    fn process_ready<F>(&mut self, f: &mut F, wait: Duration) -> Result<usize, NfqError>
+    fn process_ready<F>(
+        &mut self,
+        f: &mut F,
+        wait: Duration,
+        budget: usize,
+    ) -> Result<usize, NfqError>
     where
-        F: FnMut(&Packet<'_>) -> Decision,
+        F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
     {
         if self.socks.is_empty() {
             return Err(NfqError::Unbound);
         }
-        let r = self.rounds(f, wait);
+        let r = self.rounds(f, wait, budget);
         // Verdicts queued on the ring usually went out with the last fill's enter; make sure
         // none waits for the next call.
         let mut submit = Ok(());
@@ -970,12 +1114,17 @@ impl NfQueue {
     /// Round-robin over the bound queues, one receive batch per queue per round, until no
     /// queue has data or `cfg.budget` packets were handled; the next call starts one queue
     /// further. Errors name the queue's index.
-    fn rounds<F>(&mut self, f: &mut F, wait: Duration) -> Result<usize, (usize, NfqError)>
+    fn rounds<F>(
+        &mut self,
+        f: &mut F,
+        wait: Duration,
+        budget: usize,
+    ) -> Result<usize, (usize, NfqError)>
     where
-        F: FnMut(&Packet<'_>) -> Decision,
+        F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
     {
         let mut wait = wait;
-        let budget = self.cfg.budget.max(1);
+        let budget = budget.max(1);
         let batch = self.cfg.batch.max(1);
         let retries = self.cfg.send_retries;
         let n = self.socks.len();
@@ -1380,7 +1529,7 @@ mod tests {
                     got += 1;
                     let mut total = 0;
                     let mut deferred = None;
-                    let mut f = |p: &Packet<'_>| {
+                    let mut f = |p: &Packet<'_>, _: &PinSite<'_>| {
                         seen.push(p.id);
                         Decision::Verdict(Verdict::Accept)
                     };
