@@ -1684,3 +1684,52 @@ fn a_payload_pinned_past_its_verdict_keeps_its_bytes_while_the_ring_cycles() {
     })
     .unwrap();
 }
+
+#[test]
+fn a_held_packet_can_give_its_frame_back_and_stay_undecided() {
+    let test = "a_held_packet_can_give_its_frame_back_and_stay_undecided";
+    let Some(ns) = host(test, 15) else {
+        return;
+    };
+    ns.run(|| {
+        let mut q = NfQueue::open(NfQueueConfig {
+            frames: 4,
+            ..cfg(15)
+        })
+        .unwrap();
+        let mut udp = Udp::new();
+        let mut kept = Vec::new();
+        for round in 0..5 {
+            for i in 0..4 {
+                udp.send(round * 4 + i, 64);
+            }
+            let mut got = Vec::new();
+            let end = Instant::now() + Duration::from_secs(2);
+            while got.len() < 4 && Instant::now() < end {
+                q.receive(Some(Duration::from_millis(20)), 4, &mut got)
+                    .unwrap();
+            }
+            assert_eq!(got.len(), 4, "round {round}: the frames came back");
+            for r in got {
+                drop(r.payload);
+                q.release_frame(r.packet).unwrap();
+                assert!(q.is_held(r.packet));
+                assert!(
+                    q.with_held(r.packet, |_| ()).is_none(),
+                    "its bytes are gone"
+                );
+                kept.push(r.packet);
+            }
+        }
+        assert_eq!(waiting(15), 20, "twenty undecided packets in four frames");
+        for r in kept {
+            q.verdict(r, Decision::Verdict(Verdict::Accept)).unwrap();
+            assert!(!q.is_held(r));
+        }
+        q.flush().unwrap();
+        udp.wait_for(20);
+        assert_eq!(udp.got.len(), 20);
+        assert_eq!(waiting(15), 0);
+    })
+    .unwrap();
+}

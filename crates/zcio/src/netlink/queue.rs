@@ -15,7 +15,7 @@
 use super::msg::{messages, EmitError, ParseError};
 use super::nfqmsg::{self, AnyMsg, ConfigMsg, CopyMode, Packet, Verdict};
 use super::source::{FrameError, FrameSource, FrameStats, MAX_BATCH};
-use super::tracker::{Built, Decided, SendId, State, Tracker};
+use super::tracker::{Built, Decided, SendId, State, Tracker, NO_FRAME};
 use crate::buf::frames::{FrameId, FramePin, FrameRing};
 use crate::netlink::NetlinkPath;
 use crate::stats::{Counters, Fallback, Path, Report};
@@ -742,6 +742,19 @@ impl QueueSock {
             .map_err(|e| NfqError::Send { queue, source: e })
     }
 
+    /// One held packet of frame `fid` was decided or let go of its frame: the frame goes
+    /// back when none is left (and its pins, if any, are gone).
+    fn unref_frame(&mut self, fid: u32) {
+        if fid == NO_FRAME {
+            return;
+        }
+        let refs = &mut self.hold_refs[fid as usize];
+        *refs = refs.saturating_sub(1);
+        if *refs == 0 {
+            self.ring.frames_mut().release(FrameId(fid));
+        }
+    }
+
     fn decode_frame<F>(&mut self, id: FrameId, ctx: &mut Ctx<'_, F>)
     where
         F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
@@ -1142,6 +1155,9 @@ impl NfQueue {
                     return Ok(total);
                 }
                 let s = &mut self.socks[i];
+                // Verdicts given since the last call (`verdict` on held packets) go out now:
+                // on the ring they ride this fill's enter.
+                s.flush(&mut self.stats, retries).map_err(|e| (i, e))?;
                 let fill = match s
                     .ring
                     .fill(&s.fd, left.min(MAX_BATCH), std::mem::take(&mut wait))
@@ -1216,6 +1232,9 @@ impl NfQueue {
         let Some(State::Held(fid)) = s.track.state(r.id) else {
             return None;
         };
+        if *fid == NO_FRAME {
+            return None;
+        }
         for m in messages(s.ring.frames().data(FrameId(*fid))).flatten() {
             if let Ok(pkt) = Packet::parse(&m) {
                 if pkt.id == r.id {
@@ -1266,11 +1285,33 @@ impl NfQueue {
         })?;
         count(&mut self.stats, v);
         self.stats.held -= 1;
-        let refs = &mut s.hold_refs[fid as usize];
-        *refs = refs.saturating_sub(1);
-        if *refs == 0 {
-            s.ring.frames_mut().release(FrameId(fid));
-        }
+        s.unref_frame(fid);
+        Ok(())
+    }
+
+    /// Whether `r` is held (received, not decided).
+    pub fn is_held(&self, r: PacketRef) -> bool {
+        self.socks
+            .iter()
+            .find(|s| s.queue == r.queue)
+            .is_some_and(|s| matches!(s.track.state(r.id), Some(State::Held(_))))
+    }
+
+    /// Keeps a held packet undecided but gives its frame back to the ring: its bytes are no
+    /// longer readable here ([`NfQueue::with_held`] returns `None`; a [`FramePin`] keeps its
+    /// own). For a caller that copied what it needs and may keep many packets undecided for
+    /// a long time: held frames would otherwise run out, while the kernel queue
+    /// ([`NfQueueConfig::max_len`]) is the only limit on undecided packets.
+    pub fn release_frame(&mut self, r: PacketRef) -> Result<(), NfqError> {
+        let not_held = NfqError::NotHeld {
+            queue: r.queue,
+            id: r.id,
+        };
+        let Some(s) = self.socks.iter_mut().find(|s| s.queue == r.queue) else {
+            return Err(not_held);
+        };
+        let fid = s.track.detach(r.id).map_err(|_| not_held)?;
+        s.unref_frame(fid);
         Ok(())
     }
 
@@ -1412,6 +1453,49 @@ impl NfQueue {
             }
         }
         Ok(n)
+    }
+
+    /// [`NfQueue::receive`] without waiting, for a caller woken by the readiness descriptor
+    /// (as [`NfQueue::on_ready`] is for `process`): receives up to about `max` packets, then
+    /// clears the frame rings' eventfds and looks again if work came in meanwhile.
+    pub fn receive_ready(
+        &mut self,
+        max: usize,
+        out: &mut Vec<Received>,
+    ) -> Result<usize, NfqError> {
+        self.readiness_fd()?;
+        let mut n = 0;
+        for _ in 0..4 {
+            n += self.receive(Some(Duration::ZERO), max.saturating_sub(n).max(1), out)?;
+            let mut more = false;
+            for s in &mut self.socks {
+                if let Some(u) = s.ring.uring_mut() {
+                    u.ring.clear_notify();
+                    more |= u.ring.has_work();
+                }
+            }
+            if !more || n >= max {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Puts a datagram that the caller read from queue `queue`'s socket itself (e.g. through
+    /// a cooperative-scheduling library's socket object, on a descriptor from
+    /// [`NfQueue::fds`]) into that queue's frame ring: the next `process`/`receive` decodes it
+    /// like any other.
+    pub fn feed(&mut self, queue: u16, datagram: &[u8]) -> Result<(), NfqError> {
+        let Some(s) = self.socks.iter_mut().find(|s| s.queue == queue) else {
+            return Err(NfqError::Unbound);
+        };
+        if s.ring.inject(datagram) {
+            Ok(())
+        } else {
+            Err(NfqError::Frames(FrameError::AllHeld(
+                s.ring.frames().count(),
+            )))
+        }
     }
 
     /// Raw descriptors (for an external poller).

@@ -69,6 +69,9 @@ impl Decided {
     }
 }
 
+/// The frame of a held packet whose bytes were given up ([`Tracker::detach`]).
+pub const NO_FRAME: u32 = u32::MAX;
+
 /// Names one datagram handed to the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SendId(pub u64);
@@ -168,6 +171,18 @@ impl Tracker {
             return Err(TrackError::NotHeld(id));
         };
         e.st = State::Decided(d);
+        Ok(frame)
+    }
+
+    /// Keeps a held packet held but records that no frame keeps its bytes any more
+    /// ([`NO_FRAME`]); returns the frame that did.
+    pub fn detach(&mut self, id: u32) -> Result<u32, TrackError> {
+        let i = self.index(id).ok_or(TrackError::NotHeld(id))?;
+        let e = &mut self.entries[i];
+        let State::Held(frame) = e.st else {
+            return Err(TrackError::NotHeld(id));
+        };
+        e.st = State::Held(NO_FRAME);
         Ok(frame)
     }
 
