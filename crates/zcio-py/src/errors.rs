@@ -49,7 +49,20 @@ pub(crate) fn nfq_err(e: NfqError) -> PyErr {
             ..
         } => {
             let errno = source.raw_os_error();
+            // The kernel answers EPERM both for a queue bound by another socket and for a
+            // caller without CAP_NET_ADMIN; its queue table tells them apart.
+            let bound_elsewhere = *what == "BIND"
+                && zcio::netlink::kernel_queue_stats()
+                    .is_ok_and(|v| v.iter().any(|k| k.queue == *queue));
             match errno {
+                Some(libc::EPERM | libc::EBUSY) if bound_elsewhere => QueueBusy::new_err((
+                    libc::EBUSY,
+                    format!(
+                        "Failed to create queue {queue}: it is already bound by another netlink \
+                         socket (see the portid column of /proc/net/netfilter/nfnetlink_queue); \
+                         unbind it there, or use another --queue-num"
+                    ),
+                )),
                 Some(libc::EPERM) => PyPermissionError::new_err((
                     libc::EPERM,
                     format!(
