@@ -132,6 +132,11 @@ pub struct NfQueue {
     scratch: Vec<Received>,
     default_verdicts: u64,
     callback_errors: u64,
+    /// Per queue, the highest id decided since the last send: a verdict for a lower id is
+    /// preceded by a flush, so verdicts reach the kernel in the order they were given (the
+    /// batch builder writes a datagram in id order; netfilterqueue users reorder packets by
+    /// accepting them out of order).
+    unsent_max: HashMap<u16, u32>,
     last_stats: NfqStats,
     queues: Vec<u16>,
     fallbacks: Vec<String>,
@@ -157,6 +162,21 @@ impl NfQueue {
                 "Parent queue has already been unbound",
             ));
         };
+        let r = slot.r;
+        if let Some(&max) = self.unsent_max.get(&r.queue) {
+            if (r.id.wrapping_sub(max) as i32) < 0 {
+                // Out of order: what was decided before goes out first.
+                if let Err(e) = q.flush() {
+                    st.decision = Some(d);
+                    return Err(nfq_err(e));
+                }
+                self.unsent_max.clear();
+            }
+        }
+        let max = self.unsent_max.entry(r.queue).or_insert(r.id);
+        if (r.id.wrapping_sub(*max) as i32) > 0 {
+            *max = r.id;
+        }
         if let Err(e) = q.verdict(slot.r, d) {
             let e = match e {
                 zcio::netlink::NfqError::NotHeld { .. } => {
@@ -176,6 +196,7 @@ impl NfQueue {
         if self.kept.remove(&slot.r).is_some() {
             // Decided after its batch: nothing else is on its way out, send now.
             self.queue()?.flush().map_err(nfq_err)?;
+            self.unsent_max.clear();
         }
         Ok(())
     }
@@ -259,6 +280,8 @@ impl NfQueue {
             ready_only,
         };
         let r = py.detach(move || d.run());
+        // The receive sent every verdict given before it.
+        self.unsent_max.clear();
         self.refresh();
         match r {
             Ok(_) => Ok(out),
@@ -465,6 +488,7 @@ impl NfQueue {
             scratch: Vec::new(),
             default_verdicts: 0,
             callback_errors: 0,
+            unsent_max: HashMap::new(),
         })
     }
 
@@ -538,6 +562,7 @@ impl NfQueue {
         })();
         // Verdicts given so far go out now, whatever ended the loop.
         let mut me = slf.borrow_mut();
+        me.unsent_max.clear();
         if let Some(q) = me.q.as_mut() {
             let f = q.flush();
             me.refresh();
@@ -569,6 +594,7 @@ impl NfQueue {
     fn flush(&mut self, py: Python<'_>) -> PyResult<()> {
         self.apply_remote(py)?;
         self.queue()?.flush().map_err(nfq_err)?;
+        self.unsent_max.clear();
         self.refresh();
         Ok(())
     }
