@@ -159,8 +159,9 @@ enum PinKeep {
         pins: Arc<[AtomicU32]>,
         id: u32,
     },
-    /// Bytes in a COPY frame's out-of-line buffer, which the pin shares.
-    Copy(Arc<Vec<u8>>),
+    /// Bytes in a COPY frame's out-of-line buffer, which the pin shares (held, never read:
+    /// `ptr` points into it).
+    Copy(#[allow(dead_code)] Arc<Vec<u8>>),
 }
 
 // SAFETY: a pin only reads its bytes, which nobody writes while it exists (the ring neither

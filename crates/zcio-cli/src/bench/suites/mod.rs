@@ -5,6 +5,7 @@ mod fileserver;
 mod loopback;
 mod nfq;
 mod notify;
+mod python;
 mod rx;
 mod shim;
 mod tx;
@@ -21,6 +22,7 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(event::EventSuite),
         Box::new(fileserver::FileServerSuite),
         Box::new(nfq::Nfq),
+        Box::new(python::Python),
         Box::new(shim::Shim),
     ]
 }
