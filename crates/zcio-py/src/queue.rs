@@ -1028,10 +1028,9 @@ impl Packet {
             p.as_bytes(py).get(9).copied()
         } else if let Some(p) = &self.retained {
             p.as_bytes(py).get(9).copied()
-        } else if let Some(pin) = self.pin() {
-            Some(pin.as_slice().get(9).copied().unwrap_or(0))
         } else {
-            None
+            self.pin()
+                .map(|pin| pin.as_slice().get(9).copied().unwrap_or(0))
         };
         let Some(proto) = first else {
             return Ok(format!(

@@ -50,7 +50,10 @@ fn venv(ws: &Path) -> Result<PathBuf> {
         if !o.status.success() {
             bail!(
                 "{what} failed: {}",
-                String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
+                String::from_utf8_lossy(&o.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
             );
         }
         Ok(())
@@ -99,7 +102,10 @@ impl Suite for Python {
         let ws = workspace();
         let script = ws.join("crates/zcio-py/bench/nfq_consumer.py");
         if !script.exists() {
-            return Err(ctx.skip(format!("{} not found (set ZCIO_WORKSPACE)", script.display())));
+            return Err(ctx.skip(format!(
+                "{} not found (set ZCIO_WORKSPACE)",
+                script.display()
+            )));
         }
         let py = match venv(&ws) {
             Ok(p) => p,
@@ -185,14 +191,21 @@ impl Env<'_> {
         let received = Arc::new(AtomicU64::new(0));
         let ready = Arc::new(Barrier::new(3));
         let filled = Arc::new(Barrier::new(2));
-        let sink = pair("python receiver").server_core(c_send).server_in(self.ns);
+        let sink = pair("python receiver")
+            .server_core(c_send)
+            .server_in(self.ns);
         let receiver = spawn_receiver(&sink, &stop_recv, &received, Gate::new(&ready))?;
 
         let mut child = self
             .ns
             .command(&self.py.to_string_lossy())
             .arg(self.script)
-            .args([mode, &QUEUE.to_string(), &count.to_string(), &c_cons.to_string()])
+            .args([
+                mode,
+                &QUEUE.to_string(),
+                &count.to_string(),
+                &c_cons.to_string(),
+            ])
             .arg(if scapy { "scapy" } else { "none" })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -214,7 +227,8 @@ impl Env<'_> {
             .cores((c_send, c_cons))
             .server_in(self.ns)
             .client_in(self.ns);
-        let sender = spawn_gso_sender(&sides, size, count, (Gate::new(&ready), Gate::new(&filled)))?;
+        let sender =
+            spawn_gso_sender(&sides, size, count, (Gate::new(&ready), Gate::new(&filled)))?;
         // Our own pass through both gates: the sender starts once the receiver and we are
         // ready, and has queued everything when `filled` opens.
         Gate::new(&ready).wait();
@@ -235,8 +249,8 @@ impl Env<'_> {
             }
             bail!("{mode}: consumer failed ({status}): {}", err.trim());
         }
-        let r: serde_json::Value =
-            serde_json::from_str(line.trim()).map_err(|e| anyhow!("{mode}: result {line:?}: {e}"))?;
+        let r: serde_json::Value = serde_json::from_str(line.trim())
+            .map_err(|e| anyhow!("{mode}: result {line:?}: {e}"))?;
         let num = |k: &str| r.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
         let (cpu, wall, handled) = (num("cpu"), num("wall"), num("handled"));
         let end = Instant::now() + Duration::from_secs(2);
@@ -246,7 +260,10 @@ impl Env<'_> {
         stop_recv.store(true, Ordering::Relaxed);
         receiver.io_result()?;
         let delivered = received.load(Ordering::Relaxed);
-        anyhow::ensure!(delivered > 0, "{mode}: no packet was delivered through the queue");
+        anyhow::ensure!(
+            delivered > 0,
+            "{mode}: no packet was delivered through the queue"
+        );
         let mut s = Sample::default();
         s.set("consumer_cpu", cpu / delivered as f64 * 1e6)
             .set("delivered", delivered as f64 / wall.max(1e-9))
@@ -256,7 +273,11 @@ impl Env<'_> {
             "{mode} {size}B{}{}: {sent} sent, {queued} queued before the consumer started, \
              {handled:.0} decided, {delivered} delivered{}",
             if scapy { " +scapy" } else { "" },
-            if path.is_empty() { String::new() } else { format!(" [{path}]") },
+            if path.is_empty() {
+                String::new()
+            } else {
+                format!(" [{path}]")
+            },
             match r.get("syscalls").and_then(|v| v.as_f64()) {
                 Some(n) => format!(", {:.3} syscalls/pkt", n / handled.max(1.0)),
                 None => String::new(),
