@@ -88,6 +88,43 @@ fn probe_json_has_every_section() {
     assert!(lc["explanation"].as_str().unwrap().contains("copies"));
 }
 
+/// `zcio probe --json` reports device-less zcrx as available where the kernel has it (7.1+;
+/// `ZCIO_REQUIRE_ZCRX=1` in the 7.x guest of `scripts/vmtest`, which runs the shipped release
+/// `zcio` here), and otherwise says why not. "The kernel supports it, but registration failed"
+/// as root is a defect, never a skip: it is what every release build said in 7.x while the
+/// kernel's write-back into the registration struct went through a shared reference
+/// (issue 21).
+#[test]
+fn probe_json_reports_deviceless_zcrx_where_the_kernel_has_it() {
+    let test = "probe_json_reports_deviceless_zcrx_where_the_kernel_has_it";
+    let o = zcio(&["probe", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    let z = &v["io_uring"]["zcrx_deviceless"];
+    let feature = v["io_uring"]["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "ZCRX_REG_NODEV")
+        .unwrap_or_else(|| panic!("no ZCRX_REG_NODEV feature: {v}"));
+    if z["ok"] == true {
+        assert_eq!(feature["supported"], true, "{v}");
+        return;
+    }
+    let why = z["reason"].as_str().unwrap_or_default().to_string();
+    assert!(!why.is_empty(), "a no without a reason: {z}");
+    let root = zcio_testnet::is_root();
+    assert!(
+        !(root && feature["supported"] == true),
+        "the kernel has device-less zcrx but the registration failed: {why}"
+    );
+    if root {
+        zcio_testnet::skip_kernel_feature(test, "ZCIO_REQUIRE_ZCRX", &why);
+    } else {
+        zcio_testnet::skip(test, &why);
+    }
+}
+
 #[test]
 fn probe_as_non_root_still_reports_with_reasons() {
     if !zcio_testnet::is_root() {

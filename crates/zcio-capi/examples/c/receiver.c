@@ -3,10 +3,12 @@
  * Listens on loopback, lets the receiver accept (multishot accept on the ring paths), sends
  * 1 MiB from a client thread, and checks every byte of the chunks it receives; chunks are
  * borrowed from the receiver's buffers and handed back with zcio_rx_chunk_free.
+ * Usage: receiver [auto|zcrx|bufring|plain]   (the receive path to ask for; default auto)
  * Build: cc receiver.c $(pkg-config --cflags --libs zcio) -lpthread */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -33,7 +35,21 @@ static void *client(void *arg) {
     return NULL;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    static const struct { const char *name; uint32_t mode; } modes[] = {
+        {"auto", ZCIO_RX_AUTO}, {"zcrx", ZCIO_RX_ZCRX},
+        {"bufring", ZCIO_RX_BUFRING}, {"plain", ZCIO_RX_PLAIN},
+    };
+    uint32_t mode = ZCIO_RX_AUTO;
+    if (argc > 1) {
+        size_t k = 0;
+        while (k < sizeof modes / sizeof modes[0] && strcmp(argv[1], modes[k].name)) k++;
+        if (k == sizeof modes / sizeof modes[0]) {
+            fprintf(stderr, "usage: %s [auto|zcrx|bufring|plain]\n", argv[0]);
+            return 2;
+        }
+        mode = modes[k].mode;
+    }
     int l = socket(AF_INET, SOCK_STREAM, 0);
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -42,7 +58,7 @@ int main(void) {
         getsockname(l, (struct sockaddr *)&addr, &al))
         return 1;
     zcio_receiver *rx;
-    int rc = zcio_receiver_listen(&rx, l, ZCIO_RX_AUTO);
+    int rc = zcio_receiver_listen(&rx, l, mode);
     if (rc < 0) {
         fprintf(stderr, "receiver: %s\n", strerror(-rc));
         return 1;

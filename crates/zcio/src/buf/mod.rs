@@ -60,7 +60,14 @@ impl Region {
             ));
         }
         let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // Miri's mmap accepts exactly MAP_PRIVATE | MAP_ANONYMOUS: no pre-faulting and no huge
+        // pages there (both only change when pages are faulted in, not what the code does).
+        #[cfg(not(miri))]
         let base = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
+        #[cfg(miri)]
+        let base = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        #[cfg(miri)]
+        let huge = huge && false;
         if huge {
             let hlen = align_up(len, 2 << 20);
             // SAFETY: anonymous mapping with no address hint; the result is checked.

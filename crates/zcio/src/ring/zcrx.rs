@@ -130,6 +130,26 @@ pub fn register_ifq(
     refill: &Region,
     rq_entries: u32,
 ) -> Result<IfqRegistration, IfqError> {
+    use std::os::fd::AsRawFd;
+    let fd = ring.raw().as_raw_fd();
+    register_ifq_with(bind, area, refill, rq_entries, |reg| {
+        crate::sys::zcrx::register_ifq(fd, reg)
+    })
+}
+
+/// [`register_ifq`] with the `IORING_REGISTER_ZCRX_IFQ` call passed in as `kernel`: it gets
+/// the registration struct as `&mut`, because the kernel writes the refill ring offsets, the
+/// zcrx id and the rounded entry count back into it, and the area token into the area
+/// descriptor `reg.area_ptr` points at. Everything the kernel writes is read back from those
+/// two structs only after the call. (Separate so that Miri can check the pointer discipline
+/// with a stand-in for the kernel's writes: `ifq_registration_reads_back_what_the_kernel_wrote`.)
+fn register_ifq_with(
+    bind: ZcrxBind<'_>,
+    area: &Region,
+    refill: &Region,
+    rq_entries: u32,
+    kernel: impl FnOnce(&mut io_uring_zcrx_ifq_reg) -> io::Result<()>,
+) -> Result<IfqRegistration, IfqError> {
     let err = |source: io::Error| IfqError::new(bind, source);
     let (if_idx, queue, flags) = match bind {
         ZcrxBind::Queue { iface, queue } => (
@@ -143,7 +163,6 @@ pub fn register_ifq(
     if refill.len() < refill_region_len(rq_entries) {
         return Err(err(io::Error::from_raw_os_error(libc::EINVAL)));
     }
-    // SAFETY (zeroed): these are plain C structs for which all-zero is the "unset" value.
     let mut area_reg: io_uring_zcrx_area_reg = zeroed_area();
     area_reg.addr = area.as_ptr() as u64;
     area_reg.len = area.len() as u64;
@@ -156,9 +175,10 @@ pub fn register_ifq(
     reg.if_rxq = queue;
     reg.rq_entries = rq_entries;
     reg.flags = flags;
-    reg.area_ptr = &mut area_reg as *mut _ as u64;
-    reg.region_ptr = &mut region as *mut _ as u64;
-    ring.raw().submitter().register_ifq(&reg).map_err(err)?;
+    // Addresses taken from `&mut`: the kernel writes `rq_area_token` through the first.
+    reg.area_ptr = std::ptr::from_mut(&mut area_reg) as u64;
+    reg.region_ptr = std::ptr::from_mut(&mut region) as u64;
+    kernel(&mut reg).map_err(err)?;
     Ok(IfqRegistration {
         zcrx_id: reg.zcrx_id,
         rq_area_token: area_reg.rq_area_token,
@@ -189,4 +209,45 @@ fn zeroed_region() -> io_uring_region_desc {
 fn zeroed_ifq() -> io_uring_zcrx_ifq_reg {
     // SAFETY: plain C struct of integers; all-zero is valid.
     unsafe { std::mem::zeroed() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The registration reads back what the kernel writes into the registration struct and
+    /// the area descriptor. No kernel takes part: `kernel` makes the writes the kernel's
+    /// `io_register_zcrx_ifq` makes (`copy_to_user` of the struct with `offsets`, `zcrx_id`
+    /// and the rounded `rq_entries`, and of the area descriptor with `rq_area_token`),
+    /// through the pointers it was given. What it checks is the pointer discipline, under
+    /// Miri (`scripts/miri`): had the struct been reached through a shared reference — as
+    /// io-uring 0.7's `Submitter::register_ifq(&reg)` does — Miri reports the write as
+    /// undefined behaviour, which at opt-level 3 made the caller read back zeroes and refuse
+    /// the refill ring (issue 21). The kernel path itself runs in the 7.x guest
+    /// (`tests/zcrx.rs`, the CLI and C receiver tests in `scripts/vmtest`).
+    #[test]
+    fn ifq_registration_reads_back_what_the_kernel_wrote() {
+        let area = Region::new(64 << 10, false).unwrap();
+        let refill = Region::new(refill_region_len(16), false).unwrap();
+        let got = register_ifq_with(ZcrxBind::NoDev, &area, &refill, 10, |reg| {
+            assert_eq!(reg.flags, ZCRX_REG_NODEV);
+            assert_eq!(reg.rq_entries, 10);
+            // The kernel reaches the area descriptor by the address in `area_ptr`, whose
+            // provenance the `as u64` cast exposed.
+            let area_reg = reg.area_ptr as usize as *mut io_uring_zcrx_area_reg;
+            // SAFETY: `area_ptr` is the address of the live area descriptor (see above).
+            unsafe { (*area_reg).rq_area_token = 7 << 48 };
+            reg.offsets.head = 0;
+            reg.offsets.tail = 4;
+            reg.offsets.rqes = 64;
+            reg.zcrx_id = 3;
+            reg.rq_entries = 16;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got.zcrx_id, 3);
+        assert_eq!(got.rq_area_token, 7 << 48);
+        assert_eq!((got.head_off, got.tail_off, got.rqes_off), (0, 4, 64));
+        assert_eq!(got.rq_entries, 16);
+    }
 }

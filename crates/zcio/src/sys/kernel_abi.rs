@@ -171,6 +171,10 @@ same_value!(
     lrs::io_uring::io_uring_zcrx_area_flags::IORING_ZCRX_AREA_DMABUF
 );
 same_value!(
+    super::zcrx::IORING_REGISTER_ZCRX_IFQ,
+    lrs::io_uring::io_uring_register_op::IORING_REGISTER_ZCRX_IFQ
+);
+same_value!(
     super::zcrx::IORING_OP_RECV_ZC,
     lrs::io_uring::io_uring_op::IORING_OP_RECV_ZC
 );

@@ -4,6 +4,32 @@
 //! its size, alignment and field offsets checked at compile time (the crate-private `assert_layout!` macro).
 //! This module, `ring` and `buf` are the only places where `unsafe` is allowed; everything
 //! else calls the safe wrappers here.
+//!
+//! # Memory the kernel writes
+//!
+//! A struct the kernel writes into (an in/out argument of `io_uring_register`, `getsockopt`,
+//! `recvmsg`'s `msghdr` and control buffer, `getsockname`, an ioctl) is passed as a `*mut`
+//! derived from a `&mut` borrow that lasts for the call, and read only after it. Memory the
+//! kernel writes asynchronously (provided buffers, zcrx areas, frames lent to a receive, an
+//! `EPOLL_WAIT` event buffer) is reached through raw pointers from the owning mapping or
+//! `&mut`, never through a live `&`; mmap'ed ring words shared with the kernel (SQ/CQ and
+//! refill heads and tails, the buffer ring tail) are atomics. A write through a shared
+//! reference is undefined behaviour: the compiler may keep the values it knows were stored
+//! before the call. This is not theoretical: it made every release build read back zeroed
+//! zcrx offsets and refuse zero-copy receive (issue 21).
+//!
+//! ## Dependency APIs that must not be used
+//!
+//! | API | why | use instead |
+//! |---|---|---|
+//! | `io_uring::Submitter::register_ifq(&self, &io_uring_zcrx_ifq_reg)` (io-uring 0.7.15) | the kernel writes `offsets`, `zcrx_id` and `rq_entries` back through the shared reference | [`zcrx::register_ifq`] (`&mut`) |
+//!
+//! `clippy.toml` makes a call to any of them a lint error (`disallowed-methods`), so the list
+//! is enforced by `.ci/run`'s clippy gate. Every other io-uring call zcio makes hands the
+//! kernel memory it only reads (`register_files`, `register_buffers`, `register_eventfd`,
+//! `register_buf_ring_with_flags`, `unregister_buf_ring`, `submit_with_args`), or takes
+//! `&mut` for what the kernel writes (`register_probe`). The upstream fix is for
+//! `register_ifq` to take `&mut io_uring_zcrx_ifq_reg` (docs/DESIGN-NOTES.md).
 #![allow(unsafe_code)]
 // Public under the `unstable-raw` feature, crate-private without it: the `pub` items here are
 // the feature's surface (used by the C ABI, the preload shim and the CLI), not dead code.

@@ -68,6 +68,8 @@ pub const IORING_OP_RECV_ZC: u8 = 58;
 /// the area, and nothing consumes the refill ring by itself: returns need
 /// [`ZCRX_CTRL_FLUSH_RQ`]. Kernels without it answer `EINVAL`.
 pub const ZCRX_REG_NODEV: u32 = 2;
+/// `IORING_REGISTER_ZCRX_IFQ` (Linux 6.15): zcrx interface queue registration.
+pub const IORING_REGISTER_ZCRX_IFQ: u32 = 32;
 /// `IORING_REGISTER_QUERY` (Linux 6.18): capability queries, no ring needed (fd -1).
 pub const IORING_REGISTER_QUERY: u32 = 35;
 /// `IORING_REGISTER_ZCRX_CTRL` (Linux 6.19): control operations on a registered zcrx.
@@ -175,6 +177,32 @@ unsafe fn io_uring_register(
     nr_args: u32,
 ) -> io::Result<i64> {
     syscall!(syscall(libc::SYS_io_uring_register, fd, op, arg, nr_args))
+}
+
+/// `IORING_REGISTER_ZCRX_IFQ` (Linux 6.15): registers an interface rx queue (or, with
+/// `ZCRX_REG_NODEV`, no device) with the io_uring `ring_fd`. The kernel reads `reg` and the
+/// area and region descriptors it points at, and **writes back** into `reg` (`offsets`,
+/// `zcrx_id`, the rounded `rq_entries`) and into the area descriptor (`rq_area_token`): hence
+/// `&mut`, passed on as a `*mut` derived from it. io-uring 0.7's
+/// `Submitter::register_ifq(&self, &io_uring_zcrx_ifq_reg)` takes a shared reference, through
+/// which those writes are undefined behaviour (at opt-level 3 the caller reads back the zeroes
+/// it stored); it must not be used (see [`super`]'s list, enforced by `clippy.toml`).
+///
+/// `reg.area_ptr` and `reg.region_ptr` must hold the addresses of live descriptors, taken
+/// from `&mut` references (`std::ptr::from_mut(..) as u64`), that outlive the call.
+pub fn register_ifq(ring_fd: RawFd, reg: &mut io_uring_zcrx_ifq_reg) -> io::Result<()> {
+    // SAFETY: `reg` is exclusively borrowed for the call, so the kernel may write into it; the
+    // descriptors it points at are the caller's contract above; nr_args is 1 as the kernel
+    // requires.
+    unsafe {
+        io_uring_register(
+            ring_fd,
+            IORING_REGISTER_ZCRX_IFQ,
+            std::ptr::from_mut(reg).cast(),
+            1,
+        )
+    }
+    .map(drop)
 }
 
 /// `IORING_REGISTER_ZCRX_CTRL` with `ZCRX_CTRL_FLUSH_RQ`: the kernel consumes every entry in
