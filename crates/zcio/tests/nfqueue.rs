@@ -752,47 +752,7 @@ fn parsers_survive_fuzz_corpus_and_mutations() {
         }
     }
     assert!(seeds.len() >= 4, "no seeds found");
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let mut errors = 0;
-    for round in 0..20_000 {
-        let s = &seeds[round % seeds.len()];
-        let mut b = s.clone();
-        match rnd() % 5 {
-            0 => {
-                for _ in 0..1 + rnd() % 4 {
-                    if !b.is_empty() {
-                        let i = (rnd() as usize) % b.len();
-                        b[i] ^= 1 << (rnd() % 8);
-                    }
-                }
-            }
-            1 => b.truncate((rnd() as usize) % (b.len() + 1)),
-            2 => {
-                // Overwrite a 16-bit or 32-bit length-looking field with a random value.
-                if b.len() >= 4 {
-                    let i = ((rnd() as usize) % (b.len() - 3)) & !1;
-                    let v = (rnd() as u16).to_ne_bytes();
-                    b[i..i + 2].copy_from_slice(&v);
-                }
-            }
-            3 => {
-                let o = &seeds[(rnd() as usize) % seeds.len()];
-                let cut = (rnd() as usize) % (o.len() + 1);
-                b.extend_from_slice(&o[..cut]);
-            }
-            _ => {
-                let i = (rnd() as usize) % (b.len() + 1);
-                b.insert(i.min(b.len()), rnd() as u8);
-            }
-        }
-        errors += usize::from(zcio::netlink::fuzz_parse(&b).is_err());
-    }
+    let errors = common::mutate(&seeds, 20_000, |b| zcio::netlink::fuzz_parse(b).is_err());
     assert!(errors > 0, "mutations never produced a malformed message");
 }
 

@@ -12,13 +12,14 @@
 //! Work per call is bounded ([`NfQueueConfig::budget`]) and shared round-robin across the
 //! queues of a range, so one busy queue cannot starve the others and shutdown is prompt.
 
+use super::core::{Fate, NlSocket, RequestError, SockSpec, UringNeed};
 use super::msg::{messages, EmitError, ParseError};
 use super::nfqmsg::{self, AnyMsg, ConfigMsg, CopyMode, Packet, Verdict};
-use super::source::{FrameError, FrameSource, FrameStats, MAX_BATCH};
+use super::source::{FrameError, FrameStats, MAX_BATCH};
 use super::tracker::{Built, Decided, SendId, State, Tracker, NO_FRAME};
 use crate::buf::frames::{FrameId, FramePin, FrameRing};
 use crate::netlink::NetlinkPath;
-use crate::stats::{Counters, Fallback, Path, Report};
+use crate::stats::{Counters, Fallback, Report};
 use crate::sys::netlink as nl;
 use crate::sys::nfqueue::*;
 use std::io;
@@ -176,7 +177,7 @@ pub struct NfQueueConfig {
 
 /// Bytes reserved in a frame for the netlink, nfgenmsg and attribute headers around the
 /// copied packet (conntrack and security-context attributes included).
-pub const FRAME_OVERHEAD: usize = 512;
+pub const FRAME_OVERHEAD: usize = super::core::MSG_OVERHEAD;
 
 impl Default for NfQueueConfig {
     fn default() -> Self {
@@ -456,12 +457,10 @@ pub fn kernel_queue_stats() -> io::Result<Vec<KernelQueueStats>> {
 
 #[derive(Debug)]
 struct QueueSock {
-    fd: OwnedFd,
+    sock: NlSocket,
     queue: u16,
-    ring: FrameSource,
     track: Tracker,
     out: Vec<u8>,
-    seq: u32,
     /// Per frame: packets held in it (the frame is released when the last one is decided).
     hold_refs: Vec<u16>,
     undecided_since_flush: usize,
@@ -497,63 +496,40 @@ impl QueueSock {
         queue: u16,
         fallbacks: &mut Vec<Fallback>,
     ) -> Result<Self, NfqError> {
-        let fd = nl::socket(NETLINK_NETFILTER)
-            .map_err(sock_err("socket(AF_NETLINK, NETLINK_NETFILTER)"))?;
-        nl::bind(&fd, 0, 0).map_err(sock_err("bind netlink socket"))?;
-        if let Some((bytes, force)) = cfg.rcvbuf {
-            super::size_rcvbuf(&fd, bytes, force, fallbacks).map_err(sock_err("SO_RCVBUF"))?;
-        }
-        if cfg.no_enobufs {
-            nl::set_no_enobufs(&fd, true).map_err(sock_err("NETLINK_NO_ENOBUFS"))?;
-        }
-        if let Err(e) = nl::set_ext_ack(&fd) {
-            // Error ACKs then carry no message text; the errno still arrives.
-            fallbacks.push(Fallback::new(
-                Path::setting("NETLINK_EXT_ACK"),
-                Path::setting("plain ACKs"),
-                format!("NETLINK_CAP_ACK/NETLINK_EXT_ACK refused: {e} (Linux 4.12)"),
-            ));
-        }
-        let mut ring = FrameSource::new(cfg.frame_size, cfg.frames, 70 << 10)
-            .map_err(sock_err("mapping the frame ring"))?;
-        if cfg.uring {
-            let need = match cfg.copy {
-                CopyMode::Meta => FRAME_OVERHEAD,
-                CopyMode::Packet(r) => r as usize + FRAME_OVERHEAD,
-            };
-            if need > ring.frames().frame_payload() {
-                fallbacks.push(Fallback::new(
-                    NetlinkPath::FrameRingUring,
-                    NetlinkPath::FrameRingRecvmmsg,
-                    format!(
-                        "copy range needs {need}-byte frames but frames hold {}: a provided \
-                         buffer cannot spill, so datagrams could be cut; lower the copy range \
-                         or raise frame_size",
-                        ring.frames().frame_payload()
-                    ),
-                ));
-            } else if let Err(reason) = ring.enable_uring() {
-                fallbacks.push(Fallback::new(
-                    NetlinkPath::FrameRingUring,
-                    NetlinkPath::FrameRingRecvmmsg,
-                    reason,
-                ));
-            }
-        }
+        let datagram = match cfg.copy {
+            CopyMode::Meta => FRAME_OVERHEAD,
+            CopyMode::Packet(r) => r as usize + FRAME_OVERHEAD,
+        };
+        let spec = SockSpec {
+            protocol: NETLINK_NETFILTER,
+            groups: &[],
+            rcvbuf: cfg.rcvbuf,
+            no_enobufs: cfg.no_enobufs,
+            ext_ack: true,
+            frame_size: cfg.frame_size,
+            frames: cfg.frames,
+            spill: 70 << 10,
+            uring: cfg.uring.then_some(UringNeed {
+                datagram,
+                what: "the copy range",
+            }),
+        };
+        let sock = NlSocket::open(&spec, fallbacks).map_err(|e| NfqError::Socket {
+            what: e.what.to_string(),
+            source: e.source,
+        })?;
         let mut s = Self {
-            fd,
+            sock,
             queue,
             hold_refs: vec![0; cfg.frames as usize],
-            ring,
             track: Tracker::new(queue),
             out: Vec::with_capacity(4096),
-            seq: 0,
             undecided_since_flush: 0,
             max_send: 0,
             results: Vec::new(),
         };
         // Datagrams stay below the send buffer (the kernel refuses larger ones, EMSGSIZE).
-        let sndbuf = crate::sys::getsockopt_int(&s.fd, libc::SOL_SOCKET, libc::SO_SNDBUF)
+        let sndbuf = crate::sys::getsockopt_int(&s.sock.fd, libc::SOL_SOCKET, libc::SO_SNDBUF)
             .map_or(64 << 10, |b| b.max(0) as usize);
         s.max_send = (sndbuf.saturating_sub(64)).clamp(1024, MAX_SEND);
         s.config(
@@ -598,75 +574,42 @@ impl QueueSock {
         Ok(s)
     }
 
-    /// Sends one config message and waits for its ACK.
+    /// Sends one config message and waits for its ACK (packets queued meanwhile go into the
+    /// frame ring and get a verdict from the next `process`, like any other).
     fn config(
         &mut self,
         c: ConfigMsg,
         what: &'static str,
         hint: &'static str,
     ) -> Result<(), NfqError> {
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
+        let queue = self.queue;
+        let seq = self.sock.next_seq();
         let mut out = Vec::with_capacity(64);
         c.emit(&mut out, seq).map_err(|e| NfqError::Emit {
-            queue: self.queue,
+            queue,
             id: None,
             source: e,
         })?;
-        nl::send_to_kernel(&self.fd, &out).map_err(|e| NfqError::Send {
-            queue: self.queue,
-            source: e,
-        })?;
-        let mut buf = vec![0u8; 70 << 10];
-        loop {
-            let n = crate::sys::net::recv(&self.fd, &mut buf, 0).map_err(|e| NfqError::Send {
-                queue: self.queue,
-                source: e,
-            })?;
-            let mut ack = None;
-            let mut other = false;
-            for m in messages(&buf[..n]) {
-                let m = m.map_err(|e| NfqError::Parse {
-                    queue: self.queue,
-                    source: e,
-                })?;
-                if m.ty == nl::NLMSG_ERROR && m.seq == seq {
-                    ack = Some(m.error_code().map_err(|e| NfqError::Parse {
-                        queue: self.queue,
-                        source: e,
-                    })?);
-                } else {
-                    other = true;
-                }
+        match self.sock.request(&out, seq) {
+            Ok(0) => Ok(()),
+            Ok(code) => Err(NfqError::Config {
+                queue,
+                what,
+                source: io::Error::from_raw_os_error(-code),
+                hint,
+            }),
+            Err(RequestError::Send(e) | RequestError::Recv(e)) => {
+                Err(NfqError::Send { queue, source: e })
             }
-            if other {
-                // A packet queued between BIND and this ACK: keep it for `process`, so it
-                // gets a verdict like any other (never dropped on the floor here).
-                if !self.ring.inject(&buf[..n]) {
-                    return Err(NfqError::Frames(FrameError::AllHeld(
-                        self.ring.frames().count(),
-                    )));
-                }
-            }
-            match ack {
-                Some(0) => return Ok(()),
-                Some(code) => {
-                    return Err(NfqError::Config {
-                        queue: self.queue,
-                        what,
-                        source: io::Error::from_raw_os_error(-code),
-                        hint,
-                    })
-                }
-                None => {}
-            }
+            Err(RequestError::Parse(e)) => Err(NfqError::Parse { queue, source: e }),
+            Err(RequestError::Full(n)) => Err(NfqError::Frames(FrameError::AllHeld(n))),
         }
     }
 
     /// Moves completed ring sends into the tracker: confirmed packets leave it, failed ones
     /// are decided again. Returns the first failure.
     fn reap_sends(&mut self, stats: &mut NfqStats) -> Option<io::Error> {
-        self.ring.take_send_results(&mut self.results);
+        self.sock.ring.take_send_results(&mut self.results);
         let mut first = None;
         for (token, r) in self.results.drain(..) {
             let send = SendId(token);
@@ -691,19 +634,19 @@ impl QueueSock {
         self.undecided_since_flush = 0;
         while failure.is_none() {
             self.out.clear();
-            let Some((send, built)) = self
-                .track
-                .build(&mut self.out, &mut self.seq, self.max_send)
+            let Some((send, built)) =
+                self.track
+                    .build(&mut self.out, self.sock.seq_mut(), self.max_send)
             else {
                 break;
             };
             add_built(stats, &built);
-            if self.ring.is_uring() {
+            if self.sock.ring.is_uring() {
                 // Through the ring: goes out with the next ring entry (the next fill), so a
                 // receive-process-verdict cycle costs one syscall. The tracker keeps the
                 // packets in flight until the completion says the datagram went whole.
-                let buf = std::mem::replace(&mut self.out, self.ring.spare_send_buf());
-                match self.ring.queue_send(&self.fd, buf, send.0) {
+                let buf = std::mem::replace(&mut self.out, self.sock.ring.spare_send_buf());
+                match self.sock.ring.queue_send(&self.sock.fd, buf, send.0) {
                     Ok(()) => {
                         stats.ring_sends += 1;
                         continue;
@@ -712,7 +655,7 @@ impl QueueSock {
                 }
             }
             stats.send_syscalls += 1;
-            match nl::send_to_kernel(&self.fd, &self.out) {
+            match nl::send_to_kernel(&self.sock.fd, &self.out) {
                 Ok(_) => {
                     self.track.confirmed(send);
                 }
@@ -737,7 +680,8 @@ impl QueueSock {
     /// Submits verdicts queued on the ring.
     fn submit_sends(&mut self) -> Result<(), NfqError> {
         let queue = self.queue;
-        self.ring
+        self.sock
+            .ring
             .submit_sends()
             .map_err(|e| NfqError::Send { queue, source: e })
     }
@@ -751,47 +695,52 @@ impl QueueSock {
         let refs = &mut self.hold_refs[fid as usize];
         *refs = refs.saturating_sub(1);
         if *refs == 0 {
-            self.ring.frames_mut().release(FrameId(fid));
+            self.sock.finish(FrameId(fid), Fate::Release);
         }
     }
 
-    fn decode_frame<F>(&mut self, id: FrameId, ctx: &mut Ctx<'_, F>)
+    /// Decodes the next ready frame (see [`decode_frame`]) and releases or holds it; `false`
+    /// when no frame is ready.
+    fn decode_next<F>(&mut self, ctx: &mut Ctx<'_, F>) -> bool
     where
         F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
     {
-        let n = decode_frame(
-            self.ring.frames_mut(),
+        let Some(id) = self.sock.pop_ready() else {
+            return false;
+        };
+        let (fate, n) = decode_frame(
+            self.sock.ring.frames(),
             &mut self.track,
             &mut self.hold_refs,
             self.queue,
             id,
             ctx,
         );
+        self.sock.finish(id, fate);
         self.undecided_since_flush += n;
+        true
     }
 }
 
-/// Decodes one received frame: every packet in it is handed to `ctx.f` (or decided with
-/// `on_error` when it cannot be parsed but its id can be read), then the frame is released
-/// or, when a packet in it is held, held. Never fails: a malformed message is counted and the
-/// rest of the datagram still gets its verdicts. Returns the packets tracked.
+/// Decodes one received frame (`data`, frame `id`): every packet in it is handed to `ctx.f`
+/// (or decided with `on_error` when it cannot be parsed but its id can be read). Says whether
+/// the frame is then released or, when a packet in it is held, held (`hold_refs` counts the
+/// packets held in it). Never fails: a malformed message is counted and the rest of the
+/// datagram still gets its verdicts. Returns the fate and the packets tracked.
 fn decode_frame<F>(
-    ring: &mut FrameRing,
+    ring: &FrameRing,
     track: &mut Tracker,
     hold_refs: &mut [u16],
     queue: u16,
     id: FrameId,
     ctx: &mut Ctx<'_, F>,
-) -> usize
+) -> (Fate, usize)
 where
     F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
 {
     let mut held = 0u16;
     let mut tracked = 0;
-    let site = PinSite {
-        ring: &*ring,
-        frame: id,
-    };
+    let site = PinSite { ring, frame: id };
     let data = ring.data(id);
     for m in messages(data) {
         let m = match m {
@@ -852,11 +801,10 @@ where
     }
     if held > 0 {
         hold_refs[id.0 as usize] = held;
-        ring.hold(id);
+        (Fate::Hold, tracked)
     } else {
-        ring.release(id);
+        (Fate::Release, tracked)
     }
-    tracked
 }
 
 /// Where a packet handed to the decoding closure lives: its frame, whose bytes a
@@ -975,7 +923,7 @@ impl NfQueue {
     pub fn stats(&self) -> NfqStats {
         let mut s = self.stats.clone();
         for q in &self.socks {
-            let f: FrameStats = q.ring.stats();
+            let f: FrameStats = q.sock.frame_stats();
             s.copies += f.copies;
             s.overruns += f.overruns;
             s.recv_syscalls += f.syscalls;
@@ -991,7 +939,7 @@ impl NfQueue {
     /// The receive path in use: `frame-ring+io_uring` (multishot recv into a provided-buffer
     /// ring of frames, on every bound queue) or `frame-ring+recvmmsg`.
     pub fn path(&self) -> NetlinkPath {
-        if self.socks.iter().all(|s| s.ring.is_uring()) && !self.socks.is_empty() {
+        if self.socks.iter().all(|s| s.sock.ring.is_uring()) && !self.socks.is_empty() {
             NetlinkPath::FrameRingUring
         } else {
             NetlinkPath::FrameRingRecvmmsg
@@ -1079,11 +1027,11 @@ impl NfQueue {
 
     fn poll(&self, ms: i32) -> Result<bool, NfqError> {
         if self.socks.len() == 1 {
-            let r = crate::sys::net::poll_one(&self.socks[0].fd, libc::POLLIN, ms)
+            let r = crate::sys::net::poll_one(&self.socks[0].sock.fd, libc::POLLIN, ms)
                 .map_err(sock_err("poll"))?;
             return Ok(r != 0);
         }
-        let fds: Vec<&OwnedFd> = self.socks.iter().map(|s| &s.fd).collect();
+        let fds: Vec<&OwnedFd> = self.socks.iter().map(|s| &s.sock.fd).collect();
         crate::sys::net::poll_many(&fds, libc::POLLIN, ms).map_err(sock_err("poll"))
     }
 
@@ -1158,10 +1106,7 @@ impl NfQueue {
                 // Verdicts given since the last call (`verdict` on held packets) go out now:
                 // on the ring they ride this fill's enter.
                 s.flush(&mut self.stats, retries).map_err(|e| (i, e))?;
-                let fill = match s
-                    .ring
-                    .fill(&s.fd, left.min(MAX_BATCH), std::mem::take(&mut wait))
-                {
+                let fill = match s.sock.fill(left.min(MAX_BATCH), std::mem::take(&mut wait)) {
                     Ok(f) => f,
                     // Report "all held" on the next call, after the caller saw these packets.
                     Err(FrameError::AllHeld(_)) if total > 0 => continue,
@@ -1174,9 +1119,8 @@ impl NfQueue {
                     on_error: self.cfg.on_error,
                     deferred: &mut self.deferred,
                 };
-                let uring = s.ring.is_uring();
-                while let Some(id) = s.ring.frames_mut().pop_ready() {
-                    s.decode_frame(id, &mut ctx);
+                let uring = s.sock.ring.is_uring();
+                while s.decode_next(&mut ctx) {
                     // With sendto, flush every `batch` decided packets; on the ring the
                     // verdicts go out with the next enter anyway, so one datagram per receive
                     // batch costs nothing in latency and keeps the batch whole.
@@ -1235,7 +1179,7 @@ impl NfQueue {
         if *fid == NO_FRAME {
             return None;
         }
-        for m in messages(s.ring.frames().data(FrameId(*fid))).flatten() {
+        for m in messages(s.sock.ring.frames().data(FrameId(*fid))).flatten() {
             if let Ok(pkt) = Packet::parse(&m) {
                 if pkt.id == r.id {
                     return Some(f(&pkt));
@@ -1413,17 +1357,12 @@ impl NfQueue {
         if self.readiness.is_none() {
             let set = crate::sys::ready::ReadySet::new().map_err(sock_err("readiness set"))?;
             for s in &mut self.socks {
-                set.add_level(s.fd.as_raw_fd(), libc::EPOLLIN as u32)
-                    .map_err(sock_err("readiness set: add socket"))?;
-                if let Some(u) = s.ring.uring_mut() {
-                    let fd = u
-                        .ring
-                        .notify_fd()
-                        .map_err(sock_err("IORING_REGISTER_EVENTFD"))?
-                        .as_raw_fd();
-                    set.add_level(fd, libc::EPOLLIN as u32)
-                        .map_err(sock_err("readiness set: add eventfd"))?;
-                }
+                s.sock
+                    .add_to_readiness(&set)
+                    .map_err(|e| NfqError::Socket {
+                        what: e.what.to_string(),
+                        source: e.source,
+                    })?;
             }
             self.readiness = Some(set);
         }
@@ -1443,10 +1382,7 @@ impl NfQueue {
             n += self.process(Some(Duration::ZERO), &mut *f)?;
             let mut more = false;
             for s in &mut self.socks {
-                if let Some(u) = s.ring.uring_mut() {
-                    u.ring.clear_notify();
-                    more |= u.ring.has_work();
-                }
+                more |= s.sock.clear_notify();
             }
             if !more {
                 break;
@@ -1469,10 +1405,7 @@ impl NfQueue {
             n += self.receive(Some(Duration::ZERO), max.saturating_sub(n).max(1), out)?;
             let mut more = false;
             for s in &mut self.socks {
-                if let Some(u) = s.ring.uring_mut() {
-                    u.ring.clear_notify();
-                    more |= u.ring.has_work();
-                }
+                more |= s.sock.clear_notify();
             }
             if !more || n >= max {
                 break;
@@ -1489,18 +1422,18 @@ impl NfQueue {
         let Some(s) = self.socks.iter_mut().find(|s| s.queue == queue) else {
             return Err(NfqError::Unbound);
         };
-        if s.ring.inject(datagram) {
+        if s.sock.ring.inject(datagram) {
             Ok(())
         } else {
             Err(NfqError::Frames(FrameError::AllHeld(
-                s.ring.frames().count(),
+                s.sock.ring.frames().count(),
             )))
         }
     }
 
     /// Raw descriptors (for an external poller).
     pub fn fds(&self) -> Vec<i32> {
-        self.socks.iter().map(|s| s.fd.as_raw_fd()).collect()
+        self.socks.iter().map(|s| s.sock.fd.as_raw_fd()).collect()
     }
 }
 
@@ -1544,6 +1477,7 @@ mod tests {
     use super::*;
     use crate::netlink::msg::messages;
     use crate::netlink::nfqmsg::VerdictMsg;
+    use crate::netlink::source::FrameSource;
 
     fn packet(id: u32, out: &mut Vec<u8>) {
         let p = Packet {
@@ -1624,14 +1558,16 @@ mod tests {
                         on_error: Verdict::Drop,
                         deferred: &mut deferred,
                     };
-                    decode_frame(
-                        ring.frames_mut(),
+                    let (fate, _) = decode_frame(
+                        ring.frames(),
                         &mut track,
                         &mut hold_refs,
                         0,
                         id,
                         &mut ctx,
                     );
+                    assert_eq!(fate, Fate::Release, "nothing is held here");
+                    ring.frames_mut().release(id);
                     assert!(deferred.is_none());
                 }
             }
