@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 mod errors;
+mod logs;
 mod queue;
 mod view;
 
@@ -37,6 +38,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<queue::NfQueue>()?;
     m.add_class::<queue::Packet>()?;
     m.add_class::<queue::Batch>()?;
+    m.add_class::<logs::NfLog>()?;
+    m.add_class::<logs::LogEntry>()?;
+    m.add_class::<logs::CtEvents>()?;
+    m.add_class::<logs::CtEvent>()?;
     m.add("DROP", 0u32)?;
     m.add("ACCEPT", 1u32)?;
     m.add("REPEAT", 4u32)?;

@@ -70,28 +70,20 @@ struct Shared {
     closed: AtomicBool,
 }
 
-/// Hands the queue to the GIL-free wait.
-struct Detached<'a> {
-    q: &'a mut Queue,
-    out: &'a mut Vec<Received>,
-    max: usize,
-    wait: Duration,
-    ready_only: bool,
-}
+/// A value bound to this thread (an io_uring owner: the queue, the NFLOG and conntrack
+/// sockets) handed to `Python::detach`'s closure, which wants `Send`.
+pub(crate) struct OnThisThread<T>(pub(crate) T);
 
 // SAFETY: `Python::detach` runs its closure on the calling thread, before it returns, so the
-// queue (not `Send` because its io_uring belongs to this thread) never leaves the thread; the
-// closure touches no Python object.
+// value never leaves the thread it belongs to (it is `!Send` only because its io_uring is bound
+// to this thread); the closures touch no Python object.
 #[allow(unsafe_code)]
-unsafe impl Send for Detached<'_> {}
+unsafe impl<T> Send for OnThisThread<T> {}
 
-impl Detached<'_> {
-    fn run(self) -> Result<usize, zcio::netlink::NfqError> {
-        if self.ready_only {
-            self.q.receive_ready(self.max, self.out)
-        } else {
-            self.q.receive(Some(self.wait), self.max, self.out)
-        }
+impl<T> OnThisThread<T> {
+    /// The value (call inside the closure, so the closure captures the whole wrapper).
+    pub(crate) fn into_inner(self) -> T {
+        self.0
     }
 }
 
@@ -271,15 +263,15 @@ impl NfQueue {
         }
         let mut out = std::mem::take(&mut self.scratch);
         out.clear();
-        let q = self.queue()?;
-        let d = Detached {
-            q,
-            out: &mut out,
-            max,
-            wait,
-            ready_only,
-        };
-        let r = py.detach(move || d.run());
+        let q = OnThisThread((self.queue()?, &mut out));
+        let r = py.detach(move || {
+            let (q, out) = q.into_inner();
+            if ready_only {
+                q.receive_ready(max, out)
+            } else {
+                q.receive(Some(wait), max, out)
+            }
+        });
         // The receive sent every verdict given before it.
         self.unsent_max.clear();
         self.refresh();

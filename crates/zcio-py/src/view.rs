@@ -17,7 +17,7 @@
 //! 3.9+). The two buffer slots (`Py_bf_getbuffer` = 1) have been accepted by
 //! `PyType_FromSpec` since 3.2 and `Py_buffer`'s layout has not changed since 3.3; 3.11 made
 //! both part of the stable ABI as they were. This file is the crate's only `unsafe` besides
-//! handing the queue to the GIL-free wait (`queue.rs`, `Detached`).
+//! handing thread-bound objects to the GIL-free wait (`queue.rs`, `OnThisThread`).
 #![allow(unsafe_code)]
 
 use pyo3::ffi;

@@ -35,7 +35,9 @@ from ._native import (
     DROP,
     REPEAT,
     Batch,
+    CtEvent,
     FramesExhausted,
+    LogEntry,
     Packet,
     QueueBusy,
     QueueUnbound,
@@ -53,7 +55,11 @@ __all__ = [
     "COPY_PACKET",
     "PROTOCOLS",
     "Batch",
+    "CtEvent",
+    "CtEvents",
     "FanOut",
+    "LogEntry",
+    "NfLog",
     "FramesExhausted",
     "NetfilterQueue",
     "NfQueue",
@@ -139,6 +145,70 @@ class NfQueue(_native.NfQueue):
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+class _Stream:
+    """Iteration shared by NfLog and CtEvents: ``for entry in log`` (forever), ``batches()``,
+    ``async for entry in log``."""
+
+    def batches(self, timeout: Optional[float] = None):
+        """Yields lists of entries as they arrive (empty after ``timeout`` seconds without)."""
+        while True:
+            yield self.next_batch(timeout)
+
+    def __iter__(self):
+        while True:
+            yield from self.next_batch(None)
+
+    async def __aiter__(self):
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        fd = self.fileno()
+        while True:
+            got = self.ready_batch()
+            if got:
+                for e in got:
+                    yield e
+                continue
+            ready = loop.create_future()
+
+            def wake(fut=ready):
+                if not fut.done():
+                    fut.set_result(None)
+
+            loop.add_reader(fd, wake)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class NfLog(_Stream, _native.NfLog):
+    """An NFLOG consumer: ``NfLog(5)`` reads what ``-j NFLOG --nflog-group 5`` rules log.
+
+    Entries (``LogEntry``) carry group, hook, prefix, mark, devices, timestamp, uid/gid, the
+    per-group sequence number and the payload (bytes). ``stats["lost"]`` counts messages the
+    kernel could not deliver, exactly, from the sequence numbers. Options: ``copy_range``,
+    ``meta``, ``nlbufsiz``, ``timeout`` (kernel flush timeout, seconds), ``qthresh``,
+    ``seq``, ``conntrack``, ``sock_len``, ``frames``, ``uring``.
+    """
+
+
+class CtEvents(_Stream, _native.CtEvents):
+    """Conntrack events (``conntrack -E``): ``CtEvents(new=True, update=True, destroy=True)``.
+
+    Each ``CtEvent`` has kind ("new", "update", "destroy"), orig/reply tuples (dicts), status,
+    timeout, mark, zone, id, and ``line``: the event as ``conntrack -E`` prints it.
+    ``stats["lost"]`` counts events the kernel dropped at the socket.
+    """
 
 
 def _split(first: int, last: int, threads: int) -> List[range]:

@@ -1558,14 +1558,8 @@ mod tests {
                         on_error: Verdict::Drop,
                         deferred: &mut deferred,
                     };
-                    let (fate, _) = decode_frame(
-                        ring.frames(),
-                        &mut track,
-                        &mut hold_refs,
-                        0,
-                        id,
-                        &mut ctx,
-                    );
+                    let (fate, _) =
+                        decode_frame(ring.frames(), &mut track, &mut hold_refs, 0, id, &mut ctx);
                     assert_eq!(fate, Fate::Release, "nothing is held here");
                     ring.frames_mut().release(id);
                     assert!(deferred.is_none());
