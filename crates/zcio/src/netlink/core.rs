@@ -327,7 +327,7 @@ pub(crate) trait Family {
     fn tally(t: &mut Self::Tally, item: &Self::Item<'_>);
 }
 
-/// Counters of a [`Stream`].
+/// Counters of a stream consumer (`NfLog`, `CtEvents`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StreamStats {
     /// Items handed to the caller (logged packets, conntrack events).
