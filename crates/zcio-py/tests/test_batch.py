@@ -311,3 +311,44 @@ def test_without_cap_net_admin_binding_says_what_to_do(host):
     )
     assert "PERM" in r.stdout, (r.stdout, r.stderr)
     assert "CAP_NET_ADMIN" in r.stdout
+
+
+def test_the_readme_example_drops_udp_to_port_53_and_accepts_the_rest(host, udp):
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = readme.split("## Python\n", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    host.iptables("-A", "INPUT", "-p", "udp", "-j", "NFQUEUE", "--queue-num", "1")
+    dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dns.bind(("127.0.0.1", 53))
+    dns.setblocking(False)
+    p = subprocess.Popen(["ip", "netns", "exec", host.name, sys.executable, "-c", code],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + 10
+        while not udp.drain() and time.time() < end:
+            udp.send(b"before")  # dropped (no listener) until the example has bound queue 1
+            time.sleep(0.05)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(b"query", ("127.0.0.1", 53))
+        udp.send(b"after")
+        assert b"after" in udp.wait_for(len(udp.got) + 1)
+        time.sleep(0.05)
+        try:
+            dns.recv(100)
+            raise AssertionError("UDP to port 53 was not dropped")
+        except BlockingIOError:
+            pass
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=5)
+        assert "KeyboardInterrupt" in err
+    finally:
+        if p.poll() is None:
+            p.kill()
+        dns.close()
