@@ -773,8 +773,12 @@ impl Packet {
         }
         match self.queue.bind(py).try_borrow_mut() {
             Ok(mut q) => q.apply(py, &self.slot),
-            // The queue is in a call that applies it when the callback returns.
-            Err(_) => Ok(()),
+            // The queue is inside one of its own calls (a signal handler or a callback run
+            // from it): its next call applies the verdict, as for another thread's.
+            Err(_) => {
+                lock(&self.shared.remote).push(Arc::clone(&self.slot));
+                Ok(())
+            }
         }
     }
 

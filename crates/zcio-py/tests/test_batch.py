@@ -253,7 +253,15 @@ def test_async_for_batches_under_asyncio(host, udp):
 
 
 def test_fan_out_serves_a_queue_range_one_queue_per_thread(host, udp):
-    host.rule(0, extra="--queue-balance 20:21")
+    import os
+    import socket
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: --queue-cpu-fanout has one queue to pick")
+    # The queue is picked by the CPU the packet is queued on: loopback queues it on the
+    # sender's CPU.
+    host.rule(0, extra="--queue-balance 20:21 --queue-cpu-fanout")
     seen = set()
     lock = threading.Lock()
 
@@ -262,20 +270,20 @@ def test_fan_out_serves_a_queue_range_one_queue_per_thread(host, udp):
             seen.update(p.queue for p in batch)
         batch.accept()
 
-    fan = zcio.FanOut(20, 21, handler, threads=2, copy_range=2048).start()
-    # The balance hashes the addresses: send from eight of them.
-    import socket
+    def send_from(cpu, base):
+        os.sched_setaffinity(0, {cpu})
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for i in range(32):
+                s.sendto(dgram(base + i), ("127.0.0.1", 9999))
 
-    socks = []
-    for i in range(64):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind((f"127.0.0.{1 + i % 8}", 0))
-        s.sendto(dgram(i), ("127.0.0.1", 9999))
-        socks.append(s)
+    fan = zcio.FanOut(20, 21, handler, threads=2, copy_range=2048).start()
+    senders = [threading.Thread(target=send_from, args=(c, 32 * k)) for k, c in enumerate(cpus[:2])]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
     got = udp.wait_for(64)
     st = fan.stop()
-    for s in socks:
-        s.close()
     assert len(got) == 64
     assert seen == {20, 21}
     assert st["received"] == st["accepted"] == 64

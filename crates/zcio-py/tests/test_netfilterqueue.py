@@ -62,6 +62,7 @@ def test_accept_and_drop_by_payload(host, udp):
 
     def cb(p):
         assert "UDP packet" in str(p)
+        assert p.get_payload_len() == p.payload_len == len(p.get_payload())
         (p.drop if p.get_payload()[28:] == b"two" else p.accept)()
 
     nfq = bind(cb, 1)
@@ -372,6 +373,26 @@ def test_uid_and_gid_where_the_kernel_gives_them(host, udp):
         b.accept()
     finally:
         q.close()
+    seen = []
+
+    def cb(p):
+        seen.append((p.uid, p.gid, p.hook))
+        p.accept()
+
+    nfq = bind(cb, 13, uid_gid=True)
+    try:
+        udp.send(b"y")
+        run_until(nfq, lambda: seen)
+        assert seen == [(os.getuid(), os.getgid(), 3)]
+    finally:
+        nfq.unbind()
+    nfq = bind(lambda p: (seen.append((p.uid, p.gid)), p.accept()), 13)
+    try:
+        udp.send(b"z")
+        run_until(nfq, lambda: len(seen) == 2)
+        assert seen[1] == (None, None), "not asked for: the kernel does not send them"
+    finally:
+        nfq.unbind()
 
 
 SDIST = Path(os.environ.get("ZCIO_NFQ_SDIST", Path(__file__).resolve().parents[3] / "target" / "py-cache" / "NetfilterQueue-1.1.0.tar.gz"))

@@ -354,9 +354,11 @@ class NetfilterQueue:
         sock_len: int = _SOCK_RCV_SIZE,
         fail_open: bool = False,
         default_verdict: int = DROP,
+        uid_gid: bool = False,
     ) -> None:
         """Create and bind to queue ``queue_num`` (netfilterqueue's arguments, plus
-        ``fail_open`` and ``default_verdict``)."""
+        ``fail_open``, ``default_verdict`` and ``uid_gid``: fill ``Packet.uid``/``gid`` of
+        locally generated packets)."""
         if self._q is not None:
             raise RuntimeError("A queue is already bound; use unbind() first")
         q = _native.NfQueue(
@@ -367,6 +369,7 @@ class NetfilterQueue:
             fail_open=fail_open,
             sock_len=sock_len,
             default_verdict=default_verdict,
+            uid_gid=uid_gid,
             uring=False,
             compat=True,
         )
