@@ -1,5 +1,11 @@
 //! Memory areas handed to the kernel: page-aligned anonymous mappings, optionally on huge
 //! pages, unmapped on drop.
+//!
+//! Everything in this module makes no syscall beyond `mmap`/`munmap`/`mlock`, and its tests run
+//! under Miri (`scripts/miri`), the kernel's side of shared memory played by the tests through
+//! the addresses user space publishes. Exception: the kernel-allocated buffer ring
+//! (`IOU_PBUF_RING_MMAP`) is mapped from an io_uring descriptor, which Miri cannot make; its
+//! user-memory twin is the same code past the mapping.
 #![allow(unsafe_code)]
 // Public under the `unstable-raw` feature, crate-private without it: the `pub` items here are
 // the feature's surface (used by the C ABI, the preload shim and the CLI), not dead code.

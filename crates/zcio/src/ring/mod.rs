@@ -8,6 +8,11 @@
 //!
 //! Completions are never lost: rings are only created with `IORING_FEAT_NODROP` (Linux 5.5), and
 //! [`Ring::harvest`] flushes the kernel's overflow list whenever the ring says it has one.
+//!
+//! Not under Miri: everything here makes io_uring syscalls, which Miri cannot. It is tested on
+//! real kernels (`scripts/test`, and `scripts/vmtest` on 6.1, 6.12 and 7.x). The one piece that
+//! decodes what the kernel writes back without I/O, the zcrx registration, runs under Miri with
+//! the call passed in (`zcrx::tests`).
 #![allow(unsafe_code)]
 // Public under the `unstable-raw` feature, crate-private without it: the `pub` items here are
 // the feature's surface (used by the C ABI, the preload shim and the CLI), not dead code.
