@@ -389,6 +389,7 @@ impl NfQueue {
         Ok(Batch {
             packets,
             queue: me.clone().unbind(),
+            owner: self.shared.owner,
         })
     }
 }
@@ -1055,6 +1056,7 @@ impl Packet {
 pub struct Batch {
     packets: Vec<Py<Packet>>,
     queue: Py<NfQueue>,
+    owner: ThreadId,
 }
 
 impl Batch {
@@ -1071,7 +1073,16 @@ impl Batch {
                 n += 1;
             }
         }
-        let _ = &self.queue;
+        // The batch is decided: send its verdicts now (one datagram, a VERDICT_BATCH for the
+        // run of equal verdicts) rather than with the next fetch, which may be a long await
+        // away. Verdicts given one by one without a batch-wide call go with the next fetch.
+        if std::thread::current().id() == self.owner {
+            if let Ok(mut q) = self.queue.bind(py).try_borrow_mut() {
+                if q.q.is_some() {
+                    q.flush(py)?;
+                }
+            }
+        }
         Ok(n)
     }
 }
