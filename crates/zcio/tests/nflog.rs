@@ -528,7 +528,7 @@ fn conntrack_flag_attaches_the_connection_of_each_packet() {
     ) else {
         return;
     };
-    ns.run(|| {
+    ns.run(move || {
         let mut log = match NfLog::open(NfLogConfig {
             conntrack: true,
             ..cfg(19)

@@ -30,6 +30,7 @@ pub mod route;
 mod source;
 pub mod tracker;
 
+pub use crate::buf::frames::FramePin;
 pub use conntrack::{
     tcp_state_name, Conntrack, CtCounters, CtEvent, CtEventKind, CtTimestamp, TcpInfo, Tuple,
 };
@@ -43,7 +44,7 @@ pub use nflog::{
 pub use nfqmsg::{CopyMode, Packet, Verdict};
 pub use queue::{
     kernel_queue_stats, Decision, KernelQueueStats, NfQueue, NfQueueConfig, NfqError, NfqStats,
-    PacketRef,
+    PacketInfo, PacketRef, Received,
 };
 pub use source::{FrameError, FrameStats};
 

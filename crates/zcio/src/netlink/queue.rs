@@ -16,8 +16,8 @@ use super::core::{Fate, NlSocket, RequestError, SockSpec, UringNeed};
 use super::msg::{messages, EmitError, ParseError};
 use super::nfqmsg::{self, AnyMsg, ConfigMsg, CopyMode, Packet, Verdict};
 use super::source::{FrameError, FrameStats, MAX_BATCH};
-use super::tracker::{Built, Decided, SendId, State, Tracker};
-use crate::buf::frames::FrameId;
+use super::tracker::{Built, Decided, SendId, State, Tracker, NO_FRAME};
+use crate::buf::frames::{FrameId, FramePin, FrameRing};
 use crate::netlink::NetlinkPath;
 use crate::stats::{Counters, Fallback, Report};
 use crate::sys::netlink as nl;
@@ -229,6 +229,81 @@ pub struct PacketRef {
     pub queue: u16,
     /// Packet id.
     pub id: u32,
+}
+
+/// A packet handed over by [`NfQueue::receive`]: held until the caller's
+/// [`NfQueue::verdict`], with its payload pinned in its frame.
+#[derive(Debug)]
+pub struct Received {
+    /// The packet, for [`NfQueue::verdict`].
+    pub packet: PacketRef,
+    /// Its metadata.
+    pub info: PacketInfo,
+    /// Its payload (`NFQA_PAYLOAD`, from the network header on, up to the copy range), in
+    /// the frame it arrived in; `None` in `CopyMode::Meta` or for a packet without one.
+    pub payload: Option<FramePin>,
+}
+
+/// A queued packet's metadata, owned (the fields of [`Packet`] but the payload).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PacketInfo {
+    /// Address family of the hook (`AF_INET` = 2, `AF_INET6` = 10).
+    pub family: u8,
+    /// Ethertype (host order).
+    pub hw_protocol: u16,
+    /// Netfilter hook number.
+    pub hook: u8,
+    /// `NFQA_MARK`.
+    pub mark: Option<u32>,
+    /// `NFQA_IFINDEX_INDEV`.
+    pub indev: Option<u32>,
+    /// `NFQA_IFINDEX_OUTDEV`.
+    pub outdev: Option<u32>,
+    /// `NFQA_IFINDEX_PHYSINDEV`.
+    pub physindev: Option<u32>,
+    /// `NFQA_IFINDEX_PHYSOUTDEV`.
+    pub physoutdev: Option<u32>,
+    /// `NFQA_HWADDR`: the address (up to 8 bytes, zero-padded) and its length.
+    pub hwaddr: Option<([u8; 8], u8)>,
+    /// `NFQA_TIMESTAMP` (sec, usec).
+    pub timestamp: Option<(u64, u64)>,
+    /// `NFQA_CAP_LEN`: the full length when the payload was cut to the copy range.
+    pub cap_len: Option<u32>,
+    /// `NFQA_SKB_INFO` flags.
+    pub skb_info: Option<u32>,
+    /// `NFQA_UID`.
+    pub uid: Option<u32>,
+    /// `NFQA_GID`.
+    pub gid: Option<u32>,
+    /// `NFQA_CT_INFO`.
+    pub ct_info: Option<u32>,
+}
+
+impl From<&Packet<'_>> for PacketInfo {
+    fn from(p: &Packet<'_>) -> Self {
+        Self {
+            family: p.family,
+            hw_protocol: p.hw_protocol,
+            hook: p.hook,
+            mark: p.mark,
+            indev: p.indev,
+            outdev: p.outdev,
+            physindev: p.physindev,
+            physoutdev: p.physoutdev,
+            hwaddr: p.hwaddr.map(|h| {
+                let mut a = [0u8; 8];
+                let n = h.len().min(8);
+                a[..n].copy_from_slice(&h[..n]);
+                (a, n as u8)
+            }),
+            timestamp: p.timestamp,
+            cap_len: p.cap_len,
+            skb_info: p.skb_info,
+            uid: p.uid,
+            gid: p.gid,
+            ct_info: p.ct_info,
+        }
+    }
 }
 
 /// Counters of an [`NfQueue`].
@@ -613,17 +688,30 @@ impl QueueSock {
             .map_err(|e| NfqError::Send { queue, source: e })
     }
 
+    /// One held packet of frame `fid` was decided or let go of its frame: the frame goes
+    /// back when none is left (and its pins, if any, are gone).
+    fn unref_frame(&mut self, fid: u32) {
+        if fid == NO_FRAME {
+            return;
+        }
+        let refs = &mut self.hold_refs[fid as usize];
+        *refs = refs.saturating_sub(1);
+        if *refs == 0 {
+            self.sock.finish(FrameId(fid), Fate::Release);
+        }
+    }
+
     /// Decodes the next ready frame (see [`decode_frame`]) and releases or holds it; `false`
     /// when no frame is ready.
     fn decode_next<F>(&mut self, ctx: &mut Ctx<'_, F>) -> bool
     where
-        F: FnMut(&Packet<'_>) -> Decision,
+        F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
     {
         let Some(id) = self.sock.pop_ready() else {
             return false;
         };
         let (fate, n) = decode_frame(
-            self.sock.data(id),
+            self.sock.ring.frames(),
             &mut self.track,
             &mut self.hold_refs,
             self.queue,
@@ -642,7 +730,7 @@ impl QueueSock {
 /// packets held in it). Never fails: a malformed message is counted and the rest of the
 /// datagram still gets its verdicts. Returns the fate and the packets tracked.
 fn decode_frame<F>(
-    data: &[u8],
+    ring: &FrameRing,
     track: &mut Tracker,
     hold_refs: &mut [u16],
     queue: u16,
@@ -650,10 +738,12 @@ fn decode_frame<F>(
     ctx: &mut Ctx<'_, F>,
 ) -> (Fate, usize)
 where
-    F: FnMut(&Packet<'_>) -> Decision,
+    F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
 {
     let mut held = 0u16;
     let mut tracked = 0;
+    let site = PinSite { ring, frame: id };
+    let data = ring.data(id);
     for m in messages(data) {
         let m = match m {
             Ok(m) => m,
@@ -669,7 +759,7 @@ where
             Ok(AnyMsg::Packet(p)) => {
                 ctx.stats.received += 1;
                 *ctx.total += 1;
-                let d = match (ctx.f)(&p) {
+                let d = match (ctx.f)(&p, &site) {
                     Decision::Hold => None,
                     Decision::Mangle(..) if mangle_dropped_by_kernel(&p) => {
                         ctx.stats.refused += 1;
@@ -716,6 +806,20 @@ where
         (Fate::Hold, tracked)
     } else {
         (Fate::Release, tracked)
+    }
+}
+
+/// Where a packet handed to the decoding closure lives: its frame, whose bytes a
+/// [`FramePin`] can keep past the packet's verdict.
+pub(crate) struct PinSite<'a> {
+    ring: &'a FrameRing,
+    frame: FrameId,
+}
+
+impl PinSite<'_> {
+    /// Pins `bytes` (part of the packet being decided, e.g. its payload).
+    pub(crate) fn pin(&self, bytes: &[u8]) -> Option<FramePin> {
+        self.ring.pin(self.frame, bytes)
     }
 }
 
@@ -860,19 +964,65 @@ impl NfQueue {
     where
         F: FnMut(&Packet<'_>) -> Decision,
     {
+        let budget = self.cfg.budget;
+        self.process_with(timeout, budget, &mut |p: &Packet<'_>, _: &PinSite<'_>| f(p))
+    }
+
+    /// Receives up to about `max` packets (waiting up to `timeout` when none is ready) and
+    /// appends them to `out`, each **held**: its verdict is the caller's, given later with
+    /// [`NfQueue::verdict`] (and sent by [`NfQueue::flush`] or the next receive, in batches as
+    /// ever), and its payload is pinned in its frame ([`FramePin`]) — no copy. A pin outlives
+    /// the verdict if the caller keeps it: the frame returns to the ring only when the packet
+    /// is decided *and* its pin dropped, so pinned bytes never change. Returns the number of
+    /// packets appended. Packets whose message cannot be parsed get
+    /// [`NfQueueConfig::on_error`] and are not appended. Held packets count against the frame
+    /// ring: with every frame held the receive fails ([`FrameError::AllHeld`]).
+    ///
+    /// `max` bounds the work as [`NfQueueConfig::budget`] does for `process` (an io_uring
+    /// fill may pass it by up to one receive window).
+    pub fn receive(
+        &mut self,
+        timeout: Option<Duration>,
+        max: usize,
+        out: &mut Vec<Received>,
+    ) -> Result<usize, NfqError> {
+        let before = out.len();
+        self.process_with(timeout, max, &mut |p: &Packet<'_>, site: &PinSite<'_>| {
+            out.push(Received {
+                packet: PacketRef {
+                    queue: p.queue,
+                    id: p.id,
+                },
+                info: PacketInfo::from(p),
+                payload: p.payload.and_then(|b| site.pin(b)),
+            });
+            Decision::Hold
+        })?;
+        Ok(out.len() - before)
+    }
+
+    fn process_with<F>(
+        &mut self,
+        timeout: Option<Duration>,
+        budget: usize,
+        f: &mut F,
+    ) -> Result<usize, NfqError>
+    where
+        F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
+    {
         let wait = timeout.unwrap_or(Duration::MAX);
         if self.socks.len() == 1 {
             // One socket: the frame ring waits itself (one io_uring_enter, or poll + recvmmsg).
-            return self.process_ready(&mut f, wait);
+            return self.process_ready(f, wait, budget);
         }
-        let n = self.process_ready(&mut f, Duration::ZERO)?;
+        let n = self.process_ready(f, Duration::ZERO, budget)?;
         if n > 0 || wait.is_zero() {
             return Ok(n);
         }
         let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
         self.stats.recv_syscalls += 1;
         if self.poll(ms)? {
-            return self.process_ready(&mut f, Duration::ZERO);
+            return self.process_ready(f, Duration::ZERO, budget);
         }
         Ok(0)
     }
@@ -887,14 +1037,19 @@ impl NfQueue {
         crate::sys::net::poll_many(&fds, libc::POLLIN, ms).map_err(sock_err("poll"))
     }
 
-    fn process_ready<F>(&mut self, f: &mut F, wait: Duration) -> Result<usize, NfqError>
+    fn process_ready<F>(
+        &mut self,
+        f: &mut F,
+        wait: Duration,
+        budget: usize,
+    ) -> Result<usize, NfqError>
     where
-        F: FnMut(&Packet<'_>) -> Decision,
+        F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
     {
         if self.socks.is_empty() {
             return Err(NfqError::Unbound);
         }
-        let r = self.rounds(f, wait);
+        let r = self.rounds(f, wait, budget);
         // Verdicts queued on the ring usually went out with the last fill's enter; make sure
         // none waits for the next call.
         let mut submit = Ok(());
@@ -922,12 +1077,17 @@ impl NfQueue {
     /// Round-robin over the bound queues, one receive batch per queue per round, until no
     /// queue has data or `cfg.budget` packets were handled; the next call starts one queue
     /// further. Errors name the queue's index.
-    fn rounds<F>(&mut self, f: &mut F, wait: Duration) -> Result<usize, (usize, NfqError)>
+    fn rounds<F>(
+        &mut self,
+        f: &mut F,
+        wait: Duration,
+        budget: usize,
+    ) -> Result<usize, (usize, NfqError)>
     where
-        F: FnMut(&Packet<'_>) -> Decision,
+        F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
     {
         let mut wait = wait;
-        let budget = self.cfg.budget.max(1);
+        let budget = budget.max(1);
         let batch = self.cfg.batch.max(1);
         let retries = self.cfg.send_retries;
         let n = self.socks.len();
@@ -945,6 +1105,9 @@ impl NfQueue {
                     return Ok(total);
                 }
                 let s = &mut self.socks[i];
+                // Verdicts given since the last call (`verdict` on held packets) go out now:
+                // on the ring they ride this fill's enter.
+                s.flush(&mut self.stats, retries).map_err(|e| (i, e))?;
                 let fill = match s.sock.fill(left.min(MAX_BATCH), std::mem::take(&mut wait)) {
                     Ok(f) => f,
                     // Report "all held" on the next call, after the caller saw these packets.
@@ -1015,6 +1178,9 @@ impl NfQueue {
         let Some(State::Held(fid)) = s.track.state(r.id) else {
             return None;
         };
+        if *fid == NO_FRAME {
+            return None;
+        }
         for m in messages(s.sock.ring.frames().data(FrameId(*fid))).flatten() {
             if let Ok(pkt) = Packet::parse(&m) {
                 if pkt.id == r.id {
@@ -1065,11 +1231,33 @@ impl NfQueue {
         })?;
         count(&mut self.stats, v);
         self.stats.held -= 1;
-        let refs = &mut s.hold_refs[fid as usize];
-        *refs = refs.saturating_sub(1);
-        if *refs == 0 {
-            s.sock.finish(FrameId(fid), Fate::Release);
-        }
+        s.unref_frame(fid);
+        Ok(())
+    }
+
+    /// Whether `r` is held (received, not decided).
+    pub fn is_held(&self, r: PacketRef) -> bool {
+        self.socks
+            .iter()
+            .find(|s| s.queue == r.queue)
+            .is_some_and(|s| matches!(s.track.state(r.id), Some(State::Held(_))))
+    }
+
+    /// Keeps a held packet undecided but gives its frame back to the ring: its bytes are no
+    /// longer readable here ([`NfQueue::with_held`] returns `None`; a [`FramePin`] keeps its
+    /// own). For a caller that copied what it needs and may keep many packets undecided for
+    /// a long time: held frames would otherwise run out, while the kernel queue
+    /// ([`NfQueueConfig::max_len`]) is the only limit on undecided packets.
+    pub fn release_frame(&mut self, r: PacketRef) -> Result<(), NfqError> {
+        let not_held = NfqError::NotHeld {
+            queue: r.queue,
+            id: r.id,
+        };
+        let Some(s) = self.socks.iter_mut().find(|s| s.queue == r.queue) else {
+            return Err(not_held);
+        };
+        let fid = s.track.detach(r.id).map_err(|_| not_held)?;
+        s.unref_frame(fid);
         Ok(())
     }
 
@@ -1205,6 +1393,46 @@ impl NfQueue {
         Ok(n)
     }
 
+    /// [`NfQueue::receive`] without waiting, for a caller woken by the readiness descriptor
+    /// (as [`NfQueue::on_ready`] is for `process`): receives up to about `max` packets, then
+    /// clears the frame rings' eventfds and looks again if work came in meanwhile.
+    pub fn receive_ready(
+        &mut self,
+        max: usize,
+        out: &mut Vec<Received>,
+    ) -> Result<usize, NfqError> {
+        self.readiness_fd()?;
+        let mut n = 0;
+        for _ in 0..4 {
+            n += self.receive(Some(Duration::ZERO), max.saturating_sub(n).max(1), out)?;
+            let mut more = false;
+            for s in &mut self.socks {
+                more |= s.sock.clear_notify();
+            }
+            if !more || n >= max {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Puts a datagram that the caller read from queue `queue`'s socket itself (e.g. through
+    /// a cooperative-scheduling library's socket object, on a descriptor from
+    /// [`NfQueue::fds`]) into that queue's frame ring: the next `process`/`receive` decodes it
+    /// like any other.
+    pub fn feed(&mut self, queue: u16, datagram: &[u8]) -> Result<(), NfqError> {
+        let Some(s) = self.socks.iter_mut().find(|s| s.queue == queue) else {
+            return Err(NfqError::Unbound);
+        };
+        if s.sock.ring.inject(datagram) {
+            Ok(())
+        } else {
+            Err(NfqError::Frames(FrameError::AllHeld(
+                s.sock.ring.frames().count(),
+            )))
+        }
+    }
+
     /// Raw descriptors (for an external poller).
     pub fn fds(&self) -> Vec<i32> {
         self.socks.iter().map(|s| s.sock.fd.as_raw_fd()).collect()
@@ -1321,7 +1549,7 @@ mod tests {
                     got += 1;
                     let mut total = 0;
                     let mut deferred = None;
-                    let mut f = |p: &Packet<'_>| {
+                    let mut f = |p: &Packet<'_>, _: &PinSite<'_>| {
                         seen.push(p.id);
                         Decision::Verdict(Verdict::Accept)
                     };
@@ -1332,14 +1560,8 @@ mod tests {
                         on_error: Verdict::Drop,
                         deferred: &mut deferred,
                     };
-                    let (fate, _) = decode_frame(
-                        ring.frames().data(id),
-                        &mut track,
-                        &mut hold_refs,
-                        0,
-                        id,
-                        &mut ctx,
-                    );
+                    let (fate, _) =
+                        decode_frame(ring.frames(), &mut track, &mut hold_refs, 0, id, &mut ctx);
                     assert_eq!(fate, Fate::Release, "nothing is held here");
                     ring.frames_mut().release(id);
                     assert!(deferred.is_none());

@@ -201,6 +201,8 @@ impl FrameSource {
         max: usize,
         wait: Duration,
     ) -> Result<Fill, FrameError> {
+        // Frames released while pinned come back once their pins are gone.
+        self.frames.reclaim();
         if self.frames.all_held() {
             return Err(FrameError::AllHeld(self.frames.count()));
         }

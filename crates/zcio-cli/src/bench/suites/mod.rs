@@ -6,6 +6,7 @@ mod loopback;
 mod netlink;
 mod nfq;
 mod notify;
+mod python;
 mod rx;
 mod shim;
 mod tx;
@@ -23,6 +24,7 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(fileserver::FileServerSuite),
         Box::new(nfq::Nfq),
         Box::new(netlink::NetlinkSuite),
+        Box::new(python::Python),
         Box::new(shim::Shim),
     ]
 }
