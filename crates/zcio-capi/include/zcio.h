@@ -4,10 +4,10 @@
  * handles are opaque and owned by the caller until passed to the matching _free function;
  * no function aborts or unwinds into C.
  *
- * Threads: every function's comment ends with its rule. Event rings, senders, receivers and
- * NFQUEUE handles belong to the thread that created them (their io_uring instances are
- * SINGLE_ISSUER): a call from another thread returns -EPERM and touches nothing (a buffer or fd
- * passed in stays the caller's). Posters, pools and buffers may be used from any thread (a
+ * Threads: every function's comment ends with its rule. Event rings, senders, receivers,
+ * NFQUEUE, NFLOG and conntrack event handles belong to the thread that created them (their
+ * io_uring instances are SINGLE_ISSUER): a call from another thread returns -EPERM and touches
+ * nothing (a buffer or fd passed in stays the caller's). Posters, pools and buffers may be used from any thread (a
  * buffer by one thread at a time); a received chunk may be freed from any thread. */
 
 #ifndef ZCIO_H
@@ -32,6 +32,26 @@
  epoll (the baseline).
  */
 #define ZCIO_EVENT_PREFER_EPOLL 2
+
+/*
+ Event kind: a new entry.
+ */
+#define ZCIO_CT_NEW 1
+
+/*
+ Event kind: an entry changed.
+ */
+#define ZCIO_CT_UPDATE 2
+
+/*
+ Event kind: an entry was destroyed.
+ */
+#define ZCIO_CT_DESTROY 4
+
+/*
+ `zcio_ctevents_open` flag: give each event its `conntrack -E` line (`zcio_ct_event.line`).
+ */
+#define ZCIO_CT_LINES (1 << 8)
 
 /*
  Verdict: drop the packet (`NF_DROP`).
@@ -154,6 +174,11 @@
 typedef struct zcio_buf zcio_buf;
 
 /*
+ A conntrack event subscriber. Opaque; one thread at a time.
+ */
+typedef struct zcio_ctevents zcio_ctevents;
+
+/*
  A handle that posts user events to one event ring from any thread. Opaque.
  */
 typedef struct zcio_event_poster zcio_event_poster;
@@ -163,6 +188,11 @@ typedef struct zcio_event_poster zcio_event_poster;
  64-bit token), with ready events harvested from shared memory. Opaque.
  */
 typedef struct zcio_event_ring zcio_event_ring;
+
+/*
+ An NFLOG consumer bound to one or more groups. Opaque; one thread at a time.
+ */
+typedef struct zcio_nflog zcio_nflog;
 
 /*
  An NFQUEUE consumer bound to a range of queues. Opaque; one thread at a time.
@@ -252,6 +282,296 @@ typedef struct zcio_event_stats {
    */
   uint64_t poster_wakes;
 } zcio_event_stats;
+
+/*
+ One direction of a connection. Addresses are in network byte order: 4 bytes for IPv4, 16
+ for IPv6.
+ */
+typedef struct zcio_ct_tuple {
+  /*
+   Source address.
+   */
+  uint8_t src[16];
+  /*
+   Destination address.
+   */
+  uint8_t dst[16];
+  /*
+   Layer-4 protocol number.
+   */
+  uint8_t proto;
+  /*
+   ICMP type (ICMP/ICMPv6).
+   */
+  uint8_t icmp_type;
+  /*
+   ICMP code.
+   */
+  uint8_t icmp_code;
+  /*
+   Whether the ports are set.
+   */
+  uint8_t has_ports;
+  /*
+   Source port (host order).
+   */
+  uint16_t sport;
+  /*
+   Destination port (host order).
+   */
+  uint16_t dport;
+  /*
+   ICMP id (host order).
+   */
+  uint16_t icmp_id;
+  /*
+   Packets counted in this direction (with `nf_conntrack_acct`; see `has_counters`).
+   */
+  uint64_t packets;
+  /*
+   Bytes counted in this direction.
+   */
+  uint64_t bytes;
+} zcio_ct_tuple;
+
+/*
+ One event, valid during the callback only.
+ */
+typedef struct zcio_ct_event {
+  /*
+   `ZCIO_CT_NEW`, `ZCIO_CT_UPDATE` or `ZCIO_CT_DESTROY`.
+   */
+  uint32_t kind;
+  /*
+   Address family (2 IPv4, 10 IPv6).
+   */
+  uint8_t family;
+  /*
+   TCP state (`TCP_CONNTRACK_*`; 0 when not TCP).
+   */
+  uint8_t tcp_state;
+  /*
+   Whether the tuples carry counters.
+   */
+  uint8_t has_counters;
+  /*
+   Whether `timeout` is set.
+   */
+  uint8_t has_timeout;
+  /*
+   Original direction.
+   */
+  struct zcio_ct_tuple orig;
+  /*
+   Reply direction.
+   */
+  struct zcio_ct_tuple reply;
+  /*
+   `IPS_*` status bits.
+   */
+  uint32_t status;
+  /*
+   Seconds until it expires.
+   */
+  uint32_t timeout;
+  /*
+   Connection mark (0 when none).
+   */
+  uint32_t mark;
+  /*
+   Entry id.
+   */
+  uint32_t id;
+  /*
+   Zone (0: the default).
+   */
+  uint16_t zone;
+  /*
+   Port id of the process whose request caused the event (0: traffic or a timeout).
+   */
+  uint32_t portid;
+  /*
+   Start time, ns since the epoch (0 without `nf_conntrack_timestamp`).
+   */
+  uint64_t start_ns;
+  /*
+   Stop time, ns (destroyed entries).
+   */
+  uint64_t stop_ns;
+  /*
+   The `conntrack -E` line, NUL-terminated (with `ZCIO_CT_LINES`; NULL otherwise).
+   */
+  const char *line;
+} zcio_ct_event;
+
+/*
+ Handles one event; its return value is ignored (return 0).
+ */
+typedef int (*zcio_ct_callback)(const struct zcio_ct_event *ev, void *user);
+
+/*
+ Counters of a subscriber.
+ */
+typedef struct zcio_ctevents_stats {
+  /*
+   Events received.
+   */
+  uint64_t events;
+  /*
+   NEW events.
+   */
+  uint64_t new_events;
+  /*
+   UPDATE events.
+   */
+  uint64_t update_events;
+  /*
+   DESTROY events.
+   */
+  uint64_t destroy_events;
+  /*
+   Events the kernel dropped at the socket (exact).
+   */
+  uint64_t lost;
+  /*
+   Overruns reported by the socket (ENOBUFS).
+   */
+  uint64_t overruns;
+  /*
+   Receive syscalls.
+   */
+  uint64_t syscalls;
+} zcio_ctevents_stats;
+
+/*
+ One logged packet, valid during the callback only. A `has_*` field says whether the
+ value beside it was sent by the kernel.
+ */
+typedef struct zcio_nflog_packet {
+  /*
+   The group it was logged to.
+   */
+  uint16_t group;
+  /*
+   Link-layer protocol (`ETH_P_IP`, ...), host order.
+   */
+  uint16_t hw_protocol;
+  /*
+   Address family of the hook (2 IPv4, 10 IPv6, 7 bridge).
+   */
+  uint8_t family;
+  /*
+   Netfilter hook (0 PREROUTING, 1 INPUT, 2 FORWARD, 3 OUTPUT, 4 POSTROUTING).
+   */
+  uint8_t hook;
+  /*
+   Whether `mark` is set.
+   */
+  uint8_t has_mark;
+  /*
+   Whether `seq` is set.
+   */
+  uint8_t has_seq;
+  /*
+   Whether `ts_sec`/`ts_usec` are set (PREROUTING, INPUT, FORWARD only).
+   */
+  uint8_t has_timestamp;
+  /*
+   Whether `uid`/`gid` are set.
+   */
+  uint8_t has_uid;
+  /*
+   Packet mark.
+   */
+  uint32_t mark;
+  /*
+   Per-group sequence number.
+   */
+  uint32_t seq;
+  /*
+   Input interface index (0: none).
+   */
+  uint32_t indev;
+  /*
+   Output interface index (0: none).
+   */
+  uint32_t outdev;
+  /*
+   Owner of the local socket.
+   */
+  uint32_t uid;
+  /*
+   Group of that owner.
+   */
+  uint32_t gid;
+  /*
+   Receive time, seconds since the epoch.
+   */
+  uint64_t ts_sec;
+  /*
+   Receive time, microseconds.
+   */
+  uint32_t ts_usec;
+  /*
+   The rule's prefix (not NUL-terminated), or NULL.
+   */
+  const char *prefix;
+  /*
+   Its length.
+   */
+  uintptr_t prefix_len;
+  /*
+   The packet (network header onwards, cut to the copy range), or NULL.
+   */
+  const void *payload;
+  /*
+   Its length.
+   */
+  uintptr_t payload_len;
+} zcio_nflog_packet;
+
+/*
+ Handles one packet; its return value is ignored (return 0).
+ */
+typedef int (*zcio_nflog_callback)(const struct zcio_nflog_packet *pkt, void *user);
+
+/*
+ Counters of an NFLOG consumer.
+ */
+typedef struct zcio_nflog_stats {
+  /*
+   Packets received.
+   */
+  uint64_t packets;
+  /*
+   Messages missing in the groups' sequence numbers (exact).
+   */
+  uint64_t lost;
+  /*
+   Sequence gaps.
+   */
+  uint64_t seq_gaps;
+  /*
+   Overruns reported by the socket (ENOBUFS).
+   */
+  uint64_t overruns;
+  /*
+   Batches the kernel dropped at the socket (receive buffer full).
+   */
+  uint64_t kernel_drops;
+  /*
+   Datagrams received.
+   */
+  uint64_t datagrams;
+  /*
+   Receive syscalls.
+   */
+  uint64_t syscalls;
+  /*
+   Messages that did not parse.
+   */
+  uint64_t parse_errors;
+} zcio_nflog_stats;
 
 /*
  One queued packet, valid during the callback only.
@@ -591,6 +911,111 @@ int zcio_event_poster_post(const struct zcio_event_poster *p, uint64_t token, ui
  Thread: any; each poster is freed once.
  */
 void zcio_event_poster_free(struct zcio_event_poster *p);
+
+/*
+ Subscribes into `*out` to the event kinds in `flags` (`ZCIO_CT_NEW | ZCIO_CT_UPDATE |
+ ZCIO_CT_DESTROY`, plus `ZCIO_CT_LINES`), with a receive buffer of `rcvbuf` bytes (0: 8 MiB).
+ Needs CAP_NET_ADMIN. Returns 0 or `-errno`.
+
+ Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_ctevents_free`.
+ */
+int zcio_ctevents_open(struct zcio_ctevents **out, uint32_t flags, uintptr_t rcvbuf);
+
+/*
+ Unsubscribes and frees (NULL is ignored).
+
+ Thread: the owner (its ring is bound to it); freed once.
+ */
+void zcio_ctevents_free(struct zcio_ctevents *c);
+
+/*
+ Receives what is ready (waiting up to `timeout_ms`, -1: forever) and calls `cb` for each
+ event in arrival order. Returns the number of events handled or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other). `cb` runs on that thread, inside this call; the event it sees is valid during the callback only.
+ */
+int zcio_ctevents_process(struct zcio_ctevents *c,
+                          int timeout_ms,
+                          zcio_ct_callback cb,
+                          void *user);
+
+/*
+ Fills `*out` with the counters (reads the socket's drop counter: one `getsockopt`).
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_ctevents_get_stats(const struct zcio_ctevents *c, struct zcio_ctevents_stats *out);
+
+/*
+ How the subscriber receives: `"frame-ring+io_uring"` or `"frame-ring+recvmmsg"` (static).
+
+ Thread: any (static string).
+ */
+const char *zcio_ctevents_path(const struct zcio_ctevents *c);
+
+/*
+ A snapshot of what the handle reports into `*out`: its path, counters, every fallback with
+ its reason (receive buffer sizing, ring set-up), and its conntrack counters (new, update, destroy events) as `stats` in the JSON. Free it
+ with `zcio_report_free`. Returns 0, `-EINVAL` or `-EPERM`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_ctevents_report(struct zcio_ctevents *c,
+                         struct zcio_report **out);
+
+/*
+ Binds the `ngroups` groups of `groups` into `*out`, copying `copy_range` bytes of each
+ packet (0: metadata only; at most 65531). Needs CAP_NET_ADMIN. Returns 0 or `-errno`
+ (`-EBUSY`: a group is bound by another socket; `-EINVAL`: a bad argument).
+
+ Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_nflog_free`.
+ */
+int zcio_nflog_open(struct zcio_nflog **out,
+                    const uint16_t *groups,
+                    uintptr_t ngroups,
+                    uint32_t copy_range);
+
+/*
+ Unbinds and frees (NULL is ignored).
+
+ Thread: the owner (its ring is bound to it); freed once.
+ */
+void zcio_nflog_free(struct zcio_nflog *l);
+
+/*
+ Receives what is ready (waiting up to `timeout_ms`, -1: forever) and calls `cb` for each
+ logged packet in arrival order. Returns the number of packets handled or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other). `cb` runs on that thread, inside this call; the packet it sees is valid during the callback only.
+ */
+int zcio_nflog_process(struct zcio_nflog *l,
+                       int timeout_ms,
+                       zcio_nflog_callback cb,
+                       void *user);
+
+/*
+ Fills `*out` with the counters (reads the socket's drop counter: one `getsockopt`).
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nflog_get_stats(const struct zcio_nflog *l, struct zcio_nflog_stats *out);
+
+/*
+ How the consumer receives: `"frame-ring+io_uring"` or `"frame-ring+recvmmsg"` (static).
+
+ Thread: any (static string).
+ */
+const char *zcio_nflog_path(const struct zcio_nflog *l);
+
+/*
+ A snapshot of what the handle reports into `*out`: its path, counters, every fallback with
+ its reason (receive buffer sizing, ring set-up), and its NFLOG counters (packets, sequence gaps, losses per group) as `stats` in the JSON. Free it
+ with `zcio_report_free`. Returns 0, `-EINVAL` or `-EPERM`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nflog_report(struct zcio_nflog *l,
+                      struct zcio_report **out);
 
 /*
  Binds queues `first..=last` (copy mode: whole packets) into `*out`. Needs CAP_NET_ADMIN.

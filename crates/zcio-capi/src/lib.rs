@@ -6,7 +6,7 @@
 //! never unwinds into C (it is caught and reported as `-ENOTRECOVERABLE`).
 //!
 //! Threads: every function's comment ends with its thread rule. Event rings, senders,
-//! receivers and NFQUEUE handles belong to the thread that created them (their io_uring
+//! receivers, NFQUEUE, NFLOG and conntrack event handles belong to the thread that created them (their io_uring
 //! instances are `SINGLE_ISSUER`); their calls from another thread return `-EPERM` without
 //! touching anything. Posters, pools and buffers may be used from any thread (a buffer by one
 //! thread at a time), and a received chunk may be freed from any thread.
@@ -16,12 +16,16 @@
 #![allow(non_camel_case_types)]
 #![warn(missing_docs)]
 
+mod ctevents;
+mod nflog;
 mod nfq;
 mod report;
 mod ring;
 mod rx;
 mod tx;
 
+pub use ctevents::*;
+pub use nflog::*;
 pub use nfq::*;
 pub use report::*;
 pub use ring::*;

@@ -224,7 +224,7 @@ pub extern "C" fn zcio_nfqueue_path(q: *const zcio_nfqueue) -> *const libc::c_ch
 }
 
 /// `NetlinkPath::as_str`'s names as NUL-terminated statics.
-fn path_cstr(p: zcio_core::netlink::NetlinkPath) -> &'static std::ffi::CStr {
+pub(crate) fn path_cstr(p: zcio_core::netlink::NetlinkPath) -> &'static std::ffi::CStr {
     use zcio_core::netlink::NetlinkPath;
     match p {
         NetlinkPath::FrameRingUring => c"frame-ring+io_uring",

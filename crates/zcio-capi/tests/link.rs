@@ -286,6 +286,43 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
         );
     }
 
+    // The NFLOG and conntrack event examples, each in a fresh network namespace.
+    let nflog_exe = p.join("nflog");
+    cc_example(
+        &nflog_exe,
+        root.join("crates/zcio-capi/examples/c/nflog.c"),
+        &flags,
+        &rpath,
+    );
+    let ct_exe = p.join("conntrack");
+    cc_example(
+        &ct_exe,
+        root.join("crates/zcio-capi/examples/c/conntrack.c"),
+        &flags,
+        &rpath,
+    );
+    if privileged("nflog and conntrack examples") {
+        let script = format!(
+            "ip link set lo up && iptables -A OUTPUT -o lo -p udp --dport 9998 -j NFLOG \
+             --nflog-group 42 --nflog-prefix c-example && {} 42",
+            nflog_exe.display()
+        );
+        let out = run(Command::new("unshare").args(["--net", "sh", "-c", &script]));
+        assert!(
+            out.contains("logged 10, bad 0, packets 10, lost 0") && out.ends_with("ok\n"),
+            "{out}"
+        );
+        let script = format!(
+            "ip link set lo up && iptables -A INPUT -m conntrack --ctstate NEW -j ACCEPT && {}",
+            ct_exe.display()
+        );
+        let out = run(Command::new("unshare").args(["--net", "sh", "-c", &script]));
+        assert!(
+            out.contains("flows 5, bad 0, new 5, lost 0") && out.ends_with("ok\n"),
+            "{out}"
+        );
+    }
+
     // C, static.
     let static_flags = run(Command::new("pkg-config")
         .args(["--static", "--libs-only-other", "--libs-only-l", "zcio"])

@@ -1,7 +1,9 @@
-//! The `zcio` command: probe, perf, bench, nfq, netlink dump, hosts.
+//! The `zcio` command: probe, perf, bench, nfq, nflog, conntrack events, netlink dump, hosts.
 
 mod bench;
+mod ctevents;
 mod hosts;
+mod nflog;
 mod nfq;
 mod nldump;
 mod perf;
@@ -65,11 +67,26 @@ enum Cmd {
     },
     /// NFQUEUE filter daemon: accept all, drop by protocol/port, count; batch verdicts.
     Nfq(nfq::NfqArgs),
+    /// NFLOG packets to pcapng/pcap (file, rotated, or stdout) or text lines, with loss
+    /// accounting.
+    Nflog(nflog::NflogArgs),
+    /// Conntrack tools.
+    Conntrack {
+        #[command(subcommand)]
+        cmd: ConntrackCmd,
+    },
     /// Netlink tools.
     Netlink {
         #[command(subcommand)]
         cmd: NetlinkCmd,
     },
+}
+
+#[derive(Subcommand)]
+enum ConntrackCmd {
+    /// Conntrack events, one line each as `conntrack -E` prints them (or JSON), with a loss
+    /// summary.
+    Events(ctevents::EventsArgs),
 }
 
 #[derive(Subcommand)]
@@ -109,6 +126,10 @@ fn run(cli: Cli) -> Result<()> {
         } => hosts::cleanup(),
         Cmd::Perf(p) => perf::run(p),
         Cmd::Nfq(a) => nfq::run(a),
+        Cmd::Nflog(a) => nflog::run(a),
+        Cmd::Conntrack {
+            cmd: ConntrackCmd::Events(a),
+        } => ctevents::run(a),
         Cmd::Netlink {
             cmd: NetlinkCmd::Dump(a),
         } => nldump::run(a),

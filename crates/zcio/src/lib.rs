@@ -52,7 +52,9 @@ pub mod tx;
 // everything else stays in its module.
 #[cfg(not(loom))]
 pub use event::{EventConfig, EventRing};
-pub use netlink::{NfQueue, NfQueueConfig, RouteSocket};
+pub use netlink::{
+    CtEvents, CtEventsConfig, NfLog, NfLogConfig, NfQueue, NfQueueConfig, RouteSocket,
+};
 pub use ring::{RingConfig, SetupFlag};
 pub use rx::{Receiver, RxConfig};
 pub use stats::{Counters, Fallback};

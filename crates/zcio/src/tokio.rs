@@ -1,6 +1,6 @@
 //! Async adapters for tokio, built on the objects' readiness descriptors
-//! ([`Sender::readiness_fd`], [`Receiver::readiness_fd`], [`NfQueue::readiness_fd`]) with
-//! [`tokio::io::unix::AsyncFd`].
+//! ([`Sender::readiness_fd`], [`Receiver::readiness_fd`], [`NfQueue::readiness_fd`],
+//! [`NfLog::readiness_fd`], [`CtEvents::readiness_fd`]) with [`tokio::io::unix::AsyncFd`].
 //!
 //! Each adapter owns its object and waits on its descriptor inside the runtime's reactor;
 //! no thread of its own. The objects keep their io_uring rings `SINGLE_ISSUER` (only the
@@ -56,7 +56,9 @@
 
 use crate::buf::pool::PoolBuf;
 use crate::netlink::nfqmsg::Packet;
-use crate::netlink::{Decision, NfQueue, NfqError};
+use crate::netlink::{
+    CtError, CtEvent, CtEvents, Decision, LogPacket, NfLog, NfLogError, NfQueue, NfqError,
+};
 use crate::rx::{Receiver, RxEvent};
 use crate::tx::{Completion, SendRing, Sender, SockId, Ticket, TxBuf, TxError};
 use ::tokio::io::unix::AsyncFd;
@@ -385,24 +387,137 @@ impl AsyncNfQueue {
     where
         F: FnMut(&Packet<'_>) -> Decision,
     {
-        loop {
-            let n = self.q.on_ready(&mut f)?;
-            if n > 0 {
-                return Ok(n);
-            }
-            let mut guard = self
-                .fd
-                .readable()
-                .await
-                .map_err(|source| NfqError::Socket {
-                    what: "waiting on the NFQUEUE readiness descriptor".into(),
-                    source,
-                })?;
-            let n = self.q.on_ready(&mut f)?;
-            guard.clear_ready();
-            if n > 0 {
-                return Ok(n);
-            }
+        let q = &mut self.q;
+        until_some(
+            &self.fd,
+            || q.on_ready(&mut f),
+            |source| NfqError::Socket {
+                what: "waiting on the NFQUEUE readiness descriptor".into(),
+                source,
+            },
+        )
+        .await
+    }
+}
+
+/// The loop every netlink adapter runs: handle what is ready (`poll`, a non-blocking
+/// `on_ready`), and while it handled nothing, wait on the readiness descriptor and look again.
+/// Returns the count of the first call that handled something.
+async fn until_some<E>(
+    fd: &AsyncFd<Borrowed>,
+    mut poll: impl FnMut() -> Result<usize, E>,
+    io_err: impl Fn(io::Error) -> E,
+) -> Result<usize, E> {
+    loop {
+        let n = poll()?;
+        if n > 0 {
+            return Ok(n);
         }
+        let mut guard = fd.readable().await.map_err(&io_err)?;
+        let n = poll()?;
+        // `on_ready` left the descriptor readable only for later events, which signal anew.
+        guard.clear_ready();
+        if n > 0 {
+            return Ok(n);
+        }
+    }
+}
+
+/// An [`NfLog`] for async code: [`AsyncNfLog::process`] waits for logged packets and hands
+/// them to the caller's closure.
+#[derive(Debug)]
+pub struct AsyncNfLog {
+    fd: AsyncFd<Borrowed>,
+    log: NfLog,
+}
+
+impl AsyncNfLog {
+    /// Registers the consumer's readiness descriptor with the current runtime's reactor.
+    pub fn new(mut log: NfLog) -> Result<Self, NfLogError> {
+        let fd = register(log.readiness_fd()?).map_err(|source| NfLogError::Socket {
+            what: "registering the NFLOG readiness descriptor with tokio".into(),
+            source,
+        })?;
+        Ok(Self { fd, log })
+    }
+
+    /// The consumer (counters, path, fallbacks).
+    pub fn get_ref(&self) -> &NfLog {
+        &self.log
+    }
+
+    /// The consumer.
+    pub fn get_mut(&mut self) -> &mut NfLog {
+        &mut self.log
+    }
+
+    /// The consumer back (to [`NfLog::close`] it).
+    pub fn into_inner(self) -> NfLog {
+        self.log
+    }
+
+    /// Waits until packets are there and hands each to `f` in arrival order (as
+    /// [`NfLog::process`] does). Returns the number handled (at least one).
+    pub async fn process<F>(&mut self, mut f: F) -> Result<usize, NfLogError>
+    where
+        F: FnMut(&LogPacket<'_>),
+    {
+        let log = &mut self.log;
+        until_some(
+            &self.fd,
+            || log.on_ready(&mut f),
+            |source| NfLogError::Socket {
+                what: "waiting on the NFLOG readiness descriptor".into(),
+                source,
+            },
+        )
+        .await
+    }
+}
+
+/// A [`CtEvents`] for async code: [`AsyncCtEvents::process`] waits for conntrack events and
+/// hands them to the caller's closure.
+#[derive(Debug)]
+pub struct AsyncCtEvents {
+    fd: AsyncFd<Borrowed>,
+    ev: CtEvents,
+}
+
+impl AsyncCtEvents {
+    /// Registers the subscriber's readiness descriptor with the current runtime's reactor.
+    pub fn new(mut ev: CtEvents) -> Result<Self, CtError> {
+        let fd = register(ev.readiness_fd()?).map_err(|source| CtError::Socket {
+            what: "registering the conntrack events readiness descriptor with tokio".into(),
+            source,
+        })?;
+        Ok(Self { fd, ev })
+    }
+
+    /// The subscriber (counters, path, fallbacks).
+    pub fn get_ref(&self) -> &CtEvents {
+        &self.ev
+    }
+
+    /// The subscriber.
+    pub fn get_mut(&mut self) -> &mut CtEvents {
+        &mut self.ev
+    }
+
+    /// Waits until events are there and hands each to `f` in arrival order (as
+    /// [`CtEvents::process`] does). Returns the number handled (at least one).
+    pub async fn process<F>(&mut self, mut f: F) -> Result<usize, CtError>
+    where
+        F: FnMut(&CtEvent<'_>),
+    {
+        let ev = &mut self.ev;
+        until_some(
+            &self.fd,
+            || ev.on_ready(&mut f),
+            |source| CtError::Socket {
+                what: "waiting on the conntrack events readiness descriptor".into(),
+                source,
+            },
+        )
+        .await
     }
 }

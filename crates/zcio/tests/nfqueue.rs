@@ -752,47 +752,7 @@ fn parsers_survive_fuzz_corpus_and_mutations() {
         }
     }
     assert!(seeds.len() >= 4, "no seeds found");
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let mut errors = 0;
-    for round in 0..20_000 {
-        let s = &seeds[round % seeds.len()];
-        let mut b = s.clone();
-        match rnd() % 5 {
-            0 => {
-                for _ in 0..1 + rnd() % 4 {
-                    if !b.is_empty() {
-                        let i = (rnd() as usize) % b.len();
-                        b[i] ^= 1 << (rnd() % 8);
-                    }
-                }
-            }
-            1 => b.truncate((rnd() as usize) % (b.len() + 1)),
-            2 => {
-                // Overwrite a 16-bit or 32-bit length-looking field with a random value.
-                if b.len() >= 4 {
-                    let i = ((rnd() as usize) % (b.len() - 3)) & !1;
-                    let v = (rnd() as u16).to_ne_bytes();
-                    b[i..i + 2].copy_from_slice(&v);
-                }
-            }
-            3 => {
-                let o = &seeds[(rnd() as usize) % seeds.len()];
-                let cut = (rnd() as usize) % (o.len() + 1);
-                b.extend_from_slice(&o[..cut]);
-            }
-            _ => {
-                let i = (rnd() as usize) % (b.len() + 1);
-                b.insert(i.min(b.len()), rnd() as u8);
-            }
-        }
-        errors += usize::from(zcio::netlink::fuzz_parse(&b).is_err());
-    }
+    let errors = common::mutate(&seeds, 20_000, |b| zcio::netlink::fuzz_parse(b).is_err());
     assert!(errors > 0, "mutations never produced a malformed message");
 }
 
@@ -1549,6 +1509,187 @@ fn a_receive_buffer_capped_by_rmem_max_is_recorded_not_silent() {
             "{:?}",
             q.fallbacks()
         );
+    })
+    .unwrap();
+}
+
+/// `NfQueue::receive` hands packets over held, payloads pinned in their frames; verdicts given
+/// afterwards still go out as batches (both fill paths).
+fn received_packets_are_held_and_decided_in_batches_with(test: &str, queue: u16, uring: bool) {
+    let Some(ns) = host(test, queue) else {
+        return;
+    };
+    ns.run(move || {
+        let c = if uring {
+            cfg(queue)
+        } else {
+            cfg_recvmmsg(queue)
+        };
+        let mut q = NfQueue::open(c).unwrap();
+        let mut udp = Udp::new();
+        for i in 0..64 {
+            udp.send(i, 100);
+        }
+        let mut got = Vec::new();
+        let end = Instant::now() + Duration::from_secs(2);
+        while got.len() < 64 && Instant::now() < end {
+            q.receive(Some(Duration::from_millis(20)), 64, &mut got)
+                .unwrap();
+        }
+        assert_eq!(got.len(), 64);
+        assert_eq!(q.held().len(), 64, "every received packet is held");
+        assert_eq!(waiting(queue), 64);
+        let seq = |b: &[u8]| u32::from_be_bytes([b[28], b[29], b[30], b[31]]);
+        for (i, r) in got.iter().enumerate() {
+            let p = r.payload.as_ref().expect("payload");
+            assert_eq!(p.len(), 128, "IPv4 + UDP headers + 100 bytes");
+            assert_eq!(seq(p.as_slice()), i as u32);
+            assert_eq!(r.info.hook, 1, "INPUT");
+            assert_eq!(r.info.hw_protocol, 0x0800);
+        }
+        let batches = q.stats().batches;
+        for r in &got {
+            let v = if seq(r.payload.as_ref().unwrap().as_slice()) % 8 == 7 {
+                Verdict::Drop
+            } else {
+                Verdict::Accept
+            };
+            q.verdict(r.packet, Decision::Verdict(v)).unwrap();
+        }
+        q.flush().unwrap();
+        udp.wait_for(56);
+        assert_eq!(udp.got.len(), 56);
+        assert!(udp.got.iter().all(|s| s % 8 != 7));
+        assert!(q.stats().batches > batches, "decided later, still batched");
+        // Dropping the pins gives every frame back.
+        drop(got);
+        let mut more = Vec::new();
+        q.receive(Some(Duration::ZERO), 64, &mut more).unwrap();
+        assert!(more.is_empty());
+        assert_eq!(waiting(queue), 0);
+        assert_eq!(q.stats().kernel_errors, 0);
+    })
+    .unwrap();
+}
+
+#[test]
+fn received_packets_are_held_and_decided_in_batches() {
+    received_packets_are_held_and_decided_in_batches_with(
+        "received_packets_are_held_and_decided_in_batches",
+        12,
+        true,
+    );
+}
+
+#[test]
+fn received_packets_are_held_and_decided_in_batches_on_recvmmsg() {
+    received_packets_are_held_and_decided_in_batches_with(
+        "received_packets_are_held_and_decided_in_batches_on_recvmmsg",
+        13,
+        false,
+    );
+}
+
+#[test]
+fn a_payload_pinned_past_its_verdict_keeps_its_bytes_while_the_ring_cycles() {
+    let test = "a_payload_pinned_past_its_verdict_keeps_its_bytes_while_the_ring_cycles";
+    let Some(ns) = host(test, 14) else {
+        return;
+    };
+    ns.run(|| {
+        // Eight frames, one pinned: 175 packets cycle through the other seven.
+        let mut q = NfQueue::open(NfQueueConfig {
+            frames: 8,
+            ..cfg(14)
+        })
+        .unwrap();
+        let mut udp = Udp::new();
+        udp.send(1000, 100);
+        let mut first = Vec::new();
+        while first.is_empty() {
+            q.receive(Some(Duration::from_millis(20)), 8, &mut first)
+                .unwrap();
+        }
+        let kept = first.pop().unwrap();
+        let bytes = kept.payload.as_ref().unwrap().as_slice().to_vec();
+        q.verdict(kept.packet, Decision::Verdict(Verdict::Accept))
+            .unwrap();
+        let mut done = 0;
+        for round in 0..25 {
+            for i in 0..7 {
+                udp.send(round * 7 + i, 100);
+            }
+            let mut got = Vec::new();
+            let end = Instant::now() + Duration::from_secs(2);
+            while got.len() < 7 && Instant::now() < end {
+                q.receive(Some(Duration::from_millis(20)), 7, &mut got)
+                    .unwrap();
+            }
+            for r in got.drain(..) {
+                q.verdict(r.packet, Decision::Verdict(Verdict::Accept))
+                    .unwrap();
+                done += 1;
+            }
+        }
+        assert_eq!(done, 175, "seven free frames carried the rest");
+        assert_eq!(
+            kept.payload.as_ref().unwrap().as_slice(),
+            &bytes[..],
+            "a pinned frame is never reused"
+        );
+        drop(kept);
+        q.flush().unwrap();
+        udp.wait_for(176);
+        assert_eq!(udp.got.len(), 176);
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_held_packet_can_give_its_frame_back_and_stay_undecided() {
+    let test = "a_held_packet_can_give_its_frame_back_and_stay_undecided";
+    let Some(ns) = host(test, 15) else {
+        return;
+    };
+    ns.run(|| {
+        let mut q = NfQueue::open(NfQueueConfig {
+            frames: 4,
+            ..cfg(15)
+        })
+        .unwrap();
+        let mut udp = Udp::new();
+        let mut kept = Vec::new();
+        for round in 0..5 {
+            for i in 0..4 {
+                udp.send(round * 4 + i, 64);
+            }
+            let mut got = Vec::new();
+            let end = Instant::now() + Duration::from_secs(2);
+            while got.len() < 4 && Instant::now() < end {
+                q.receive(Some(Duration::from_millis(20)), 4, &mut got)
+                    .unwrap();
+            }
+            assert_eq!(got.len(), 4, "round {round}: the frames came back");
+            for r in got {
+                drop(r.payload);
+                q.release_frame(r.packet).unwrap();
+                assert!(q.is_held(r.packet));
+                assert!(
+                    q.with_held(r.packet, |_| ()).is_none(),
+                    "its bytes are gone"
+                );
+                kept.push(r.packet);
+            }
+        }
+        assert_eq!(waiting(15), 20, "twenty undecided packets in four frames");
+        for r in kept {
+            q.verdict(r, Decision::Verdict(Verdict::Accept)).unwrap();
+            assert!(!q.is_held(r));
+        }
+        q.flush().unwrap();
+        udp.wait_for(20);
+        assert_eq!(udp.got.len(), 20);
+        assert_eq!(waiting(15), 0);
     })
     .unwrap();
 }

@@ -354,6 +354,164 @@ fn nfqueue_readiness_fires_per_packet_on_recvmmsg() {
     nfqueue_fires_per_packet("nfqueue_readiness_fires_per_packet_on_recvmmsg", 44, false);
 }
 
+/// NFLOG in a namespace: the descriptor fires for each logged packet (flushed one by one with
+/// `qthresh` 1) and is quiet once it was handed over.
+fn nflog_fires_per_packet(test: &str, group: u16, uring: bool) {
+    use zcio::netlink::{NfLog, NfLogConfig};
+    if !common::can_make_hosts(test) {
+        return;
+    }
+    let ns = zcio_testnet::Netns::new("rnfl").expect("namespace");
+    let out = ns
+        .command("iptables")
+        .args(["-A", "INPUT", "-p", "udp", "--dport", "9997"])
+        .args(["-j", "NFLOG", "--nflog-group", &group.to_string()])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {}
+        other => {
+            common::skip(test, &format!("iptables NFLOG rule refused: {other:?}"));
+            return;
+        }
+    }
+    ns.run(move || {
+        // Bound, so no ICMP unreachable turns the next send into ECONNREFUSED.
+        let _rx = std::net::UdpSocket::bind("127.0.0.1:9997").unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.connect("127.0.0.1:9997").unwrap();
+        let mut log = NfLog::open(NfLogConfig {
+            groups: vec![group],
+            qthresh: Some(1),
+            uring,
+            ..NfLogConfig::default()
+        })
+        .unwrap();
+        let want = if uring {
+            "frame-ring+io_uring"
+        } else {
+            "frame-ring+recvmmsg"
+        };
+        assert_eq!(log.path().as_str(), want, "{:?}", log.fallbacks());
+        let fd = log.readiness_fd().unwrap().as_raw_fd();
+        // SAFETY: the logger's descriptor, alive while `log` is.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        // Arm (the io_uring frame ring submits its receive on the first harvest).
+        log.on_ready(&mut |_| {}).unwrap();
+        for i in 0..10u32 {
+            assert!(
+                !readable_within(b, Duration::from_millis(10)),
+                "packet {i}: ready before it was sent"
+            );
+            tx.send(&i.to_be_bytes()).unwrap();
+            let mut seen = Vec::new();
+            let mut wakes = 0;
+            while seen.is_empty() {
+                assert!(
+                    readable_within(b, Duration::from_secs(5)),
+                    "packet {i}: never fired"
+                );
+                wakes += 1;
+                assert!(wakes <= 3, "packet {i}: {wakes} wake-ups");
+                log.on_ready(&mut |p| seen.push(p.payload.unwrap_or_default().to_vec()))
+                    .unwrap();
+            }
+            assert_eq!(seen.len(), 1);
+            assert!(seen[0].ends_with(&i.to_be_bytes()), "packet {i}: {seen:?}");
+            assert!(
+                !readable_within(b, Duration::from_millis(20)),
+                "packet {i}: still ready after its harvest"
+            );
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn nflog_readiness_fires_per_packet_on_the_uring_frame_ring() {
+    nflog_fires_per_packet(
+        "nflog_readiness_fires_per_packet_on_the_uring_frame_ring",
+        45,
+        true,
+    );
+}
+
+#[test]
+fn nflog_readiness_fires_per_packet_on_recvmmsg() {
+    nflog_fires_per_packet("nflog_readiness_fires_per_packet_on_recvmmsg", 46, false);
+}
+
+/// Conntrack events in a namespace: the descriptor fires for each new UDP flow's event and is
+/// quiet once it was handed over.
+#[test]
+fn ctevents_readiness_fires_per_event() {
+    use zcio::netlink::{CtEventKind, CtEvents, CtEventsConfig};
+    let test = "ctevents_readiness_fires_per_event";
+    if !common::can_make_hosts(test) {
+        return;
+    }
+    let ns = zcio_testnet::Netns::new("rcte").expect("namespace");
+    // Something must use conntrack for entries (and events) to exist.
+    let out = ns
+        .command("iptables")
+        .args([
+            "-A",
+            "INPUT",
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW,ESTABLISHED",
+        ])
+        .args(["-j", "ACCEPT"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {}
+        other => {
+            common::skip(test, &format!("iptables conntrack rule refused: {other:?}"));
+            return;
+        }
+    }
+    ns.run(move || {
+        let mut ev = CtEvents::open(CtEventsConfig {
+            update: false,
+            destroy: false,
+            ..CtEventsConfig::default()
+        })
+        .unwrap();
+        let fd = ev.readiness_fd().unwrap().as_raw_fd();
+        // SAFETY: the subscriber's descriptor, alive while `ev` is.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        ev.on_ready(&mut |_| {}).unwrap();
+        let rx = std::net::UdpSocket::bind("127.0.0.1:9996").unwrap();
+        for i in 0..10u16 {
+            assert!(
+                !readable_within(b, Duration::from_millis(10)),
+                "flow {i}: ready before it was made"
+            );
+            // A distinct source port per flow: a new conntrack entry each time.
+            let tx = std::net::UdpSocket::bind(("127.0.0.1", 20000 + i)).unwrap();
+            tx.send_to(b"x", rx.local_addr().unwrap()).unwrap();
+            let mut seen = Vec::new();
+            let mut wakes = 0;
+            while seen.is_empty() {
+                assert!(
+                    readable_within(b, Duration::from_secs(5)),
+                    "flow {i}: never fired"
+                );
+                wakes += 1;
+                assert!(wakes <= 3, "flow {i}: {wakes} wake-ups");
+                ev.on_ready(&mut |e| seen.push((e.kind, e.ct.orig.and_then(|t| t.src_port))))
+                    .unwrap();
+            }
+            assert_eq!(seen, vec![(CtEventKind::New, Some(20000 + i))]);
+            assert!(
+                !readable_within(b, Duration::from_millis(20)),
+                "flow {i}: still ready after its harvest"
+            );
+        }
+    })
+    .unwrap();
+}
+
 /// An EventRing watching a socket (level-triggered) and taking user posts: the descriptor
 /// fires when the peer writes and when another thread posts, and is quiet once the data was
 /// read and the events harvested.

@@ -9,9 +9,12 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::time::Duration;
 use zcio::buf::pool::Pool;
-use zcio::netlink::{Decision, NfQueue, NfQueueConfig, Verdict};
+use zcio::netlink::{
+    CtEventKind, CtEvents, CtEventsConfig, Decision, NfLog, NfLogConfig, NfQueue, NfQueueConfig,
+    Verdict,
+};
 use zcio::rx::{Receiver, RxConfig, RxMode, RxPath};
-use zcio::tokio::{AsyncNfQueue, AsyncReceiver, AsyncSender};
+use zcio::tokio::{AsyncCtEvents, AsyncNfLog, AsyncNfQueue, AsyncReceiver, AsyncSender};
 use zcio::tx::{Path, Sender, SenderConfig, TxMode};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -358,4 +361,153 @@ fn async_flush_fails_instead_of_hanging_when_the_ring_is_abandoned() {
             .expect("flush hung on sends that can never complete");
         assert!(r.is_err(), "flush returned {r:?}");
     });
+}
+
+/// A namespace with `rule` (iptables arguments after `-A`), or a skip.
+fn ns_with_rule(test: &str, tag: &str, rule: &[&str]) -> Option<zcio_testnet::Netns> {
+    if !common::can_make_hosts(test) {
+        return None;
+    }
+    let ns = zcio_testnet::Netns::new(tag).expect("namespace");
+    match ns.command("iptables").arg("-A").args(rule).output() {
+        Ok(o) if o.status.success() => Some(ns),
+        other => {
+            common::skip(test, &format!("iptables rule refused: {other:?}"));
+            None
+        }
+    }
+}
+
+/// NFLOG in a namespace: packets sent from another thread, paced, once the async consumer
+/// waits, each arrive once and in order.
+#[test]
+fn async_nflog_hands_over_every_logged_packet_in_order() {
+    let test = "async_nflog_hands_over_every_logged_packet_in_order";
+    let Some(ns) = ns_with_rule(
+        test,
+        "anfl",
+        &[
+            "INPUT",
+            "-p",
+            "udp",
+            "--dport",
+            "9301",
+            "-j",
+            "NFLOG",
+            "--nflog-group",
+            "43",
+        ],
+    ) else {
+        return;
+    };
+    ns.run(|| {
+        let total = 600u32;
+        let rx = UdpSocket::bind("127.0.0.1:9301").unwrap();
+        let rt = runtime();
+        rt.block_on(async move {
+            let log = NfLog::open(NfLogConfig {
+                groups: vec![43],
+                ..NfLogConfig::default()
+            })
+            .unwrap();
+            assert_eq!(log.path().as_str(), "frame-ring+io_uring");
+            let mut log = AsyncNfLog::new(log).unwrap();
+            let sender = std::thread::spawn(move || {
+                let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+                for seq in 0..total {
+                    tx.send_to(&seq.to_be_bytes(), "127.0.0.1:9301").unwrap();
+                    if seq % 50 == 0 {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            });
+            let mut seen = Vec::new();
+            while seen.len() < total as usize {
+                let n = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    log.process(|p| {
+                        let b = p.payload.expect("copy mode");
+                        let d = &b[28..32];
+                        seen.push(u32::from_be_bytes([d[0], d[1], d[2], d[3]]));
+                    }),
+                )
+                .await
+                .expect("the consumer was never woken")
+                .unwrap();
+                assert!(n > 0);
+            }
+            sender.join().unwrap();
+            assert_eq!(seen, (0..total).collect::<Vec<_>>());
+            let st = log.get_ref().stats();
+            assert!(!st.any_loss(), "{st:?}");
+        });
+        drop(rx);
+    })
+    .unwrap();
+}
+
+/// Conntrack events in a namespace: one NEW event per UDP flow made after the async
+/// subscriber waits.
+#[test]
+fn async_ctevents_hands_over_every_event() {
+    let test = "async_ctevents_hands_over_every_event";
+    let Some(ns) = ns_with_rule(
+        test,
+        "acte",
+        &[
+            "INPUT",
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-j",
+            "ACCEPT",
+        ],
+    ) else {
+        return;
+    };
+    ns.run(|| {
+        let flows = 200u16;
+        let rt = runtime();
+        rt.block_on(async move {
+            let ev = CtEvents::open(CtEventsConfig {
+                update: false,
+                destroy: false,
+                ..CtEventsConfig::default()
+            })
+            .unwrap();
+            let mut ev = AsyncCtEvents::new(ev).unwrap();
+            let sender = std::thread::spawn(move || {
+                let srv = UdpSocket::bind("127.0.0.1:9302").unwrap();
+                for i in 0..flows {
+                    let c = UdpSocket::bind(("127.0.0.1", 21_000 + i)).unwrap();
+                    c.send_to(b"x", "127.0.0.1:9302").unwrap();
+                    if i % 50 == 0 {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                drop(srv);
+            });
+            let mut ports = std::collections::BTreeSet::new();
+            while ports.len() < flows as usize {
+                tokio::time::timeout(
+                    Duration::from_secs(10),
+                    ev.process(|e| {
+                        assert_eq!(e.kind, CtEventKind::New);
+                        let o = e.ct.orig.unwrap();
+                        if o.dst_port == Some(9302) {
+                            assert!(ports.insert(o.src_port.unwrap()));
+                        }
+                    }),
+                )
+                .await
+                .expect("the subscriber was never woken")
+                .unwrap();
+            }
+            sender.join().unwrap();
+            assert_eq!(ports, (21_000..21_000 + flows).collect());
+            assert_eq!(ev.get_ref().stats().lost(), 0);
+        });
+    })
+    .unwrap();
 }

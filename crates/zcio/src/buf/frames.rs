@@ -17,12 +17,19 @@
 //! turns a reserved frame into a ready one, and [`FrameRing::unreserve`] gives back the ones a
 //! receive did not fill, in their order. The consumer side is [`FrameRing::pop_ready`] (arrival
 //! order), [`FrameRing::data`], [`FrameRing::hold`] and [`FrameRing::release`].
+//!
+//! A consumer that hands a frame's bytes to code it does not control (a Python `memoryview`)
+//! takes a [`FramePin`] ([`FrameRing::pin`]): the pinned bytes stay mapped and unchanged until
+//! the pin is dropped, on any thread. A frame released while pinned stays out of circulation
+//! (counted as held) until [`FrameRing::reclaim`] finds its last pin gone; the producer calls
+//! that before every fill.
 #![allow(unsafe_code)]
 
 use super::Region;
 use crate::sys::assert_layout;
 use std::collections::VecDeque;
 use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// Header at the start of every frame (the layout of the old `struct nl_mmap_hdr` minus
@@ -48,6 +55,9 @@ assert_layout!(
     flags = 8,
     seq = 12
 );
+
+/// Frame rings larger than this are mapped without `MAP_POPULATE` (see [`FrameRing::new`]).
+pub const LAZY_ABOVE: usize = 4 << 20;
 
 /// Bytes of [`FrameHdr`] at the start of each frame.
 pub const FRAME_HDR_LEN: usize = std::mem::size_of::<FrameHdr>();
@@ -132,6 +142,83 @@ impl LentFrame {
     }
 }
 
+/// Read access to bytes of one frame that outlives the consumer's hold on it: the bytes stay
+/// mapped and unchanged until the pin is dropped (made by [`FrameRing::pin`]).
+///
+/// The frame is not given back to the producer while a pin on it exists (a release waits for
+/// [`FrameRing::reclaim`] to find the pin count at zero), and the pin keeps the mapping (or a
+/// COPY frame's out-of-line buffer) alive, so the bytes survive the ring itself. Dropping a
+/// pin is an atomic decrement: it may happen on any thread.
+pub struct FramePin {
+    keep: PinKeep,
+    ptr: *const u8,
+    len: usize,
+}
+
+enum PinKeep {
+    /// Bytes in the frame region: the region and the frame's pin count.
+    Frame {
+        _region: Arc<Region>,
+        pins: Arc<[AtomicU32]>,
+        id: u32,
+    },
+    /// Bytes in a COPY frame's out-of-line buffer, which the pin shares (held, never read:
+    /// `ptr` points into it).
+    Copy(#[allow(dead_code)] Arc<Vec<u8>>),
+}
+
+// SAFETY: a pin only reads its bytes, which nobody writes while it exists (the ring neither
+// reserves nor lends a pinned frame, and a COPY buffer is immutable once built); what it holds
+// (`Arc<Region>`, which is Send + Sync, the atomic counters, an `Arc<Vec<u8>>`) may move and be
+// shared across threads, and its drop is an atomic decrement.
+unsafe impl Send for FramePin {}
+// SAFETY: as above: shared access is reads of bytes nobody writes.
+unsafe impl Sync for FramePin {}
+
+impl FramePin {
+    /// The pinned bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr + len` was checked to lie in a frame's data (or a COPY buffer) when
+        // the pin was made; `keep` keeps that memory alive, and nothing writes it while the pin
+        // exists (see the type docs).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    /// Start of the pinned bytes (stable for the pin's life).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+    /// Number of pinned bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether no byte is pinned.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::fmt::Debug for FramePin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let frame = match &self.keep {
+            PinKeep::Frame { id, .. } => Some(*id),
+            PinKeep::Copy(_) => None,
+        };
+        f.debug_struct("FramePin")
+            .field("frame", &frame)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Drop for FramePin {
+    fn drop(&mut self) {
+        if let PinKeep::Frame { pins, id, .. } = &self.keep {
+            // Release: the pin's reads happen before `reclaim` (Acquire) gives the frame back.
+            pins[*id as usize].fetch_sub(1, Ordering::Release);
+        }
+    }
+}
+
 /// `count` fixed-size frames, their states, the free stack, the ready queue and the
 /// out-of-line buffers of COPY frames. See the module docs.
 ///
@@ -153,8 +240,13 @@ pub struct FrameRing {
     /// Ready frames in arrival order.
     ready: VecDeque<u32>,
     held: u32,
-    copies: Vec<Option<Vec<u8>>>,
+    copies: Vec<Option<Arc<Vec<u8>>>>,
     seq: u32,
+    /// Pins per frame ([`FramePin`]), shared with the pins.
+    pins: Arc<[AtomicU32]>,
+    /// Frames the consumer released while pinned: still SKIP (and counted as held) until
+    /// [`FrameRing::reclaim`] sees their pin count at zero.
+    pinned_released: Vec<u32>,
 }
 
 /// Distance between frame starts for frames of `frame_size` bytes: rounded up to a whole
@@ -185,7 +277,15 @@ impl FrameRing {
         let len = stride
             .checked_mul(count as usize)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "frame ring too large"))?;
-        let region = Arc::new(Region::new(len, false)?);
+        // A small ring is faulted in up front (no page fault on the hot path); a large one
+        // (frames sized for a worst-case datagram, as NFLOG's with a 64 KiB copy range) gets
+        // its pages as the kernel first writes into them: frames are reused most recently
+        // released first, so the few in rotation are backed and the rest stay untouched.
+        let region = Arc::new(if len <= LAZY_ABOVE {
+            Region::new(len, false)?
+        } else {
+            Region::new_lazy(len)?
+        });
         Ok(Self {
             region,
             frame_size,
@@ -196,6 +296,8 @@ impl FrameRing {
             held: 0,
             copies: (0..count).map(|_| None).collect(),
             seq: 0,
+            pins: (0..count).map(|_| AtomicU32::new(0)).collect(),
+            pinned_released: Vec::new(),
         })
     }
 
@@ -355,7 +457,7 @@ impl FrameRing {
             let mut v = Vec::with_capacity(payload + extra);
             v.extend_from_slice(self.payload(id.0));
             v.extend_from_slice(&spill[..extra]);
-            self.copies[id.0 as usize] = Some(v);
+            self.copies[id.0 as usize] = Some(Arc::new(v));
             FrameStatus::Copy
         } else {
             FrameStatus::Valid
@@ -411,7 +513,7 @@ impl FrameRing {
     pub fn data(&self, id: FrameId) -> &[u8] {
         let h = self.hdr(id.0);
         if let Some(v) = &self.copies[id.0 as usize] {
-            return v;
+            return v.as_slice();
         }
         match FrameStatus::from_u32(h.status) {
             FrameStatus::Valid | FrameStatus::Skip => {
@@ -430,9 +532,22 @@ impl FrameRing {
     /// Gives a frame back to the producer (status UNUSED, on top of the free stack, so a small
     /// set of recently used — cached — frames cycles). UNUSED and RESERVED frames are left
     /// alone.
+    ///
+    /// A frame with pins ([`FrameRing::pin`]) is not given back yet: it stays SKIP (counted as
+    /// held) until [`FrameRing::reclaim`] finds its last pin dropped.
     pub fn release(&mut self, id: FrameId) {
         let st = self.status(id);
         if st == FrameStatus::Unused || st == FrameStatus::Reserved {
+            return;
+        }
+        if self.pins[id.0 as usize].load(Ordering::Acquire) > 0 {
+            if st != FrameStatus::Skip {
+                self.set_status(id.0, FrameStatus::Skip);
+                self.held += 1;
+            }
+            if !self.pinned_released.contains(&id.0) {
+                self.pinned_released.push(id.0);
+            }
             return;
         }
         if st == FrameStatus::Skip {
@@ -441,6 +556,69 @@ impl FrameRing {
         self.copies[id.0 as usize] = None;
         self.set_status(id.0, FrameStatus::Unused);
         self.free.push(id.0);
+    }
+
+    /// Pins `bytes`, which must lie inside the data of frame `id` (VALID, COPY or SKIP; e.g. a
+    /// packet's payload parsed out of it): they stay mapped and unchanged until the pin is
+    /// dropped, and a [`release`](Self::release) of the frame meanwhile is deferred. `None`
+    /// when `bytes` is not inside that frame's data.
+    pub fn pin(&self, id: FrameId, bytes: &[u8]) -> Option<FramePin> {
+        if id.0 >= self.count {
+            return None;
+        }
+        let data = self.data(id);
+        let (start, end) = (data.as_ptr() as usize, data.as_ptr() as usize + data.len());
+        let (a, b) = (
+            bytes.as_ptr() as usize,
+            bytes.as_ptr() as usize + bytes.len(),
+        );
+        if data.is_empty() || a < start || b > end {
+            return None;
+        }
+        let keep = match &self.copies[id.0 as usize] {
+            // The bytes live in the out-of-line buffer, which the pin shares: the frame
+            // itself can be reused.
+            Some(v) => PinKeep::Copy(Arc::clone(v)),
+            None => {
+                self.pins[id.0 as usize].fetch_add(1, Ordering::Relaxed);
+                PinKeep::Frame {
+                    _region: Arc::clone(&self.region),
+                    pins: Arc::clone(&self.pins),
+                    id: id.0,
+                }
+            }
+        };
+        Some(FramePin {
+            keep,
+            ptr: bytes.as_ptr(),
+            len: bytes.len(),
+        })
+    }
+
+    /// Gives back the frames released while pinned whose pins have all been dropped. Returns
+    /// how many came back.
+    pub fn reclaim(&mut self) -> usize {
+        if self.pinned_released.is_empty() {
+            return 0;
+        }
+        let mut back = 0;
+        let mut i = 0;
+        while i < self.pinned_released.len() {
+            let id = self.pinned_released[i];
+            if self.pins[id as usize].load(Ordering::Acquire) == 0 {
+                self.pinned_released.swap_remove(i);
+                self.release(FrameId(id));
+                back += 1;
+            } else {
+                i += 1;
+            }
+        }
+        back
+    }
+
+    /// Frames released by the consumer but kept out of circulation by pins.
+    pub fn pinned(&self) -> usize {
+        self.pinned_released.len()
     }
 
     /// Holds a frame (status SKIP): its bytes stay valid and the producer skips it until
@@ -493,6 +671,90 @@ mod tests {
             "the usable size is what was asked for"
         );
         assert_eq!(r.frame_payload(), 4096 - FRAME_HDR_LEN);
+    }
+
+    #[test]
+    fn a_pinned_frame_comes_back_only_after_its_last_pin_is_dropped() {
+        let mut r = FrameRing::new(4096, 2).unwrap();
+        let ids = take(&mut r, 1);
+        r.complete(FrameId(ids[0]), 16, 0, &[]).unwrap();
+        let id = r.pop_ready().unwrap();
+        r.hold(id);
+        let data = r.data(id);
+        let (a, b) = (
+            r.pin(id, &data[4..12]).unwrap(),
+            r.pin(id, &data[..4]).unwrap(),
+        );
+        assert_eq!(a.len(), 8);
+        assert_eq!(b.as_slice(), &0u32.to_ne_bytes());
+        r.release(id);
+        assert_eq!(r.status(id), FrameStatus::Skip, "pinned: not reused");
+        assert_eq!((r.held(), r.free(), r.pinned()), (1, 1, 1));
+        assert_eq!(r.reclaim(), 0);
+        drop(a);
+        assert_eq!(r.reclaim(), 0, "one pin left");
+        // A pin can be dropped on another thread.
+        std::thread::spawn(move || drop(b)).join().unwrap();
+        assert_eq!(r.reclaim(), 1);
+        assert_eq!((r.held(), r.free(), r.pinned()), (0, 2, 0));
+        assert_eq!(r.status(id), FrameStatus::Unused);
+    }
+
+    #[test]
+    fn a_frame_released_unheld_while_pinned_counts_as_held_until_reclaimed() {
+        let mut r = FrameRing::new(4096, 1).unwrap();
+        let ids = take(&mut r, 1);
+        r.complete(FrameId(ids[0]), 8, 0, &[]).unwrap();
+        let id = r.pop_ready().unwrap();
+        let pin = r.pin(id, r.data(id)).unwrap();
+        r.release(id);
+        assert!(r.all_held(), "the only frame is kept by its pin");
+        assert_eq!(take(&mut r, 1).len(), 0);
+        drop(pin);
+        r.reclaim();
+        assert!(!r.all_held());
+        assert_eq!(take(&mut r, 1).len(), 1);
+    }
+
+    #[test]
+    fn pins_keep_their_bytes_after_the_ring_is_gone() {
+        let mut r = FrameRing::new(4096, 1).unwrap();
+        let ids = take(&mut r, 1);
+        r.complete(FrameId(ids[0]), 4, 0, &[]).unwrap();
+        let id = r.pop_ready().unwrap();
+        let pin = r.pin(id, r.data(id)).unwrap();
+        drop(r);
+        assert_eq!(pin.as_slice(), &0u32.to_ne_bytes());
+    }
+
+    #[test]
+    fn a_pin_of_a_copy_frame_shares_its_buffer_and_lets_the_frame_go() {
+        let mut r = FrameRing::new(128, 1).unwrap();
+        let payload = r.frame_payload();
+        let spill = vec![7u8; 100];
+        let ids = take(&mut r, 1);
+        assert_eq!(
+            r.complete(FrameId(ids[0]), payload + 100, 0, &spill),
+            Some(FrameStatus::Copy)
+        );
+        let id = r.pop_ready().unwrap();
+        let pin = r.pin(id, &r.data(id)[payload..]).unwrap();
+        r.release(id);
+        assert_eq!((r.free(), r.pinned()), (1, 0), "the frame is free at once");
+        assert_eq!(pin.as_slice(), &spill[..]);
+    }
+
+    #[test]
+    fn pins_refuse_bytes_outside_the_frame_data() {
+        let mut r = FrameRing::new(4096, 2).unwrap();
+        let ids = take(&mut r, 2);
+        r.complete(FrameId(ids[0]), 8, 0, &[]).unwrap();
+        r.complete(FrameId(ids[1]), 8, 0, &[]).unwrap();
+        let (x, y) = (r.pop_ready().unwrap(), r.pop_ready().unwrap());
+        assert!(r.pin(x, r.data(y)).is_none());
+        assert!(r.pin(x, &[1, 2, 3]).is_none());
+        r.release(x);
+        assert!(r.pin(x, &[]).is_none(), "a free frame has no data to pin");
     }
 
     #[test]

@@ -57,9 +57,22 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
-    /// Maps `len` bytes (rounded up to the page size). With `huge`, tries `MAP_HUGETLB` first
-    /// and falls back to normal pages (see [`Region::is_huge`]).
+    /// Maps `len` bytes (rounded up to the page size), every page faulted in now
+    /// (`MAP_POPULATE`). With `huge`, tries `MAP_HUGETLB` first and falls back to normal pages
+    /// (see [`Region::is_huge`]).
     pub fn new(len: usize, huge: bool) -> io::Result<Self> {
+        Self::map(len, huge, true)
+    }
+
+    /// Maps `len` bytes whose pages are backed only when first touched (no `MAP_POPULATE`),
+    /// for memory sized for a worst case that most of it never sees (the netlink frame ring's
+    /// frames hold the largest datagram, while the frames in rotation are a few and the
+    /// datagrams mostly small).
+    pub fn new_lazy(len: usize) -> io::Result<Self> {
+        Self::map(len, false, false)
+    }
+
+    fn map(len: usize, huge: bool, populate: bool) -> io::Result<Self> {
         if len == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -70,9 +83,12 @@ impl Region {
         // Miri's mmap accepts exactly MAP_PRIVATE | MAP_ANONYMOUS: no pre-faulting and no huge
         // pages there (both only change when pages are faulted in, not what the code does).
         #[cfg(not(miri))]
-        let base = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
+        let base =
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if populate { libc::MAP_POPULATE } else { 0 };
         #[cfg(miri)]
         let base = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        #[cfg(miri)]
+        let _ = populate;
         #[cfg(miri)]
         let huge = huge && false;
         if huge {

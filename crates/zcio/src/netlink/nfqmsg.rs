@@ -54,7 +54,8 @@ impl NfGen {
             res_id: u16::from_be_bytes([p[2], p[3]]),
         })
     }
-    fn emit(&self, out: &mut Vec<u8>) {
+    /// Appends the 4-byte header.
+    pub(crate) fn emit(&self, out: &mut Vec<u8>) {
         out.push(self.family);
         out.push(self.version);
         out.extend_from_slice(&self.res_id.to_be_bytes());

@@ -12,13 +12,14 @@
 //! Work per call is bounded ([`NfQueueConfig::budget`]) and shared round-robin across the
 //! queues of a range, so one busy queue cannot starve the others and shutdown is prompt.
 
+use super::core::{Fate, NlSocket, RequestError, SockSpec, UringNeed};
 use super::msg::{messages, EmitError, ParseError};
 use super::nfqmsg::{self, AnyMsg, ConfigMsg, CopyMode, Packet, Verdict};
-use super::source::{FrameError, FrameSource, FrameStats, MAX_BATCH};
-use super::tracker::{Built, Decided, SendId, State, Tracker};
-use crate::buf::frames::{FrameId, FrameRing};
+use super::source::{FrameError, FrameStats, MAX_BATCH};
+use super::tracker::{Built, Decided, SendId, State, Tracker, NO_FRAME};
+use crate::buf::frames::{FrameId, FramePin, FrameRing};
 use crate::netlink::NetlinkPath;
-use crate::stats::{Counters, Fallback, Path, Report};
+use crate::stats::{Counters, Fallback, Report};
 use crate::sys::netlink as nl;
 use crate::sys::nfqueue::*;
 use std::io;
@@ -176,7 +177,7 @@ pub struct NfQueueConfig {
 
 /// Bytes reserved in a frame for the netlink, nfgenmsg and attribute headers around the
 /// copied packet (conntrack and security-context attributes included).
-pub const FRAME_OVERHEAD: usize = 512;
+pub const FRAME_OVERHEAD: usize = super::core::MSG_OVERHEAD;
 
 impl Default for NfQueueConfig {
     fn default() -> Self {
@@ -228,6 +229,81 @@ pub struct PacketRef {
     pub queue: u16,
     /// Packet id.
     pub id: u32,
+}
+
+/// A packet handed over by [`NfQueue::receive`]: held until the caller's
+/// [`NfQueue::verdict`], with its payload pinned in its frame.
+#[derive(Debug)]
+pub struct Received {
+    /// The packet, for [`NfQueue::verdict`].
+    pub packet: PacketRef,
+    /// Its metadata.
+    pub info: PacketInfo,
+    /// Its payload (`NFQA_PAYLOAD`, from the network header on, up to the copy range), in
+    /// the frame it arrived in; `None` in `CopyMode::Meta` or for a packet without one.
+    pub payload: Option<FramePin>,
+}
+
+/// A queued packet's metadata, owned (the fields of [`Packet`] but the payload).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PacketInfo {
+    /// Address family of the hook (`AF_INET` = 2, `AF_INET6` = 10).
+    pub family: u8,
+    /// Ethertype (host order).
+    pub hw_protocol: u16,
+    /// Netfilter hook number.
+    pub hook: u8,
+    /// `NFQA_MARK`.
+    pub mark: Option<u32>,
+    /// `NFQA_IFINDEX_INDEV`.
+    pub indev: Option<u32>,
+    /// `NFQA_IFINDEX_OUTDEV`.
+    pub outdev: Option<u32>,
+    /// `NFQA_IFINDEX_PHYSINDEV`.
+    pub physindev: Option<u32>,
+    /// `NFQA_IFINDEX_PHYSOUTDEV`.
+    pub physoutdev: Option<u32>,
+    /// `NFQA_HWADDR`: the address (up to 8 bytes, zero-padded) and its length.
+    pub hwaddr: Option<([u8; 8], u8)>,
+    /// `NFQA_TIMESTAMP` (sec, usec).
+    pub timestamp: Option<(u64, u64)>,
+    /// `NFQA_CAP_LEN`: the full length when the payload was cut to the copy range.
+    pub cap_len: Option<u32>,
+    /// `NFQA_SKB_INFO` flags.
+    pub skb_info: Option<u32>,
+    /// `NFQA_UID`.
+    pub uid: Option<u32>,
+    /// `NFQA_GID`.
+    pub gid: Option<u32>,
+    /// `NFQA_CT_INFO`.
+    pub ct_info: Option<u32>,
+}
+
+impl From<&Packet<'_>> for PacketInfo {
+    fn from(p: &Packet<'_>) -> Self {
+        Self {
+            family: p.family,
+            hw_protocol: p.hw_protocol,
+            hook: p.hook,
+            mark: p.mark,
+            indev: p.indev,
+            outdev: p.outdev,
+            physindev: p.physindev,
+            physoutdev: p.physoutdev,
+            hwaddr: p.hwaddr.map(|h| {
+                let mut a = [0u8; 8];
+                let n = h.len().min(8);
+                a[..n].copy_from_slice(&h[..n]);
+                (a, n as u8)
+            }),
+            timestamp: p.timestamp,
+            cap_len: p.cap_len,
+            skb_info: p.skb_info,
+            uid: p.uid,
+            gid: p.gid,
+            ct_info: p.ct_info,
+        }
+    }
 }
 
 /// Counters of an [`NfQueue`].
@@ -381,12 +457,10 @@ pub fn kernel_queue_stats() -> io::Result<Vec<KernelQueueStats>> {
 
 #[derive(Debug)]
 struct QueueSock {
-    fd: OwnedFd,
+    sock: NlSocket,
     queue: u16,
-    ring: FrameSource,
     track: Tracker,
     out: Vec<u8>,
-    seq: u32,
     /// Per frame: packets held in it (the frame is released when the last one is decided).
     hold_refs: Vec<u16>,
     undecided_since_flush: usize,
@@ -422,63 +496,42 @@ impl QueueSock {
         queue: u16,
         fallbacks: &mut Vec<Fallback>,
     ) -> Result<Self, NfqError> {
-        let fd = nl::socket(NETLINK_NETFILTER)
-            .map_err(sock_err("socket(AF_NETLINK, NETLINK_NETFILTER)"))?;
-        nl::bind(&fd, 0, 0).map_err(sock_err("bind netlink socket"))?;
-        if let Some((bytes, force)) = cfg.rcvbuf {
-            super::size_rcvbuf(&fd, bytes, force, fallbacks).map_err(sock_err("SO_RCVBUF"))?;
-        }
-        if cfg.no_enobufs {
-            nl::set_no_enobufs(&fd, true).map_err(sock_err("NETLINK_NO_ENOBUFS"))?;
-        }
-        if let Err(e) = nl::set_ext_ack(&fd) {
-            // Error ACKs then carry no message text; the errno still arrives.
-            fallbacks.push(Fallback::new(
-                Path::setting("NETLINK_EXT_ACK"),
-                Path::setting("plain ACKs"),
-                format!("NETLINK_CAP_ACK/NETLINK_EXT_ACK refused: {e} (Linux 4.12)"),
-            ));
-        }
-        let mut ring = FrameSource::new(cfg.frame_size, cfg.frames, 70 << 10)
-            .map_err(sock_err("mapping the frame ring"))?;
-        if cfg.uring {
-            let need = match cfg.copy {
-                CopyMode::Meta => FRAME_OVERHEAD,
-                CopyMode::Packet(r) => r as usize + FRAME_OVERHEAD,
-            };
-            if need > ring.frames().frame_payload() {
-                fallbacks.push(Fallback::new(
-                    NetlinkPath::FrameRingUring,
-                    NetlinkPath::FrameRingRecvmmsg,
-                    format!(
-                        "copy range needs {need}-byte frames but frames hold {}: a provided \
-                         buffer cannot spill, so datagrams could be cut; lower the copy range \
-                         or raise frame_size",
-                        ring.frames().frame_payload()
-                    ),
-                ));
-            } else if let Err(reason) = ring.enable_uring() {
-                fallbacks.push(Fallback::new(
-                    NetlinkPath::FrameRingUring,
-                    NetlinkPath::FrameRingRecvmmsg,
-                    reason,
-                ));
-            }
-        }
+        let datagram = match cfg.copy {
+            CopyMode::Meta => FRAME_OVERHEAD,
+            CopyMode::Packet(r) => r as usize + FRAME_OVERHEAD,
+        };
+        let spec = SockSpec {
+            protocol: NETLINK_NETFILTER,
+            groups: &[],
+            rcvbuf: cfg.rcvbuf,
+            no_enobufs: cfg.no_enobufs,
+            ext_ack: true,
+            frame_size: cfg.frame_size,
+            frames: cfg.frames,
+            spill: 70 << 10,
+            uring: cfg.uring.then_some(UringNeed {
+                datagram,
+                what: "the copy range",
+            }),
+            // A verdict is owed per packet: no wait may hold one back.
+            batch_wait: None,
+        };
+        let sock = NlSocket::open(&spec, fallbacks).map_err(|e| NfqError::Socket {
+            what: e.what.to_string(),
+            source: e.source,
+        })?;
         let mut s = Self {
-            fd,
+            sock,
             queue,
             hold_refs: vec![0; cfg.frames as usize],
-            ring,
             track: Tracker::new(queue),
             out: Vec::with_capacity(4096),
-            seq: 0,
             undecided_since_flush: 0,
             max_send: 0,
             results: Vec::new(),
         };
         // Datagrams stay below the send buffer (the kernel refuses larger ones, EMSGSIZE).
-        let sndbuf = crate::sys::getsockopt_int(&s.fd, libc::SOL_SOCKET, libc::SO_SNDBUF)
+        let sndbuf = crate::sys::getsockopt_int(&s.sock.fd, libc::SOL_SOCKET, libc::SO_SNDBUF)
             .map_or(64 << 10, |b| b.max(0) as usize);
         s.max_send = (sndbuf.saturating_sub(64)).clamp(1024, MAX_SEND);
         s.config(
@@ -523,75 +576,42 @@ impl QueueSock {
         Ok(s)
     }
 
-    /// Sends one config message and waits for its ACK.
+    /// Sends one config message and waits for its ACK (packets queued meanwhile go into the
+    /// frame ring and get a verdict from the next `process`, like any other).
     fn config(
         &mut self,
         c: ConfigMsg,
         what: &'static str,
         hint: &'static str,
     ) -> Result<(), NfqError> {
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
+        let queue = self.queue;
+        let seq = self.sock.next_seq();
         let mut out = Vec::with_capacity(64);
         c.emit(&mut out, seq).map_err(|e| NfqError::Emit {
-            queue: self.queue,
+            queue,
             id: None,
             source: e,
         })?;
-        nl::send_to_kernel(&self.fd, &out).map_err(|e| NfqError::Send {
-            queue: self.queue,
-            source: e,
-        })?;
-        let mut buf = vec![0u8; 70 << 10];
-        loop {
-            let n = crate::sys::net::recv(&self.fd, &mut buf, 0).map_err(|e| NfqError::Send {
-                queue: self.queue,
-                source: e,
-            })?;
-            let mut ack = None;
-            let mut other = false;
-            for m in messages(&buf[..n]) {
-                let m = m.map_err(|e| NfqError::Parse {
-                    queue: self.queue,
-                    source: e,
-                })?;
-                if m.ty == nl::NLMSG_ERROR && m.seq == seq {
-                    ack = Some(m.error_code().map_err(|e| NfqError::Parse {
-                        queue: self.queue,
-                        source: e,
-                    })?);
-                } else {
-                    other = true;
-                }
+        match self.sock.request(&out, seq) {
+            Ok(0) => Ok(()),
+            Ok(code) => Err(NfqError::Config {
+                queue,
+                what,
+                source: io::Error::from_raw_os_error(-code),
+                hint,
+            }),
+            Err(RequestError::Send(e) | RequestError::Recv(e)) => {
+                Err(NfqError::Send { queue, source: e })
             }
-            if other {
-                // A packet queued between BIND and this ACK: keep it for `process`, so it
-                // gets a verdict like any other (never dropped on the floor here).
-                if !self.ring.inject(&buf[..n]) {
-                    return Err(NfqError::Frames(FrameError::AllHeld(
-                        self.ring.frames().count(),
-                    )));
-                }
-            }
-            match ack {
-                Some(0) => return Ok(()),
-                Some(code) => {
-                    return Err(NfqError::Config {
-                        queue: self.queue,
-                        what,
-                        source: io::Error::from_raw_os_error(-code),
-                        hint,
-                    })
-                }
-                None => {}
-            }
+            Err(RequestError::Parse(e)) => Err(NfqError::Parse { queue, source: e }),
+            Err(RequestError::Full(n)) => Err(NfqError::Frames(FrameError::AllHeld(n))),
         }
     }
 
     /// Moves completed ring sends into the tracker: confirmed packets leave it, failed ones
     /// are decided again. Returns the first failure.
     fn reap_sends(&mut self, stats: &mut NfqStats) -> Option<io::Error> {
-        self.ring.take_send_results(&mut self.results);
+        self.sock.ring.take_send_results(&mut self.results);
         let mut first = None;
         for (token, r) in self.results.drain(..) {
             let send = SendId(token);
@@ -616,19 +636,19 @@ impl QueueSock {
         self.undecided_since_flush = 0;
         while failure.is_none() {
             self.out.clear();
-            let Some((send, built)) = self
-                .track
-                .build(&mut self.out, &mut self.seq, self.max_send)
+            let Some((send, built)) =
+                self.track
+                    .build(&mut self.out, self.sock.seq_mut(), self.max_send)
             else {
                 break;
             };
             add_built(stats, &built);
-            if self.ring.is_uring() {
+            if self.sock.ring.is_uring() {
                 // Through the ring: goes out with the next ring entry (the next fill), so a
                 // receive-process-verdict cycle costs one syscall. The tracker keeps the
                 // packets in flight until the completion says the datagram went whole.
-                let buf = std::mem::replace(&mut self.out, self.ring.spare_send_buf());
-                match self.ring.queue_send(&self.fd, buf, send.0) {
+                let buf = std::mem::replace(&mut self.out, self.sock.ring.spare_send_buf());
+                match self.sock.ring.queue_send(&self.sock.fd, buf, send.0) {
                     Ok(()) => {
                         stats.ring_sends += 1;
                         continue;
@@ -637,7 +657,7 @@ impl QueueSock {
                 }
             }
             stats.send_syscalls += 1;
-            match nl::send_to_kernel(&self.fd, &self.out) {
+            match nl::send_to_kernel(&self.sock.fd, &self.out) {
                 Ok(_) => {
                     self.track.confirmed(send);
                 }
@@ -662,44 +682,67 @@ impl QueueSock {
     /// Submits verdicts queued on the ring.
     fn submit_sends(&mut self) -> Result<(), NfqError> {
         let queue = self.queue;
-        self.ring
+        self.sock
+            .ring
             .submit_sends()
             .map_err(|e| NfqError::Send { queue, source: e })
     }
 
-    fn decode_frame<F>(&mut self, id: FrameId, ctx: &mut Ctx<'_, F>)
+    /// One held packet of frame `fid` was decided or let go of its frame: the frame goes
+    /// back when none is left (and its pins, if any, are gone).
+    fn unref_frame(&mut self, fid: u32) {
+        if fid == NO_FRAME {
+            return;
+        }
+        let refs = &mut self.hold_refs[fid as usize];
+        *refs = refs.saturating_sub(1);
+        if *refs == 0 {
+            self.sock.finish(FrameId(fid), Fate::Release);
+        }
+    }
+
+    /// Decodes the next ready frame (see [`decode_frame`]) and releases or holds it; `false`
+    /// when no frame is ready.
+    fn decode_next<F>(&mut self, ctx: &mut Ctx<'_, F>) -> bool
     where
-        F: FnMut(&Packet<'_>) -> Decision,
+        F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
     {
-        let n = decode_frame(
-            self.ring.frames_mut(),
+        let Some(id) = self.sock.pop_ready() else {
+            return false;
+        };
+        let (fate, n) = decode_frame(
+            self.sock.ring.frames(),
             &mut self.track,
             &mut self.hold_refs,
             self.queue,
             id,
             ctx,
         );
+        self.sock.finish(id, fate);
         self.undecided_since_flush += n;
+        true
     }
 }
 
-/// Decodes one received frame: every packet in it is handed to `ctx.f` (or decided with
-/// `on_error` when it cannot be parsed but its id can be read), then the frame is released
-/// or, when a packet in it is held, held. Never fails: a malformed message is counted and the
-/// rest of the datagram still gets its verdicts. Returns the packets tracked.
+/// Decodes one received frame (`data`, frame `id`): every packet in it is handed to `ctx.f`
+/// (or decided with `on_error` when it cannot be parsed but its id can be read). Says whether
+/// the frame is then released or, when a packet in it is held, held (`hold_refs` counts the
+/// packets held in it). Never fails: a malformed message is counted and the rest of the
+/// datagram still gets its verdicts. Returns the fate and the packets tracked.
 fn decode_frame<F>(
-    ring: &mut FrameRing,
+    ring: &FrameRing,
     track: &mut Tracker,
     hold_refs: &mut [u16],
     queue: u16,
     id: FrameId,
     ctx: &mut Ctx<'_, F>,
-) -> usize
+) -> (Fate, usize)
 where
-    F: FnMut(&Packet<'_>) -> Decision,
+    F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
 {
     let mut held = 0u16;
     let mut tracked = 0;
+    let site = PinSite { ring, frame: id };
     let data = ring.data(id);
     for m in messages(data) {
         let m = match m {
@@ -716,7 +759,7 @@ where
             Ok(AnyMsg::Packet(p)) => {
                 ctx.stats.received += 1;
                 *ctx.total += 1;
-                let d = match (ctx.f)(&p) {
+                let d = match (ctx.f)(&p, &site) {
                     Decision::Hold => None,
                     Decision::Mangle(..) if mangle_dropped_by_kernel(&p) => {
                         ctx.stats.refused += 1;
@@ -760,11 +803,24 @@ where
     }
     if held > 0 {
         hold_refs[id.0 as usize] = held;
-        ring.hold(id);
+        (Fate::Hold, tracked)
     } else {
-        ring.release(id);
+        (Fate::Release, tracked)
     }
-    tracked
+}
+
+/// Where a packet handed to the decoding closure lives: its frame, whose bytes a
+/// [`FramePin`] can keep past the packet's verdict.
+pub(crate) struct PinSite<'a> {
+    ring: &'a FrameRing,
+    frame: FrameId,
+}
+
+impl PinSite<'_> {
+    /// Pins `bytes` (part of the packet being decided, e.g. its payload).
+    pub(crate) fn pin(&self, bytes: &[u8]) -> Option<FramePin> {
+        self.ring.pin(self.frame, bytes)
+    }
 }
 
 /// What decoding needs besides the socket: the caller's closure and the counters.
@@ -869,7 +925,7 @@ impl NfQueue {
     pub fn stats(&self) -> NfqStats {
         let mut s = self.stats.clone();
         for q in &self.socks {
-            let f: FrameStats = q.ring.stats();
+            let f: FrameStats = q.sock.frame_stats();
             s.copies += f.copies;
             s.overruns += f.overruns;
             s.recv_syscalls += f.syscalls;
@@ -885,7 +941,7 @@ impl NfQueue {
     /// The receive path in use: `frame-ring+io_uring` (multishot recv into a provided-buffer
     /// ring of frames, on every bound queue) or `frame-ring+recvmmsg`.
     pub fn path(&self) -> NetlinkPath {
-        if self.socks.iter().all(|s| s.ring.is_uring()) && !self.socks.is_empty() {
+        if self.socks.iter().all(|s| s.sock.ring.is_uring()) && !self.socks.is_empty() {
             NetlinkPath::FrameRingUring
         } else {
             NetlinkPath::FrameRingRecvmmsg
@@ -908,41 +964,92 @@ impl NfQueue {
     where
         F: FnMut(&Packet<'_>) -> Decision,
     {
+        let budget = self.cfg.budget;
+        self.process_with(timeout, budget, &mut |p: &Packet<'_>, _: &PinSite<'_>| f(p))
+    }
+
+    /// Receives up to about `max` packets (waiting up to `timeout` when none is ready) and
+    /// appends them to `out`, each **held**: its verdict is the caller's, given later with
+    /// [`NfQueue::verdict`] (and sent by [`NfQueue::flush`] or the next receive, in batches as
+    /// ever), and its payload is pinned in its frame ([`FramePin`]) — no copy. A pin outlives
+    /// the verdict if the caller keeps it: the frame returns to the ring only when the packet
+    /// is decided *and* its pin dropped, so pinned bytes never change. Returns the number of
+    /// packets appended. Packets whose message cannot be parsed get
+    /// [`NfQueueConfig::on_error`] and are not appended. Held packets count against the frame
+    /// ring: with every frame held the receive fails ([`FrameError::AllHeld`]).
+    ///
+    /// `max` bounds the work as [`NfQueueConfig::budget`] does for `process` (an io_uring
+    /// fill may pass it by up to one receive window).
+    pub fn receive(
+        &mut self,
+        timeout: Option<Duration>,
+        max: usize,
+        out: &mut Vec<Received>,
+    ) -> Result<usize, NfqError> {
+        let before = out.len();
+        self.process_with(timeout, max, &mut |p: &Packet<'_>, site: &PinSite<'_>| {
+            out.push(Received {
+                packet: PacketRef {
+                    queue: p.queue,
+                    id: p.id,
+                },
+                info: PacketInfo::from(p),
+                payload: p.payload.and_then(|b| site.pin(b)),
+            });
+            Decision::Hold
+        })?;
+        Ok(out.len() - before)
+    }
+
+    fn process_with<F>(
+        &mut self,
+        timeout: Option<Duration>,
+        budget: usize,
+        f: &mut F,
+    ) -> Result<usize, NfqError>
+    where
+        F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
+    {
         let wait = timeout.unwrap_or(Duration::MAX);
         if self.socks.len() == 1 {
             // One socket: the frame ring waits itself (one io_uring_enter, or poll + recvmmsg).
-            return self.process_ready(&mut f, wait);
+            return self.process_ready(f, wait, budget);
         }
-        let n = self.process_ready(&mut f, Duration::ZERO)?;
+        let n = self.process_ready(f, Duration::ZERO, budget)?;
         if n > 0 || wait.is_zero() {
             return Ok(n);
         }
         let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
         self.stats.recv_syscalls += 1;
         if self.poll(ms)? {
-            return self.process_ready(&mut f, Duration::ZERO);
+            return self.process_ready(f, Duration::ZERO, budget);
         }
         Ok(0)
     }
 
     fn poll(&self, ms: i32) -> Result<bool, NfqError> {
         if self.socks.len() == 1 {
-            let r = crate::sys::net::poll_one(&self.socks[0].fd, libc::POLLIN, ms)
+            let r = crate::sys::net::poll_one(&self.socks[0].sock.fd, libc::POLLIN, ms)
                 .map_err(sock_err("poll"))?;
             return Ok(r != 0);
         }
-        let fds: Vec<&OwnedFd> = self.socks.iter().map(|s| &s.fd).collect();
+        let fds: Vec<&OwnedFd> = self.socks.iter().map(|s| &s.sock.fd).collect();
         crate::sys::net::poll_many(&fds, libc::POLLIN, ms).map_err(sock_err("poll"))
     }
 
-    fn process_ready<F>(&mut self, f: &mut F, wait: Duration) -> Result<usize, NfqError>
+    fn process_ready<F>(
+        &mut self,
+        f: &mut F,
+        wait: Duration,
+        budget: usize,
+    ) -> Result<usize, NfqError>
     where
-        F: FnMut(&Packet<'_>) -> Decision,
+        F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
     {
         if self.socks.is_empty() {
             return Err(NfqError::Unbound);
         }
-        let r = self.rounds(f, wait);
+        let r = self.rounds(f, wait, budget);
         // Verdicts queued on the ring usually went out with the last fill's enter; make sure
         // none waits for the next call.
         let mut submit = Ok(());
@@ -970,12 +1077,17 @@ impl NfQueue {
     /// Round-robin over the bound queues, one receive batch per queue per round, until no
     /// queue has data or `cfg.budget` packets were handled; the next call starts one queue
     /// further. Errors name the queue's index.
-    fn rounds<F>(&mut self, f: &mut F, wait: Duration) -> Result<usize, (usize, NfqError)>
+    fn rounds<F>(
+        &mut self,
+        f: &mut F,
+        wait: Duration,
+        budget: usize,
+    ) -> Result<usize, (usize, NfqError)>
     where
-        F: FnMut(&Packet<'_>) -> Decision,
+        F: FnMut(&Packet<'_>, &PinSite<'_>) -> Decision,
     {
         let mut wait = wait;
-        let budget = self.cfg.budget.max(1);
+        let budget = budget.max(1);
         let batch = self.cfg.batch.max(1);
         let retries = self.cfg.send_retries;
         let n = self.socks.len();
@@ -993,10 +1105,10 @@ impl NfQueue {
                     return Ok(total);
                 }
                 let s = &mut self.socks[i];
-                let fill = match s
-                    .ring
-                    .fill(&s.fd, left.min(MAX_BATCH), std::mem::take(&mut wait))
-                {
+                // Verdicts given since the last call (`verdict` on held packets) go out now:
+                // on the ring they ride this fill's enter.
+                s.flush(&mut self.stats, retries).map_err(|e| (i, e))?;
+                let fill = match s.sock.fill(left.min(MAX_BATCH), std::mem::take(&mut wait)) {
                     Ok(f) => f,
                     // Report "all held" on the next call, after the caller saw these packets.
                     Err(FrameError::AllHeld(_)) if total > 0 => continue,
@@ -1009,9 +1121,8 @@ impl NfQueue {
                     on_error: self.cfg.on_error,
                     deferred: &mut self.deferred,
                 };
-                let uring = s.ring.is_uring();
-                while let Some(id) = s.ring.frames_mut().pop_ready() {
-                    s.decode_frame(id, &mut ctx);
+                let uring = s.sock.ring.is_uring();
+                while s.decode_next(&mut ctx) {
                     // With sendto, flush every `batch` decided packets; on the ring the
                     // verdicts go out with the next enter anyway, so one datagram per receive
                     // batch costs nothing in latency and keeps the batch whole.
@@ -1067,7 +1178,10 @@ impl NfQueue {
         let Some(State::Held(fid)) = s.track.state(r.id) else {
             return None;
         };
-        for m in messages(s.ring.frames().data(FrameId(*fid))).flatten() {
+        if *fid == NO_FRAME {
+            return None;
+        }
+        for m in messages(s.sock.ring.frames().data(FrameId(*fid))).flatten() {
             if let Ok(pkt) = Packet::parse(&m) {
                 if pkt.id == r.id {
                     return Some(f(&pkt));
@@ -1117,11 +1231,33 @@ impl NfQueue {
         })?;
         count(&mut self.stats, v);
         self.stats.held -= 1;
-        let refs = &mut s.hold_refs[fid as usize];
-        *refs = refs.saturating_sub(1);
-        if *refs == 0 {
-            s.ring.frames_mut().release(FrameId(fid));
-        }
+        s.unref_frame(fid);
+        Ok(())
+    }
+
+    /// Whether `r` is held (received, not decided).
+    pub fn is_held(&self, r: PacketRef) -> bool {
+        self.socks
+            .iter()
+            .find(|s| s.queue == r.queue)
+            .is_some_and(|s| matches!(s.track.state(r.id), Some(State::Held(_))))
+    }
+
+    /// Keeps a held packet undecided but gives its frame back to the ring: its bytes are no
+    /// longer readable here ([`NfQueue::with_held`] returns `None`; a [`FramePin`] keeps its
+    /// own). For a caller that copied what it needs and may keep many packets undecided for
+    /// a long time: held frames would otherwise run out, while the kernel queue
+    /// ([`NfQueueConfig::max_len`]) is the only limit on undecided packets.
+    pub fn release_frame(&mut self, r: PacketRef) -> Result<(), NfqError> {
+        let not_held = NfqError::NotHeld {
+            queue: r.queue,
+            id: r.id,
+        };
+        let Some(s) = self.socks.iter_mut().find(|s| s.queue == r.queue) else {
+            return Err(not_held);
+        };
+        let fid = s.track.detach(r.id).map_err(|_| not_held)?;
+        s.unref_frame(fid);
         Ok(())
     }
 
@@ -1223,17 +1359,12 @@ impl NfQueue {
         if self.readiness.is_none() {
             let set = crate::sys::ready::ReadySet::new().map_err(sock_err("readiness set"))?;
             for s in &mut self.socks {
-                set.add_level(s.fd.as_raw_fd(), libc::EPOLLIN as u32)
-                    .map_err(sock_err("readiness set: add socket"))?;
-                if let Some(u) = s.ring.uring_mut() {
-                    let fd = u
-                        .ring
-                        .notify_fd()
-                        .map_err(sock_err("IORING_REGISTER_EVENTFD"))?
-                        .as_raw_fd();
-                    set.add_level(fd, libc::EPOLLIN as u32)
-                        .map_err(sock_err("readiness set: add eventfd"))?;
-                }
+                s.sock
+                    .add_to_readiness(&set)
+                    .map_err(|e| NfqError::Socket {
+                        what: e.what.to_string(),
+                        source: e.source,
+                    })?;
             }
             self.readiness = Some(set);
         }
@@ -1253,10 +1384,7 @@ impl NfQueue {
             n += self.process(Some(Duration::ZERO), &mut *f)?;
             let mut more = false;
             for s in &mut self.socks {
-                if let Some(u) = s.ring.uring_mut() {
-                    u.ring.clear_notify();
-                    more |= u.ring.has_work();
-                }
+                more |= s.sock.clear_notify();
             }
             if !more {
                 break;
@@ -1265,9 +1393,49 @@ impl NfQueue {
         Ok(n)
     }
 
+    /// [`NfQueue::receive`] without waiting, for a caller woken by the readiness descriptor
+    /// (as [`NfQueue::on_ready`] is for `process`): receives up to about `max` packets, then
+    /// clears the frame rings' eventfds and looks again if work came in meanwhile.
+    pub fn receive_ready(
+        &mut self,
+        max: usize,
+        out: &mut Vec<Received>,
+    ) -> Result<usize, NfqError> {
+        self.readiness_fd()?;
+        let mut n = 0;
+        for _ in 0..4 {
+            n += self.receive(Some(Duration::ZERO), max.saturating_sub(n).max(1), out)?;
+            let mut more = false;
+            for s in &mut self.socks {
+                more |= s.sock.clear_notify();
+            }
+            if !more || n >= max {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Puts a datagram that the caller read from queue `queue`'s socket itself (e.g. through
+    /// a cooperative-scheduling library's socket object, on a descriptor from
+    /// [`NfQueue::fds`]) into that queue's frame ring: the next `process`/`receive` decodes it
+    /// like any other.
+    pub fn feed(&mut self, queue: u16, datagram: &[u8]) -> Result<(), NfqError> {
+        let Some(s) = self.socks.iter_mut().find(|s| s.queue == queue) else {
+            return Err(NfqError::Unbound);
+        };
+        if s.sock.ring.inject(datagram) {
+            Ok(())
+        } else {
+            Err(NfqError::Frames(FrameError::AllHeld(
+                s.sock.ring.frames().count(),
+            )))
+        }
+    }
+
     /// Raw descriptors (for an external poller).
     pub fn fds(&self) -> Vec<i32> {
-        self.socks.iter().map(|s| s.fd.as_raw_fd()).collect()
+        self.socks.iter().map(|s| s.sock.fd.as_raw_fd()).collect()
     }
 }
 
@@ -1311,6 +1479,7 @@ mod tests {
     use super::*;
     use crate::netlink::msg::messages;
     use crate::netlink::nfqmsg::VerdictMsg;
+    use crate::netlink::source::FrameSource;
 
     fn packet(id: u32, out: &mut Vec<u8>) {
         let p = Packet {
@@ -1380,7 +1549,7 @@ mod tests {
                     got += 1;
                     let mut total = 0;
                     let mut deferred = None;
-                    let mut f = |p: &Packet<'_>| {
+                    let mut f = |p: &Packet<'_>, _: &PinSite<'_>| {
                         seen.push(p.id);
                         Decision::Verdict(Verdict::Accept)
                     };
@@ -1391,14 +1560,10 @@ mod tests {
                         on_error: Verdict::Drop,
                         deferred: &mut deferred,
                     };
-                    decode_frame(
-                        ring.frames_mut(),
-                        &mut track,
-                        &mut hold_refs,
-                        0,
-                        id,
-                        &mut ctx,
-                    );
+                    let (fate, _) =
+                        decode_frame(ring.frames(), &mut track, &mut hold_refs, 0, id, &mut ctx);
+                    assert_eq!(fate, Fate::Release, "nothing is held here");
+                    ring.frames_mut().release(id);
                     assert!(deferred.is_none());
                 }
             }

@@ -4,13 +4,13 @@
 //! 32 KiB + header one `recvmmsg` moves many of them, so a 100k-route table costs a few dozen
 //! syscalls rather than thousands.
 
+use super::core::{Fate, NlSocket, SockSpec, UringNeed};
 use super::msg::{attrs, emit_header, finish, messages, NlMsg, ParseError};
-use super::source::{FrameError, FrameSource, FrameStats};
+use super::source::{FrameError, FrameStats};
 use crate::netlink::NetlinkPath;
 use crate::stats::{Counters, Fallback, Report};
 use crate::sys::netlink as nl;
 use std::io;
-use std::os::fd::OwnedFd;
 
 /// What to dump.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,41 +85,38 @@ pub struct DumpStats {
 /// A rtnetlink socket with a frame ring for dumps.
 #[derive(Debug)]
 pub struct RouteSocket {
-    ring: FrameSource,
-    fd: OwnedFd,
-    seq: u32,
+    sock: NlSocket,
     fallbacks: Vec<Fallback>,
     counters: Counters,
 }
+
+/// The largest dump datagram the kernel builds.
+const DUMP_DATAGRAM: usize = 32 << 10;
 
 impl RouteSocket {
     /// Opens a `NETLINK_ROUTE` socket with `frames` frames of 32 KiB and a receive buffer of
     /// `rcvbuf` bytes (`SO_RCVBUFFORCE`; without CAP_NET_ADMIN, `SO_RCVBUF` capped by
     /// `net.core.rmem_max`, recorded in [`Report::fallbacks`] with the size granted).
     pub fn new(frames: u32, rcvbuf: usize) -> Result<Self, DumpError> {
-        let fd = nl::socket(nl::NETLINK_ROUTE).map_err(|e| DumpError::Io {
-            what: "socket(AF_NETLINK, NETLINK_ROUTE)",
-            source: e,
-        })?;
-        nl::bind(&fd, 0, 0).map_err(|e| DumpError::Io {
-            what: "bind",
-            source: e,
-        })?;
         let mut fallbacks = Vec::new();
-        super::size_rcvbuf(&fd, rcvbuf, true, &mut fallbacks).map_err(|e| DumpError::Io {
-            what: "SO_RCVBUF",
-            source: e,
+        let spec = SockSpec {
+            protocol: nl::NETLINK_ROUTE,
+            groups: &[],
+            rcvbuf: Some((rcvbuf, true)),
+            no_enobufs: false,
+            ext_ack: false,
+            frame_size: DUMP_DATAGRAM + 16,
+            frames,
+            spill: 64 << 10,
+            uring: None,
+            batch_wait: None,
+        };
+        let sock = NlSocket::open(&spec, &mut fallbacks).map_err(|e| DumpError::Io {
+            what: e.what,
+            source: e.source,
         })?;
-        // 32 KiB is the largest dump datagram the kernel builds.
-        let ring =
-            FrameSource::new((32 << 10) + 16, frames, 64 << 10).map_err(|e| DumpError::Io {
-                what: "mapping the frame ring",
-                source: e,
-            })?;
         Ok(Self {
-            fd,
-            ring,
-            seq: 0,
+            sock,
             fallbacks,
             counters: Counters::default(),
         })
@@ -129,26 +126,16 @@ impl RouteSocket {
     /// at most 32 KiB, so they always fit a frame). On failure the socket keeps `recvmmsg` and
     /// [`Report::fallbacks`] says why.
     pub fn use_uring(&mut self) -> bool {
-        match self.ring.enable_uring() {
-            Ok(()) => true,
-            Err(reason) => {
-                self.fallbacks.push(Fallback::new(
-                    NetlinkPath::FrameRingUring,
-                    NetlinkPath::FrameRingRecvmmsg,
-                    reason,
-                ));
-                false
-            }
-        }
+        let need = UringNeed {
+            datagram: DUMP_DATAGRAM,
+            what: "a dump datagram",
+        };
+        self.sock.enable_uring(&need, &mut self.fallbacks)
     }
 
     /// `frame-ring+io_uring` or `frame-ring+recvmmsg`.
     pub fn path(&self) -> NetlinkPath {
-        if self.ring.is_uring() {
-            NetlinkPath::FrameRingUring
-        } else {
-            NetlinkPath::FrameRingRecvmmsg
-        }
+        self.sock.path()
     }
 
     /// Dumps `kind` for `family` (`AF_UNSPEC` = 0 for all), calling `f` with each object
@@ -160,31 +147,32 @@ impl RouteSocket {
         mut f: impl FnMut(&NlMsg<'_>),
     ) -> Result<DumpStats, DumpError> {
         let (ty, hdr) = kind.request();
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
+        let seq = self.sock.next_seq();
         let mut req = Vec::with_capacity(64);
         emit_header(&mut req, ty, nl::NLM_F_REQUEST | nl::NLM_F_DUMP, seq, 0);
         let start = 0;
         req.resize(req.len() + hdr, 0);
         req[16] = family; // the first byte of every rtnetlink header is the family
         finish(&mut req, start).expect("a dump request header is a few bytes");
-        nl::send_to_kernel(&self.fd, &req).map_err(|e| DumpError::Io {
+        nl::send_to_kernel(&self.sock.fd, &req).map_err(|e| DumpError::Io {
             what: "sending the dump request",
             source: e,
         })?;
-        let before = self.ring.stats();
+        let before = self.sock.frame_stats();
         let mut st = DumpStats::default();
         loop {
-            let fill = self.ring.fill(&self.fd, 64, std::time::Duration::MAX)?;
+            let fill = self.sock.fill(64, std::time::Duration::MAX)?;
             if fill.overrun {
                 return Err(DumpError::Overrun);
             }
             let mut done = false;
-            while let Some(id) = self.ring.frames_mut().pop_ready() {
-                let data = self.ring.frames().data(id);
+            let mut err = None;
+            self.sock.for_each_ready(|_, data| {
+                if err.is_some() {
+                    return Fate::Release;
+                }
                 st.datagrams += 1;
                 st.bytes += data.len() as u64;
-                let mut err = None;
                 for m in messages(data) {
                     let m = match m {
                         Ok(m) => m,
@@ -215,16 +203,16 @@ impl RouteSocket {
                         }
                     }
                 }
-                self.ring.frames_mut().release(id);
-                if let Some(e) = err {
-                    return Err(e);
-                }
+                Fate::Release
+            });
+            if let Some(e) = err {
+                return Err(e);
             }
             if done {
                 break;
             }
         }
-        let after = self.ring.stats();
+        let after = self.sock.frame_stats();
         self.counters.bytes += st.bytes;
         self.counters.ops += st.messages;
         // The request's send, and the receives.

@@ -42,7 +42,7 @@ pub enum FrameError {
     #[error("all {0} frames are held (SKIP); release held frames before receiving more")]
     AllHeld(u32),
     /// The receive failed.
-    #[error("recvmmsg on the netlink socket: {0}")]
+    #[error("receiving on the netlink socket: {0}")]
     Io(#[from] io::Error),
 }
 
@@ -103,6 +103,8 @@ pub(crate) struct FrameSource {
     producer: Producer,
     frames: FrameRing,
     stats: FrameStats,
+    /// io_uring mode: completions to gather per wait and how long to hold the first back.
+    batch: Option<(usize, Duration)>,
 }
 
 impl FrameSource {
@@ -120,7 +122,24 @@ impl FrameSource {
             }),
             frames,
             stats: FrameStats::default(),
+            batch: None,
         })
+    }
+
+    /// In io_uring mode, lets a wait gather up to `n` completions, holding the first back at
+    /// most `min_wait` (see [`FrameRecv::wait`]). Fails, saying why, outside io_uring mode or
+    /// where the kernel cannot (Linux 6.12); waits then return on the first completion.
+    pub(crate) fn set_batch_wait(&mut self, n: usize, min_wait: Duration) -> Result<(), String> {
+        match &self.producer {
+            Producer::Uring(u) if u.has_min_wait() => {
+                self.batch = Some((n, min_wait));
+                Ok(())
+            }
+            Producer::Uring(_) => Err("kernel lacks IORING_FEAT_MIN_TIMEOUT (Linux 6.12)".into()),
+            Producer::Recvmmsg(_) => {
+                Err("recvmmsg waits with poll(2), which cannot gather a batch".into())
+            }
+        }
     }
 
     /// The frames (consumer side: [`FrameRing::pop_ready`], [`FrameRing::data`], …).
@@ -182,6 +201,8 @@ impl FrameSource {
         max: usize,
         wait: Duration,
     ) -> Result<Fill, FrameError> {
+        // Frames released while pinned come back once their pins are gone.
+        self.frames.reclaim();
         if self.frames.all_held() {
             return Err(FrameError::AllHeld(self.frames.count()));
         }
@@ -331,7 +352,7 @@ impl FrameSource {
         let mut err = None;
         let (frames, stats) = (&mut self.frames, &mut self.stats);
         let payload = frames.frame_payload();
-        let r = u.wait(fd, wait, |ev| match ev {
+        let r = u.wait(fd, wait, self.batch, |ev| match ev {
             FrameEvent::Data { bid, len } => {
                 if frames
                     .complete(FrameId(u32::from(bid)), len as usize, 0, &[])

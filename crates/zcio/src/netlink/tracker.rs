@@ -69,6 +69,9 @@ impl Decided {
     }
 }
 
+/// The frame of a held packet whose bytes were given up ([`Tracker::detach`]).
+pub const NO_FRAME: u32 = u32::MAX;
+
 /// Names one datagram handed to the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SendId(pub u64);
@@ -162,11 +165,8 @@ impl Tracker {
 
     /// Decides a held packet; returns the frame that held it.
     pub fn decide(&mut self, id: u32, d: Decided) -> Result<u32, TrackError> {
-        let e = self
-            .entries
-            .iter_mut()
-            .find(|e| e.id == id)
-            .ok_or(TrackError::NotHeld(id))?;
+        let i = self.index(id).ok_or(TrackError::NotHeld(id))?;
+        let e = &mut self.entries[i];
         let State::Held(frame) = e.st else {
             return Err(TrackError::NotHeld(id));
         };
@@ -174,9 +174,29 @@ impl Tracker {
         Ok(frame)
     }
 
+    /// Keeps a held packet held but records that no frame keeps its bytes any more
+    /// ([`NO_FRAME`]); returns the frame that did.
+    pub fn detach(&mut self, id: u32) -> Result<u32, TrackError> {
+        let i = self.index(id).ok_or(TrackError::NotHeld(id))?;
+        let e = &mut self.entries[i];
+        let State::Held(frame) = e.st else {
+            return Err(TrackError::NotHeld(id));
+        };
+        e.st = State::Held(NO_FRAME);
+        Ok(frame)
+    }
+
     /// The state of a tracked packet.
     pub fn state(&self, id: u32) -> Option<&State> {
-        self.entries.iter().find(|e| e.id == id).map(|e| &e.st)
+        self.index(id).map(|i| &self.entries[i].st)
+    }
+
+    /// Where `id` is tracked: a binary search, since entries are in the kernel's (wrapping)
+    /// id order and span less than half the id space (`nfq_id_after`).
+    fn index(&self, id: u32) -> Option<usize> {
+        self.entries
+            .binary_search_by(|e| (e.id.wrapping_sub(id) as i32).cmp(&0))
+            .ok()
     }
 
     /// Held packets: `(id, frame)`.

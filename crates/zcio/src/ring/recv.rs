@@ -727,14 +727,24 @@ impl FrameRecv {
         self.sends.iter().filter(|s| s.is_some()).count()
     }
 
+    /// Whether the kernel can hold a wait's first completion back to gather more
+    /// (`IORING_FEAT_MIN_TIMEOUT`, Linux 6.12), for [`FrameRecv::wait`]'s `batch`.
+    pub fn has_min_wait(&self) -> bool {
+        self.ring.has_min_wait()
+    }
+
     /// Arms the multishot receive on `fd` if needed (the caller checks that buffers are
     /// provided), submits what is queued and waits up to `wait` (`ZERO`: not at all; `MAX`:
     /// forever) for a completion unless some are ready, then harvests: send results are kept
-    /// for [`FrameRecv::take_send_results`], receive completions go to `f` in order.
+    /// for [`FrameRecv::take_send_results`], receive completions go to `f` in order. With
+    /// `batch = Some((n, min_wait))` (and [`FrameRecv::has_min_wait`]), a wait returns once `n`
+    /// completions are there or `min_wait` has passed with at least one: fewer wake-ups when
+    /// datagrams trickle in one at a time, at most `min_wait` of added latency.
     pub fn wait(
         &mut self,
         fd: &impl AsRawFd,
         wait: Duration,
+        batch: Option<(usize, Duration)>,
         mut f: impl FnMut(FrameEvent),
     ) -> io::Result<()> {
         if !self.armed {
@@ -748,11 +758,23 @@ impl FrameRecv {
             self.armed = true;
         }
         if self.ring.ready() == 0 {
-            if wait.is_zero() {
-                self.ring.submit()?;
-            } else {
-                let t = (wait != Duration::MAX).then_some(wait);
-                self.ring.submit_and_wait(1, t)?;
+            let r = match batch {
+                _ if wait.is_zero() => self.ring.submit().map(drop),
+                Some((n, min_wait)) if n > 1 && self.ring.has_min_wait() => {
+                    // The whole wait still needs a bound: a day stands for "forever".
+                    let t = wait.min(Duration::from_secs(86_400));
+                    self.ring.submit_and_wait_batch(n, min_wait, t).map(drop)
+                }
+                _ => {
+                    let t = (wait != Duration::MAX).then_some(wait);
+                    self.ring.submit_and_wait(1, t).map(drop)
+                }
+            };
+            match r {
+                // A signal cut the wait short (job control's SIGSTOP/SIGCONT, a handler):
+                // harvest what is there; the caller looks at its signals and waits again.
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                other => other?,
             }
         }
         let (got, sent) = (&mut self.got, &mut self.sent);

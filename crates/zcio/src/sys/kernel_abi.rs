@@ -5,7 +5,8 @@
 //! What `linux-raw-sys` 0.12 has nothing for stays hand-typed, checked against numbers from
 //! the headers (`assert_layout!` where it is defined): the nfqueue ABI
 //! (`linux/netfilter/nfnetlink_queue.h`, `nfnetlink.h`: every `NFQ*`/`NFNL*` constant,
-//! `nfgenmsg`), the zcrx control and query ABI of 6.19/7.1 (`zcrx_ctrl`,
+//! `nfgenmsg`), the nfnetlink_log ABI (`sys::nflog`, `nfnetlink_log.h`), the ctnetlink ABI
+//! (`sys::ctnetlink`, `nfnetlink_conntrack.h`, `nf_conntrack_common.h`), `SK_MEMINFO_*`, the zcrx control and query ABI of 6.19/7.1 (`zcrx_ctrl`,
 //! `io_uring_query_hdr`, `io_uring_query_zcrx`, `ZCRX_REG_NODEV`, `IORING_REGISTER_QUERY`,
 //! `IORING_REGISTER_ZCRX_CTRL`, `ZCRX_CTRL_FLUSH_RQ`, `IO_URING_QUERY_ZCRX`), the
 //! `MSG_ZEROCOPY` ABI (`MSG_ZEROCOPY`, `SO_EE_ORIGIN_ZEROCOPY`, `SO_EE_CODE_ZEROCOPY_COPIED`,
@@ -121,6 +122,15 @@ same_value!(
     lrs::netlink::NETLINK_EXT_ACK
 );
 same_value!(super::netlink::SO_RCVBUFFORCE, lrs::net::SO_RCVBUFFORCE);
+same_value!(
+    super::netlink::NETLINK_ADD_MEMBERSHIP,
+    lrs::netlink::NETLINK_ADD_MEMBERSHIP
+);
+same_value!(
+    super::netlink::NETLINK_BROADCAST_ERROR,
+    lrs::netlink::NETLINK_BROADCAST_ERROR
+);
+same_value!(super::netlink::SO_MEMINFO, lrs::net::SO_MEMINFO);
 same_value!(super::netlink::NLMSG_ALIGNTO, lrs::netlink::NLMSG_ALIGNTO);
 same_value!(super::netlink::NLMSG_NOOP, lrs::netlink::NLMSG_NOOP);
 same_value!(super::netlink::NLMSG_ERROR, lrs::netlink::NLMSG_ERROR);

@@ -38,10 +38,12 @@
 // the feature's surface (used by the C ABI, the preload shim and the CLI), not dead code.
 #![cfg_attr(not(feature = "unstable-raw"), allow(unreachable_pub, dead_code))]
 
+pub mod ctnetlink;
 pub mod epoll;
 pub mod errqueue;
 pub mod net;
 pub mod netlink;
+pub mod nflog;
 pub mod nfqueue;
 pub mod poller;
 pub mod ready;

@@ -89,6 +89,81 @@ pub fn send(fd: &impl AsRawFd, buf: &[u8], flags: i32) -> io::Result<usize> {
     syscall!(send(fd.as_raw_fd(), ptr, buf.len(), flags)).map(|n| n as usize)
 }
 
+/// Most datagrams one [`send_batch`] sends.
+pub const SEND_BATCH_MAX: usize = 64;
+
+/// One `sendmmsg(2)` of up to [`SEND_BATCH_MAX`] datagrams from an IPv4 UDP socket: datagram
+/// `i` is `payloads[i]`, sent to `to[i]` (or, with `to` empty, to the connected peer). Returns
+/// how many went out; `EINTR` is retried. The message headers live on the stack.
+pub fn send_batch(
+    fd: &impl AsRawFd,
+    payloads: &[&[u8]],
+    to: &[std::net::SocketAddrV4],
+) -> io::Result<usize> {
+    let n = payloads.len().min(SEND_BATCH_MAX);
+    if !to.is_empty() && to.len() < n {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "send_batch: fewer destinations than payloads",
+        ));
+    }
+    // SAFETY: all-zero iovec, sockaddr_in and mmsghdr arrays are valid plain C values.
+    let mut iov: [libc::iovec; SEND_BATCH_MAX] = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut sa: [libc::sockaddr_in; SEND_BATCH_MAX] = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut msgs: [libc::mmsghdr; SEND_BATCH_MAX] = unsafe { std::mem::zeroed() };
+    for i in 0..n {
+        iov[i] = libc::iovec {
+            iov_base: payloads[i].as_ptr() as *mut libc::c_void,
+            iov_len: payloads[i].len(),
+        };
+        msgs[i].msg_hdr.msg_iov = &mut iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+        if let Some(&a) = to.get(i) {
+            sa[i] = sockaddr_v4(a);
+            msgs[i].msg_hdr.msg_name = (&mut sa[i] as *mut libc::sockaddr_in).cast();
+            msgs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+        }
+    }
+    // SAFETY: `msgs[..n]` point at `iov[..n]` (the payloads, only read by the kernel) and at
+    // `sa[..n]`; all live on this stack frame or in `payloads` for the call.
+    let k = syscall!(sendmmsg(fd.as_raw_fd(), msgs.as_mut_ptr(), n as u32, 0))?;
+    Ok(k as usize)
+}
+
+fn sockaddr_v4(a: std::net::SocketAddrV4) -> libc::sockaddr_in {
+    // SAFETY: an all-zero sockaddr_in is valid.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sa.sin_family = libc::AF_INET as libc::sa_family_t;
+    sa.sin_port = a.port().to_be();
+    sa.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
+    sa
+}
+
+/// `bind(2)` to an IPv4 address (for sockets `std::net` cannot bind before connecting).
+pub fn bind_v4(fd: &impl AsRawFd, a: std::net::SocketAddrV4) -> io::Result<()> {
+    let sa = sockaddr_v4(a);
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let ptr = (&sa as *const libc::sockaddr_in).cast::<libc::sockaddr>();
+    // SAFETY: `ptr`/`len` describe `sa`, which lives for the call.
+    syscall!(bind(fd.as_raw_fd(), ptr, len)).map(drop)
+}
+
+/// `connect(2)` to an IPv4 address (blocking); `EINTR` is retried.
+pub fn connect_v4(fd: &impl AsRawFd, a: std::net::SocketAddrV4) -> io::Result<()> {
+    let sa = sockaddr_v4(a);
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let ptr = (&sa as *const libc::sockaddr_in).cast::<libc::sockaddr>();
+    // SAFETY: `ptr`/`len` describe `sa`, which lives for the call.
+    match syscall!(connect(fd.as_raw_fd(), ptr, len)) {
+        Ok(_) => Ok(()),
+        // A connect interrupted and retried reports that it is under way or done.
+        Err(e) if e.raw_os_error() == Some(libc::EISCONN) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// `recv(2)` with flags; `EINTR` is retried.
 pub fn recv(fd: &impl AsRawFd, buf: &mut [u8], flags: i32) -> io::Result<usize> {
     let ptr = buf.as_mut_ptr().cast();

@@ -21,6 +21,18 @@ pub const NETLINK_CAP_ACK: i32 = 10;
 pub const NETLINK_EXT_ACK: i32 = 11;
 /// `SO_RCVBUFFORCE`: set the receive buffer past `rmem_max` (2.6.14, needs CAP_NET_ADMIN).
 pub const SO_RCVBUFFORCE: i32 = 33;
+/// Socket option: join a multicast group by number (2.6.14; groups past 32 need it).
+pub const NETLINK_ADD_MEMBERSHIP: i32 = 1;
+/// Socket option: a multicast sender learns that delivery to this socket failed (2.6.26);
+/// ctnetlink then keeps a destroyed entry and delivers its DESTROY event again later.
+pub const NETLINK_BROADCAST_ERROR: i32 = 4;
+/// `SOL_SOCKET` option: the socket's memory counters, `u32[SK_MEMINFO_VARS]` (4.12).
+pub const SO_MEMINFO: i32 = 55;
+/// Entries of the `SO_MEMINFO` array (`SK_MEMINFO_VARS`, `linux/sock_diag.h`; 4.12).
+pub const SK_MEMINFO_VARS: usize = 9;
+/// Index of `sk_drops` in the `SO_MEMINFO` array: datagrams the kernel dropped because the
+/// receive buffer was full (`SK_MEMINFO_DROPS`, 4.12).
+pub const SK_MEMINFO_DROPS: usize = 8;
 
 /// Length of `struct nlmsghdr`.
 pub const NLMSG_HDRLEN: usize = 16;
@@ -119,6 +131,43 @@ pub fn send_to_kernel(fd: &impl AsRawFd, buf: &[u8]) -> io::Result<usize> {
 /// `NETLINK_NO_ENOBUFS`: the kernel stops reporting overruns (it still drops).
 pub fn set_no_enobufs(fd: &impl AsRawFd, on: bool) -> io::Result<()> {
     setsockopt_int(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, on as i32)
+}
+
+/// Joins multicast group `group` (`NETLINK_ADD_MEMBERSHIP`).
+pub fn add_membership(fd: &impl AsRawFd, group: u32) -> io::Result<()> {
+    setsockopt_int(fd, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, group as i32)
+}
+
+/// `NETLINK_BROADCAST_ERROR`: multicast senders are told when delivery to this socket failed.
+pub fn set_broadcast_error(fd: &impl AsRawFd, on: bool) -> io::Result<()> {
+    setsockopt_int(fd, SOL_NETLINK, NETLINK_BROADCAST_ERROR, on as i32)
+}
+
+/// The socket's drop counter (`sk_drops`, from `SO_MEMINFO`): every message or batch the
+/// kernel could not queue because the receive buffer was full, counted whether or not the
+/// socket reports overruns (`NETLINK_NO_ENOBUFS`). A 32-bit counter that wraps.
+pub fn socket_drops(fd: &impl AsRawFd) -> io::Result<u32> {
+    let mut mem = [0u32; SK_MEMINFO_VARS];
+    let mut len = std::mem::size_of_val(&mem) as libc::socklen_t;
+    // The kernel writes the array: reached through a pointer derived from `&mut`.
+    let ptr = mem.as_mut_ptr().cast::<libc::c_void>();
+    // SAFETY: `ptr`/`len` describe the writable array `mem`, alive for the call; the kernel
+    // writes at most `len` bytes and stores the length it wrote.
+    syscall!(getsockopt(
+        fd.as_raw_fd(),
+        libc::SOL_SOCKET,
+        SO_MEMINFO,
+        ptr,
+        &mut len
+    ))?;
+    let got = len as usize / 4;
+    if got <= SK_MEMINFO_DROPS {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("SO_MEMINFO returned {got} counters, no sk_drops (needs Linux 4.12)"),
+        ));
+    }
+    Ok(mem[SK_MEMINFO_DROPS])
 }
 
 /// `NETLINK_EXT_ACK` and `NETLINK_CAP_ACK`: short ACKs with error strings.

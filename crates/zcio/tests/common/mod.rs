@@ -54,3 +54,51 @@ pub fn send(tx: &mut zcio::tx::Sender, mut buf: zcio::tx::PoolBuf) -> zcio::tx::
         }
     }
 }
+
+/// Runs `parse` over `rounds` deterministic mutations of `seeds` (bit flips, truncations,
+/// 16-bit fields overwritten, splices of two seeds, inserted bytes); returns how many it
+/// rejected. A panic in `parse` fails the calling test.
+pub fn mutate(seeds: &[Vec<u8>], rounds: usize, mut parse: impl FnMut(&[u8]) -> bool) -> usize {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut errors = 0;
+    for round in 0..rounds {
+        let s = &seeds[round % seeds.len()];
+        let mut b = s.clone();
+        match rnd() % 5 {
+            0 => {
+                for _ in 0..1 + rnd() % 4 {
+                    if !b.is_empty() {
+                        let i = (rnd() as usize) % b.len();
+                        b[i] ^= 1 << (rnd() % 8);
+                    }
+                }
+            }
+            1 => b.truncate((rnd() as usize) % (b.len() + 1)),
+            2 => {
+                // Overwrite a 16-bit length-looking field with a random value.
+                if b.len() >= 4 {
+                    let i = ((rnd() as usize) % (b.len() - 3)) & !1;
+                    let v = (rnd() as u16).to_ne_bytes();
+                    b[i..i + 2].copy_from_slice(&v);
+                }
+            }
+            3 => {
+                let o = &seeds[(rnd() as usize) % seeds.len()];
+                let cut = (rnd() as usize) % (o.len() + 1);
+                b.extend_from_slice(&o[..cut]);
+            }
+            _ => {
+                let i = (rnd() as usize) % (b.len() + 1);
+                b.insert(i.min(b.len()), rnd() as u8);
+            }
+        }
+        errors += usize::from(parse(&b));
+    }
+    errors
+}

@@ -3,8 +3,10 @@
 mod event;
 mod fileserver;
 mod loopback;
+mod netlink;
 mod nfq;
 mod notify;
+mod python;
 mod rx;
 mod shim;
 mod tx;
@@ -22,6 +24,8 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(event::EventSuite),
         Box::new(fileserver::FileServerSuite),
         Box::new(nfq::Nfq),
+        Box::new(netlink::NetlinkSuite),
+        Box::new(python::Python),
         Box::new(shim::Shim),
     ]
 }

@@ -31,7 +31,7 @@ use zcio_testnet::Netns;
 /// The suite.
 pub struct Nfq;
 
-const PORT: u16 = 9000;
+pub(super) const PORT: u16 = 9000;
 const QUEUE: u16 = 7;
 /// Receive buffer of every consumer's netlink socket: room for the whole pre-filled queue.
 const RCVBUF: usize = 96 << 20;
@@ -265,7 +265,7 @@ struct ConsumerResult {
 /// one failing side cannot leave the others waiting forever.
 /// The receiver behind the queue(s): counts the datagrams the verdicts let through until
 /// `stop` is set (it opens `ready` once bound).
-fn spawn_receiver(
+pub(super) fn spawn_receiver(
     sides: &Pair<'_>,
     stop: &Arc<AtomicBool>,
     received: &Arc<AtomicU64>,
@@ -296,7 +296,7 @@ fn spawn_receiver(
 
 /// The client side of a queue: `count` datagrams of `size` bytes with UDP GSO (at most 64
 /// segments per send), sent once `ready` opens; then it opens `filled` for the consumer.
-fn spawn_gso_sender(
+pub(super) fn spawn_gso_sender(
     sides: &Pair<'_>,
     size: usize,
     count: u64,
@@ -325,19 +325,19 @@ fn spawn_gso_sender(
     })
 }
 
-struct Gate {
+pub(super) struct Gate {
     barrier: Arc<Barrier>,
     passed: bool,
 }
 
 impl Gate {
-    fn new(barrier: &Arc<Barrier>) -> Self {
+    pub(super) fn new(barrier: &Arc<Barrier>) -> Self {
         Self {
             barrier: barrier.clone(),
             passed: false,
         }
     }
-    fn wait(&mut self) {
+    pub(super) fn wait(&mut self) {
         if !self.passed {
             self.passed = true;
             self.barrier.wait();
@@ -374,7 +374,7 @@ fn baseline_result(
     }
 }
 
-fn waiting(q: u16) -> u64 {
+pub(super) fn waiting(q: u16) -> u64 {
     kernel_queue_stats()
         .ok()
         .and_then(|v| v.into_iter().find(|k| k.queue == q))
