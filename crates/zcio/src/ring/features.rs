@@ -48,6 +48,11 @@ impl Features {
     pub const SEND_ZC: &'static str = "IORING_OP_SEND_ZC";
     /// `IORING_SEND_ZC_REPORT_USAGE` (6.2): notifications say whether the kernel copied.
     pub const SEND_ZC_REPORT_USAGE: &'static str = "IORING_SEND_ZC_REPORT_USAGE";
+    /// `IORING_OP_SENDMSG_ZC` with `IORING_RECVSEND_FIXED_BUF` (6.15): zero-copy sendmsg
+    /// (destinations, control messages, iovecs) from registered buffers.
+    pub const SENDMSG_ZC_FIXED_BUF: &'static str = "IORING_OP_SENDMSG_ZC+IORING_RECVSEND_FIXED_BUF";
+    /// `IORING_SEND_VECTORIZED` (6.17): `SEND_ZC` of an iovec array.
+    pub const SEND_VECTORIZED: &'static str = "IORING_SEND_VECTORIZED";
     /// `IORING_FEAT_RECVSEND_BUNDLE` (6.10): receive bundles.
     pub const RECV_BUNDLE: &'static str = "IORING_FEAT_RECVSEND_BUNDLE";
     /// `IORING_FEAT_MIN_TIMEOUT` (6.12): batched waits with `min_wait_usec`.
@@ -64,9 +69,11 @@ impl Features {
     pub const ZCRX_FLUSH_RQ: &'static str = "ZCRX_CTRL_FLUSH_RQ";
 
     /// The features checked, in order.
-    pub const NAMES: [&'static str; 9] = [
+    pub const NAMES: [&'static str; 11] = [
         Self::SEND_ZC,
         Self::SEND_ZC_REPORT_USAGE,
+        Self::SENDMSG_ZC_FIXED_BUF,
+        Self::SEND_VECTORIZED,
         Self::RECV_BUNDLE,
         Self::MIN_WAIT,
         Self::PBUF_RING_INC,
@@ -188,8 +195,25 @@ impl Features {
                 reason: Some("no IORING_OP_SEND_ZC".into()),
             }
         };
+        let (msg_fixed, vectorized) = if send_zc.supported {
+            (
+                flag_probe(&mut ring, Self::SENDMSG_ZC_FIXED_BUF, Probe::SendMsgZcFixed),
+                flag_probe(&mut ring, Self::SEND_VECTORIZED, Probe::SendVectorized),
+            )
+        } else {
+            let no = |name| Feature {
+                name,
+                since: since(name),
+                supported: false,
+                checked_by: "opcode probe",
+                reason: Some("no IORING_OP_SEND_ZC".into()),
+            };
+            (no(Self::SENDMSG_ZC_FIXED_BUF), no(Self::SEND_VECTORIZED))
+        };
         list.push(send_zc);
         list.push(report);
+        list.push(msg_fixed);
+        list.push(vectorized);
         list.push(bit(Self::RECV_BUNDLE, bundle));
         list.push(bit(Self::MIN_WAIT, min_wait));
         list.push(pbuf_ring_inc());
@@ -238,6 +262,8 @@ fn since(name: &str) -> &'static str {
     match name {
         Features::SEND_ZC => "6.0",
         Features::SEND_ZC_REPORT_USAGE => "6.2",
+        Features::SENDMSG_ZC_FIXED_BUF => "6.15",
+        Features::SEND_VECTORIZED => "6.17",
         Features::RECV_BUNDLE => "6.10",
         Features::MIN_WAIT | Features::PBUF_RING_INC => "6.12",
         Features::RECV_ZC | Features::EPOLL_WAIT => "6.15",
@@ -292,6 +318,101 @@ fn send_zc_report_usage(ring: &mut Ring) -> Feature {
         )
     });
     f
+}
+
+/// A request form checked by [`flag_probe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// `SENDMSG_ZC` with `IORING_RECVSEND_FIXED_BUF` (buffer index 0).
+    SendMsgZcFixed,
+    /// `SEND_ZC` with `IORING_SEND_VECTORIZED` (one iovec).
+    SendVectorized,
+}
+
+/// Checks a request form on a unix socket pair, like [`send_zc_report_usage`]: a kernel that
+/// does not know the flag refuses it when preparing the request (`EINVAL`); one that knows it
+/// prepares it and only then finds that a unix socket does no zero-copy (`EOPNOTSUPP`), before
+/// it would look the (unregistered) buffer up.
+fn flag_probe(ring: &mut Ring, name: &'static str, form: Probe) -> Feature {
+    let mut f = Feature {
+        name,
+        since: since(name),
+        supported: false,
+        checked_by: "request",
+        reason: None,
+    };
+    match attempt_form(ring, form) {
+        Ok(res) if res == -libc::EINVAL => {
+            f.reason = Some(format!(
+                "kernel rejects {name} (EINVAL; needs Linux {})",
+                since(name)
+            ))
+        }
+        Ok(_) => f.supported = true,
+        Err(e) => f.reason = Some(format!("could not check: {e}")),
+    }
+    f
+}
+
+fn attempt_form(ring: &mut Ring, form: Probe) -> std::io::Result<i32> {
+    use std::os::fd::AsRawFd;
+    let (a, _b) = sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM)?;
+    let mut msg = Box::new(sys::msg::MsgHdr::new(
+        &sys::msg::MsgOpts {
+            dest: None,
+            segment: None,
+            tos: None,
+        },
+        false,
+    )?);
+    let hdr = msg.point(&[(PROBE_BYTE.as_ptr(), PROBE_BYTE.len())])?;
+    let iov = Box::new([libc::iovec {
+        iov_base: PROBE_BYTE.as_ptr() as *mut libc::c_void,
+        iov_len: PROBE_BYTE.len(),
+    }]);
+    let sqe = match form {
+        Probe::SendMsgZcFixed => opcode::SendMsgZc::new(types::Fd(a.as_raw_fd()), hdr)
+            .buf_index(Some(0))
+            .build(),
+        Probe::SendVectorized => opcode::SendZc::new(
+            types::Fd(a.as_raw_fd()),
+            iov.as_ptr().cast(),
+            iov.len() as u32,
+        )
+        .zc_flags(sys::IORING_SEND_VECTORIZED)
+        .build(),
+    }
+    .user_data(0x5a5b);
+    // SAFETY: the request reads PROBE_BYTE (a static) through `msg` or `iov`, boxed and kept
+    // until every completion of the request is in, or leaked (with `a`) when they did not
+    // come, so the kernel never reads freed memory or a reused descriptor.
+    unsafe { ring.push(&sqe) }?;
+    let res = wait_probe(ring);
+    if res.is_err() {
+        std::mem::forget(msg);
+        std::mem::forget(iov);
+        std::mem::forget(a);
+    }
+    res
+}
+
+/// Waits for the probe request's result and, if announced, its notification.
+fn wait_probe(ring: &mut Ring) -> std::io::Result<i32> {
+    let mut res = None;
+    let mut notif_due = false;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while (res.is_none() || notif_due) && std::time::Instant::now() < deadline {
+        ring.submit_and_wait(1, Some(std::time::Duration::from_millis(100)))?;
+        ring.harvest(|c| {
+            if c.flags() & sys::IORING_CQE_F_NOTIF != 0 {
+                notif_due = false;
+            } else {
+                res = Some(c.result());
+                notif_due = c.flags() & IORING_CQE_F_MORE != 0;
+            }
+        })?;
+    }
+    res.ok_or_else(|| std::io::Error::other("no completion for the probe request within 2 s"))
 }
 
 static PROBE_BYTE: [u8; 1] = [0x5a];

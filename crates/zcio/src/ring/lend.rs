@@ -33,6 +33,7 @@ use super::key::{self, Op};
 use super::{Ring, RingConfig, RingError, SendCore, SetupFlag, SharedRing};
 use crate::buf::lent::Stable;
 use crate::buf::pool::{Pool, PoolPin};
+use crate::sys::msg::{MsgHdr, MsgOpts};
 use crate::sys::{IORING_CQE_F_MORE, IORING_CQE_F_NOTIF, IORING_SEND_ZC_REPORT_USAGE};
 use io_uring::{opcode, squeue, types};
 use std::collections::VecDeque;
@@ -187,6 +188,10 @@ struct LSlot<B> {
     route: u64,
     owner: Owner,
     reqs: Vec<(u32, Life)>,
+    /// The message header of a `SENDMSG`/`SENDMSG_ZC` buffer (destination, control
+    /// messages): the kernel reads it at prep and at every (re-)issue, so it lives with the
+    /// buffer until the last CQE.
+    msg: Option<Box<MsgHdr>>,
 }
 
 #[derive(Debug)]
@@ -523,6 +528,7 @@ impl<B: Stable> LendRing<B> {
                     route: 0,
                     owner: Owner::Held,
                     reqs: Vec::new(),
+                    msg: None,
                 });
                 (self.slots.len() - 1) as u32
             }
@@ -535,6 +541,7 @@ impl<B: Stable> LendRing<B> {
         s.route = route;
         s.owner = Owner::Held;
         s.reqs = reqs;
+        s.msg = None;
         self.live += 1;
         self.stats.lent += 1;
         LendId { idx, gen: s.gen }
@@ -544,6 +551,26 @@ impl<B: Stable> LendRing<B> {
         self.slots
             .get(id.idx as usize)
             .filter(|s| s.gen == id.gen && s.buf.is_some())
+    }
+
+    /// Sends of a held buffer go as `SENDMSG_ZC` (zero-copy) or `SENDMSG` (copy) with `msg`
+    /// (its destination and control messages); the header is kept with the buffer until its
+    /// last CQE. Only one request of such a buffer is in the kernel at a time
+    /// ([`LendRing::push_send`] refuses a second before the first's result), since each
+    /// request points the header at its own range.
+    pub fn set_msg(&mut self, id: LendId, msg: MsgHdr) {
+        if let Some(s) = self
+            .slots
+            .get_mut(id.idx as usize)
+            .filter(|s| s.gen == id.gen && s.buf.is_some() && s.reqs.is_empty())
+        {
+            s.msg = Some(Box::new(msg));
+        }
+    }
+
+    /// The message options of a held buffer sent with a header ([`LendRing::set_msg`]).
+    pub fn msg_opts(&self, id: LendId) -> Option<MsgOpts> {
+        self.slot(id).and_then(|s| s.msg.as_ref()).map(|m| *m.opts())
     }
 
     /// Changes the route of a held buffer.
@@ -624,6 +651,8 @@ impl<B: Stable> LendRing<B> {
         let buf = s.buf.take().expect("live slot");
         let mut reqs = std::mem::take(&mut s.reqs);
         reqs.clear();
+        // The kernel has no request of this buffer left: its header may go.
+        s.msg = None;
         if reqs.capacity() > 0 && self.spare_reqs.len() < 4096 {
             self.spare_reqs.push(reqs);
         }
@@ -650,6 +679,16 @@ impl<B: Stable> LendRing<B> {
         if slot.file != s.file.idx {
             return Err(inval("request to another socket than the buffer's"));
         }
+        if slot.msg.is_some()
+            && slot
+                .reqs
+                .iter()
+                .any(|r| matches!(r.1, Life::InKernel { .. }))
+        {
+            // The header is pointed at this request's range: a request still without its
+            // result may be re-issued and read it again.
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
         let f = self
             .files
             .get(s.file.idx as usize)
@@ -666,26 +705,56 @@ impl<B: Stable> LendRing<B> {
         } else {
             None
         };
-        let sqe = match (s.zc, f.fixed) {
-            (true, fixed) => {
-                let mut op = if fixed {
-                    opcode::SendZc::new(types::Fixed(s.file.idx), ptr, s.len as u32)
-                } else {
-                    opcode::SendZc::new(types::Fd(f.raw), ptr, s.len as u32)
-                }
-                .flags(flags)
-                .buf_index(region);
-                if s.report_usage {
-                    op = op.zc_flags(IORING_SEND_ZC_REPORT_USAGE);
-                }
-                op.build()
+        let (fixed_file, raw) = (f.fixed, f.raw);
+        let sqe = if slot.msg.is_some() {
+            let slot = &mut self.slots[s.lend.idx as usize];
+            let msg = slot.msg.as_mut().expect("checked");
+            let hdr = msg.point(&[(ptr, s.len)])?;
+            let zc_flags = if s.report_usage {
+                IORING_SEND_ZC_REPORT_USAGE
+            } else {
+                0
+            };
+            match (s.zc, fixed_file) {
+                (true, true) => opcode::SendMsgZc::new(types::Fixed(s.file.idx), hdr)
+                    .flags(flags as u32)
+                    .ioprio(zc_flags)
+                    .buf_index(region)
+                    .build(),
+                (true, false) => opcode::SendMsgZc::new(types::Fd(raw), hdr)
+                    .flags(flags as u32)
+                    .ioprio(zc_flags)
+                    .buf_index(region)
+                    .build(),
+                (false, true) => opcode::SendMsg::new(types::Fixed(s.file.idx), hdr)
+                    .flags(flags as u32)
+                    .build(),
+                (false, false) => opcode::SendMsg::new(types::Fd(raw), hdr)
+                    .flags(flags as u32)
+                    .build(),
             }
-            (false, true) => opcode::Send::new(types::Fixed(s.file.idx), ptr, s.len as u32)
-                .flags(flags)
-                .build(),
-            (false, false) => opcode::Send::new(types::Fd(f.raw), ptr, s.len as u32)
-                .flags(flags)
-                .build(),
+        } else {
+            match (s.zc, fixed_file) {
+                (true, fixed) => {
+                    let mut op = if fixed {
+                        opcode::SendZc::new(types::Fixed(s.file.idx), ptr, s.len as u32)
+                    } else {
+                        opcode::SendZc::new(types::Fd(raw), ptr, s.len as u32)
+                    }
+                    .flags(flags)
+                    .buf_index(region);
+                    if s.report_usage {
+                        op = op.zc_flags(IORING_SEND_ZC_REPORT_USAGE);
+                    }
+                    op.build()
+                }
+                (false, true) => opcode::Send::new(types::Fixed(s.file.idx), ptr, s.len as u32)
+                    .flags(flags)
+                    .build(),
+                (false, false) => opcode::Send::new(types::Fd(raw), ptr, s.len as u32)
+                    .flags(flags)
+                    .build(),
+            }
         };
         let mut sqe = sqe.user_data(key::Key::send_zc(s.lend.gen, s.lend.idx, s.req).raw());
         if s.link {
@@ -698,7 +767,10 @@ impl<B: Stable> LendRing<B> {
         }
         // SAFETY: the entry points at `len` bytes inside the lent buffer (checked above),
         // which is `Stable` (its bytes neither move nor change while this ring owns it), and,
-        // with a buffer index, inside a registered pool kept mapped by `self.regions`. The
+        // with a buffer index, inside a registered pool kept mapped by `self.regions`. A
+        // `SENDMSG`/`SENDMSG_ZC` entry points at the buffer's boxed header (its address, iovec
+        // and control bytes, all inside the box, which does not move), kept in the slot with
+        // the buffer and re-pointed only once no request of the buffer is without its result. The
         // ring keeps the buffer until this request's result CQE and, when that CQE has
         // `F_MORE`, its notification CQE have been harvested (`on_cqe`), also when the owner
         // takes it back or goes earlier (`take`, `discard`). A failed result without `F_MORE`
