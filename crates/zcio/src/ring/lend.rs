@@ -570,7 +570,9 @@ impl<B: Stable> LendRing<B> {
 
     /// The message options of a held buffer sent with a header ([`LendRing::set_msg`]).
     pub fn msg_opts(&self, id: LendId) -> Option<MsgOpts> {
-        self.slot(id).and_then(|s| s.msg.as_ref()).map(|m| *m.opts())
+        self.slot(id)
+            .and_then(|s| s.msg.as_ref())
+            .map(|m| *m.opts())
     }
 
     /// Changes the route of a held buffer.

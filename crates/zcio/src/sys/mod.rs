@@ -40,8 +40,8 @@
 
 pub mod ctnetlink;
 pub mod epoll;
-pub mod msg;
 pub mod errqueue;
+pub mod msg;
 pub mod net;
 pub mod netlink;
 pub mod nflog;

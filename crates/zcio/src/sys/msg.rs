@@ -103,7 +103,12 @@ impl MsgHdr {
             if seg == 0 {
                 return Err(invalid(libc::EINVAL, "a GSO segment size of 0".into()));
             }
-            at += put_cmsg(&mut m.control.0[at..], SOL_UDP, UDP_SEGMENT, &seg.to_ne_bytes());
+            at += put_cmsg(
+                &mut m.control.0[at..],
+                SOL_UDP,
+                UDP_SEGMENT,
+                &seg.to_ne_bytes(),
+            );
         }
         if let Some(tos) = opts.tos {
             let (level, ty) = if v6 {
@@ -111,7 +116,12 @@ impl MsgHdr {
             } else {
                 (libc::IPPROTO_IP, libc::IP_TOS)
             };
-            at += put_cmsg(&mut m.control.0[at..], level, ty, &i32::from(tos).to_ne_bytes());
+            at += put_cmsg(
+                &mut m.control.0[at..],
+                level,
+                ty,
+                &i32::from(tos).to_ne_bytes(),
+            );
         }
         m.control_len = at;
         Ok(m)
@@ -274,16 +284,31 @@ mod tests {
         // SAFETY: `hdr` points into `m`, alive here.
         let h = unsafe { &*hdr };
         assert_eq!(h.msg_controllen, 48);
-        assert_eq!(h.msg_namelen as usize, std::mem::size_of::<libc::sockaddr_in>());
+        assert_eq!(
+            h.msg_namelen as usize,
+            std::mem::size_of::<libc::sockaddr_in>()
+        );
         let c = &m.control.0;
         assert_eq!(usize::from_ne_bytes(c[0..8].try_into().unwrap()), 18);
         assert_eq!(i32::from_ne_bytes(c[8..12].try_into().unwrap()), SOL_UDP);
-        assert_eq!(i32::from_ne_bytes(c[12..16].try_into().unwrap()), UDP_SEGMENT);
+        assert_eq!(
+            i32::from_ne_bytes(c[12..16].try_into().unwrap()),
+            UDP_SEGMENT
+        );
         assert_eq!(u16::from_ne_bytes(c[16..18].try_into().unwrap()), 1472);
         assert_eq!(usize::from_ne_bytes(c[24..32].try_into().unwrap()), 20);
-        assert_eq!(i32::from_ne_bytes(c[32..36].try_into().unwrap()), libc::IPPROTO_IP);
-        assert_eq!(i32::from_ne_bytes(c[36..40].try_into().unwrap()), libc::IP_TOS);
-        assert_eq!(i32::from_ne_bytes(c[40..44].try_into().unwrap()), 0x2e << 2 | 1);
+        assert_eq!(
+            i32::from_ne_bytes(c[32..36].try_into().unwrap()),
+            libc::IPPROTO_IP
+        );
+        assert_eq!(
+            i32::from_ne_bytes(c[36..40].try_into().unwrap()),
+            libc::IP_TOS
+        );
+        assert_eq!(
+            i32::from_ne_bytes(c[40..44].try_into().unwrap()),
+            0x2e << 2 | 1
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Plain copy send: the kernel copies the bytes into socket buffers during the call.
 
+use crate::sys::msg::{self, MsgOpts};
 use crate::sys::net;
 use std::os::fd::AsRawFd;
 
@@ -73,5 +74,35 @@ pub(crate) fn send_all(fd: &impl AsRawFd, data: &[u8], chunk: usize) -> CopyOutc
         }
         out.syscalls += 1;
         let _ = net::poll_one(fd, libc::POLLOUT, 100);
+    }
+}
+
+/// One datagram (train) with its destination and control messages by copy (`sendmsg`,
+/// `MSG_DONTWAIT`): all of `data` or nothing. `wait`: poll while the socket buffer is full
+/// (only for recovery, as [`send_all`]).
+pub(crate) fn send_msg(
+    fd: &impl AsRawFd,
+    data: &[u8],
+    opts: &MsgOpts,
+    v6: bool,
+    wait: bool,
+) -> CopyOutcome {
+    let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+    let mut out = CopyOutcome::default();
+    loop {
+        out.syscalls += 1;
+        match msg::sendmsg(fd, &[data], opts, v6, flags) {
+            Ok(n) => out.bytes = n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if wait {
+                    out.syscalls += 1;
+                    let _ = net::poll_one(fd, libc::POLLOUT, 100);
+                    continue;
+                }
+                out.would_block = true;
+            }
+            Err(e) => out.error = e.raw_os_error().or(Some(libc::EINVAL)),
+        }
+        return out;
     }
 }

@@ -398,6 +398,64 @@ impl From<Vec<u8>> for TxBuf {
     }
 }
 
+/// Where one datagram (or GSO train of datagrams) of an unconnected UDP socket goes, and how:
+/// [`SendRing::send_to_with`]. On the ring it is one `IORING_OP_SENDMSG_ZC` with the
+/// destination in the `msghdr` and the segment size as a `UDP_SEGMENT` control message (the
+/// way quinn-udp sends a QUIC train), without the ring `sendmsg(MSG_ZEROCOPY)` with the same
+/// control messages, or a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Dest {
+    /// The peer.
+    pub addr: std::net::SocketAddr,
+    /// GSO segment size: a buffer longer than this is cut into datagrams of `segment` bytes
+    /// (the last one shorter) by the kernel or the NIC; at most
+    /// [`MAX_SEGMENTS`] datagrams per send. `None`: the buffer is one datagram.
+    pub segment: Option<u16>,
+    /// `IP_TOS` / `IPV6_TCLASS` of these datagrams (DSCP << 2 | ECN); `None`: the socket's.
+    pub tos: Option<u8>,
+}
+
+/// Most datagrams one [`Dest`] send may be cut into (`UDP_MAX_SEGMENTS` of Linux ≤ 6.9).
+pub const MAX_SEGMENTS: usize = crate::sys::msg::MAX_SEGMENTS;
+
+impl Dest {
+    /// One datagram to `addr`.
+    pub fn new(addr: std::net::SocketAddr) -> Self {
+        Self {
+            addr,
+            segment: None,
+            tos: None,
+        }
+    }
+
+    /// Datagrams of `segment` bytes (GSO).
+    pub fn segment(mut self, segment: u16) -> Self {
+        self.segment = Some(segment);
+        self
+    }
+
+    /// The whole TOS / traffic class byte.
+    pub fn tos(mut self, tos: u8) -> Self {
+        self.tos = Some(tos);
+        self
+    }
+
+    /// The ECN codepoint (0–3: Not-ECT, ECT(1), ECT(0), CE) in the low two bits of the TOS
+    /// byte, keeping the DSCP set with [`Dest::tos`].
+    pub fn ecn(mut self, ecn: u8) -> Self {
+        self.tos = Some((self.tos.unwrap_or(0) & !3) | (ecn & 3));
+        self
+    }
+
+    pub(crate) fn opts(&self) -> crate::sys::msg::MsgOpts {
+        crate::sys::msg::MsgOpts {
+            dest: Some(self.addr),
+            segment: self.segment,
+            tos: self.tos,
+        }
+    }
+}
+
 /// Why a send was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Refusal {
@@ -486,6 +544,16 @@ pub enum SendError {
         /// errno (`ECONNRESET`, `EPIPE`, `ENOTCONN`, ...).
         errno: i32,
     },
+    /// The send cannot be made as asked (a destination of the wrong family, a GSO train of
+    /// more than [`MAX_SEGMENTS`] segments, a segment size of 0, a destination on a stream
+    /// socket); nothing was sent.
+    #[error("{reason} ({})", io::Error::from_raw_os_error(*errno))]
+    Invalid {
+        /// errno (`EINVAL`, `EAFNOSUPPORT`, `EISCONN`).
+        errno: i32,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
     /// The socket was closed ([`SendRing::close`]) before this send went out in full.
     #[error("the socket was closed before the send went out in full (ECANCELED)")]
     Closed,
@@ -516,7 +584,9 @@ impl SendError {
     pub fn errno(&self) -> i32 {
         match self {
             SendError::MessageTooBig { .. } => libc::EMSGSIZE,
-            SendError::Connection { errno } | SendError::Os { errno } => *errno,
+            SendError::Connection { errno }
+            | SendError::Os { errno }
+            | SendError::Invalid { errno, .. } => *errno,
             SendError::Closed => libc::ECANCELED,
         }
     }

@@ -9,14 +9,15 @@ use super::policy::{AutoPolicy, Choice, CopiedWatch, Event};
 use super::sock::{self, Auto, Meta, Pending, Sock};
 use super::uring::Uring;
 use super::{
-    explain_register, status_of, Completion, Path, Refusal, Refused, SendError, SenderConfig,
-    SockId, Ticket, TxBuf, TxError, TxMode, TxStats, ZcStatus,
+    explain_register, status_of, Completion, Dest, Path, Refusal, Refused, SendError, SenderConfig,
+    SockId, Ticket, TxBuf, TxError, TxMode, TxStats, ZcStatus, MAX_SEGMENTS,
 };
 use crate::buf::lent::Lent;
 use crate::buf::pool::Pool;
 use crate::ring::RingConfig;
 use crate::stats::{self, Counters, Fallback, Report};
 use crate::sys;
+use crate::sys::msg::MsgOpts;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -434,7 +435,98 @@ impl SendRing {
         buf: impl Into<TxBuf>,
         token: u64,
     ) -> Result<Ticket, Refused<TxBuf>> {
-        let buf: TxBuf = buf.into();
+        self.send_inner(id, buf.into(), token, None)
+    }
+
+    /// Sends `buf` on an unconnected UDP socket to `dest`, cut into datagrams of `segment`
+    /// bytes when given (GSO): one `IORING_OP_SENDMSG_ZC` with the destination in the message
+    /// header and `UDP_SEGMENT` as a control message. See [`SendRing::send_to_with`].
+    pub fn send_to(
+        &mut self,
+        sock: SockId,
+        buf: impl Into<TxBuf>,
+        dest: std::net::SocketAddr,
+        segment: Option<u16>,
+    ) -> Result<Ticket, Refused<TxBuf>> {
+        let d = Dest {
+            addr: dest,
+            segment,
+            tos: None,
+        };
+        self.send_to_with(sock, buf, &d, 0)
+    }
+
+    /// Sends `buf` as one datagram train to `dest` (its peer, GSO segment size and TOS/ECN)
+    /// on a UDP socket, with a token returned in the completion. Many peers, one socket: each
+    /// send is its own message, and many of them go to the kernel in one `io_uring_enter`.
+    ///
+    /// Paths, best first (each step down recorded in [`SendRing::sock_fallbacks`]):
+    /// `SENDMSG_ZC` on the ring (from a registered pool where the kernel takes registered
+    /// buffers for it, Linux 6.15), `sendmsg(MSG_ZEROCOPY)` with the same control messages,
+    /// `sendmsg` by copy (`SENDMSG` on the ring for `uring-copy`). The completion says how
+    /// many bytes went, whether the kernel copied, and the error: a send the kernel refuses
+    /// (an unreachable destination, `ENETUNREACH`; a segment larger than the path MTU,
+    /// `EINVAL`) fails alone, and the socket goes on. A buffer longer than one UDP datagram
+    /// (65,507 bytes over IPv4) fails with [`SendError::MessageTooBig`], one cut into more
+    /// than [`MAX_SEGMENTS`] segments, a segment size of 0 or an IPv6 destination on an IPv4
+    /// socket with [`SendError::Invalid`], without a syscall.
+    pub fn send_to_with(
+        &mut self,
+        sock: SockId,
+        buf: impl Into<TxBuf>,
+        dest: &Dest,
+        token: u64,
+    ) -> Result<Ticket, Refused<TxBuf>> {
+        self.send_inner(sock, buf.into(), token, Some(*dest))
+    }
+
+    /// Why a send to `dest` cannot be made on socket `s` (before any syscall).
+    fn check_dest(s: &Sock, dest: &Dest, len: usize) -> Option<SendError> {
+        let invalid = |errno, reason: String| Some(SendError::Invalid { errno, reason });
+        if s.stream {
+            return invalid(
+                libc::EISCONN,
+                "a destination on a stream socket: send_to is for UDP sockets (use send)".into(),
+            );
+        }
+        if dest.addr.is_ipv6() && !s.v6 {
+            return invalid(
+                libc::EAFNOSUPPORT,
+                format!(
+                    "IPv6 destination {} on an IPv4 socket: bind an AF_INET6 socket to reach \
+                     IPv6 peers",
+                    dest.addr
+                ),
+            );
+        }
+        if len > s.max_datagram {
+            return Some(SendError::MessageTooBig {
+                len,
+                max: s.max_datagram,
+            });
+        }
+        match dest.segment {
+            Some(0) => invalid(libc::EINVAL, "a GSO segment size of 0".into()),
+            Some(seg) if len.div_ceil(usize::from(seg)) > MAX_SEGMENTS => invalid(
+                libc::EINVAL,
+                format!(
+                    "{len} bytes in segments of {seg} are {} datagrams, more than the {} one \
+                     GSO send may carry: send smaller trains or larger segments",
+                    len.div_ceil(usize::from(seg)),
+                    MAX_SEGMENTS
+                ),
+            ),
+            _ => None,
+        }
+    }
+
+    fn send_inner(
+        &mut self,
+        id: SockId,
+        buf: TxBuf,
+        token: u64,
+        dest: Option<Dest>,
+    ) -> Result<Ticket, Refused<TxBuf>> {
         let idx = id.idx;
         let Some(s) = self.sock_mut(id) else {
             return Err(Refused {
@@ -461,13 +553,30 @@ impl SendRing {
         s.counters.ops += 1;
         let len = buf.len();
         let (lent, chunk) = buf.into_lent();
+        let opts = dest.map(|d| d.opts());
         let meta = |path| Meta {
             ticket,
             len,
             path,
             token,
             chunk,
+            dest: opts,
         };
+        let bad = match &dest {
+            Some(d) => Self::check_dest(s, d, len),
+            None if s.unconnected => Some(SendError::Invalid {
+                errno: libc::EDESTADDRREQ,
+                reason: "the UDP socket has no peer: name one per send with send_to, or \
+                         connect the socket"
+                    .into(),
+            }),
+            None => None,
+        };
+        if let Some(e) = bad {
+            s.meta.insert(seq, meta(Path::Copy));
+            self.finish(idx, seq, lent, 0, Some(e), ZcStatus::NotAttempted);
+            return Ok(Ticket(ticket));
+        }
         if let Some(errno) = s.broken {
             // The ring failed with requests of unknown outcome ahead of this one.
             s.meta.insert(seq, meta(Path::Copy));
@@ -486,7 +595,10 @@ impl SendRing {
             s.meta.insert(seq, meta(Path::Copy));
             let mut error = None;
             if !s.stream {
-                let out = copy::send_nb(&*s.fd, &[], 1, 0);
+                let out = match &opts {
+                    Some(o) => copy::send_msg(&*s.fd, &[], o, s.v6, false),
+                    None => copy::send_nb(&*s.fd, &[], 1, 0),
+                };
                 s.counters.syscalls += out.syscalls;
                 s.stats.send_syscalls += out.syscalls;
                 error = out
@@ -510,11 +622,12 @@ impl SendRing {
         let s = self.sock_at(idx).expect("checked");
         s.meta.insert(seq, meta(path));
         match path {
-            Path::Copy => self.copy_send(idx, seq, lent),
+            Path::Copy => self.copy_send(idx, seq, lent, opts),
             Path::MsgZc => {
                 let s = self.sock_at(idx).expect("checked");
+                let v6 = s.v6;
                 let m = s.msg.as_mut().expect("msg-zc backend");
-                m.send(seq, lent);
+                m.send(seq, lent, opts.map(|o| (o, v6)));
                 let stalled = m.stall().is_some();
                 if stalled {
                     self.stall(idx);
@@ -522,7 +635,7 @@ impl SendRing {
                 self.collect_msg(idx);
             }
             Path::UringZc | Path::UringZcFixed | Path::UringCopy => {
-                self.ring_stage(idx, seq, lent, len, path);
+                self.ring_stage(idx, seq, lent, len, path, opts);
                 if self.uring.as_ref().is_some_and(|u| u.due(&self.cfg)) {
                     let res = self.ring_submit();
                     if let Err(e) = res {
@@ -578,9 +691,12 @@ impl SendRing {
 
     /// A copy send by syscall: as much as the socket takes now; the rest when it is
     /// writable.
-    fn copy_send(&mut self, idx: u32, seq: u64, lent: Lent) {
+    fn copy_send(&mut self, idx: u32, seq: u64, lent: Lent, dest: Option<MsgOpts>) {
         let s = self.socks[idx as usize].as_mut().expect("live");
-        let out = copy::send_nb(&*s.fd, &lent, s.chunk, 0);
+        let out = match &dest {
+            Some(o) => copy::send_msg(&*s.fd, &lent, o, s.v6, false),
+            None => copy::send_nb(&*s.fd, &lent, s.chunk, 0),
+        };
         s.counters.syscalls += out.syscalls;
         s.stats.send_syscalls += out.syscalls;
         if out.would_block && out.error.is_none() {
@@ -588,6 +704,7 @@ impl SendRing {
                 seq,
                 buf: lent,
                 sent: out.bytes,
+                dest,
             });
             self.stall(idx);
             return;
@@ -602,7 +719,10 @@ impl SendRing {
         let Some(mut p) = s.pending.take() else {
             return;
         };
-        let out = copy::send_nb(&*s.fd, &p.buf, s.chunk, p.sent);
+        let out = match &p.dest {
+            Some(o) => copy::send_msg(&*s.fd, &p.buf, o, s.v6, false),
+            None => copy::send_nb(&*s.fd, &p.buf, s.chunk, p.sent),
+        };
         s.counters.syscalls += out.syscalls;
         s.stats.send_syscalls += out.syscalls;
         p.sent += out.bytes;
@@ -611,7 +731,7 @@ impl SendRing {
             return;
         }
         let error = out.error.map(SendError::from_errno);
-        let Pending { seq, buf, sent } = p;
+        let Pending { seq, buf, sent, .. } = p;
         self.finish(idx, seq, buf, sent, error, ZcStatus::NotAttempted);
     }
 
@@ -732,6 +852,7 @@ impl SendRing {
             path: s.path,
             token: 0,
             chunk: None,
+            dest: None,
         });
         s.counters.bytes += bytes as u64;
         s.stats.sends_by_path[meta.path.index()] += 1;

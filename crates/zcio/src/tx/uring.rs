@@ -16,6 +16,7 @@ use crate::buf::lent::Lent;
 use crate::ring::lend::{self, LendId, LendRing, SendCqe, SendSqe};
 use crate::ring::RingError;
 use crate::stats::{self, Fallback};
+use crate::sys::msg::{MsgHdr, MsgOpts};
 use crate::sys::IORING_NOTIF_USAGE_ZC_COPIED;
 use std::io;
 use std::time::{Duration, Instant};
@@ -34,6 +35,8 @@ pub(super) struct Uring {
     pub(super) lr: LendRing<Lent>,
     pub(super) send_zc: Result<bool, String>,
     pub(super) report_usage: bool,
+    /// `SENDMSG_ZC` takes registered buffers (`IORING_RECVSEND_FIXED_BUF`, Linux 6.15).
+    pub(super) msg_fixed: bool,
     reqs: Vec<Request>,
     /// Sockets with staged requests that may be pushed (and the list a pump walks).
     dirty: Vec<u32>,
@@ -88,13 +91,15 @@ impl Uring {
             ));
         }
         let send_zc = lr.supports_send_zc().map_err(|e| e.to_string());
-        let report_usage = crate::ring::features::Features::get()
-            .has(crate::ring::features::Features::SEND_ZC_REPORT_USAGE);
+        let feats = crate::ring::features::Features::get();
+        let report_usage = feats.has(crate::ring::features::Features::SEND_ZC_REPORT_USAGE);
+        let msg_fixed = feats.has(crate::ring::features::Features::SENDMSG_ZC_FIXED_BUF);
         (
             Self {
                 lr,
                 send_zc,
                 report_usage,
+                msg_fixed,
                 reqs: Vec::new(),
                 dirty: Vec::new(),
                 dirty_spare: Vec::new(),
@@ -145,11 +150,59 @@ impl SendRing {
     }
 
     /// Stages one send on the ring.
-    pub(super) fn ring_stage(&mut self, idx: u32, seq: u64, lent: Lent, len: usize, path: Path) {
+    pub(super) fn ring_stage(
+        &mut self,
+        idx: u32,
+        seq: u64,
+        lent: Lent,
+        len: usize,
+        mut path: Path,
+        dest: Option<MsgOpts>,
+    ) {
         let u = self.uring.as_mut().expect("ring path");
         let s = self.socks[idx as usize].as_mut().expect("live");
         let file = s.file.expect("on the ring");
         let lend = u.lr.lend(lent, file, 0);
+        if let Some(o) = &dest {
+            if path == Path::UringZcFixed && !u.msg_fixed {
+                // SENDMSG_ZC takes registered buffers only since Linux 6.15: pin per send.
+                path = Path::UringZc;
+                if !s.msg_fixed_noted {
+                    s.msg_fixed_noted = true;
+                    s.fallbacks.push(Fallback::new(
+                        Path::UringZcFixed,
+                        Path::UringZc,
+                        format!(
+                            "sends with a destination go as SENDMSG_ZC, which {}: their pages \
+                             are pinned per send",
+                            crate::ring::features::Features::get()
+                                .why_not(crate::ring::features::Features::SENDMSG_ZC_FIXED_BUF)
+                                .unwrap_or_default()
+                        ),
+                    ));
+                }
+            }
+            match MsgHdr::new(o, s.v6) {
+                Ok(m) => u.lr.set_msg(lend, m),
+                Err(e) => {
+                    // Checked before (family, segment): cannot happen; if it did, fail the send.
+                    let errno = e.raw_os_error().unwrap_or(libc::EINVAL);
+                    let buf = u.lr.take(lend).expect("no request yet");
+                    self.finish(
+                        idx,
+                        seq,
+                        buf,
+                        0,
+                        Some(SendError::Invalid {
+                            errno,
+                            reason: e.to_string(),
+                        }),
+                        crate::tx::ZcStatus::NotAttempted,
+                    );
+                    return;
+                }
+            }
+        }
         let t = s.tracker.as_mut().expect("on the ring");
         match t.stage(seq, lend, len) {
             Some((slot, gen)) => {
@@ -546,8 +599,12 @@ impl SendRing {
         super::ring::count_zc(&mut s.counters, status, f.bytes);
         let mut bytes = f.bytes;
         let mut error = f.error.map(SendError::from_errno);
+        let dest = s.meta.get(f.tag).and_then(|m| m.dest);
         for &(off, len) in &f.unsent {
-            let out = copy::send_all(&*s.fd, &buf[off..off + len], s.chunk);
+            let out = match &dest {
+                Some(o) => copy::send_msg(&*s.fd, &buf[off..off + len], o, s.v6, true),
+                None => copy::send_all(&*s.fd, &buf[off..off + len], s.chunk),
+            };
             s.counters.syscalls += out.syscalls;
             s.stats.send_syscalls += out.syscalls;
             s.stats.room_copies += 1;
@@ -740,17 +797,21 @@ impl SendRing {
             return;
         };
         let Some(t) = s.tracker.as_mut() else { return };
-        let (fd, chunk, broken) = (s.fd.clone(), s.chunk, s.broken);
+        let (fd, chunk, broken, v6) = (s.fd.clone(), s.chunk, s.broken, s.v6);
         let lr = &u.lr;
+        let meta = &s.meta;
         let (mut calls, mut copies) = (0, 0);
-        t.send_unsent(|_, lend, off, len| {
+        t.send_unsent(|tag, lend, off, len| {
             if let Some(e) = broken {
                 return (0, Some(e));
             }
             let Some(bytes) = lr.bytes(*lend) else {
                 return (0, Some(libc::EIO));
             };
-            let out = copy::send_all(&*fd, &bytes[off..off + len], chunk);
+            let out = match meta.get(tag).and_then(|m| m.dest) {
+                Some(o) => copy::send_msg(&*fd, &bytes[off..off + len], &o, v6, true),
+                None => copy::send_all(&*fd, &bytes[off..off + len], chunk),
+            };
             calls += out.syscalls;
             copies += 1;
             (out.bytes, out.error)
