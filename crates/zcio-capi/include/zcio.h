@@ -1171,6 +1171,26 @@ int zcio_send_ring_send(struct zcio_send_ring *r,
                         uint64_t *ticket);
 
 /*
+ Sends `hdr_len` bytes at `hdr` (a header of at most 4096 bytes, copied now) followed by
+ pool buffer `buf` on `sock` as one request (a vectored send: `SEND_ZC` with
+ `IORING_SEND_VECTORIZED`, or `SENDMSG_ZC` with an iovec before Linux 6.17, recorded in the
+ socket's report): no second send, no copy of the body into a buffer with room for the
+ header. On success (0) `buf` is taken and comes back with the completion
+ (`zcio_send_ring_next_completion`'s `*buf`), whose `len` and `bytes` count header and
+ body. `-EAGAIN` / `-EBADF` as for `zcio_send_ring_send` (the buffer is still the caller's);
+ `-EINVAL` for a NULL or oversized header.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_send_hdr(struct zcio_send_ring *r,
+                            uint64_t sock,
+                            const uint8_t *hdr,
+                            uintptr_t hdr_len,
+                            struct zcio_buf *buf,
+                            uint64_t token,
+                            uint64_t *ticket);
+
+/*
  Sends pool buffer `buf` on the unconnected UDP socket `sock` to `addr` (a `struct
  sockaddr_in` or `struct sockaddr_in6` of `addrlen` bytes) as one datagram train: cut into datagrams of `segment`
  bytes by GSO when `segment` > 0 (at most 64 of them), with the TOS / traffic class byte

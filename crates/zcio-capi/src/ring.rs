@@ -247,6 +247,62 @@ pub extern "C" fn zcio_send_ring_send(
     })
 }
 
+/// Sends `hdr_len` bytes at `hdr` (a header of at most 4096 bytes, copied now) followed by
+/// pool buffer `buf` on `sock` as one request (a vectored send: `SEND_ZC` with
+/// `IORING_SEND_VECTORIZED`, or `SENDMSG_ZC` with an iovec before Linux 6.17, recorded in the
+/// socket's report): no second send, no copy of the body into a buffer with room for the
+/// header. On success (0) `buf` is taken and comes back with the completion
+/// (`zcio_send_ring_next_completion`'s `*buf`), whose `len` and `bytes` count header and
+/// body. `-EAGAIN` / `-EBADF` as for `zcio_send_ring_send` (the buffer is still the caller's);
+/// `-EINVAL` for a NULL or oversized header.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_send_hdr(
+    r: *mut zcio_send_ring,
+    sock: u64,
+    hdr: *const u8,
+    hdr_len: usize,
+    buf: *mut zcio_buf,
+    token: u64,
+    ticket: *mut u64,
+) -> c_int {
+    if buf.is_null() || (hdr.is_null() && hdr_len > 0) || hdr_len > 4096 {
+        return -libc::EINVAL;
+    }
+    let head = if hdr_len == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the caller passes `hdr_len` readable bytes at `hdr`; they are copied now.
+        unsafe { std::slice::from_raw_parts(hdr, hdr_len) }.to_vec()
+    };
+    with_ring(r, |r| {
+        let id = SockId::from_raw(sock);
+        // SAFETY: `buf` is a live buffer handle whose ownership the caller offers.
+        let res = unsafe {
+            send_buf(buf, |b| {
+                let slices = vec![TxBuf::Vec(head), TxBuf::Pool(b)];
+                r.ring.send_vectored(id, slices, token).map_err(|e| {
+                    let back = e
+                        .buf
+                        .into_slices()
+                        .and_then(|v| v.into_iter().filter_map(TxBuf::into_pool).last())
+                        .expect("the body comes back");
+                    (e.reason.errno(), back)
+                })
+            })
+        };
+        match res {
+            Ok(t) => {
+                put_ticket(ticket, t.0);
+                0
+            }
+            Err(Ok(errno)) => -errno,
+            Err(Err(rc)) => rc,
+        }
+    })
+}
+
 /// Sends pool buffer `buf` on the unconnected UDP socket `sock` to `addr` (a `struct
 /// sockaddr_in` or `struct sockaddr_in6` of `addrlen` bytes) as one datagram train: cut into datagrams of `segment`
 /// bytes by GSO when `segment` > 0 (at most 64 of them), with the TOS / traffic class byte
@@ -476,6 +532,15 @@ pub extern "C" fn zcio_send_ring_next_completion(
                 None => (std::ptr::null_mut(), std::ptr::null_mut()),
             },
             TxBuf::Vec(_) => (std::ptr::null_mut(), std::ptr::null_mut()),
+            // A header + body send from C (`zcio_send_ring_send_hdr`): the body comes back;
+            // the header was the library's copy.
+            TxBuf::Slices(parts) => match parts.into_iter().filter_map(TxBuf::into_pool).last() {
+                Some(p) => (
+                    Box::into_raw(Box::new(zcio_buf::new(p))),
+                    std::ptr::null_mut(),
+                ),
+                None => (std::ptr::null_mut(), std::ptr::null_mut()),
+            },
         };
         // SAFETY: the output pointers are non-null.
         unsafe {

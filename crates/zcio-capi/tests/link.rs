@@ -241,6 +241,20 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
         "{out}"
     );
 
+    // Header + body as one send (vectored), every byte checked, every body back.
+    let hdr_exe = p.join("send_hdr");
+    cc_example(
+        &hdr_exe,
+        root.join("crates/zcio-capi/examples/c/send_hdr.c"),
+        &flags,
+        &rpath,
+    );
+    let out = run(&mut Command::new(&hdr_exe));
+    assert!(
+        out.contains("completions 64 bodies back 64 bytes 1064960") && out.ends_with("ok\n"),
+        "{out}"
+    );
+
     // The receiver example (accept + receive over loopback, every byte checked).
     let rx_exe = p.join("receiver");
     cc_example(

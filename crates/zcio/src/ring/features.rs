@@ -53,6 +53,10 @@ impl Features {
     pub const SENDMSG_ZC_FIXED_BUF: &'static str = "IORING_OP_SENDMSG_ZC+IORING_RECVSEND_FIXED_BUF";
     /// `IORING_SEND_VECTORIZED` (6.17): `SEND_ZC` of an iovec array.
     pub const SEND_VECTORIZED: &'static str = "IORING_SEND_VECTORIZED";
+    /// `IORING_SEND_VECTORIZED` with `IORING_RECVSEND_FIXED_BUF`: an iovec array in a
+    /// registered buffer (refused by 6.18 with `EINVAL` when the request is prepared).
+    pub const SEND_VECTORIZED_FIXED_BUF: &'static str =
+        "IORING_SEND_VECTORIZED+IORING_RECVSEND_FIXED_BUF";
     /// `IORING_FEAT_RECVSEND_BUNDLE` (6.10): receive bundles.
     pub const RECV_BUNDLE: &'static str = "IORING_FEAT_RECVSEND_BUNDLE";
     /// `IORING_FEAT_MIN_TIMEOUT` (6.12): batched waits with `min_wait_usec`.
@@ -69,11 +73,12 @@ impl Features {
     pub const ZCRX_FLUSH_RQ: &'static str = "ZCRX_CTRL_FLUSH_RQ";
 
     /// The features checked, in order.
-    pub const NAMES: [&'static str; 11] = [
+    pub const NAMES: [&'static str; 12] = [
         Self::SEND_ZC,
         Self::SEND_ZC_REPORT_USAGE,
         Self::SENDMSG_ZC_FIXED_BUF,
         Self::SEND_VECTORIZED,
+        Self::SEND_VECTORIZED_FIXED_BUF,
         Self::RECV_BUNDLE,
         Self::MIN_WAIT,
         Self::PBUF_RING_INC,
@@ -195,10 +200,15 @@ impl Features {
                 reason: Some("no IORING_OP_SEND_ZC".into()),
             }
         };
-        let (msg_fixed, vectorized) = if send_zc.supported {
+        let (msg_fixed, vectorized, vec_fixed) = if send_zc.supported {
             (
-                flag_probe(&mut ring, Self::SENDMSG_ZC_FIXED_BUF, Probe::SendMsgZcFixed),
-                flag_probe(&mut ring, Self::SEND_VECTORIZED, Probe::SendVectorized),
+                flag_probe(&mut ring, Self::SENDMSG_ZC_FIXED_BUF, Probe::MsgZcFixed),
+                flag_probe(&mut ring, Self::SEND_VECTORIZED, Probe::Vectorized),
+                flag_probe(
+                    &mut ring,
+                    Self::SEND_VECTORIZED_FIXED_BUF,
+                    Probe::VectorizedFixed,
+                ),
             )
         } else {
             let no = |name| Feature {
@@ -208,12 +218,17 @@ impl Features {
                 checked_by: "opcode probe",
                 reason: Some("no IORING_OP_SEND_ZC".into()),
             };
-            (no(Self::SENDMSG_ZC_FIXED_BUF), no(Self::SEND_VECTORIZED))
+            (
+                no(Self::SENDMSG_ZC_FIXED_BUF),
+                no(Self::SEND_VECTORIZED),
+                no(Self::SEND_VECTORIZED_FIXED_BUF),
+            )
         };
         list.push(send_zc);
         list.push(report);
         list.push(msg_fixed);
         list.push(vectorized);
+        list.push(vec_fixed);
         list.push(bit(Self::RECV_BUNDLE, bundle));
         list.push(bit(Self::MIN_WAIT, min_wait));
         list.push(pbuf_ring_inc());
@@ -264,6 +279,7 @@ fn since(name: &str) -> &'static str {
         Features::SEND_ZC_REPORT_USAGE => "6.2",
         Features::SENDMSG_ZC_FIXED_BUF => "6.15",
         Features::SEND_VECTORIZED => "6.17",
+        Features::SEND_VECTORIZED_FIXED_BUF => "> 6.18",
         Features::RECV_BUNDLE => "6.10",
         Features::MIN_WAIT | Features::PBUF_RING_INC => "6.12",
         Features::RECV_ZC | Features::EPOLL_WAIT => "6.15",
@@ -324,9 +340,11 @@ fn send_zc_report_usage(ring: &mut Ring) -> Feature {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Probe {
     /// `SENDMSG_ZC` with `IORING_RECVSEND_FIXED_BUF` (buffer index 0).
-    SendMsgZcFixed,
+    MsgZcFixed,
     /// `SEND_ZC` with `IORING_SEND_VECTORIZED` (one iovec).
-    SendVectorized,
+    Vectorized,
+    /// The same from registered buffer 0.
+    VectorizedFixed,
 }
 
 /// Checks a request form on a unix socket pair, like [`send_zc_report_usage`]: a kernel that
@@ -371,15 +389,16 @@ fn attempt_form(ring: &mut Ring, form: Probe) -> std::io::Result<i32> {
         iov_len: PROBE_BYTE.len(),
     }]);
     let sqe = match form {
-        Probe::SendMsgZcFixed => opcode::SendMsgZc::new(types::Fd(a.as_raw_fd()), hdr)
+        Probe::MsgZcFixed => opcode::SendMsgZc::new(types::Fd(a.as_raw_fd()), hdr)
             .buf_index(Some(0))
             .build(),
-        Probe::SendVectorized => opcode::SendZc::new(
+        Probe::Vectorized | Probe::VectorizedFixed => opcode::SendZc::new(
             types::Fd(a.as_raw_fd()),
             iov.as_ptr().cast(),
             iov.len() as u32,
         )
         .zc_flags(sys::IORING_SEND_VECTORIZED)
+        .buf_index((form == Probe::VectorizedFixed).then_some(0))
         .build(),
     }
     .user_data(0x5a5b);

@@ -169,6 +169,15 @@ impl MsgHdr {
     }
 }
 
+impl MsgHdr {
+    /// The iovec array as last [pointed](MsgHdr::point), for a request that takes an iovec
+    /// array without a message (`SEND_ZC` with `IORING_SEND_VECTORIZED`): valid while `self`
+    /// is not moved; derived from `&mut self`.
+    pub fn iovecs(&mut self) -> (*const libc::iovec, usize) {
+        (self.iov.as_mut_ptr() as *const libc::iovec, self.iov_len)
+    }
+}
+
 /// Writes `dest` as the socket family's address; returns its length.
 fn write_name(out: &mut libc::sockaddr_in6, dest: SocketAddr, v6: bool) -> io::Result<u32> {
     match (dest, v6) {

@@ -2,6 +2,7 @@
 
 use crate::sys::msg::{self, MsgOpts};
 use crate::sys::net;
+use std::borrow::Cow;
 use std::os::fd::AsRawFd;
 
 /// What one copy send did.
@@ -105,4 +106,31 @@ pub(crate) fn send_msg(
         }
         return out;
     }
+}
+
+/// Bytes `off..off + len` of the concatenation of `parts` (borrowed when they lie in one
+/// part, gathered when they span several).
+pub(crate) fn range_of<'a>(parts: &[&'a [u8]], off: usize, len: usize) -> Cow<'a, [u8]> {
+    let mut skip = off;
+    let mut out: Option<Vec<u8>> = None;
+    let mut want = len;
+    for &p in parts {
+        if want == 0 {
+            break;
+        }
+        if skip >= p.len() {
+            skip -= p.len();
+            continue;
+        }
+        let take = (p.len() - skip).min(want);
+        let piece = &p[skip..skip + take];
+        skip = 0;
+        if out.is_none() && take == want {
+            return Cow::Borrowed(piece);
+        }
+        out.get_or_insert_with(|| Vec::with_capacity(len))
+            .extend_from_slice(piece);
+        want -= take;
+    }
+    Cow::Owned(out.unwrap_or_default())
 }

@@ -315,13 +315,48 @@ pub enum TxBuf {
     /// after the kernel is done with them. What a proxy forwards.
     Chunk(RxChunk),
     /// An owned vector (convenient, not zero-copy friendly: the pages are pinned per send).
+    /// A small header sent before pool buffers in one vectored send is one of these.
     Vec(Vec<u8>),
+    /// The slices of one vectored send ([`SendRing::send_vectored`]), in order: they went as
+    /// one request and come back together, each as it was given.
+    Slices(Vec<TxBuf>),
 }
 
 impl TxBuf {
     /// Bytes to send.
     pub fn len(&self) -> usize {
-        std::ops::Deref::deref(self).len()
+        match self {
+            TxBuf::Pool(b) => b.len(),
+            TxBuf::Chunk(c) => c.len(),
+            TxBuf::Vec(v) => v.len(),
+            TxBuf::Slices(v) => v.iter().map(TxBuf::len).sum(),
+        }
+    }
+
+    /// The bytes of a single buffer (`None` for [`TxBuf::Slices`]: see [`TxBuf::slices`]).
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match self {
+            TxBuf::Pool(b) => Some(b),
+            TxBuf::Chunk(c) => Some(c),
+            TxBuf::Vec(v) => Some(v),
+            TxBuf::Slices(_) => None,
+        }
+    }
+
+    /// Every slice, in order (one for a single buffer).
+    pub fn slices(&self) -> Vec<&[u8]> {
+        match self {
+            TxBuf::Slices(v) => v.iter().flat_map(TxBuf::slices).collect(),
+            b => vec![b.as_bytes().expect("a single buffer")],
+        }
+    }
+
+    /// The slices of a vectored send, if it is one.
+    pub fn into_slices(self) -> Option<Vec<TxBuf>> {
+        match self {
+            TxBuf::Slices(v) => Some(v),
+            _ => None,
+        }
     }
 
     /// Whether there is nothing to send.
@@ -350,6 +385,17 @@ impl TxBuf {
         match self {
             TxBuf::Pool(b) => (Lent::Pool(b), None),
             TxBuf::Vec(v) => (Lent::Vec(v), None),
+            // Never lent whole (send_vectored takes slices apart with into_lent each).
+            TxBuf::Slices(v) => (
+                Lent::Vec(
+                    v.iter()
+                        .flat_map(TxBuf::slices)
+                        .flatten()
+                        .copied()
+                        .collect(),
+                ),
+                None,
+            ),
             TxBuf::Chunk(c) => {
                 let (conn, path, data) = c.into_parts();
                 (data, Some((conn, path)))
@@ -365,17 +411,6 @@ impl TxBuf {
             (Lent::Vec(v), None) => TxBuf::Vec(v),
             // A received buffer without its chunk's metadata cannot be told apart; never made.
             (other, None) => TxBuf::Vec(other.to_vec()),
-        }
-    }
-}
-
-impl std::ops::Deref for TxBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            TxBuf::Pool(b) => b,
-            TxBuf::Chunk(c) => c,
-            TxBuf::Vec(v) => v,
         }
     }
 }
@@ -414,6 +449,9 @@ pub struct Dest {
     /// `IP_TOS` / `IPV6_TCLASS` of these datagrams (DSCP << 2 | ECN); `None`: the socket's.
     pub tos: Option<u8>,
 }
+
+/// Most slices of one vectored send ([`SendRing::send_vectored`]).
+pub const MAX_SLICES: usize = crate::sys::msg::MAX_IOV;
 
 /// Most datagrams one [`Dest`] send may be cut into (`UDP_MAX_SEGMENTS` of Linux ≤ 6.9).
 pub const MAX_SEGMENTS: usize = crate::sys::msg::MAX_SEGMENTS;

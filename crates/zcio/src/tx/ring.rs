@@ -6,11 +6,11 @@
 use super::copy;
 use super::msgzc::{MsgZc, Stall};
 use super::policy::{AutoPolicy, Choice, CopiedWatch, Event};
-use super::sock::{self, Auto, Meta, Pending, Sock};
+use super::sock::{self, Auto, Meta, Parts, Pending, Sock};
 use super::uring::Uring;
 use super::{
     explain_register, status_of, Completion, Dest, Path, Refusal, Refused, SendError, SenderConfig,
-    SockId, Ticket, TxBuf, TxError, TxMode, TxStats, ZcStatus, MAX_SEGMENTS,
+    SockId, Ticket, TxBuf, TxError, TxMode, TxStats, ZcStatus, MAX_SEGMENTS, MAX_SLICES,
 };
 use crate::buf::lent::Lent;
 use crate::buf::pool::Pool;
@@ -438,6 +438,25 @@ impl SendRing {
         self.send_inner(id, buf.into(), token, None)
     }
 
+    /// Sends the slices as one request (a vectored send): a small header (a
+    /// [`TxBuf::Vec`] carried with the request, or a pool buffer) and one or more pool
+    /// buffers or received chunks, at most [`MAX_SLICES`]. On the ring a zero-copy send goes
+    /// as `SEND_ZC` with `IORING_SEND_VECTORIZED` (Linux 6.17; from a registered pool when
+    /// every slice is in it) or, before 6.17, `SENDMSG_ZC` with an iovec (each step down
+    /// recorded in [`SendRing::sock_fallbacks`]); a copy as `SENDMSG`. Without io_uring the
+    /// slices are gathered into one buffer first (recorded). The completion hands back
+    /// [`TxBuf::Slices`], every slice once, in order, after the kernel's last reference to
+    /// any of them. On a UDP socket the slices are one datagram (or GSO train); with
+    /// [`SendRing::send_to_with`] and a [`TxBuf::Slices`] they go to a destination.
+    pub fn send_vectored(
+        &mut self,
+        sock: SockId,
+        slices: Vec<TxBuf>,
+        token: u64,
+    ) -> Result<Ticket, Refused<TxBuf>> {
+        self.send_inner(sock, TxBuf::Slices(slices), token, None)
+    }
+
     /// Sends `buf` on an unconnected UDP socket to `dest`, cut into datagrams of `segment`
     /// bytes when given (GSO): one `IORING_OP_SENDMSG_ZC` with the destination in the message
     /// header and `UDP_SEGMENT` as a control message. See [`SendRing::send_to_with`].
@@ -552,17 +571,19 @@ impl SendRing {
         s.seq += 1;
         s.counters.ops += 1;
         let len = buf.len();
-        let (lent, chunk) = buf.into_lent();
+        let (mut lent, mut more, chunk, mut parts, bad_slices) = split_slices(buf);
         let opts = dest.map(|d| d.opts());
-        let meta = |path| Meta {
+        let meta = |path, parts| Meta {
             ticket,
             len,
             path,
             token,
             chunk,
             dest: opts,
+            parts,
         };
         let bad = match &dest {
+            _ if bad_slices.is_some() => bad_slices,
             Some(d) => Self::check_dest(s, d, len),
             None if s.unconnected => Some(SendError::Invalid {
                 errno: libc::EDESTADDRREQ,
@@ -572,18 +593,28 @@ impl SendRing {
             }),
             None => None,
         };
+        let vectored = !more.is_empty();
+        let bad = bad.or_else(|| {
+            // A vectored datagram is one request: one datagram or GSO train.
+            (vectored && !s.stream && dest.is_none() && len > s.chunk.min(s.max_datagram))
+                .then_some(SendError::MessageTooBig {
+                    len,
+                    max: s.chunk.min(s.max_datagram),
+                })
+        });
         if let Some(e) = bad {
-            s.meta.insert(seq, meta(Path::Copy));
-            self.finish(idx, seq, lent, 0, Some(e), ZcStatus::NotAttempted);
+            s.meta.insert(seq, meta(Path::Copy, parts));
+            self.finish_parts(idx, seq, lent, more, 0, Some(e), ZcStatus::NotAttempted);
             return Ok(Ticket(ticket));
         }
         if let Some(errno) = s.broken {
             // The ring failed with requests of unknown outcome ahead of this one.
-            s.meta.insert(seq, meta(Path::Copy));
-            self.finish(
+            s.meta.insert(seq, meta(Path::Copy, parts));
+            self.finish_parts(
                 idx,
                 seq,
                 lent,
+                more,
                 0,
                 Some(SendError::Os { errno }),
                 ZcStatus::NotAttempted,
@@ -592,7 +623,7 @@ impl SendRing {
         }
         if len == 0 {
             // Nothing to lend: TCP needs no call, UDP sends an empty datagram.
-            s.meta.insert(seq, meta(Path::Copy));
+            s.meta.insert(seq, meta(Path::Copy, parts));
             let mut error = None;
             if !s.stream {
                 let out = match &opts {
@@ -606,7 +637,7 @@ impl SendRing {
                     .or(out.would_block.then_some(libc::EAGAIN))
                     .map(SendError::from_errno);
             }
-            self.finish(idx, seq, lent, 0, error, ZcStatus::NotAttempted);
+            self.finish_parts(idx, seq, lent, more, 0, error, ZcStatus::NotAttempted);
             return Ok(Ticket(ticket));
         }
         if !s.stream && s.chunk == usize::MAX && len > s.max_datagram {
@@ -614,13 +645,39 @@ impl SendRing {
                 len,
                 max: s.max_datagram,
             };
-            s.meta.insert(seq, meta(Path::Copy));
-            self.finish(idx, seq, lent, 0, Some(e), ZcStatus::NotAttempted);
+            s.meta.insert(seq, meta(Path::Copy, parts));
+            self.finish_parts(idx, seq, lent, more, 0, Some(e), ZcStatus::NotAttempted);
             return Ok(Ticket(ticket));
         }
         let path = self.route(idx, seq, len);
+        let no_uring = self.no_uring.clone();
         let s = self.sock_at(idx).expect("checked");
-        s.meta.insert(seq, meta(path));
+        if vectored && !path.is_uring() {
+            // Without io_uring the slices are gathered into one buffer (a copy) and that goes
+            // by the socket's path; the slices come back with the completion.
+            if !s.vec_noted {
+                s.vec_noted = true;
+                s.fallbacks.push(Fallback::new(
+                    stats::Path::setting("vectored send as one request"),
+                    stats::Path::setting("slices gathered into one buffer"),
+                    format!(
+                        "the socket sends by {path} ({}); a vectored send's slices are copied \
+                         into one buffer first",
+                        no_uring.as_deref().unwrap_or("not on the io_uring")
+                    ),
+                ));
+            }
+            let mut v = Vec::with_capacity(len);
+            v.extend_from_slice(&lent);
+            for b in &more {
+                v.extend_from_slice(b);
+            }
+            let first = std::mem::replace(&mut lent, Lent::Vec(v));
+            let p = parts.get_or_insert_with(Default::default);
+            p.gathered_from.push(first);
+            p.gathered_from.append(&mut more);
+        }
+        s.meta.insert(seq, meta(path, parts));
         match path {
             Path::Copy => self.copy_send(idx, seq, lent, opts),
             Path::MsgZc => {
@@ -635,7 +692,7 @@ impl SendRing {
                 self.collect_msg(idx);
             }
             Path::UringZc | Path::UringZcFixed | Path::UringCopy => {
-                self.ring_stage(idx, seq, lent, len, path, opts);
+                self.ring_stage(idx, seq, lent, more, len, path, opts);
                 if self.uring.as_ref().is_some_and(|u| u.due(&self.cfg)) {
                     let res = self.ring_submit();
                     if let Err(e) = res {
@@ -845,6 +902,21 @@ impl SendRing {
         error: Option<SendError>,
         status: ZcStatus,
     ) {
+        self.finish_parts(idx, seq, lent, Vec::new(), bytes, error, status);
+    }
+
+    /// [`SendRing::finish`] of a send whose slices after the first are `more`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn finish_parts(
+        &mut self,
+        idx: u32,
+        seq: u64,
+        lent: Lent,
+        more: Vec<Lent>,
+        bytes: usize,
+        error: Option<SendError>,
+        status: ZcStatus,
+    ) {
         let s = self.socks[idx as usize].as_mut().expect("live");
         let meta = s.meta.remove(seq).unwrap_or(Meta {
             ticket: u64::MAX,
@@ -853,6 +925,7 @@ impl SendRing {
             token: 0,
             chunk: None,
             dest: None,
+            parts: None,
         });
         s.counters.bytes += bytes as u64;
         s.stats.sends_by_path[meta.path.index()] += 1;
@@ -881,10 +954,34 @@ impl SendRing {
         if discard {
             // Its owner has gone: the buffer goes back to its pool or receiver now.
             drop(lent);
+            drop(more);
+            drop(meta.parts);
             return;
         }
-        self.ready
-            .push_back((done, TxBuf::from_lent(lent, meta.chunk)));
+        let buf = match meta.parts {
+            None => TxBuf::from_lent(lent, meta.chunk),
+            Some(p) => {
+                let Parts {
+                    chunks,
+                    gathered_from,
+                } = *p;
+                let lents: Vec<Lent> = if gathered_from.is_empty() {
+                    std::iter::once(lent).chain(more).collect()
+                } else {
+                    // The gathered copy goes; the slices come back.
+                    drop(lent);
+                    gathered_from
+                };
+                TxBuf::Slices(
+                    lents
+                        .into_iter()
+                        .zip(chunks)
+                        .map(|(l, c)| TxBuf::from_lent(l, c))
+                        .collect(),
+                )
+            }
+        };
+        self.ready.push_back((done, buf));
     }
 
     /// `auto` learns from a zero-copy completion of one of its sockets.
@@ -1550,4 +1647,57 @@ impl Drop for SendRing {
             let _ = self.flush(Duration::from_secs(2));
         }
     }
+}
+
+/// Takes a buffer apart for sending: its first slice, the slices after it, the first's chunk
+/// metadata (single buffers), the slices' metadata (vectored sends), and why a vectored send
+/// cannot go (no slice, or more than one request carries).
+#[allow(clippy::type_complexity)]
+fn split_slices(
+    buf: TxBuf,
+) -> (
+    Lent,
+    Vec<Lent>,
+    Option<(crate::rx::ConnId, crate::rx::RxPath)>,
+    Option<Box<Parts>>,
+    Option<SendError>,
+) {
+    let TxBuf::Slices(v) = buf else {
+        let (l, c) = buf.into_lent();
+        return (l, Vec::new(), c, None, None);
+    };
+    // Nested slices are flattened (and come back flat).
+    let mut flat = Vec::with_capacity(v.len());
+    let mut stack: Vec<TxBuf> = v.into_iter().rev().collect();
+    while let Some(b) = stack.pop() {
+        match b {
+            TxBuf::Slices(inner) => stack.extend(inner.into_iter().rev()),
+            b => flat.push(b),
+        }
+    }
+    let n = flat.len();
+    let mut parts = Box::<Parts>::default();
+    let mut lents = Vec::with_capacity(n);
+    for b in flat {
+        let (l, c) = b.into_lent();
+        lents.push(l);
+        parts.chunks.push(c);
+    }
+    let bad = match n {
+        0 => Some(SendError::Invalid {
+            errno: libc::EINVAL,
+            reason: "a vectored send without slices".into(),
+        }),
+        n if n > MAX_SLICES => Some(SendError::Invalid {
+            errno: libc::EINVAL,
+            reason: format!(
+                "a vectored send of {n} slices: at most {MAX_SLICES} go in one request \
+                 (send the rest separately, or gather small ones)"
+            ),
+        }),
+        _ => None,
+    };
+    let mut it = lents.into_iter();
+    let first = it.next().unwrap_or(Lent::Vec(Vec::new()));
+    (first, it.collect(), None, Some(parts), bad)
 }

@@ -125,6 +125,17 @@ pub(super) struct Meta {
     pub(super) chunk: Option<(ConnId, RxPath)>,
     /// Destination and control messages of a [`super::Dest`] send.
     pub(super) dest: Option<MsgOpts>,
+    /// A vectored send: what makes each slice a [`super::TxBuf`] again (received chunks'
+    /// metadata), and, when the slices were gathered into one buffer (paths without
+    /// io_uring), the slices themselves.
+    pub(super) parts: Option<Box<Parts>>,
+}
+
+/// The slices of a vectored send (see [`Meta::parts`]).
+#[derive(Debug, Default)]
+pub(super) struct Parts {
+    pub(super) chunks: Vec<Option<(ConnId, RxPath)>>,
+    pub(super) gathered_from: Vec<Lent>,
 }
 
 /// Per-send data of a socket's sends in flight, indexed by the socket's own send number
@@ -192,6 +203,8 @@ pub(super) struct Sock {
     pub(super) unconnected: bool,
     /// A `SENDMSG_ZC` from a registered pool was found unsupported (recorded once).
     pub(super) msg_fixed_noted: bool,
+    /// Vectored sends went without `SEND_VECTORIZED`, or were gathered (recorded once).
+    pub(super) vec_noted: bool,
     pub(super) chunk: usize,
     pub(super) segment: usize,
     pub(super) max_datagram: usize,
@@ -246,6 +259,7 @@ impl Sock {
             v6: shape.v6,
             unconnected: shape.unconnected,
             msg_fixed_noted: false,
+            vec_noted: false,
             chunk: shape.chunk,
             segment: shape.segment,
             max_datagram: shape.max_datagram,

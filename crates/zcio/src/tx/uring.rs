@@ -37,6 +37,10 @@ pub(super) struct Uring {
     pub(super) report_usage: bool,
     /// `SENDMSG_ZC` takes registered buffers (`IORING_RECVSEND_FIXED_BUF`, Linux 6.15).
     pub(super) msg_fixed: bool,
+    /// `SEND_ZC` takes an iovec array (`IORING_SEND_VECTORIZED`, Linux 6.17).
+    pub(super) send_vectorized: bool,
+    /// ... in a registered buffer.
+    pub(super) vectorized_fixed: bool,
     reqs: Vec<Request>,
     /// Sockets with staged requests that may be pushed (and the list a pump walks).
     dirty: Vec<u32>,
@@ -94,12 +98,17 @@ impl Uring {
         let feats = crate::ring::features::Features::get();
         let report_usage = feats.has(crate::ring::features::Features::SEND_ZC_REPORT_USAGE);
         let msg_fixed = feats.has(crate::ring::features::Features::SENDMSG_ZC_FIXED_BUF);
+        let send_vectorized = feats.has(crate::ring::features::Features::SEND_VECTORIZED);
+        let vectorized_fixed =
+            feats.has(crate::ring::features::Features::SEND_VECTORIZED_FIXED_BUF);
         (
             Self {
                 lr,
                 send_zc,
                 report_usage,
                 msg_fixed,
+                send_vectorized,
+                vectorized_fixed,
                 reqs: Vec::new(),
                 dirty: Vec::new(),
                 dirty_spare: Vec::new(),
@@ -150,11 +159,13 @@ impl SendRing {
     }
 
     /// Stages one send on the ring.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn ring_stage(
         &mut self,
         idx: u32,
         seq: u64,
         lent: Lent,
+        more: Vec<Lent>,
         len: usize,
         mut path: Path,
         dest: Option<MsgOpts>,
@@ -162,9 +173,46 @@ impl SendRing {
         let u = self.uring.as_mut().expect("ring path");
         let s = self.socks[idx as usize].as_mut().expect("live");
         let file = s.file.expect("on the ring");
-        let lend = u.lr.lend(lent, file, 0);
+        let vectored = !more.is_empty();
+        let lend = u.lr.lend_slices(lent, more, file, 0);
+        // Slices go as SEND_ZC with IORING_SEND_VECTORIZED (6.17), except where the kernel
+        // lacks it, or lacks it from registered buffers (then SENDMSG_ZC from the pool beats
+        // pinning the slices per send).
+        let fixed_path = path == Path::UringZcFixed;
+        let vec_msg = vectored && (!u.send_vectorized || (fixed_path && !u.vectorized_fixed));
+        if vec_msg && path.is_zero_copy() && dest.is_none() && !s.vec_noted {
+            s.vec_noted = true;
+            let feats = crate::ring::features::Features::get();
+            let (what, why) = if !u.send_vectorized {
+                (
+                    "SEND_ZC with IORING_SEND_VECTORIZED",
+                    feats.why_not(crate::ring::features::Features::SEND_VECTORIZED),
+                )
+            } else {
+                (
+                    "SEND_ZC with IORING_SEND_VECTORIZED from registered buffers",
+                    feats.why_not(crate::ring::features::Features::SEND_VECTORIZED_FIXED_BUF),
+                )
+            };
+            s.fallbacks.push(Fallback::new(
+                stats::Path::setting(what),
+                stats::Path::setting("SENDMSG_ZC with an iovec"),
+                why.unwrap_or_default(),
+            ));
+        }
+        // A request with a message header: a destination, or slices that go as SENDMSG_ZC.
+        let msg_req = dest.is_some() || vec_msg;
+        let dest = if vectored && dest.is_none() {
+            Some(MsgOpts {
+                dest: None,
+                segment: None,
+                tos: None,
+            })
+        } else {
+            dest
+        };
         if let Some(o) = &dest {
-            if path == Path::UringZcFixed && !u.msg_fixed {
+            if path == Path::UringZcFixed && msg_req && !u.msg_fixed {
                 // SENDMSG_ZC takes registered buffers only since Linux 6.15: pin per send.
                 path = Path::UringZc;
                 if !s.msg_fixed_noted {
@@ -187,11 +235,12 @@ impl SendRing {
                 Err(e) => {
                     // Checked before (family, segment): cannot happen; if it did, fail the send.
                     let errno = e.raw_os_error().unwrap_or(libc::EINVAL);
-                    let buf = u.lr.take(lend).expect("no request yet");
-                    self.finish(
+                    let (buf, more) = u.lr.take(lend).expect("no request yet");
+                    self.finish_parts(
                         idx,
                         seq,
                         buf,
+                        more,
                         0,
                         Some(SendError::Invalid {
                             errno,
@@ -298,6 +347,8 @@ impl SendRing {
                     report_usage: u.report_usage,
                     msg_flags: if s.stream { libc::MSG_WAITALL } else { 0 },
                     link: r.link,
+                    vectorized: u.send_vectorized,
+                    vectorized_fixed: u.vectorized_fixed,
                 };
                 match u.lr.push_send(&sqe) {
                     Ok(()) => pushed = true,
@@ -564,7 +615,7 @@ impl SendRing {
                         .expect("live")
                         .held
                         .swap_remove(i);
-                    self.complete(idx, f, buf);
+                    self.complete(idx, f, buf.0, buf.1);
                     self.settle_sock(idx);
                 }
                 None => drop(buf),
@@ -584,7 +635,7 @@ impl SendRing {
             };
             let u = self.uring.as_mut().expect("ring path");
             match u.lr.take(f.buf) {
-                Some(buf) => self.complete(idx, f, buf),
+                Some((buf, more)) => self.complete(idx, f, buf, more),
                 None => s.held.push(f),
             }
         }
@@ -592,7 +643,7 @@ impl SendRing {
 
     /// A finished send of the ring: counts, sends what the ring left unsent (only after it
     /// failed) by copy, and hands the completion on.
-    fn complete(&mut self, idx: u32, f: Finished<LendId>, buf: Lent) {
+    fn complete(&mut self, idx: u32, f: Finished<LendId>, buf: Lent, more: Vec<Lent>) {
         let s = self.socks[idx as usize].as_mut().expect("live");
         s.counters.notifications += u64::from(f.zc + f.copied + f.unknown);
         let status = status_of(f.zc, f.copied, f.unknown);
@@ -601,9 +652,13 @@ impl SendRing {
         let mut error = f.error.map(SendError::from_errno);
         let dest = s.meta.get(f.tag).and_then(|m| m.dest);
         for &(off, len) in &f.unsent {
+            let parts: Vec<&[u8]> = std::iter::once(&*buf)
+                .chain(more.iter().map(|b| &**b))
+                .collect();
+            let range = copy::range_of(&parts, off, len);
             let out = match &dest {
-                Some(o) => copy::send_msg(&*s.fd, &buf[off..off + len], o, s.v6, true),
-                None => copy::send_all(&*s.fd, &buf[off..off + len], s.chunk),
+                Some(o) => copy::send_msg(&*s.fd, &range, o, s.v6, true),
+                None => copy::send_all(&*s.fd, &range, s.chunk),
             };
             s.counters.syscalls += out.syscalls;
             s.stats.send_syscalls += out.syscalls;
@@ -613,7 +668,7 @@ impl SendRing {
                 error.get_or_insert(SendError::from_errno(e));
             }
         }
-        self.finish(idx, f.tag, buf, bytes, error, status);
+        self.finish_parts(idx, f.tag, buf, more, bytes, error, status);
     }
 
     /// Sends of the ring still owned by it (all sockets).
@@ -805,12 +860,14 @@ impl SendRing {
             if let Some(e) = broken {
                 return (0, Some(e));
             }
-            let Some(bytes) = lr.bytes(*lend) else {
+            let parts = lr.slices(*lend);
+            if parts.is_empty() {
                 return (0, Some(libc::EIO));
-            };
+            }
+            let bytes = copy::range_of(&parts, off, len);
             let out = match meta.get(tag).and_then(|m| m.dest) {
-                Some(o) => copy::send_msg(&*fd, &bytes[off..off + len], &o, v6, true),
-                None => copy::send_all(&*fd, &bytes[off..off + len], chunk),
+                Some(o) => copy::send_msg(&*fd, &bytes, &o, v6, true),
+                None => copy::send_all(&*fd, &bytes, chunk),
             };
             calls += out.syscalls;
             copies += 1;
