@@ -329,13 +329,13 @@ fn trains_to_the_sink_host_are_zero_copy_and_invalid_trains_fail_without_a_sysca
         .unwrap();
     for c in &done[..32] {
         assert_eq!(c.result(), Ok(44 * 1472), "{c:?}");
-        assert_eq!(c.zerocopy, ZcStatus::ZeroCopy, "{c:?}");
+        // Without IORING_SEND_ZC_REPORT_USAGE (Linux 6.2) the kernel does not say.
+        assert_eq!(c.zerocopy, sink_status(), "{c:?}");
         assert!(c.path.is_zero_copy(), "{c:?}");
     }
-    assert!(
-        counters.copied_fraction().is_some_and(|f| f == 0.0),
-        "{counters:?}"
-    );
+    if sink_status() == ZcStatus::ZeroCopy {
+        assert_eq!(counters.copied_fraction(), Some(0.0), "{counters:?}");
+    }
     for c in &done[32..] {
         assert!(
             matches!(&c.error, Some(SendError::Invalid { errno, .. }) if *errno == libc::EINVAL),
@@ -403,6 +403,16 @@ fn memlock_limit_in_the_middle_of_a_train_is_backpressure_and_every_train_arrive
     for c in &done {
         assert_eq!(c.result(), Ok(c.len), "{c:?}");
     }
+    if stats.room_waits == 0 && fallbacks.is_empty() && kernel_before(6, 2) {
+        // Debian's 6.1 does not charge SEND_ZC's pinned pages to RLIMIT_MEMLOCK (as in
+        // tests/sender.rs); every train arrived, which was checked above.
+        zcio_testnet::skip_kernel_feature(
+            test,
+            "ZCIO_REQUIRE_SEND_ZC_MEMLOCK",
+            "this kernel's SEND_ZC does not charge pinned pages to RLIMIT_MEMLOCK (6.1)",
+        );
+        return;
+    }
     assert!(
         stats.room_waits > 0 || !fallbacks.is_empty(),
         "the memlock limit was never reached: {stats:?}"
@@ -418,4 +428,24 @@ fn memlock_limit_in_the_middle_of_a_train_is_backpressure_and_every_train_arrive
         "{trains} trains, room waits {}, fallbacks {fallbacks:?}",
         stats.room_waits
     );
+}
+
+/// What a zero-copy completion to the sink says: zero-copy, or, where notifications do not
+/// report usage (`IORING_SEND_ZC_REPORT_USAGE`, Linux 6.2), unknown.
+fn sink_status() -> ZcStatus {
+    use zcio::ring::features::Features;
+    if Features::get().has(Features::SEND_ZC_REPORT_USAGE) {
+        ZcStatus::ZeroCopy
+    } else {
+        ZcStatus::Unknown
+    }
+}
+
+fn kernel_before(major: u32, minor: u32) -> bool {
+    let rel = zcio::sys::kernel_release();
+    let mut it = rel
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|x| x.parse::<u32>().ok());
+    let (a, b) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    (a, b) < (major, minor)
 }

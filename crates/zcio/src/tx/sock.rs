@@ -163,6 +163,11 @@ impl Metas {
         self.q.get(i)?.as_ref()
     }
 
+    pub(super) fn get_mut(&mut self, seq: u64) -> Option<&mut Meta> {
+        let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
+        self.q.get_mut(i)?.as_mut()
+    }
+
     pub(super) fn remove(&mut self, seq: u64) -> Option<Meta> {
         let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
         let m = self.q.get_mut(i)?.take();

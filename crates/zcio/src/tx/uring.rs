@@ -213,8 +213,12 @@ impl SendRing {
         };
         if let Some(o) = &dest {
             if path == Path::UringZcFixed && msg_req && !u.msg_fixed {
-                // SENDMSG_ZC takes registered buffers only since Linux 6.15: pin per send.
+                // SENDMSG_ZC takes registered buffers only since Linux 6.15: pin per send (and
+                // the completion says so).
                 path = Path::UringZc;
+                if let Some(m) = s.meta.get_mut(seq) {
+                    m.path = path;
+                }
                 if !s.msg_fixed_noted {
                     s.msg_fixed_noted = true;
                     s.fallbacks.push(Fallback::new(
