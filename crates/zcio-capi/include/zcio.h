@@ -137,6 +137,11 @@
 #define ZCIO_TX_AUTO 4
 
 /*
+ io_uring `SEND`: the kernel copies; batched with the ring's other requests.
+ */
+#define ZCIO_TX_URING_COPY 5
+
+/*
  Completion `zerocopy` value: sent by copy.
  */
 #define ZCIO_ZC_NOT_ATTEMPTED 0
@@ -163,8 +168,8 @@
 #define ZCIO_ZC_UNKNOWN 4
 
 /*
- One buffer from a pool, owned by the caller until handed to `zcio_sender_send` (which
- takes it) or `zcio_buf_free` (which returns it to its pool). Opaque.
+ One buffer from a pool, owned by the caller until a send takes it (`zcio_sender_send`,
+ `zcio_send_ring_send`) or `zcio_buf_free` returns it to its pool. Opaque.
  */
 typedef struct zcio_buf zcio_buf;
 
@@ -205,10 +210,21 @@ typedef struct zcio_pool zcio_pool;
 typedef struct zcio_receiver zcio_receiver;
 
 /*
+ A snapshot of what a handle reports. Opaque; made by `zcio_*_report`, freed with
+ `zcio_report_free`.
+ */
+typedef struct zcio_report zcio_report;
+
+/*
  Received bytes, borrowed; `zcio_rx_chunk_free` gives the memory back (from any thread).
  Opaque.
  */
 typedef struct zcio_rx_chunk zcio_rx_chunk;
+
+/*
+ One io_uring per thread carrying the sends of many sockets. Opaque; one thread.
+ */
+typedef struct zcio_send_ring zcio_send_ring;
 
 /*
  A sender owning one connected TCP or UDP socket. Opaque; one thread at a time.
@@ -625,6 +641,93 @@ typedef int (*zcio_nfq_callback)(const struct zcio_nfq_packet *pkt,
                                  void *user);
 
 /*
+ The common counters of a handle (`zcio::stats::Counters`).
+ */
+typedef struct zcio_counters {
+  /*
+   Payload bytes moved.
+   */
+  uint64_t bytes;
+  /*
+   Operations the caller asked for (sends, receives, harvested events).
+   */
+  uint64_t ops;
+  /*
+   System calls made on the caller's behalf (`io_uring_enter` included).
+   */
+  uint64_t syscalls;
+  /*
+   Completion notifications processed.
+   */
+  uint64_t notifications;
+  /*
+   Bytes the kernel sent or received without copying.
+   */
+  uint64_t zerocopy_bytes;
+  /*
+   Bytes a zero-copy path reported as copied after all (COPIED).
+   */
+  uint64_t copied_bytes;
+} zcio_counters;
+
+/*
+ One fallback: the path (or setting) wanted, the one taken, and why. The strings belong to
+ the report and are valid until `zcio_report_free`.
+ */
+typedef struct zcio_fallback {
+  /*
+   What was wanted (e.g. `"uring-zc-fixed"`).
+   */
+  const char *from;
+  /*
+   What was taken instead (e.g. `"uring-zc"`).
+   */
+  const char *to;
+  /*
+   Why, in words a user can act on.
+   */
+  const char *reason;
+} zcio_fallback;
+
+/*
+ The result of one send on a send ring.
+ */
+typedef struct zcio_send_completion {
+  /*
+   The ticket the send returned.
+   */
+  uint64_t ticket;
+  /*
+   The socket.
+   */
+  uint64_t sock;
+  /*
+   The caller's token given with the send.
+   */
+  uint64_t token;
+  /*
+   Bytes the buffer held.
+   */
+  uintptr_t len;
+  /*
+   Bytes the kernel accepted.
+   */
+  uintptr_t bytes;
+  /*
+   `ZCIO_TX_*` path the send took.
+   */
+  uint32_t path;
+  /*
+   `ZCIO_ZC_*`.
+   */
+  uint32_t zerocopy;
+  /*
+   0, or `-errno` when the send failed (`-ECANCELED`: its socket was closed first).
+   */
+  int error;
+} zcio_send_completion;
+
+/*
  One receiver event.
  */
 typedef struct zcio_rx_event {
@@ -778,6 +881,15 @@ int zcio_event_ring_harvest(struct zcio_event_ring *r, struct zcio_event *out, u
 int zcio_event_ring_stats(const struct zcio_event_ring *r, struct zcio_event_stats *out);
 
 /*
+ A snapshot of what the event ring reports into `*out`: its backend, counters, every
+ fallback with its reason (and the per-workload wait decisions), and its event counters
+ (`stats` in the JSON). Free it with `zcio_report_free`. Returns 0, `-EINVAL` or `-EPERM`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_event_ring_report(struct zcio_event_ring *r, struct zcio_report **out);
+
+/*
  Creates a poster for the ring into `*out`: any thread may post with it, also after the
  ring is freed (posts then go nowhere). Free it with `zcio_event_poster_free`.
 
@@ -842,6 +954,16 @@ int zcio_ctevents_get_stats(const struct zcio_ctevents *c, struct zcio_ctevents_
 const char *zcio_ctevents_path(const struct zcio_ctevents *c);
 
 /*
+ A snapshot of what the handle reports into `*out`: its path, counters, every fallback with
+ its reason (receive buffer sizing, ring set-up), and its conntrack counters (new, update, destroy events) as `stats` in the JSON. Free it
+ with `zcio_report_free`. Returns 0, `-EINVAL` or `-EPERM`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_ctevents_report(struct zcio_ctevents *c,
+                         struct zcio_report **out);
+
+/*
  Binds the `ngroups` groups of `groups` into `*out`, copying `copy_range` bytes of each
  packet (0: metadata only; at most 65531). Needs CAP_NET_ADMIN. Returns 0 or `-errno`
  (`-EBUSY`: a group is bound by another socket; `-EINVAL`: a bad argument).
@@ -886,6 +1008,16 @@ int zcio_nflog_get_stats(const struct zcio_nflog *l, struct zcio_nflog_stats *ou
 const char *zcio_nflog_path(const struct zcio_nflog *l);
 
 /*
+ A snapshot of what the handle reports into `*out`: its path, counters, every fallback with
+ its reason (receive buffer sizing, ring set-up), and its NFLOG counters (packets, sequence gaps, losses per group) as `stats` in the JSON. Free it
+ with `zcio_report_free`. Returns 0, `-EINVAL` or `-EPERM`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nflog_report(struct zcio_nflog *l,
+                      struct zcio_report **out);
+
+/*
  Binds queues `first..=last` (copy mode: whole packets) into `*out`. Needs CAP_NET_ADMIN.
  Returns 0 or `-errno`.
 
@@ -913,11 +1045,256 @@ int zcio_nfqueue_process(struct zcio_nfqueue *q,
                          void *user);
 
 /*
+ A snapshot of what the queue reports into `*out`: its path, counters, every fallback with
+ its reason (receive buffer sizing, ring set-up), and its NFQUEUE counters (`stats` in the
+ JSON). Free it with `zcio_report_free`. Returns 0, `-EINVAL` or `-EPERM`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nfqueue_report(struct zcio_nfqueue *q, struct zcio_report **out);
+
+/*
  How the queue receives: `"frame-ring+io_uring"` or `"frame-ring+recvmmsg"` (static).
 
  Thread: any (static string).
  */
 const char *zcio_nfqueue_path(const struct zcio_nfqueue *q);
+
+/*
+ The path the handle takes now (e.g. `"uring-zc-fixed"`, `"bufring"`, `"io_uring_epoll_wait"`);
+ valid until `zcio_report_free`. NULL for a NULL report.
+
+ Thread: any (the report is a snapshot).
+ */
+const char *zcio_report_path(const struct zcio_report *r);
+
+/*
+ Fills `*out` with the counters. Returns 0 or `-EINVAL`.
+
+ Thread: any.
+ */
+int zcio_report_counters(const struct zcio_report *r, struct zcio_counters *out);
+
+/*
+ How many fallbacks the handle took.
+
+ Thread: any.
+ */
+uintptr_t zcio_report_fallback_count(const struct zcio_report *r);
+
+/*
+ Fills `*out` with fallback `i` (in the order taken). Returns 0, `-ERANGE` past the last,
+ `-EINVAL` for NULL arguments.
+
+ Thread: any. Ownership: the strings belong to the report.
+ */
+int zcio_report_fallback(const struct zcio_report *r, uintptr_t i, struct zcio_fallback *out);
+
+/*
+ The whole report as one JSON object: `{"path", "counters", "fallbacks": [{"from", "to",
+ "reason"}], "stats": {...the capability's own counters...}}`; valid until
+ `zcio_report_free`.
+
+ Thread: any.
+ */
+const char *zcio_report_json(const struct zcio_report *r);
+
+/*
+ Frees a report (NULL is ignored).
+
+ Thread: any; freed once.
+ */
+void zcio_report_free(struct zcio_report *r);
+
+/*
+ Creates a send ring into `*out`: `entries` submission queue entries (0: 256), a registered
+ file table of `files` slots (0: 65536, capped by `RLIMIT_NOFILE`), entering the kernel
+ once `submit_batch` requests are queued (0: 32). Without io_uring it still works, by
+ `MSG_ZEROCOPY` and copy (see `zcio_send_ring_report`). Returns 0 or `-errno`.
+
+ Thread: any; the calling thread becomes the owner. Ownership: `*out` until
+ `zcio_send_ring_free`.
+ */
+int zcio_send_ring_new(struct zcio_send_ring **out,
+                       uint32_t entries,
+                       uint32_t files,
+                       uint32_t submit_batch);
+
+/*
+ Frees a send ring (NULL is ignored): waits up to 2 s for sends in flight, gives back the
+ buffers and chunks that came back (chunks through `zcio_rx_chunk_free`), and closes every
+ socket. Buffers the kernel still holds then are leaked, never reused. Flush first
+ (`zcio_send_ring_flush`) to get every completion.
+
+ Thread: the owner (its ring is used to wait); freed once.
+ */
+void zcio_send_ring_free(struct zcio_send_ring *r);
+
+/*
+ Registers `pool` with the ring, once for every socket (up to 16 pools): sends of its
+ buffers on the zero-copy paths then use fixed buffers. Returns 0 or `-errno`; a failure
+ (`-ENOMEM`: `RLIMIT_MEMLOCK` exhausted) is also recorded as a fallback (see
+ `zcio_send_ring_report`) and sends pin pages per send instead.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_register_pool(struct zcio_send_ring *r, const struct zcio_pool *pool);
+
+/*
+ Adds the connected TCP/UDP socket `fd` (ownership passes to the ring, which closes it) in
+ `mode` (`ZCIO_TX_*`) with at most `depth` sends in flight (0: 64); its id goes to
+ `*sock`. Returns 0 or `-errno` (`fd` is closed on failure too).
+
+ Thread: the owner only (`-EPERM` from any other; `fd` then stays the caller's).
+ */
+int zcio_send_ring_add(struct zcio_send_ring *r,
+                       int fd,
+                       uint32_t mode,
+                       uint32_t depth,
+                       uint64_t *sock);
+
+/*
+ Sends `buf` on `sock` with the caller's `token` (returned in the completion). On success
+ (0) the buffer is taken (the handle is invalid afterwards; it comes back with its
+ completion) and the ticket goes to `*ticket` if non-NULL. Never waits: `-EAGAIN` when the
+ send cannot be queued now (the socket's `depth` in flight, a full socket buffer or no room
+ on the syscall paths) — the buffer is still the caller's; retry once
+ `zcio_send_ring_next_writable` names the socket. `-EBADF`: the socket is closed (the
+ buffer is still the caller's).
+
+ Thread: the owner only (`-EPERM` from any other; the buffer then stays the caller's).
+ */
+int zcio_send_ring_send(struct zcio_send_ring *r,
+                        uint64_t sock,
+                        struct zcio_buf *buf,
+                        uint64_t token,
+                        uint64_t *ticket);
+
+/*
+ Sends a received chunk on `sock` as it lies in the receiver's memory (what a proxy
+ forwards), with the caller's `token`. On success (0) the chunk is taken: it comes back
+ with its completion (`zcio_send_ring_next_completion`'s `*chunk`) after the kernel's last
+ reference to it is gone, to be freed with `zcio_rx_chunk_free` as usual. `-EAGAIN` /
+ `-EBADF` as for `zcio_send_ring_send`: the chunk is still the caller's.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_send_chunk(struct zcio_send_ring *r,
+                              uint64_t sock,
+                              struct zcio_rx_chunk *chunk,
+                              uint64_t token,
+                              uint64_t *ticket);
+
+/*
+ Submits the queued requests of every socket with one `io_uring_enter` (none when nothing
+ is queued) and collects completions. Returns how many completions are ready.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_submit(struct zcio_send_ring *r);
+
+/*
+ Makes progress without blocking (submits, collects; enters the kernel only when
+ something is queued or it flagged deferred task work, so a loop that only polls sees every
+ completion); returns how many completions are ready.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_poll(struct zcio_send_ring *r);
+
+/*
+ Waits up to `timeout_ms` for at least one completion; returns how many are ready.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_wait(struct zcio_send_ring *r, int timeout_ms);
+
+/*
+ Waits until every send of every socket has completed (`-ETIMEDOUT` after `timeout_ms`).
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_flush(struct zcio_send_ring *r, int timeout_ms);
+
+/*
+ Takes the oldest ready completion into `*out` and what was sent: a pool buffer into `*buf`
+ or a received chunk into `*chunk` (the other is set to NULL; the caller owns it again).
+ Returns 1, or 0 when none is ready.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_next_completion(struct zcio_send_ring *r,
+                                   struct zcio_send_completion *out,
+                                   struct zcio_buf **buf,
+                                   struct zcio_rx_chunk **chunk);
+
+/*
+ A socket that refused a send (`-EAGAIN`) and can take one again, into `*sock`. Returns 1,
+ or 0 when none is.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_next_writable(struct zcio_send_ring *r, uint64_t *sock);
+
+/*
+ Closes a socket: later sends get `-EBADF`; its sends not yet in the kernel complete with
+ `-ECANCELED`, those in the kernel are cancelled (a started one may complete partly); every
+ buffer still comes back with its completion. The connection is reset when data was still
+ queued. For a graceful end, wait until `zcio_send_ring_sock_in_flight` is 0 first.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_close(struct zcio_send_ring *r, uint64_t sock);
+
+/*
+ Sends of `sock` not yet completed (0 for a socket that is gone).
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_sock_in_flight(struct zcio_send_ring *r, uint64_t sock);
+
+/*
+ The readiness descriptor: polls readable when `zcio_send_ring_on_ready` would find
+ completions (see the Rust `SendRing::readiness_fd`). Returns the descriptor (owned by the
+ ring) or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_readiness_fd(struct zcio_send_ring *r);
+
+/*
+ Harvests after the readiness descriptor fired; returns how many completions are ready.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_on_ready(struct zcio_send_ring *r);
+
+/*
+ The path `sock`'s new sends take now, as a static string; NULL for an unknown socket.
+
+ Thread: the owner only (NULL from any other).
+ */
+const char *zcio_send_ring_sock_path(const struct zcio_send_ring *r, uint64_t sock);
+
+/*
+ A snapshot of what the ring reports into `*out`: the best path it offers, the counters of
+ all its sockets with its own kernel entries, its fallbacks (set-up, registered files,
+ pool registration) and its counters (`stats` in the JSON: path counters and the ring's
+ lent buffers). Free it with `zcio_report_free`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_report(struct zcio_send_ring *r, struct zcio_report **out);
+
+/*
+ A snapshot of what one socket reports into `*out`: its path, its counters (without the
+ ring's shared kernel entries), every fallback it took with its reason (registered file,
+ fixed buffers, zero-copy refused, COPIED, memlock) and its path counters. `-EBADF` for an
+ unknown socket.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_sock_report(struct zcio_send_ring *r, uint64_t sock, struct zcio_report **out);
 
 /*
  Creates a receiver without a listener (`mode`: `ZCIO_RX_PLAIN`, `_BUFRING`, `_ZCRX`,
@@ -978,6 +1355,15 @@ int zcio_receiver_next_event(struct zcio_receiver *r,
  Thread: any (see above).
  */
 void zcio_rx_chunk_free(struct zcio_rx_chunk *c);
+
+/*
+ A snapshot of what the receiver reports into `*out`: its path, counters, every fallback
+ with its reason, and its receive counters (`stats` in the JSON). Free it with
+ `zcio_report_free`. Returns 0 or `-EINVAL`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_receiver_report(struct zcio_receiver *r, struct zcio_report **out);
 
 /*
  The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`, `"zcrx-nodev"`).
@@ -1066,8 +1452,11 @@ int zcio_sender_new(struct zcio_sender **out, int fd, const struct zcio_pool *po
 void zcio_sender_free(struct zcio_sender *s);
 
 /*
- Sends `buf` (taken: the handle is invalid afterwards; the buffer comes back with its
- completion). Writes the ticket to `*ticket` if non-NULL. Returns 0 or `-EINVAL`.
+ Sends `buf`. On success (0) the buffer is taken (the handle is invalid afterwards; the
+ buffer comes back with its completion) and the ticket is written to `*ticket` if non-NULL.
+ Never waits: `-EAGAIN` when the send cannot be queued now (`depth` sends in flight, or a
+ full socket buffer on the copy and MSG_ZEROCOPY paths) — the buffer is still the caller's;
+ `zcio_sender_wait` waits for room. `-EINVAL` for a bad argument.
 
  Thread: the owner only (`-EPERM` from any other; the buffer then stays the caller's).
  */
@@ -1106,11 +1495,20 @@ int zcio_sender_next_completion(struct zcio_sender *s,
 
 /*
  The path the sender currently takes, as a static string (`"copy"`, `"msg-zc"`,
- `"uring-zc"`, `"uring-zc-fixed"`); NULL for a NULL handle.
+ `"uring-zc"`, `"uring-zc-fixed"`, `"uring-copy"`); NULL for a NULL handle.
 
  Thread: any.
  */
 const char *zcio_sender_path(const struct zcio_sender *s);
+
+/*
+ A snapshot of what the sender reports into `*out`: its path, counters, every fallback
+ with its reason, and its path counters (`stats` in the JSON). Free it with
+ `zcio_report_free`. Returns 0 or `-EINVAL`.
+
+ Thread: the owner only (`-EPERM` from any other: the counters are not atomic).
+ */
+int zcio_sender_report(struct zcio_sender *s, struct zcio_report **out);
 
 #ifdef __cplusplus
 }  // extern "C"

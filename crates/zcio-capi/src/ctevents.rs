@@ -320,3 +320,25 @@ pub extern "C" fn zcio_ctevents_path(c: *const zcio_ctevents) -> *const c_char {
     // SAFETY: `c` is a live handle.
     crate::nfq::path_cstr(unsafe { (*c).ev.path() }).as_ptr()
 }
+
+/// A snapshot of what the handle reports into `*out`: its path, counters, every fallback with
+/// its reason (receive buffer sizing, ring set-up), and its conntrack counters (new, update, destroy events) as `stats` in the JSON. Free it
+/// with `zcio_report_free`. Returns 0, `-EINVAL` or `-EPERM`.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_ctevents_report(
+    c: *mut zcio_ctevents,
+    out: *mut *mut crate::report::zcio_report,
+) -> c_int {
+    if c.is_null() || out.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: `c` is a live handle; only its (immutable) owner is read first.
+    if !unsafe { (*c).owner }.is_here() {
+        return -libc::EPERM;
+    }
+    // SAFETY: the owner thread's use of its live handle.
+    let h = unsafe { &(*c).ev };
+    guard(|| crate::report::put(out, crate::report::of(h, h.stats())))
+}

@@ -19,12 +19,16 @@
 mod ctevents;
 mod nflog;
 mod nfq;
+mod report;
+mod ring;
 mod rx;
 mod tx;
 
 pub use ctevents::*;
 pub use nflog::*;
 pub use nfq::*;
+pub use report::*;
+pub use ring::*;
 pub use rx::*;
 pub use tx::*;
 
@@ -380,6 +384,32 @@ pub extern "C" fn zcio_event_ring_stats(
         // SAFETY: see above.
         unsafe { *out = c };
         0
+    })
+}
+
+/// A snapshot of what the event ring reports into `*out`: its backend, counters, every
+/// fallback with its reason (and the per-workload wait decisions), and its event counters
+/// (`stats` in the JSON). Free it with `zcio_report_free`. Returns 0, `-EINVAL` or `-EPERM`.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_event_ring_report(
+    r: *mut zcio_event_ring,
+    out: *mut *mut report::zcio_report,
+) -> c_int {
+    if out.is_null() {
+        return -libc::EINVAL;
+    }
+    with_ring(r, |ring| {
+        let mut fallbacks = ring.fallbacks().to_vec();
+        fallbacks.extend(ring.decisions().iter().cloned());
+        let rep = report::snapshot(
+            &zcio_core::stats::Report::path(ring).to_string(),
+            &zcio_core::stats::Report::counters(ring),
+            &fallbacks,
+            serde_json::to_value(ring.stats()).unwrap_or_default(),
+        );
+        report::put(out, rep)
     })
 }
 

@@ -263,3 +263,25 @@ pub extern "C" fn zcio_nflog_path(l: *const zcio_nflog) -> *const c_char {
     // SAFETY: `l` is a live handle.
     crate::nfq::path_cstr(unsafe { (*l).log.path() }).as_ptr()
 }
+
+/// A snapshot of what the handle reports into `*out`: its path, counters, every fallback with
+/// its reason (receive buffer sizing, ring set-up), and its NFLOG counters (packets, sequence gaps, losses per group) as `stats` in the JSON. Free it
+/// with `zcio_report_free`. Returns 0, `-EINVAL` or `-EPERM`.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_nflog_report(
+    l: *mut zcio_nflog,
+    out: *mut *mut crate::report::zcio_report,
+) -> c_int {
+    if l.is_null() || out.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: `l` is a live handle; only its (immutable) owner is read first.
+    if !unsafe { (*l).owner }.is_here() {
+        return -libc::EPERM;
+    }
+    // SAFETY: the owner thread's use of its live handle.
+    let h = unsafe { &(*l).log };
+    guard(|| crate::report::put(out, crate::report::of(h, h.stats())))
+}

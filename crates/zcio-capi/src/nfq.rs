@@ -189,6 +189,28 @@ pub extern "C" fn zcio_nfqueue_process(
     })
 }
 
+/// A snapshot of what the queue reports into `*out`: its path, counters, every fallback with
+/// its reason (receive buffer sizing, ring set-up), and its NFQUEUE counters (`stats` in the
+/// JSON). Free it with `zcio_report_free`. Returns 0, `-EINVAL` or `-EPERM`.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_nfqueue_report(
+    q: *mut zcio_nfqueue,
+    out: *mut *mut crate::report::zcio_report,
+) -> c_int {
+    if q.is_null() || out.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: `q` is a live handle; only its (immutable) owner is read first.
+    if !unsafe { (*q).owner }.is_here() {
+        return -libc::EPERM;
+    }
+    // SAFETY: the owner thread's use of its live handle.
+    let queue = unsafe { &(*q).q };
+    guard(|| crate::report::put(out, crate::report::of(queue, queue.stats())))
+}
+
 /// How the queue receives: `"frame-ring+io_uring"` or `"frame-ring+recvmmsg"` (static).
 ///
 /// Thread: any (static string).

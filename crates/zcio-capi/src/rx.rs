@@ -46,7 +46,7 @@ pub struct zcio_receiver {
 /// under `lock`; a chunk freed on another thread while the receiver's thread holds the lock
 /// (e.g. inside `zcio_receiver_next_event`) is queued in `deferred` and dropped by the
 /// receiver's thread when its call ends.
-struct Shared {
+pub(crate) struct Shared {
     lock: Mutex<()>,
     deferred: Mutex<Deferred>,
     /// Chunks handed out and not yet dropped. While some are out, a long
@@ -70,8 +70,8 @@ unsafe impl Send for ChunkPtr {}
 /// Received bytes, borrowed; `zcio_rx_chunk_free` gives the memory back (from any thread).
 /// Opaque.
 pub struct zcio_rx_chunk {
-    chunk: RxChunk,
-    shared: Arc<Shared>,
+    pub(crate) chunk: RxChunk,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl Drop for zcio_rx_chunk {
@@ -418,6 +418,24 @@ pub extern "C" fn zcio_rx_chunk_free(c: *mut zcio_rx_chunk) {
             }
         };
     }));
+}
+
+/// A snapshot of what the receiver reports into `*out`: its path, counters, every fallback
+/// with its reason, and its receive counters (`stats` in the JSON). Free it with
+/// `zcio_report_free`. Returns 0 or `-EINVAL`.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_receiver_report(
+    r: *mut zcio_receiver,
+    out: *mut *mut crate::report::zcio_report,
+) -> c_int {
+    if out.is_null() {
+        return -libc::EINVAL;
+    }
+    with_rx(r, |r| {
+        crate::report::put(out, crate::report::of(&r.rx, r.rx.stats()))
+    })
 }
 
 /// The receive path, as a static string (`"plain"`, `"bufring"`, `"zcrx"`, `"zcrx-nodev"`).

@@ -6,7 +6,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 use zcio_core::buf::pool::{Pool, PoolBuf};
-use zcio_core::tx::{Path, SendError, Sender, SenderConfig, TxError, TxMode, ZcStatus};
+use zcio_core::tx::{Path, Sender, SenderConfig, TxError, TxMode, ZcStatus};
 
 /// Plain `send`.
 pub const ZCIO_TX_COPY: u32 = 0;
@@ -18,6 +18,8 @@ pub const ZCIO_TX_URING_ZC: u32 = 2;
 pub const ZCIO_TX_URING_ZC_FIXED: u32 = 3;
 /// Probe, start zero-copy, switch to copy where the kernel copies anyway.
 pub const ZCIO_TX_AUTO: u32 = 4;
+/// io_uring `SEND`: the kernel copies; batched with the ring's other requests.
+pub const ZCIO_TX_URING_COPY: u32 = 5;
 
 /// Completion `zerocopy` value: sent by copy.
 pub const ZCIO_ZC_NOT_ATTEMPTED: u32 = 0;
@@ -33,13 +35,57 @@ pub const ZCIO_ZC_UNKNOWN: u32 = 4;
 
 /// A pool of page-aligned send buffers. Opaque.
 pub struct zcio_pool {
-    pool: Pool,
+    pub(crate) pool: Pool,
 }
 
-/// One buffer from a pool, owned by the caller until handed to `zcio_sender_send` (which
-/// takes it) or `zcio_buf_free` (which returns it to its pool). Opaque.
+/// One buffer from a pool, owned by the caller until a send takes it (`zcio_sender_send`,
+/// `zcio_send_ring_send`) or `zcio_buf_free` returns it to its pool. Opaque.
 pub struct zcio_buf {
-    buf: PoolBuf,
+    /// Empty only inside a send call, between taking the buffer and knowing whether it was
+    /// queued (a refused buffer goes back into the same handle).
+    pub(crate) buf: Option<PoolBuf>,
+}
+
+impl zcio_buf {
+    pub(crate) fn new(buf: PoolBuf) -> Self {
+        Self { buf: Some(buf) }
+    }
+}
+
+/// Hands the pool buffer of `b` to `send`; on refusal (`Err`) it goes back into the same
+/// handle, which stays the caller's; on success the handle is freed.
+///
+/// # Safety
+///
+/// `b` is a live buffer handle owned by the caller.
+pub(crate) unsafe fn send_buf<T, E>(
+    b: *mut zcio_buf,
+    send: impl FnOnce(PoolBuf) -> Result<T, (E, PoolBuf)>,
+) -> Result<T, Result<E, c_int>> {
+    // SAFETY: forwarded from the caller.
+    let Some(pb) = (unsafe { (*b).buf.take() }) else {
+        return Err(Err(-libc::EINVAL));
+    };
+    match send(pb) {
+        Ok(t) => {
+            // SAFETY: the handle came from Box::into_raw and is freed once, here.
+            drop(unsafe { Box::from_raw(b) });
+            Ok(t)
+        }
+        Err((e, back)) => {
+            // SAFETY: as above; the handle stays the caller's.
+            unsafe { (*b).buf = Some(back) };
+            Err(Ok(e))
+        }
+    }
+}
+
+fn pb(b: &zcio_buf) -> Option<&PoolBuf> {
+    b.buf.as_ref()
+}
+
+fn pb_mut(b: &mut zcio_buf) -> Option<&mut PoolBuf> {
+    b.buf.as_mut()
 }
 
 /// A sender owning one connected TCP or UDP socket. Opaque; one thread at a time.
@@ -66,15 +112,16 @@ pub struct zcio_tx_completion {
     pub error: c_int,
 }
 
-fn tx_errno(e: &TxError) -> c_int {
+pub(crate) fn tx_errno(e: &TxError) -> c_int {
     match e {
         TxError::Socket { source, .. } => neg(source),
         TxError::Timeout { .. } => -libc::ETIMEDOUT,
         TxError::Ring(e) => neg(e),
+        TxError::Register { source, .. } => neg(source),
     }
 }
 
-fn ms(timeout_ms: c_int) -> Duration {
+pub(crate) fn ms(timeout_ms: c_int) -> Duration {
     Duration::from_millis(timeout_ms.max(0) as u64)
 }
 
@@ -128,7 +175,7 @@ pub extern "C" fn zcio_pool_get(p: *const zcio_pool, out: *mut *mut zcio_buf) ->
                 buf.fill(0);
                 buf.set_len(0);
                 // SAFETY: `out` is non-null.
-                unsafe { *out = Box::into_raw(Box::new(zcio_buf { buf })) };
+                unsafe { *out = Box::into_raw(Box::new(zcio_buf::new(buf))) };
                 0
             }
             None => -libc::EAGAIN,
@@ -145,7 +192,9 @@ pub extern "C" fn zcio_buf_data(b: *mut zcio_buf) -> *mut c_void {
         return std::ptr::null_mut();
     }
     // SAFETY: `b` is a live buffer handle owned by the caller.
-    let buf = unsafe { &mut (*b).buf };
+    let Some(buf) = pb_mut(unsafe { &mut *b }) else {
+        return std::ptr::null_mut();
+    };
     // The pointer is taken from a slice over the whole slot (so it is valid for the
     // capacity), then the length is restored.
     let len = buf.len();
@@ -164,7 +213,7 @@ pub extern "C" fn zcio_buf_capacity(b: *const zcio_buf) -> usize {
         return 0;
     }
     // SAFETY: `b` is a live buffer handle.
-    unsafe { (*b).buf.capacity() }
+    pb(unsafe { &*b }).map_or(0, |b| b.capacity())
 }
 
 /// Sets how many bytes of the buffer are to be sent. `-EINVAL` beyond the capacity.
@@ -176,7 +225,9 @@ pub extern "C" fn zcio_buf_set_len(b: *mut zcio_buf, len: usize) -> c_int {
         return -libc::EINVAL;
     }
     // SAFETY: `b` is a live buffer handle.
-    let buf = unsafe { &mut (*b).buf };
+    let Some(buf) = pb_mut(unsafe { &mut *b }) else {
+        return -libc::EINVAL;
+    };
     if len > buf.capacity() {
         return -libc::EINVAL;
     }
@@ -195,7 +246,7 @@ pub extern "C" fn zcio_buf_len(b: *const zcio_buf) -> usize {
         return 0;
     }
     // SAFETY: `b` is a live buffer handle.
-    unsafe { (*b).buf.len() }
+    pb(unsafe { &*b }).map_or(0, |b| b.len())
 }
 
 /// Returns a buffer to its pool (NULL is ignored).
@@ -230,6 +281,7 @@ pub extern "C" fn zcio_sender_new(
         ZCIO_TX_URING_ZC => TxMode::UringZc,
         ZCIO_TX_URING_ZC_FIXED => TxMode::UringZcFixed,
         ZCIO_TX_AUTO => TxMode::Auto,
+        ZCIO_TX_URING_COPY => TxMode::UringCopy,
         _ => return -libc::EINVAL,
     };
     guard(|| {
@@ -278,8 +330,11 @@ fn with_sender(s: *mut zcio_sender, f: impl FnOnce(&mut Sender) -> c_int) -> c_i
     guard(|| f(sender))
 }
 
-/// Sends `buf` (taken: the handle is invalid afterwards; the buffer comes back with its
-/// completion). Writes the ticket to `*ticket` if non-NULL. Returns 0 or `-EINVAL`.
+/// Sends `buf`. On success (0) the buffer is taken (the handle is invalid afterwards; the
+/// buffer comes back with its completion) and the ticket is written to `*ticket` if non-NULL.
+/// Never waits: `-EAGAIN` when the send cannot be queued now (`depth` sends in flight, or a
+/// full socket buffer on the copy and MSG_ZEROCOPY paths) — the buffer is still the caller's;
+/// `zcio_sender_wait` waits for room. `-EINVAL` for a bad argument.
 ///
 /// Thread: the owner only (`-EPERM` from any other; the buffer then stays the caller's).
 #[no_mangle]
@@ -292,14 +347,23 @@ pub extern "C" fn zcio_sender_send(
         return -libc::EINVAL;
     }
     with_sender(s, |sender| {
-        // SAFETY: `buf` is a live buffer handle whose ownership the caller hands over.
-        let b = unsafe { Box::from_raw(buf) };
-        let t = sender.send(b.buf);
-        if !ticket.is_null() {
-            // SAFETY: non-null output pointer.
-            unsafe { *ticket = t.0 };
+        // SAFETY: `buf` is a live buffer handle whose ownership the caller offers.
+        let r = unsafe {
+            send_buf(buf, |b| {
+                sender.send(b).map_err(|r| (r.reason.errno(), r.buf))
+            })
+        };
+        match r {
+            Ok(t) => {
+                if !ticket.is_null() {
+                    // SAFETY: non-null output pointer.
+                    unsafe { *ticket = t.0 };
+                }
+                0
+            }
+            Err(Ok(errno)) => -errno,
+            Err(Err(rc)) => rc,
         }
-        0
     })
 }
 
@@ -353,45 +417,68 @@ pub extern "C" fn zcio_sender_next_completion(
         let Some((c, b)) = sender.next_completion() else {
             return 0;
         };
-        let error = match &c.error {
-            None => 0,
-            Some(SendError::MessageTooBig { .. }) => -libc::EMSGSIZE,
-            Some(SendError::Connection { errno }) | Some(SendError::Os { errno }) => -errno,
-        };
+        let error = c.error.as_ref().map_or(0, |e| -e.errno());
         let done = zcio_tx_completion {
             ticket: c.ticket.0,
             len: c.len,
             bytes: c.bytes,
             path: path_code(c.path),
-            zerocopy: match c.zerocopy {
-                ZcStatus::NotAttempted => ZCIO_ZC_NOT_ATTEMPTED,
-                ZcStatus::ZeroCopy => ZCIO_ZC_ZEROCOPY,
-                ZcStatus::Copied => ZCIO_ZC_COPIED,
-                ZcStatus::Mixed => ZCIO_ZC_MIXED,
-                ZcStatus::Unknown => ZCIO_ZC_UNKNOWN,
-            },
+            zerocopy: zc_code(c.zerocopy),
             error,
         };
         // SAFETY: both output pointers are non-null.
         unsafe {
             *out = done;
-            *buf = Box::into_raw(Box::new(zcio_buf { buf: b }));
+            *buf = Box::into_raw(Box::new(zcio_buf::new(b)));
         }
         1
     })
 }
 
-fn path_code(p: Path) -> u32 {
+pub(crate) fn zc_code(z: ZcStatus) -> u32 {
+    match z {
+        ZcStatus::NotAttempted => ZCIO_ZC_NOT_ATTEMPTED,
+        ZcStatus::ZeroCopy => ZCIO_ZC_ZEROCOPY,
+        ZcStatus::Copied => ZCIO_ZC_COPIED,
+        ZcStatus::Mixed => ZCIO_ZC_MIXED,
+        ZcStatus::Unknown => ZCIO_ZC_UNKNOWN,
+    }
+}
+
+pub(crate) fn path_code(p: Path) -> u32 {
     match p {
         Path::Copy => ZCIO_TX_COPY,
         Path::MsgZc => ZCIO_TX_MSG_ZC,
         Path::UringZc => ZCIO_TX_URING_ZC,
         Path::UringZcFixed => ZCIO_TX_URING_ZC_FIXED,
+        Path::UringCopy => ZCIO_TX_URING_COPY,
+    }
+}
+
+pub(crate) fn mode_of(mode: u32) -> Option<TxMode> {
+    Some(match mode {
+        ZCIO_TX_COPY => TxMode::Copy,
+        ZCIO_TX_MSG_ZC => TxMode::MsgZc,
+        ZCIO_TX_URING_ZC => TxMode::UringZc,
+        ZCIO_TX_URING_ZC_FIXED => TxMode::UringZcFixed,
+        ZCIO_TX_AUTO => TxMode::Auto,
+        ZCIO_TX_URING_COPY => TxMode::UringCopy,
+        _ => return None,
+    })
+}
+
+pub(crate) fn path_cstr(p: Path) -> *const c_char {
+    match p {
+        Path::Copy => c"copy".as_ptr(),
+        Path::MsgZc => c"msg-zc".as_ptr(),
+        Path::UringZc => c"uring-zc".as_ptr(),
+        Path::UringZcFixed => c"uring-zc-fixed".as_ptr(),
+        Path::UringCopy => c"uring-copy".as_ptr(),
     }
 }
 
 /// The path the sender currently takes, as a static string (`"copy"`, `"msg-zc"`,
-/// `"uring-zc"`, `"uring-zc-fixed"`); NULL for a NULL handle.
+/// `"uring-zc"`, `"uring-zc-fixed"`, `"uring-copy"`); NULL for a NULL handle.
 ///
 /// Thread: any.
 #[no_mangle]
@@ -400,10 +487,23 @@ pub extern "C" fn zcio_sender_path(s: *const zcio_sender) -> *const c_char {
         return std::ptr::null();
     }
     // SAFETY: `s` is a live sender handle.
-    match unsafe { (*s).sender.path() } {
-        Path::Copy => c"copy".as_ptr(),
-        Path::MsgZc => c"msg-zc".as_ptr(),
-        Path::UringZc => c"uring-zc".as_ptr(),
-        Path::UringZcFixed => c"uring-zc-fixed".as_ptr(),
+    path_cstr(unsafe { (*s).sender.path() })
+}
+
+/// A snapshot of what the sender reports into `*out`: its path, counters, every fallback
+/// with its reason, and its path counters (`stats` in the JSON). Free it with
+/// `zcio_report_free`. Returns 0 or `-EINVAL`.
+///
+/// Thread: the owner only (`-EPERM` from any other: the counters are not atomic).
+#[no_mangle]
+pub extern "C" fn zcio_sender_report(
+    s: *mut zcio_sender,
+    out: *mut *mut crate::report::zcio_report,
+) -> c_int {
+    if out.is_null() {
+        return -libc::EINVAL;
     }
+    with_sender(s, |sender| {
+        crate::report::put(out, crate::report::of(sender, sender.stats()))
+    })
 }

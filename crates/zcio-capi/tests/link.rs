@@ -42,6 +42,13 @@ fn privileged(what: &str) -> bool {
     false
 }
 
+fn zcio_core_is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     let text = format!(
@@ -116,10 +123,33 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
         .filter_map(|l| l.split_whitespace().last())
         .collect();
     assert!(!exported.is_empty(), "{syms}");
+    // Symbols keep the version they were released with; the send ring and the reports came
+    // in ZCIO_0.2 (listed by name in zcio.map).
+    let map = std::fs::read_to_string(root.join("crates/zcio-capi/zcio.map")).expect("zcio.map");
+    let v02: Vec<&str> = map
+        .split("ZCIO_0.2 {")
+        .nth(1)
+        .expect("a ZCIO_0.2 node")
+        .lines()
+        .map(|l| l.trim().trim_end_matches(';'))
+        .filter(|l| l.starts_with("zcio_"))
+        .collect();
     for s in &exported {
+        let name = s.split('@').next().unwrap_or(s);
+        let want = if v02.contains(&name) {
+            "@@ZCIO_0.2"
+        } else {
+            "@@ZCIO_0.1"
+        };
         assert!(
-            s.starts_with("zcio_") && s.ends_with("@@ZCIO_0.1") || *s == "ZCIO_0.1",
-            "unexpected export {s}"
+            s.starts_with("zcio_") && s.ends_with(want) || *s == "ZCIO_0.1" || *s == "ZCIO_0.2",
+            "unexpected export {s} (want {want})"
+        );
+    }
+    for name in &v02 {
+        assert!(
+            exported.contains(&format!("{name}@@ZCIO_0.2").as_str()),
+            "{name} is not exported as ZCIO_0.2"
         );
     }
 
@@ -154,6 +184,47 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
         out.contains("completions 16") && out.ends_with("ok\n"),
         "{out}"
     );
+
+    // The send ring example: 64 sockets on one ring, -EAGAIN backpressure with the buffer
+    // kept, every byte of every connection checked, the report read from C.
+    let ring_exe = p.join("send_ring");
+    cc_example(
+        &ring_exe,
+        root.join("crates/zcio-capi/examples/c/send_ring.c"),
+        &flags,
+        &rpath,
+    );
+    let out = run(&mut Command::new(&ring_exe));
+    assert!(
+        out.contains("sockets 64 completions 2048") && out.ends_with("ok\n"),
+        "{out}"
+    );
+    assert!(out.contains("ring: path uring-zc-fixed"), "{out}");
+    // The memlock limit reached: the pool registration fails, the fallback is readable from C
+    // and every send still completes. Without CAP_IPC_LOCK (dropped from the bounding set when
+    // root) under a memlock limit below the pool (4 MiB).
+    if tool("prlimit") && tool("setpriv") {
+        let mut cmd = Command::new("prlimit");
+        cmd.args(["--memlock=1048576:1048576", "--"]);
+        if zcio_core_is_root() {
+            cmd.args([
+                "setpriv",
+                "--bounding-set=-ipc_lock",
+                "--inh-caps=-ipc_lock",
+                "--",
+            ]);
+        }
+        let out = run(cmd.arg(&ring_exe));
+        assert!(
+            out.contains("pool not registered") && out.contains("RLIMIT_MEMLOCK"),
+            "{out}"
+        );
+        assert!(out.contains("fallback uring-zc-fixed -> uring-zc"), "{out}");
+        assert!(
+            out.contains("sockets 64 completions 2048") && out.ends_with("ok\n"),
+            "{out}"
+        );
+    }
 
     // The receiver example (accept + receive over loopback, every byte checked).
     let rx_exe = p.join("receiver");

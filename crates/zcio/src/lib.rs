@@ -59,7 +59,7 @@ pub use ring::{RingConfig, SetupFlag};
 pub use rx::{Receiver, RxConfig};
 pub use stats::{Counters, Fallback};
 pub use tx::{Pool, PoolBuf};
-pub use tx::{Sender, SenderConfig};
+pub use tx::{SendRing, SendRingConfig, Sender, SenderConfig};
 
 #[cfg(feature = "unstable-raw")]
 pub use ring::{Ring, RingError};

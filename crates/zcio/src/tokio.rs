@@ -27,6 +27,32 @@
 //! assert_eq!(done.result().ok(), Some(5));
 //! # drop(buf); Ok(()) }
 //! ```
+//!
+//! Many sockets on one ring ([`AsyncSendRing`]): a send that meets backpressure waits for
+//! the ring's readiness instead of the thread.
+//!
+//! ```no_run
+//! # async fn demo(streams: Vec<std::net::TcpStream>) -> Result<(), Box<dyn std::error::Error>> {
+//! use zcio::tx::{Pool, SendRing, SendRingConfig, SenderConfig, TxMode};
+//! let pool = Pool::new(16 << 10, 256, false)?;
+//! let mut ring = SendRing::new(&SendRingConfig::default())?;
+//! let _ = ring.register_pool(&pool);
+//! let mut socks = Vec::new();
+//! for s in streams {
+//!     socks.push(ring.add(s, &SenderConfig::new(TxMode::Auto))?);
+//! }
+//! let mut tx = zcio::tokio::AsyncSendRing::new(ring)?;
+//! for &sock in &socks {
+//!     let buf = pool.try_get().expect("a free buffer");
+//!     tx.send(sock, buf).await.map_err(|(e, _buf)| e)?;
+//! }
+//! tx.flush().await?;
+//! while let Some((done, buf)) = tx.next_completion().await? {
+//!     assert!(done.result().is_ok());
+//!     drop(buf);
+//! }
+//! # Ok(()) }
+//! ```
 
 use crate::buf::pool::PoolBuf;
 use crate::netlink::nfqmsg::Packet;
@@ -34,7 +60,7 @@ use crate::netlink::{
     CtError, CtEvent, CtEvents, Decision, LogPacket, NfLog, NfLogError, NfQueue, NfqError,
 };
 use crate::rx::{Receiver, RxEvent};
-use crate::tx::{Completion, Sender, Ticket, TxError};
+use crate::tx::{Completion, SendRing, Sender, SockId, Ticket, TxBuf, TxError};
 use ::tokio::io::unix::AsyncFd;
 use std::collections::VecDeque;
 use std::io;
@@ -103,19 +129,22 @@ impl AsyncSender {
         Ok(())
     }
 
-    /// Hands `buf` to the kernel, first waiting (without blocking the thread) until fewer
-    /// than `depth` sends are in flight. Its completion comes from
-    /// [`AsyncSender::next_completion`]. Copy and `MSG_ZEROCOPY` paths write from inside
-    /// this call and may block the thread while the socket buffer is full (they wait for
-    /// `POLLOUT`); io_uring paths never do.
-    pub async fn start(&mut self, buf: PoolBuf) -> Result<Ticket, TxError> {
-        while !self.tx.has_room() {
-            self.wait_ready().await?;
-            while let Some(c) = self.tx.next_completion() {
-                self.stash.push_back(c);
+    /// Hands `buf` to the kernel, first waiting (without blocking the thread) while the
+    /// sender refuses it (`depth` sends in flight, or a full socket buffer on the syscall
+    /// paths). Its completion comes from [`AsyncSender::next_completion`].
+    pub async fn start(&mut self, mut buf: PoolBuf) -> Result<Ticket, TxError> {
+        loop {
+            match self.tx.send(buf) {
+                Ok(t) => return Ok(t),
+                Err(r) => {
+                    buf = r.buf;
+                    self.wait_ready().await?;
+                    while let Some(c) = self.tx.next_completion() {
+                        self.stash.push_back(c);
+                    }
+                }
             }
         }
-        Ok(self.tx.send(buf))
     }
 
     /// The next completion (any ticket), waiting for it; `None` when nothing is in flight
@@ -161,6 +190,101 @@ impl AsyncSender {
             while let Some(c) = self.tx.next_completion() {
                 self.stash.push_back(c);
             }
+        }
+        Ok(())
+    }
+}
+
+/// A [`SendRing`] for async code: `send(sock, buf).await` waits for room (backpressure)
+/// without blocking the thread; completions of every socket come from
+/// [`AsyncSendRing::next_completion`].
+#[derive(Debug)]
+pub struct AsyncSendRing {
+    fd: AsyncFd<Borrowed>,
+    ring: SendRing,
+}
+
+impl AsyncSendRing {
+    /// Registers the ring's readiness descriptor with the current runtime's reactor (call
+    /// from inside a runtime).
+    pub fn new(mut ring: SendRing) -> Result<Self, TxError> {
+        let fd = register(ring.readiness_fd()?).map_err(tx_io)?;
+        Ok(Self { fd, ring })
+    }
+
+    /// The ring.
+    pub fn get_ref(&self) -> &SendRing {
+        &self.ring
+    }
+
+    /// The ring (to add and close sockets, read counters).
+    pub fn get_mut(&mut self) -> &mut SendRing {
+        &mut self.ring
+    }
+
+    /// Waits on the descriptor once and harvests.
+    async fn wait_ready(&mut self) -> Result<(), TxError> {
+        // Queued requests must be in the kernel before anything can fire.
+        self.ring.poll()?;
+        if self.ring.ready() > 0 {
+            return Ok(());
+        }
+        self.ring.check_stuck()?;
+        let mut guard = self.fd.readable().await.map_err(tx_io)?;
+        self.ring.on_ready()?;
+        guard.clear_ready();
+        Ok(())
+    }
+
+    /// Sends `buf` on `sock`, waiting (without blocking the thread) while the socket refuses
+    /// it for backpressure; the completion comes from [`AsyncSendRing::next_completion`]. On
+    /// an error (a closed socket, a failed ring) the buffer comes back with it.
+    pub async fn send(
+        &mut self,
+        sock: SockId,
+        buf: impl Into<TxBuf>,
+    ) -> Result<Ticket, (TxError, TxBuf)> {
+        let mut buf = buf.into();
+        loop {
+            match self.ring.send(sock, buf) {
+                Ok(t) => return Ok(t),
+                Err(r) if r.reason.is_backpressure() => {
+                    buf = r.buf;
+                    if let Err(e) = self.wait_ready().await {
+                        return Err((e, buf));
+                    }
+                }
+                Err(r) => {
+                    let e = TxError::Socket {
+                        what: format!("sending on {sock}"),
+                        source: io::Error::from_raw_os_error(r.reason.errno()),
+                    };
+                    return Err((e, r.buf));
+                }
+            }
+        }
+    }
+
+    /// The next completion (any socket), waiting for one; `None` when nothing is in flight
+    /// and nothing is left to take.
+    pub async fn next_completion(&mut self) -> Result<Option<(Completion, TxBuf)>, TxError> {
+        loop {
+            if let Some(c) = self.ring.next_completion() {
+                return Ok(Some(c));
+            }
+            if self.ring.in_flight() == 0 {
+                self.ring.poll()?;
+                return Ok(self.ring.next_completion());
+            }
+            self.wait_ready().await?;
+        }
+    }
+
+    /// Waits until every send of every socket has completed; the completions stay to be
+    /// taken.
+    pub async fn flush(&mut self) -> Result<(), TxError> {
+        while self.ring.in_flight() > 0 {
+            self.wait_ready().await?;
         }
         Ok(())
     }

@@ -77,7 +77,7 @@ fn sender_fires_per_completion(test: &str, mode: TxMode, want: Path) {
         let mut buf = pool.try_get().unwrap();
         buf.set_len(60_000);
         buf.fill(i as u8);
-        tx.send(buf);
+        common::send(&mut tx, buf);
         tx.poll().unwrap();
         let end = Instant::now() + common::scaled(Duration::from_secs(10));
         let mut wakes = 0;

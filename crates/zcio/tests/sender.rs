@@ -14,11 +14,12 @@ use zcio::ring::features::Features;
 use zcio::tx::{Completion, Path, SendError, Sender, SenderConfig, Ticket, TxMode, ZcStatus};
 use zcio_testnet::{Pair, Sink};
 
-const MODES: [TxMode; 5] = [
+const MODES: [TxMode; 6] = [
     TxMode::Copy,
     TxMode::MsgZc,
     TxMode::UringZc,
     TxMode::UringZcFixed,
+    TxMode::UringCopy,
     TxMode::Auto,
 ];
 /// 0, 1, below a TCP/IP header (40), 64K, 1M.
@@ -114,7 +115,7 @@ fn tcp_case(mode: TxMode, bind: &str, sizes: &[usize], reps: usize, cork: bool) 
             b.set_len(size);
             common::fill_pattern(&mut b, off);
             off += size as u64;
-            tickets.push(tx.send(b));
+            tickets.push(common::send(&mut tx, b));
             book.take(&mut tx);
         }
     }
@@ -169,7 +170,7 @@ fn udp_sends(
         let mut b = book.get(&pool, &mut tx);
         b.set_len(size);
         common::fill_pattern(&mut b, 0);
-        tickets.push(tx.send(b));
+        tickets.push(common::send(&mut tx, b));
         book.take(&mut tx);
     }
     book.finish(&mut tx, &tickets);
@@ -266,7 +267,7 @@ fn send_zc_carries_only_the_flags_this_kernel_accepts() {
         for i in 0..32u64 {
             let mut b = book.get(&pool, &mut tx);
             common::fill_pattern(&mut b, i * (64 << 10));
-            tickets.push(tx.send(b));
+            tickets.push(common::send(&mut tx, b));
             book.take(&mut tx);
         }
         book.finish(&mut tx, &tickets);
@@ -291,7 +292,7 @@ fn loopback_completions_are_reported_copied() {
         for i in 0..16u64 {
             let mut b = book.get(&pool, &mut tx);
             common::fill_pattern(&mut b, i * (64 << 10));
-            tickets.push(tx.send(b));
+            tickets.push(common::send(&mut tx, b));
         }
         book.finish(&mut tx, &tickets);
         if mode != TxMode::MsgZc && !reports_usage() {
@@ -381,19 +382,24 @@ fn auto_switches_to_copy_where_completions_are_copied_and_says_why() {
     for i in 0..300u64 {
         let mut b = book.get(&pool, &mut tx);
         common::fill_pattern(&mut b, i * (64 << 10));
-        tickets.push(tx.send(b));
+        tickets.push(common::send(&mut tx, b));
         book.take(&mut tx);
     }
     book.finish(&mut tx, &tickets);
-    assert_eq!(tx.path(), Path::Copy);
+    // On the ring, auto's copy is io_uring SEND (batched with everything else).
+    assert_eq!(tx.path(), Path::UringCopy);
     let f = tx
         .fallbacks()
         .iter()
-        .find(|f| f.to == Path::Copy.into())
+        .find(|f| f.to == Path::UringCopy.into())
         .expect("a fallback to copy");
     assert!(f.reason.contains("COPIED"), "{f}");
     assert!(tx.stats().auto_reprobes >= 1, "{:?}", tx.stats());
-    assert!(tx.stats().sends_by_path[0] > 200, "{:?}", tx.stats());
+    assert!(
+        tx.stats().sends_by_path[Path::UringCopy.index()] > 200,
+        "{:?}",
+        tx.stats()
+    );
     drop(tx);
     assert_eq!(rx.join().unwrap(), 300 << 16);
 }
@@ -415,12 +421,12 @@ fn auto_reprobe_completes_while_sending_by_copy() {
     for i in 0..600u64 {
         let mut b = book.get(&pool, &mut tx);
         common::fill_pattern(&mut b, i * (16 << 10));
-        tickets.push(tx.send(b));
+        tickets.push(common::send(&mut tx, b));
         book.take(&mut tx);
     }
     let reprobes = tx.stats().auto_reprobes;
     book.finish(&mut tx, &tickets);
-    assert_eq!(tx.path(), Path::Copy);
+    assert_eq!(tx.path(), Path::UringCopy);
     assert!(reprobes >= 3, "probes stopped completing: {:?}", tx.stats());
     drop(tx);
     assert_eq!(rx.join().unwrap(), 600 << 14);
@@ -445,20 +451,20 @@ fn harvest_keeps_the_submit_batch_and_poll_submits() {
     let mut tickets = vec![];
     let mut b = pool.try_get().unwrap();
     b.set_len(100);
-    tickets.push(tx.send(b));
+    tickets.push(common::send(&mut tx, b));
     tx.harvest().unwrap();
     assert_eq!(tx.counters().syscalls, 0, "harvest entered the kernel");
     assert_eq!(tx.in_flight(), 1);
     for _ in 0..3 {
         let mut b = pool.try_get().unwrap();
         b.set_len(100);
-        tickets.push(tx.send(b));
+        tickets.push(common::send(&mut tx, b));
         tx.harvest().unwrap();
     }
     assert_eq!(tx.counters().syscalls, 1, "the 4th send submits the batch");
     let mut b = pool.try_get().unwrap();
     b.set_len(100);
-    tickets.push(tx.send(b));
+    tickets.push(common::send(&mut tx, b));
     tx.poll().unwrap();
     assert_eq!(tx.counters().syscalls, 2, "poll submits what is queued");
     let mut book = Book::default();
@@ -521,7 +527,7 @@ fn enobufs_is_backpressure_and_loses_no_byte() {
                 let mut b = book.get(&pool, &mut tx);
                 common::fill_pattern(&mut b, off);
                 off += b.len() as u64;
-                tickets.push(tx.send(b));
+                tickets.push(common::send(&mut tx, b));
                 book.take(&mut tx);
             }
             book.finish(&mut tx, &tickets);
@@ -538,11 +544,15 @@ fn enobufs_is_backpressure_and_loses_no_byte() {
 
 #[test]
 fn peer_reset_returns_every_buffer_with_an_error() {
+    // uring-copy too: a failed io_uring SEND never notifies, so it must not wait for a
+    // notification that might still come (a zero-copy failure's "maybe"): the file server
+    // hung on it when wrk closed its connections.
     for mode in [
         TxMode::Copy,
         TxMode::MsgZc,
         TxMode::UringZc,
         TxMode::UringZcFixed,
+        TxMode::UringCopy,
     ] {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
@@ -566,7 +576,7 @@ fn peer_reset_returns_every_buffer_with_an_error() {
         let mut tickets = vec![];
         for _ in 0..4000 {
             let b = book.get(&pool, &mut tx);
-            tickets.push(tx.send(b));
+            tickets.push(common::send(&mut tx, b));
             book.take(&mut tx);
             if book.done.values().any(|c| c.error.is_some()) {
                 break;
@@ -589,7 +599,7 @@ fn peer_reset_returns_every_buffer_with_an_error() {
         assert_eq!(pool.available(), pool.count(), "{mode}: buffers leaked");
         // Sends after the failure complete at once, with the error.
         let b = pool.try_get().unwrap();
-        let t = tx.send(b);
+        let t = common::send(&mut tx, b);
         tx.flush(Duration::from_secs(5)).unwrap();
         let (c, _) = tx.next_completion().unwrap();
         assert_eq!(c.ticket, t);
@@ -635,11 +645,17 @@ fn unix_socket_refuses_zero_copy_and_falls_back_with_a_reason() {
             let mut buf = book.get(&pool, &mut tx);
             common::fill_pattern(&mut buf, off);
             off += 4096;
-            tickets.push(tx.send(buf));
+            tickets.push(common::send(&mut tx, buf));
             book.take(&mut tx);
         }
         book.finish(&mut tx, &tickets);
-        assert_eq!(tx.path(), Path::Copy, "{mode}");
+        // Without io_uring the copy is send(2); on the ring it is io_uring SEND.
+        let copy = if mode == TxMode::MsgZc {
+            Path::Copy
+        } else {
+            Path::UringCopy
+        };
+        assert_eq!(tx.path(), copy, "{mode}");
         let reasons: Vec<String> = tx.fallbacks().iter().map(|f| f.reason.clone()).collect();
         assert!(
             reasons
@@ -677,7 +693,7 @@ fn memlock_exhausted_fixed_buffers_fall_back_with_a_reason() {
         let fallbacks = tx.fallbacks().to_vec();
         let mut b = pool.try_get().unwrap();
         b.set_len(1000);
-        let t = tx.send(b);
+        let t = common::send(&mut tx, b);
         tx.flush(Duration::from_secs(5)).unwrap();
         let (c, _) = tx.next_completion().unwrap();
         (path, fallbacks, t, c)
@@ -734,7 +750,7 @@ fn tiny_send_buffer_and_slow_reader_keep_the_stream_in_order() {
             b.set_len(1 + (i * 7919) % (48 << 10));
             common::fill_pattern(&mut b, off);
             off += b.len() as u64;
-            tickets.push(tx.send(b));
+            tickets.push(common::send(&mut tx, b));
             book.take(&mut tx);
         }
         book.finish(&mut tx, &tickets);
@@ -787,7 +803,7 @@ fn memlock_limit_on_pinned_pages_is_backpressure_for_send_zc() {
             let mut b = book.get(&pool, &mut tx);
             common::fill_pattern(&mut b, off);
             off += b.len() as u64;
-            tickets.push(tx.send(b));
+            tickets.push(common::send(&mut tx, b));
             book.take(&mut tx);
         }
         book.finish(&mut tx, &tickets);
@@ -843,7 +859,7 @@ fn tcp_run_with(
         b.set_len(size);
         common::fill_pattern(&mut b, off);
         off += size as u64;
-        tickets.push(tx.send(b));
+        tickets.push(common::send(&mut tx, b));
         book.take(&mut tx);
     }
     (tx, book, tickets, off, rx)
@@ -860,7 +876,7 @@ fn has_send_zc(test: &str) -> bool {
 }
 
 fn ring_fails_mid_stream(times: u32) {
-    use zcio::ring::send::Fault;
+    use zcio::ring::lend::Fault;
     let (mut tx, mut book, tickets, off, rx) =
         tcp_run_with(TxMode::UringZc, 200, 16 << 10, 20, |tx| {
             assert!(tx.inject_ring_fault(Fault {
@@ -924,7 +940,7 @@ fn interrupted_enter_is_retried_and_zero_copy_stays_on() {
     if !has_send_zc("interrupted_enter_is_retried_and_zero_copy_stays_on") {
         return;
     }
-    use zcio::ring::send::Fault;
+    use zcio::ring::lend::Fault;
     let (mut tx, mut book, tickets, off, rx) =
         tcp_run_with(TxMode::UringZc, 100, 16 << 10, 10, |tx| {
             assert!(tx.inject_ring_fault(Fault {
@@ -953,7 +969,7 @@ fn wait_on_a_ring_that_failed_with_sends_in_the_kernel_errors_instead_of_spinnin
     ) {
         return;
     }
-    use zcio::ring::send::Fault;
+    use zcio::ring::lend::Fault;
     use zcio::tx::TxError;
     // A peer that does not read and a small send buffer: requests stay in the kernel.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -978,7 +994,7 @@ fn wait_on_a_ring_that_failed_with_sends_in_the_kernel_errors_instead_of_spinnin
         let mut b = pool.try_get().unwrap();
         b.set_len(1 << 20);
         b.fill(1);
-        tx.send(b);
+        common::send(&mut tx, b);
     }
     tx.poll().unwrap();
     assert!(tx.in_flight() > 0);
@@ -997,7 +1013,7 @@ fn wait_on_a_ring_that_failed_with_sends_in_the_kernel_errors_instead_of_spinnin
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     // Later sends on the stream fail at once with the error instead of blocking.
     let b = pool.try_get().unwrap();
-    let t = tx.send(b);
+    let t = common::send(&mut tx, b);
     tx.poll().unwrap();
     let (c, _) = tx
         .completions()
@@ -1072,7 +1088,7 @@ fn socket_with_msg_zerocopy_history_is_refused_for_msg_zc_or_mapped_right() {
         b.set_len(16 << 10);
         common::fill_pattern(&mut b, off);
         off += b.len() as u64;
-        tickets.push(tx.send(b));
+        tickets.push(common::send(&mut tx, b));
         book.take(&mut tx);
     }
     book.finish(&mut tx, &tickets);
@@ -1123,7 +1139,7 @@ fn auto_measures_both_paths_per_size_on_the_sink_and_records_what_it_learned() {
                 for _ in 0..n {
                     let mut b = book.get(&pool, &mut tx);
                     b.set_len(size);
-                    tickets.push(tx.send(b));
+                    tickets.push(common::send(&mut tx, b));
                     book.take(&mut tx);
                 }
             }
@@ -1136,7 +1152,8 @@ fn auto_measures_both_paths_per_size_on_the_sink_and_records_what_it_learned() {
     assert!(stats.auto_windows >= 8, "{stats:?}");
     assert!(stats.auto_size_copies > 0, "{stats:?}");
     assert!(
-        stats.sends_by_path[0] > 0 && stats.sends_by_path[3] > 0,
+        stats.sends_by_path[Path::UringCopy.index()] > 0
+            && stats.sends_by_path[Path::UringZcFixed.index()] > 0,
         "{stats:?}"
     );
     assert!(stats.auto_copy_below.is_some(), "{stats:?}");
@@ -1153,7 +1170,7 @@ fn ring_failing_while_only_notifications_are_owed_is_abandoned_once_not_retried_
     if !has_send_zc(name) {
         return;
     }
-    use zcio::ring::send::Fault;
+    use zcio::ring::lend::Fault;
     // A peer that does not read yet, with a small receive window: the sends' bytes are
     // accepted into the socket (their results come in) but stay queued unsent, so their
     // notifications are owed until the peer reads.
@@ -1181,7 +1198,7 @@ fn ring_failing_while_only_notifications_are_owed_is_abandoned_once_not_retried_
         b.set_len(16 << 10);
         common::fill_pattern(&mut b, off);
         off += 16 << 10;
-        let _ = tx.send(b);
+        let _ = common::send(&mut tx, b);
     }
     // Let the results come in; the notifications cannot (nothing was transmitted past the
     // peer's window).
@@ -1234,7 +1251,7 @@ fn ring_failing_while_only_notifications_are_owed_is_abandoned_once_not_retried_
     b.set_len(16 << 10);
     common::fill_pattern(&mut b, off);
     off += 16 << 10;
-    let _ = tx.send(b);
+    let _ = common::send(&mut tx, b);
     drop(tx);
     assert_eq!(rx.join().unwrap(), off);
 }

@@ -327,7 +327,7 @@ fn async_flush_fails_instead_of_hanging_when_the_ring_is_abandoned() {
     // The peer never reads and its receive buffer is small: sends are accepted into the
     // socket but their notifications stay owed; then the ring fails for good. Nothing can
     // ever signal the descriptor for those sends: the wait must say so, not hang.
-    use zcio::ring::send::Fault;
+    use zcio::ring::lend::Fault;
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     zcio::sys::setsockopt_int(&l, libc::SOL_SOCKET, libc::SO_RCVBUF, 4096).unwrap();
     let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();

@@ -57,7 +57,16 @@ int main(void) {
     }
     zcio_ctevents_stats st;
     if (zcio_ctevents_get_stats(ev, &st) < 0) return 1;
+    /* The report: the same path, every fallback with its reason, stats as JSON. */
+    zcio_report *rep;
+    if (zcio_ctevents_report(ev, &rep) < 0) return 1;
+    printf("report: path %s, fallbacks %zu\n", zcio_report_path(rep),
+           (size_t)zcio_report_fallback_count(rep));
+    int report_ok = strcmp(zcio_report_path(rep), zcio_ctevents_path(ev)) == 0 &&
+                    strstr(zcio_report_json(rep), "\"new\":") != NULL;
+    zcio_report_free(rep);
     zcio_ctevents_free(ev);
+    if (!report_ok) return 1;
     printf("flows %d, bad %d, new %llu, lost %llu\n", t.flows, t.bad,
            (unsigned long long)st.new_events, (unsigned long long)st.lost);
     if (t.flows != N || t.bad || st.lost) return 1;

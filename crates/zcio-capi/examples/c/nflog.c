@@ -67,7 +67,18 @@ int main(int argc, char **argv) {
     }
     zcio_nflog_stats st;
     if (zcio_nflog_get_stats(log, &st) < 0) return 1;
+    /* The report: the same path and counters, every fallback with its reason, stats as JSON. */
+    zcio_report *rep;
+    if (zcio_nflog_report(log, &rep) < 0) return 1;
+    zcio_counters c;
+    zcio_report_counters(rep, &c);
+    printf("report: path %s, ops %llu, fallbacks %zu\n", zcio_report_path(rep),
+           (unsigned long long)c.ops, (size_t)zcio_report_fallback_count(rep));
+    int report_ok = strcmp(zcio_report_path(rep), zcio_nflog_path(log)) == 0 &&
+                    c.ops == st.packets && strstr(zcio_report_json(rep), "\"packets\":") != NULL;
+    zcio_report_free(rep);
     zcio_nflog_free(log);
+    if (!report_ok) return 1;
     printf("logged %d, bad %d, packets %llu, lost %llu, overruns %llu\n", t.seen, t.bad,
            (unsigned long long)st.packets, (unsigned long long)st.lost,
            (unsigned long long)st.overruns);

@@ -234,7 +234,15 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
             stamp_offsets(&mut b, off, segment);
         }
         off += opts.size as u64;
-        tx.send(b);
+        if let Err(r) = tx.send(b) {
+            // Backpressure (depth sends in flight, or the socket buffer full on the syscall
+            // paths): the buffer is ours again; wait for room and send it next.
+            free.push_front(r.buf);
+            off -= opts.size as u64;
+            tx.wait(Duration::from_millis(100))?;
+            reap(&mut tx, &mut errors, &mut free);
+            continue;
+        }
         sends += 1;
         since_poll += 1;
         if opts.poll_every > 0 && since_poll >= opts.poll_every {
@@ -259,7 +267,9 @@ pub fn drive(sock: OwnedFd, opts: &ClientOpts) -> Result<ClientReport> {
     if udp && opts.udp_end_marker {
         if let Some(mut b) = free.pop_front() {
             b.set_len(0);
-            tx.send(b);
+            if let Err(r) = tx.send(b) {
+                anyhow::bail!("the end marker was refused: {r}");
+            }
             tx.flush(Duration::from_secs(5))?;
             reap(&mut tx, &mut errors, &mut free);
         }

@@ -13,6 +13,7 @@
 
 pub mod bufring;
 pub mod frames;
+pub mod lent;
 #[cfg(not(loom))]
 pub mod mpsc;
 pub mod pool;

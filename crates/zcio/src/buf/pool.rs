@@ -192,11 +192,6 @@ impl PoolBuf {
     pub fn index(&self) -> u32 {
         self.idx
     }
-
-    /// Address of the first byte, for submissions that hand the buffer to the kernel.
-    pub(crate) fn as_ptr(&self) -> *const u8 {
-        self.inner.slot_ptr(self.idx)
-    }
 }
 
 impl std::ops::Deref for PoolBuf {

@@ -7,7 +7,7 @@
 //!
 //! | op | fields (low 60 bits) |
 //! |---|---|
-//! | [`Op::SendZc`] | generation (12 bits) · slot (16) · request number within the slot's use (32) |
+//! | [`Op::SendZc`] | generation (12 bits) · lent buffer (24) · request number within the buffer's use (24) |
 //! | [`Op::Send`] | slot (60) |
 //! | [`Op::Recv`], [`Op::RecvZc`], [`Op::Accept`] | the caller's tag (60) |
 //! | [`Op::Poll`], [`Op::PollUpdate`] | generation (28) · fd (32) |
@@ -21,8 +21,12 @@ const FIELDS: u64 = (1 << OP_SHIFT) - 1;
 
 /// Largest tag a [`Key::tagged`] or [`Key::internal`] key carries.
 pub const MAX_TAG: u64 = FIELDS;
-/// Generations of a send slot wrap at this mask (12 bits).
+/// Generations of a lent send buffer wrap at this mask (12 bits).
 pub const SEND_GEN_MASK: u16 = (1 << 12) - 1;
+/// Lent send buffers are numbered below this (24 bits: 16 M in flight per ring).
+pub const SEND_SLOTS: u32 = 1 << 24;
+/// Request numbers within one use of a lent buffer wrap at this mask (24 bits).
+pub const SEND_REQ_MASK: u32 = (1 << 24) - 1;
 /// Generations of a poll registration wrap at this mask (28 bits).
 pub const POLL_GEN_MASK: u32 = (1 << 28) - 1;
 
@@ -30,7 +34,8 @@ pub const POLL_GEN_MASK: u32 = (1 << 28) - 1;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Op {
-    /// A zero-copy send (`SEND_ZC`): its result CQE and its notification CQE.
+    /// A send from a lent buffer (`SEND_ZC`, `SEND`, `SENDMSG_ZC`): its result CQE and, for
+    /// zero-copy, its notification CQE.
     SendZc = 1,
     /// A plain send (netlink verdicts).
     Send = 2,
@@ -76,20 +81,25 @@ impl Key {
         Key(((op as u64) << OP_SHIFT) | (fields & FIELDS))
     }
 
-    /// The key of a `SEND_ZC` request: the slot's generation (masked to
-    /// [`SEND_GEN_MASK`]), the slot and the request's number within that use of the slot
-    /// (the send tracker maps it to the bytes it covers).
-    pub const fn send_zc(gen: u16, slot: u16, off: u32) -> Key {
+    /// The key of a request sending from a lent buffer: the buffer's generation (masked to
+    /// [`SEND_GEN_MASK`]), the buffer's number (below [`SEND_SLOTS`]) and the request's
+    /// number within that use of the buffer (masked to [`SEND_REQ_MASK`]; the send tracker
+    /// maps it to the bytes it covers).
+    pub const fn send_zc(gen: u16, slot: u32, req: u32) -> Key {
         let gen = (gen & SEND_GEN_MASK) as u64;
-        Key::with(Op::SendZc, (gen << 48) | ((slot as u64) << 32) | off as u64)
+        let slot = (slot & (SEND_SLOTS - 1)) as u64;
+        Key::with(
+            Op::SendZc,
+            (gen << 48) | (slot << 24) | (req & SEND_REQ_MASK) as u64,
+        )
     }
 
-    /// `(generation, slot, request number)` of a [`Op::SendZc`] key.
-    pub const fn send_zc_parts(self) -> (u16, u16, u32) {
+    /// `(generation, buffer, request number)` of a [`Op::SendZc`] key.
+    pub const fn send_zc_parts(self) -> (u16, u32, u32) {
         (
             ((self.0 >> 48) as u16) & SEND_GEN_MASK,
-            (self.0 >> 32) as u16,
-            self.0 as u32,
+            ((self.0 >> 24) as u32) & (SEND_SLOTS - 1),
+            (self.0 as u32) & SEND_REQ_MASK,
         )
     }
 
@@ -169,9 +179,14 @@ mod tests {
 
     #[test]
     fn every_kind_round_trips_its_fields() {
-        let k = Key::send_zc(0xabc, 0xffff, 0xdead_beef);
+        let k = Key::send_zc(0xabc, 0xff_ffff, 0xad_beef);
         assert_eq!(k.op(), Some(Op::SendZc));
-        assert_eq!(k.send_zc_parts(), (0xabc, 0xffff, 0xdead_beef));
+        assert_eq!(k.send_zc_parts(), (0xabc, 0xff_ffff, 0xad_beef));
+        // Request numbers wrap inside their field, never into the buffer's.
+        assert_eq!(
+            Key::send_zc(1, 2, 0x1ff_ffff).send_zc_parts(),
+            (1, 2, 0xff_ffff)
+        );
         let k = Key::send(12345);
         assert_eq!((k.op(), k.tag()), (Some(Op::Send), 12345));
         for op in [Op::Recv, Op::RecvZc, Op::Accept] {

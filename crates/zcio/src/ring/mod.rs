@@ -21,13 +21,16 @@
 pub mod epwait;
 pub mod features;
 pub mod key;
+pub mod lend;
 pub mod poll;
 pub mod recv;
-pub mod send;
 pub mod zcrx;
 
 use io_uring::{cqueue, squeue, IoUring};
+use std::cell::{OnceCell, RefCell, RefMut};
+use std::collections::VecDeque;
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// Why a ring could not be had.
@@ -123,6 +126,8 @@ pub struct Ring<C: cqueue::EntryMarker = cqueue::Entry> {
     flags: Vec<SetupFlag>,
     enters: u64,
     overflow_flushes: u64,
+    /// Entries pushed so far (`pushed - pending()` of them were taken by the kernel).
+    pushed: u64,
     sqpoll: bool,
     /// The eventfd registered with `IORING_REGISTER_EVENTFD`, once [`Ring::notify_fd`] asked.
     evfd: Option<std::os::fd::OwnedFd>,
@@ -236,6 +241,7 @@ impl<C: cqueue::EntryMarker> Ring<C> {
                         flags,
                         enters: 0,
                         overflow_flushes: 0,
+                        pushed: 0,
                         evfd: None,
                     });
                 }
@@ -366,6 +372,7 @@ impl<C: cqueue::EntryMarker> Ring<C> {
         loop {
             // SAFETY: forwarded from this function's contract.
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                self.pushed += 1;
                 return Ok(());
             }
             self.submit()?;
@@ -381,6 +388,13 @@ impl<C: cqueue::EntryMarker> Ring<C> {
     /// Entries queued but not yet handed to the kernel.
     pub fn pending(&mut self) -> usize {
         self.ring.submission().len()
+    }
+
+    /// Entries pushed so far, and how many of them the kernel has taken (the submission queue
+    /// is first in, first out: entry number `n` was taken when `n < taken`).
+    pub fn pushed_taken(&mut self) -> (u64, u64) {
+        let pending = self.pending() as u64;
+        (self.pushed, self.pushed - pending)
     }
 
     /// Hands queued entries to the kernel. Makes no syscall when nothing is queued and the
@@ -540,6 +554,287 @@ impl<C: cqueue::EntryMarker> Ring<C> {
         let mut probe = io_uring::Probe::new();
         self.ring.submitter().register_probe(&mut probe)?;
         Ok(probe)
+    }
+}
+
+/// One ring shared by a thread's receive side (`ring::recv::RecvRing`) and send side
+/// (`ring::lend::LendRing`): one submission queue, one completion queue, and so one
+/// `io_uring_enter` that submits and collects for both. Whichever side harvests reads the whole
+/// CQ and keeps the other side's completions (told apart by the op in their user_data,
+/// `ring::key`) in that side's inbox; the other side reads its inbox first. When a harvest
+/// moves completions into the other side's inbox, the ring's readiness eventfd is signalled,
+/// so a waiter on the other side's readiness descriptor wakes for them.
+///
+/// Single-threaded (`Rc`, `RefCell`): the ring is `SINGLE_ISSUER`, and no method holds the
+/// ring borrowed while it calls back into the caller.
+pub struct SharedRing<C: cqueue::EntryMarker = cqueue::Entry> {
+    // Field order is drop order: the ring closes before what was kept for it is freed.
+    ring: RefCell<Ring<C>>,
+    sends: RefCell<VecDeque<(u64, i32, u32)>>,
+    others: RefCell<VecDeque<C>>,
+    scratch: RefCell<Vec<C>>,
+    evfd: OnceCell<OwnedFd>,
+    /// Memory a side registered with the ring and left when it went while the other side
+    /// keeps the ring: freed only after the ring is closed.
+    kept: RefCell<Vec<Box<dyn std::any::Any>>>,
+}
+
+impl<C: cqueue::EntryMarker> std::fmt::Debug for SharedRing<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedRing")
+            .field("sends_inbox", &self.sends.borrow().len())
+            .field("others_inbox", &self.others.borrow().len())
+            .finish()
+    }
+}
+
+fn is_send(ud: u64) -> bool {
+    key::Key::from_raw(ud).op() == Some(key::Op::SendZc)
+}
+
+impl<C: cqueue::EntryMarker> SharedRing<C> {
+    /// Shares `ring`.
+    pub fn new(ring: Ring<C>) -> std::rc::Rc<Self> {
+        std::rc::Rc::new(Self {
+            ring: RefCell::new(ring),
+            sends: RefCell::new(VecDeque::new()),
+            others: RefCell::new(VecDeque::new()),
+            scratch: RefCell::new(Vec::new()),
+            evfd: OnceCell::new(),
+            kept: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// Keeps `x` alive until the ring is closed (memory the kernel may still reach through a
+    /// registration of a side that went while the other keeps the ring).
+    pub fn keep(&self, x: Box<dyn std::any::Any>) {
+        self.kept.borrow_mut().push(x);
+    }
+
+    /// The ring, for one call (registrations, pushes, enters). Panics if a borrow is held:
+    /// never nested by construction.
+    pub fn get(&self) -> RefMut<'_, Ring<C>> {
+        self.ring.borrow_mut()
+    }
+
+    /// Reads the CQ: completions of sends (`keep_sends`) or of everything else go to `f`
+    /// (after what the inbox holds), the rest into the other side's inbox. Returns how many
+    /// went to `f`.
+    fn harvest_side(&self, keep_sends: bool, f: &mut dyn FnMut(C)) -> io::Result<usize> {
+        let mut n = 0;
+        if !keep_sends {
+            loop {
+                let c = self.others.borrow_mut().pop_front();
+                let Some(c) = c else { break };
+                f(c);
+                n += 1;
+            }
+        }
+        let mut scratch = std::mem::take(&mut *self.scratch.borrow_mut());
+        let res = self.ring.borrow_mut().harvest(|c| scratch.push(c));
+        let mut routed = false;
+        for c in scratch.drain(..) {
+            let send = is_send(c.user_data());
+            if send == keep_sends {
+                f(c);
+                n += 1;
+            } else if send {
+                let e: cqueue::Entry = c.into();
+                self.sends
+                    .borrow_mut()
+                    .push_back((e.user_data(), e.result(), e.flags()));
+                routed = true;
+            } else {
+                self.others.borrow_mut().push_back(c);
+                routed = true;
+            }
+        }
+        *self.scratch.borrow_mut() = scratch;
+        if routed {
+            self.signal();
+        }
+        res.map(|_| n)
+    }
+
+    /// The receive side's harvest: every completion that is not a send's.
+    pub fn harvest_others(&self, mut f: impl FnMut(C)) -> io::Result<usize> {
+        self.harvest_side(false, &mut f)
+    }
+
+    /// The send side's harvest: `(user_data, res, flags)` of every send completion.
+    pub fn harvest_sends(&self, f: &mut dyn FnMut(u64, i32, u32)) -> io::Result<usize> {
+        let mut n = 0;
+        loop {
+            let c = self.sends.borrow_mut().pop_front();
+            let Some((ud, res, flags)) = c else { break };
+            f(ud, res, flags);
+            n += 1;
+        }
+        let m = self.harvest_side(true, &mut |c: C| {
+            let e: cqueue::Entry = c.into();
+            f(e.user_data(), e.result(), e.flags())
+        })?;
+        Ok(n + m)
+    }
+
+    /// Completions ready for the receive side (its inbox and the CQ), without a syscall.
+    pub fn ready(&self) -> usize {
+        self.others.borrow().len() + self.ring.borrow_mut().ready()
+    }
+
+    /// The ring's readiness eventfd (`IORING_REGISTER_EVENTFD`), created on first call: both
+    /// sides' readiness descriptors are built on it.
+    pub fn notify_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        if self.evfd.get().is_none() {
+            let fd = crate::sys::eventfd(0)?;
+            self.ring
+                .borrow()
+                .raw()
+                .submitter()
+                .register_eventfd(fd.as_raw_fd())?;
+            let _ = self.evfd.set(fd);
+        }
+        Ok(self.evfd.get().expect("set").as_fd())
+    }
+
+    /// Resets the eventfd (before checking [`SharedRing::has_work`], never after).
+    pub fn clear_notify(&self) {
+        if let Some(fd) = self.evfd.get() {
+            let _ = crate::sys::epoll::eventfd_read(fd.as_raw_fd());
+        }
+    }
+
+    /// Makes the eventfd readable: completions were moved into an inbox.
+    fn signal(&self) {
+        if let Some(fd) = self.evfd.get() {
+            let _ = crate::sys::epoll::eventfd_write(fd.as_raw_fd(), 1);
+        }
+    }
+
+    /// Whether either side has something to harvest: an inbox, the CQ, flagged task work.
+    pub fn has_work(&self) -> bool {
+        !self.sends.borrow().is_empty()
+            || !self.others.borrow().is_empty()
+            || self.ring.borrow_mut().has_work()
+    }
+
+    /// Whether send completions wait in the send side's inbox.
+    pub fn sends_waiting(&self) -> bool {
+        !self.sends.borrow().is_empty()
+    }
+}
+
+/// What the send side needs of a ring, whatever its completion entry size (a receiver with
+/// zcrx uses 32-byte CQEs): implemented by [`SharedRing`], so one `LendRing` serves a ring of
+/// its own or a receiver's.
+pub trait SendCore {
+    /// Queues one entry (see [`Ring::push`]).
+    ///
+    /// # Safety
+    ///
+    /// As [`Ring::push`]: everything the entry points to stays valid until its final
+    /// completion.
+    unsafe fn push(&self, e: &squeue::Entry) -> io::Result<()>;
+    /// Free submission queue entries.
+    fn sq_room(&self) -> usize;
+    /// Entries queued and not handed to the kernel.
+    fn pending(&self) -> usize;
+    /// `io_uring_enter(pending, 0, GETEVENTS)`; returns the kernel's result. Counted as the
+    /// ring's enter.
+    fn enter_getevents(&self) -> io::Result<usize>;
+    /// Submits and waits for `want` completions or `timeout` (see [`Ring::submit_and_wait`]).
+    fn submit_and_wait(&self, want: usize, timeout: Option<Duration>) -> io::Result<usize>;
+    /// The ring's `io_uring_enter` calls so far (both sides').
+    fn enters(&self) -> u64;
+    /// Entries pushed so far (both sides') and how many of them the kernel has taken, by
+    /// whichever side's enter (see [`Ring::pushed_taken`]).
+    fn pushed_taken(&self) -> (u64, u64);
+    /// `(user_data, res, flags)` of every send completion (see
+    /// [`SharedRing::harvest_sends`]).
+    fn harvest_sends(&self, f: &mut dyn FnMut(u64, i32, u32)) -> io::Result<usize>;
+    /// Whether the kernel flagged deferred task work (`IORING_SQ_TASKRUN`).
+    fn task_work_pending(&self) -> bool;
+    /// Calls `f` with the ring's submitter (registrations).
+    fn with_submitter(&self, f: &mut dyn FnMut(&io_uring::Submitter<'_>));
+    /// The opcode probe (`IORING_REGISTER_PROBE`).
+    fn probe_opcodes(&self) -> io::Result<io_uring::Probe>;
+    /// The set-up flags asked for and granted.
+    fn setup_flags(&self) -> Vec<SetupFlag>;
+    /// The readiness eventfd (registered on first call).
+    fn notify_raw(&self) -> io::Result<RawFd>;
+    /// Resets the readiness eventfd.
+    fn clear_notify(&self);
+    /// Whether anything waits to be harvested (inboxes, CQ, task work).
+    fn has_work(&self) -> bool;
+    /// Whether another side (a receiver) uses the ring too.
+    fn is_shared(&self) -> bool;
+}
+
+impl<C: cqueue::EntryMarker + 'static> SendCore for std::rc::Rc<SharedRing<C>> {
+    unsafe fn push(&self, e: &squeue::Entry) -> io::Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.get().push(e) }
+    }
+    fn sq_room(&self) -> usize {
+        self.get().sq_room()
+    }
+    fn pending(&self) -> usize {
+        self.get().pending()
+    }
+    fn pushed_taken(&self) -> (u64, u64) {
+        self.get().pushed_taken()
+    }
+    fn enter_getevents(&self) -> io::Result<usize> {
+        let mut r = self.get();
+        let pending = r.pending();
+        r.enters += 1;
+        // SAFETY: no argument pointer is passed; the entries submitted were queued by `push`,
+        // whose callers uphold its contract.
+        unsafe {
+            r.ring.submitter().enter::<libc::sigset_t>(
+                pending as u32,
+                0,
+                io_uring::EnterFlags::GETEVENTS.bits(),
+                None,
+            )
+        }
+    }
+    fn submit_and_wait(&self, want: usize, timeout: Option<Duration>) -> io::Result<usize> {
+        self.get().submit_and_wait(want, timeout)
+    }
+    fn enters(&self) -> u64 {
+        self.ring.borrow().enters()
+    }
+    fn harvest_sends(&self, f: &mut dyn FnMut(u64, i32, u32)) -> io::Result<usize> {
+        SharedRing::harvest_sends(self, f)
+    }
+    fn task_work_pending(&self) -> bool {
+        let r = self.ring.borrow();
+        // SAFETY: only the shared flags word is read; this thread is the ring's only user.
+        let pending = unsafe { r.raw().submission_shared() }.taskrun();
+        pending
+    }
+    fn with_submitter(&self, f: &mut dyn FnMut(&io_uring::Submitter<'_>)) {
+        let r = self.ring.borrow();
+        f(&r.raw().submitter());
+    }
+    fn probe_opcodes(&self) -> io::Result<io_uring::Probe> {
+        self.ring.borrow().probe_opcodes()
+    }
+    fn setup_flags(&self) -> Vec<SetupFlag> {
+        self.ring.borrow().setup_flags().to_vec()
+    }
+    fn notify_raw(&self) -> io::Result<RawFd> {
+        SharedRing::notify_fd(self).map(|fd| fd.as_raw_fd())
+    }
+    fn clear_notify(&self) {
+        SharedRing::clear_notify(self)
+    }
+    fn has_work(&self) -> bool {
+        SharedRing::has_work(self)
+    }
+    fn is_shared(&self) -> bool {
+        std::rc::Rc::strong_count(self) > 1
     }
 }
 

@@ -9,7 +9,7 @@
 
 use super::key::{self, Key, Op};
 use super::zcrx::{flush_refill, refill_region_len, register_ifq, IfqError, ZcrxBind};
-use super::{Ring, RingConfig, RingError};
+use super::{Ring, RingConfig, RingError, SharedRing};
 use crate::buf::bufring::{BufLease, BufRing, BufRingConfig};
 use crate::buf::frames::{FrameMemory, LentFrame};
 use crate::buf::refill::{RefillRing, ZcrxArea, ZcrxLease};
@@ -115,8 +115,9 @@ pub struct ZcrxQueue {
 
 /// A ring for multishot receives and accepts; see the module docs.
 pub struct RecvRing<C: Cqe = cqueue::Entry> {
-    // Field order is drop order: the ring is closed before the memory it used is released.
-    ring: Ring<C>,
+    // Field order is drop order: the ring is closed (unless a send ring shares it; see Drop)
+    // before the memory it used is released.
+    ring: Rc<SharedRing<C>>,
     bufs: Option<Rc<BufRing>>,
     zcrx: Option<ZcrxQueue>,
     armed: HashMap<Key, Rc<OwnedFd>>,
@@ -126,7 +127,6 @@ pub struct RecvRing<C: Cqe = cqueue::Entry> {
 impl<C: Cqe> std::fmt::Debug for RecvRing<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RecvRing")
-            .field("ring", &self.ring)
             .field("bufs", &self.bufs)
             .field("armed", &self.armed.len())
             .finish()
@@ -137,7 +137,7 @@ impl<C: Cqe> RecvRing<C> {
     /// Creates the ring.
     pub fn new(cfg: &RingConfig) -> Result<Self, RingError> {
         Ok(Self {
-            ring: Ring::new(cfg)?,
+            ring: SharedRing::new(Ring::new(cfg)?),
             bufs: None,
             zcrx: None,
             armed: HashMap::new(),
@@ -147,12 +147,17 @@ impl<C: Cqe> RecvRing<C> {
 
     /// Whether the kernel has receive bundles (`IORING_FEAT_RECVSEND_BUNDLE`, 6.10).
     pub fn has_bundles(&self) -> bool {
-        self.ring.raw().params().is_feature_recvsend_bundle()
+        self.ring.get().raw().params().is_feature_recvsend_bundle()
     }
 
-    /// The ring (flags, counters).
-    pub fn ring(&self) -> &Ring<C> {
-        &self.ring
+    /// The ring (flags, counters), for one call.
+    pub fn ring(&self) -> std::cell::RefMut<'_, Ring<C>> {
+        self.ring.get()
+    }
+
+    /// The ring, shared: a send ring on this receiver's ring (one ring per thread).
+    pub fn shared(&self) -> Rc<SharedRing<C>> {
+        Rc::clone(&self.ring)
     }
 
     /// Registers the provided-buffer ring receives select from. One per `RecvRing`.
@@ -163,13 +168,15 @@ impl<C: Cqe> RecvRing<C> {
                 "buffer ring already registered",
             ));
         }
-        let sub = self.ring.raw().submitter();
-        let fd = self.ring.raw().as_raw_fd();
+        let ring = self.ring.get();
+        let sub = ring.raw().submitter();
+        let fd = ring.raw().as_raw_fd();
         let br = BufRing::register(fd, cfg, |addr, entries, bgid, flags| {
             // SAFETY: `addr` is 0 (kernel-allocated) or a region owned by the BufRing, which
             // `self` keeps until the ring is closed or the group unregistered (see Drop).
             unsafe { sub.register_buf_ring_with_flags(addr, entries, bgid, flags) }
         })?;
+        drop(ring);
         let br = Rc::new(br);
         self.bufs = Some(Rc::clone(&br));
         Ok(br)
@@ -220,7 +227,7 @@ impl<C: Cqe> RecvRing<C> {
         // SAFETY: the entry references only the descriptor, kept open in `armed` until the
         // final completion, and the registered buffer ring / zcrx area, which `self` owns and
         // releases only after every armed request has ended (Drop).
-        unsafe { self.ring.push(&sqe.user_data(ud.raw())) }?;
+        unsafe { self.ring.get().push(&sqe.user_data(ud.raw())) }?;
         self.armed.insert(ud, fd);
         self.submitted_sqes += 1;
         Ok(())
@@ -237,7 +244,7 @@ impl<C: Cqe> RecvRing<C> {
                         .build()
                         .user_data(Key::cancel().raw());
                 // SAFETY: a cancel references no memory.
-                unsafe { self.ring.push(&sqe) }?;
+                unsafe { self.ring.get().push(&sqe) }?;
             }
         }
         Ok(())
@@ -266,7 +273,7 @@ impl<C: Cqe> RecvRing<C> {
 
     /// Entries queued but not yet submitted.
     pub fn pending(&mut self) -> usize {
-        self.ring.pending()
+        self.ring.get().pending()
     }
 
     /// Requests armed now.
@@ -276,25 +283,33 @@ impl<C: Cqe> RecvRing<C> {
 
     /// Submits queued entries (no syscall when there are none).
     pub fn submit(&mut self) -> io::Result<()> {
-        self.ring.submit().map(drop)
+        self.ring.get().submit().map(drop)
     }
 
     /// Submits and waits for completions: at least one within `timeout`, up to `want` within
     /// `min_wait` (see [`Ring::submit_and_wait_batch`]).
     pub fn wait(&mut self, want: usize, min_wait: Duration, timeout: Duration) -> io::Result<()> {
         self.ring
+            .get()
             .submit_and_wait_batch(want, min_wait, timeout)
             .map(drop)
     }
 
-    /// The ring, for its readiness eventfd.
-    pub fn ring_mut(&mut self) -> &mut Ring<C> {
-        &mut self.ring
+    /// The ring's readiness eventfd (see [`SharedRing::notify_fd`]).
+    pub fn notify_fd(&self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        self.ring.notify_fd()
+    }
+
+    /// Resets the eventfd and says whether work came in meanwhile (see
+    /// [`SharedRing::has_work`]).
+    pub fn clear_notify(&self) -> bool {
+        self.ring.clear_notify();
+        self.ring.has_work()
     }
 
     /// `io_uring_enter` calls made.
     pub fn enters(&self) -> u64 {
-        self.ring.enters()
+        self.ring.get().enters()
     }
 
     /// Completions ready without a syscall.
@@ -308,7 +323,7 @@ impl<C: Cqe> RecvRing<C> {
         let zcrx = &self.zcrx;
         let armed = &mut self.armed;
         let mut err: Option<io::Error> = None;
-        let n = self.ring.harvest(|cqe| {
+        let n = self.ring.harvest_others(|cqe| {
             let (ud, res, flags, big) = cqe.parts();
             let ud = Key::from_raw(ud);
             let (op, tag) = (ud.op(), ud.tag());
@@ -386,7 +401,7 @@ impl<C: Cqe> RecvRing<C> {
         // Returns that found the ring full fit once the kernel has consumed it: a few rounds
         // drain any backlog (each round frees the whole ring).
         while z.nodev && rq.tail() != rq.head() && calls < 8 {
-            flush_refill(&self.ring, z.id)?;
+            flush_refill(&self.ring.get(), z.id)?;
             calls += 1;
             rq.flush();
         }
@@ -397,17 +412,33 @@ impl<C: Cqe> RecvRing<C> {
         if self.armed.is_empty() {
             return;
         }
-        let sqe = opcode::AsyncCancel2::new(types::CancelBuilder::any())
-            .build()
-            .user_data(Key::cancel().raw());
-        // SAFETY: a cancel references no memory.
-        if unsafe { self.ring.push(&sqe) }.is_err() {
-            return;
+        let shared = Rc::strong_count(&self.ring) > 1;
+        let cancels: Vec<io_uring::squeue::Entry> = if shared {
+            // A send ring uses the ring too: cancel only our own requests.
+            self.armed
+                .keys()
+                .map(|k| {
+                    opcode::AsyncCancel2::new(types::CancelBuilder::user_data(k.raw()).all())
+                        .build()
+                        .user_data(Key::cancel().raw())
+                })
+                .collect()
+        } else {
+            vec![opcode::AsyncCancel2::new(types::CancelBuilder::any())
+                .build()
+                .user_data(Key::cancel().raw())]
+        };
+        for sqe in &cancels {
+            // SAFETY: a cancel references no memory.
+            if unsafe { self.ring.get().push(sqe) }.is_err() {
+                return;
+            }
         }
         let deadline = Instant::now() + Duration::from_secs(5);
         while !self.armed.is_empty() && Instant::now() < deadline {
             let _ = self
                 .ring
+                .get()
                 .submit_and_wait(1, Some(Duration::from_millis(50)));
             let _ = self.harvest(drop);
         }
@@ -442,7 +473,7 @@ impl RecvRing<cqueue::Entry32> {
         let rq_entries = rq_entries.max(1).next_power_of_two();
         let area = Region::new(area_len, huge).map_err(wrap)?;
         let refill = Region::new(refill_region_len(rq_entries), false).map_err(wrap)?;
-        let reg = register_ifq(&self.ring, bind, &area, &refill, rq_entries)?;
+        let reg = register_ifq(&self.ring.get(), bind, &area, &refill, rq_entries)?;
         let rq = RefillRing::new(
             refill,
             reg.head_off,
@@ -465,7 +496,23 @@ impl<C: Cqe> Drop for RecvRing<C> {
     fn drop(&mut self) {
         self.drain();
         if let Some(b) = &self.bufs {
-            let _ = self.ring.raw().submitter().unregister_buf_ring(b.bgid());
+            let _ = self
+                .ring
+                .get()
+                .raw()
+                .submitter()
+                .unregister_buf_ring(b.bgid());
+        }
+        if Rc::strong_count(&self.ring) > 1 {
+            // A send ring keeps the ring open: the zcrx area stays registered with it (and the
+            // buffer ring's memory may still be named by a request the kernel has not let go
+            // of), so both live until the ring is closed.
+            if let Some(z) = self.zcrx.take() {
+                self.ring.keep(Box::new(z));
+            }
+            if let Some(b) = self.bufs.take() {
+                self.ring.keep(Box::new(b));
+            }
         }
     }
 }

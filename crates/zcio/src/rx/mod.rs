@@ -41,6 +41,7 @@ mod plain;
 mod uring;
 pub mod zcrx;
 
+use crate::buf::lent::Lent;
 use crate::ring::recv::Lease;
 use crate::ring::zcrx::IfqError;
 use crate::ring::RingError;
@@ -269,9 +270,13 @@ impl std::fmt::Display for ConnId {
     }
 }
 
-pub(crate) enum ChunkData {
-    Plain(plain::PlainBuf),
-    Lease(Lease),
+impl From<Lease> for Lent {
+    fn from(l: Lease) -> Lent {
+        match l {
+            Lease::Buf(b) => Lent::Ring(b),
+            Lease::Zcrx(z) => Lent::Zcrx(z),
+        }
+    }
 }
 
 /// Received bytes, borrowed from the receiver's memory; the memory goes back (to the buffer
@@ -279,7 +284,7 @@ pub(crate) enum ChunkData {
 pub struct RxChunk {
     conn: ConnId,
     path: RxPath,
-    data: ChunkData,
+    data: Lent,
 }
 
 impl RxChunk {
@@ -291,15 +296,23 @@ impl RxChunk {
     pub fn path(&self) -> RxPath {
         self.path
     }
+
+    /// The chunk taken apart, for a send ring that lends its bytes to the kernel (the memory
+    /// still goes back when the [`Lent`] drops).
+    pub(crate) fn into_parts(self) -> (ConnId, RxPath, Lent) {
+        (self.conn, self.path, self.data)
+    }
+
+    /// A chunk put back together from [`RxChunk::into_parts`].
+    pub(crate) fn from_parts(conn: ConnId, path: RxPath, data: Lent) -> Self {
+        Self { conn, path, data }
+    }
 }
 
 impl std::ops::Deref for RxChunk {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        match &self.data {
-            ChunkData::Plain(b) => b,
-            ChunkData::Lease(l) => l,
-        }
+        &self.data
     }
 }
 
@@ -752,6 +765,18 @@ impl<T> Slab<T> {
     }
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+}
+
+impl Receiver {
+    /// The receiver's io_uring, for a send ring to share ([`crate::tx::SendRing::on_receiver`]);
+    /// `None` for the plain backend, which has none.
+    pub(crate) fn send_core(&self) -> Option<Box<dyn crate::ring::SendCore>> {
+        match &self.backend {
+            RxBackend::Plain(_) => None,
+            RxBackend::BufRing(b) => Some(Box::new(b.shared_ring())),
+            RxBackend::Zcrx(b) => Some(Box::new(b.shared_ring())),
+        }
     }
 }
 

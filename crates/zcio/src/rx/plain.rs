@@ -1,11 +1,9 @@
 //! The plain backend: level-triggered epoll and `recv(2)` into pooled buffers.
 
-use super::{
-    AcceptBackoff, Backend, ChunkData, ConnId, RxChunk, RxConfig, RxCounters, RxEvent, RxPath, Slab,
-};
+use super::{AcceptBackoff, Backend, ConnId, RxChunk, RxConfig, RxCounters, RxEvent, RxPath, Slab};
+use crate::buf::lent::{HeapPool, Lent};
 use crate::sys::net;
 use crate::sys::poller::Poller;
-use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::{TcpListener, TcpStream};
 use std::rc::Rc;
@@ -15,64 +13,15 @@ const LISTENER: u64 = u64::MAX;
 /// Reads per connection per poll, so one busy connection cannot starve the others.
 const READS_PER_TURN: usize = 16;
 
-struct Pool {
-    free: RefCell<Vec<Box<[u8]>>>,
-    out: Cell<usize>,
-    max: usize,
-    size: usize,
-}
-
-impl Pool {
-    fn take(&self) -> Option<Box<[u8]>> {
-        if self.out.get() >= self.max {
-            return None;
-        }
-        self.out.set(self.out.get() + 1);
-        Some(
-            self.free
-                .borrow_mut()
-                .pop()
-                .unwrap_or_else(|| vec![0u8; self.size].into_boxed_slice()),
-        )
-    }
-    fn give(&self, b: Box<[u8]>) {
-        self.out.set(self.out.get() - 1);
-        self.free.borrow_mut().push(b);
-    }
-}
-
-/// A pool buffer holding received bytes.
-pub(crate) struct PlainBuf {
-    buf: Option<Box<[u8]>>,
-    len: usize,
-    pool: Rc<Pool>,
-}
-
-impl std::ops::Deref for PlainBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match &self.buf {
-            Some(b) => &b[..self.len],
-            None => &[],
-        }
-    }
-}
-
-impl Drop for PlainBuf {
-    fn drop(&mut self) {
-        if let Some(b) = self.buf.take() {
-            self.pool.give(b);
-        }
-    }
-}
-
 pub(crate) struct PlainRx {
     poller: Poller,
     listener: Option<TcpListener>,
     /// Accepting paused after EMFILE and the like (the listener is out of the epoll set).
     backoff: AcceptBackoff,
     conns: Slab<TcpStream>,
-    pool: Rc<Pool>,
+    pool: Rc<HeapPool>,
+    max: usize,
+    size: usize,
     ready: Vec<(u64, u32)>,
 }
 
@@ -83,12 +32,12 @@ impl PlainRx {
             listener: None,
             backoff: AcceptBackoff::default(),
             conns: Slab::new(),
-            pool: Rc::new(Pool {
-                free: RefCell::new(Vec::new()),
-                out: Cell::new(0),
-                max: usize::from(cfg.buffers).max(1),
-                size: cfg.buf_size.max(1) as usize,
-            }),
+            pool: HeapPool::new(
+                cfg.buf_size.max(1) as usize,
+                usize::from(cfg.buffers).max(1),
+            ),
+            max: usize::from(cfg.buffers).max(1),
+            size: cfg.buf_size.max(1) as usize,
             ready: Vec::new(),
         })
     }
@@ -129,7 +78,7 @@ impl Backend for PlainRx {
     fn describe(&self) -> String {
         format!(
             "plain: epoll + recv into {} x {} B pooled buffers",
-            self.pool.max, self.pool.size
+            self.max, self.size
         )
     }
     fn add(&mut self, stream: TcpStream, c: &mut RxCounters) -> io::Result<ConnId> {
@@ -154,7 +103,7 @@ impl Backend for PlainRx {
         c: &mut RxCounters,
         f: &mut dyn FnMut(RxEvent),
     ) -> io::Result<usize> {
-        if self.pool.out.get() >= self.pool.max {
+        if self.pool.out() >= self.max {
             // Every buffer is lent: read nothing until chunks come back (backpressure).
             c.backpressure_waits += 1;
             return Ok(0);
@@ -231,11 +180,7 @@ impl Backend for PlainRx {
                         f(RxEvent::Data(RxChunk {
                             conn: id,
                             path: RxPath::Plain,
-                            data: ChunkData::Plain(PlainBuf {
-                                buf: Some(buf),
-                                len: n,
-                                pool: Rc::clone(&self.pool),
-                            }),
+                            data: Lent::Heap(self.pool.lend(buf, n)),
                         }));
                         events += 1;
                         if !full {

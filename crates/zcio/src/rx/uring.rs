@@ -2,8 +2,8 @@
 //! over a zcrx queue. Both accept with a multishot `ACCEPT`.
 
 use super::{
-    AcceptBackoff, Backend, ChunkData, ConnId, RxChunk, RxConfig, RxCounters, RxError, RxEvent,
-    RxPath, Slab, ZcrxTarget,
+    AcceptBackoff, Backend, ConnId, RxChunk, RxConfig, RxCounters, RxError, RxEvent, RxPath, Slab,
+    ZcrxTarget,
 };
 use crate::buf::bufring::{BufRing, BufRingConfig};
 use crate::buf::refill::ZcrxArea;
@@ -228,6 +228,11 @@ impl<C: Cqe> RingRx<C> {
         }
     }
 
+    /// The ring, for a send ring to share.
+    pub(crate) fn shared_ring(&self) -> Rc<crate::ring::SharedRing<C>> {
+        self.rr.shared()
+    }
+
     fn arm(&mut self, id: ConnId) -> io::Result<()> {
         let Some(conn) = self.conns.get_mut(id) else {
             return Ok(());
@@ -298,7 +303,7 @@ impl<C: Cqe> RingRx<C> {
                         f(RxEvent::Data(RxChunk {
                             conn: id,
                             path,
-                            data: ChunkData::Lease(lease),
+                            data: lease.into(),
                         }));
                         Ok(1)
                     }
@@ -442,12 +447,10 @@ impl<C: Cqe> RingRx<C> {
 
 impl<C: Cqe> Backend for RingRx<C> {
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
-        self.rr.ring_mut().notify_fd()
+        self.rr.notify_fd()
     }
     fn clear_notify(&mut self) -> bool {
-        let ring = self.rr.ring_mut();
-        ring.clear_notify();
-        ring.has_work()
+        self.rr.clear_notify()
     }
     fn path(&self) -> RxPath {
         if self.nodev {

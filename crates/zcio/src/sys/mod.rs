@@ -27,7 +27,10 @@
 //! `clippy.toml` makes a call to any of them a lint error (`disallowed-methods`), so the list
 //! is enforced by `.ci/run`'s clippy gate. Every other io-uring call zcio makes hands the
 //! kernel memory it only reads (`register_files`, `register_buffers`, `register_eventfd`,
-//! `register_buf_ring_with_flags`, `unregister_buf_ring`, `submit_with_args`), or takes
+//! `register_buf_ring_with_flags`, `unregister_buf_ring`, `submit_with_args`; the send ring's
+//! `register_files_sparse`, `register_files_update` with explicit offsets (the kernel writes
+//! back only for `IORING_FILE_INDEX_ALLOC`, never passed), `register_buffers_sparse`,
+//! `register_buffers_update`), or takes
 //! `&mut` for what the kernel writes (`register_probe`). The upstream fix is for
 //! `register_ifq` to take `&mut io_uring_zcrx_ifq_reg` (docs/DESIGN-NOTES.md).
 #![allow(unsafe_code)]

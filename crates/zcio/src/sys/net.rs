@@ -46,6 +46,42 @@ pub fn enable_recverr(fd: &impl AsRawFd, family: Family) -> io::Result<()> {
     }
 }
 
+/// `SO_LINGER {on, 0}`: closing the socket resets the connection and frees what is queued
+/// at once (zero-copy pages included) instead of retrying to deliver it.
+pub fn set_linger_zero(fd: &impl AsRawFd) -> io::Result<()> {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `l` lives for the call; its size is passed.
+    syscall!(setsockopt(
+        fd.as_raw_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_LINGER,
+        (&l as *const libc::linger).cast(),
+        std::mem::size_of::<libc::linger>() as libc::socklen_t
+    ))
+    .map(drop)
+}
+
+/// Disconnects a TCP socket at once (`connect(AF_UNSPEC)`: the kernel's `tcp_disconnect`
+/// purges the write queue, freeing its pages and posting their zero-copy notifications, and
+/// resets the connection). For closing a socket whose `MSG_ZEROCOPY` sends must come back
+/// while its descriptor is still open.
+pub fn disconnect(fd: &impl AsRawFd) -> io::Result<()> {
+    let sa = libc::sockaddr {
+        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    // SAFETY: `sa` lives for the call; its size is passed.
+    syscall!(connect(
+        fd.as_raw_fd(),
+        &sa,
+        std::mem::size_of::<libc::sockaddr>() as libc::socklen_t
+    ))
+    .map(drop)
+}
+
 /// `send(2)` with flags; `EINTR` is retried, everything else is returned.
 pub fn send(fd: &impl AsRawFd, buf: &[u8], flags: i32) -> io::Result<usize> {
     let ptr = buf.as_ptr().cast();

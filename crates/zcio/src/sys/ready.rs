@@ -49,6 +49,52 @@ impl ReadySet {
         )
     }
 
+    /// Adds `fd` level-triggered, reported to [`ReadySet::drain`] with `token`.
+    pub fn add_level_token(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        epoll::ctl(self.ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, events, token)
+    }
+
+    /// Adds `fd` edge-triggered, reported to [`ReadySet::drain`] with `token`.
+    pub fn add_edge_token(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        epoll::ctl(
+            self.ep.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            fd,
+            events | libc::EPOLLET as u32,
+            token,
+        )
+    }
+
+    /// Changes the events of an edge-triggered member (re-arming its edge).
+    pub fn modify_edge(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        epoll::ctl(
+            self.ep.as_raw_fd(),
+            libc::EPOLL_CTL_MOD,
+            fd,
+            events | libc::EPOLLET as u32,
+            token,
+        )
+    }
+
+    /// Removes a member.
+    pub fn remove(&self, fd: RawFd) -> io::Result<()> {
+        epoll::ctl(self.ep.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, 0, 0)
+    }
+
+    /// Takes pending events off the set, handing each member's token and events to `f`.
+    pub fn drain(&self, mut f: impl FnMut(u64, u32)) {
+        let mut evs = [epoll::empty_event(); 32];
+        while let Ok(n) = epoll::wait(self.ep.as_raw_fd(), &mut evs, 0) {
+            for ev in &evs[..n] {
+                let (token, events) = (ev.u64, ev.events);
+                f(token, events);
+            }
+            if n < evs.len() {
+                break;
+            }
+        }
+    }
+
     /// Takes pending edges off the set (level-triggered members whose level holds come back).
     pub fn consume(&self) {
         let mut evs = [epoll::empty_event(); 8];

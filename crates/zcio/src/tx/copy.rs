@@ -12,31 +12,42 @@ pub(crate) struct CopyOutcome {
     pub error: Option<i32>,
     /// `send` and `poll` calls made.
     pub syscalls: u64,
+    /// Stopped because the socket buffer is full (`EAGAIN`); the rest is still to send.
+    pub would_block: bool,
 }
 
-/// Sends all of `data` in pieces of at most `chunk` bytes (one datagram or GSO batch each on
-/// datagram sockets). `EAGAIN` on a non-blocking socket waits for `POLLOUT`.
-pub(crate) fn send_all(fd: &impl AsRawFd, data: &[u8], chunk: usize) -> CopyOutcome {
+/// Sends `data[from..]` without blocking (`MSG_DONTWAIT`), in pieces of at most `chunk`
+/// bytes (one datagram or GSO batch each on datagram sockets), until it is all sent, the
+/// socket buffer is full ([`CopyOutcome::would_block`]) or an error stops it. `bytes` counts
+/// what this call sent. An empty `data` makes one call (an empty datagram).
+pub(crate) fn send_nb(fd: &impl AsRawFd, data: &[u8], chunk: usize, from: usize) -> CopyOutcome {
+    let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
     let mut out = CopyOutcome::default();
     if data.is_empty() {
         out.syscalls += 1;
-        if let Err(e) = net::send(fd, data, libc::MSG_NOSIGNAL) {
-            out.error = e.raw_os_error().or(Some(libc::EIO));
+        match net::send(fd, data, flags) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => out.would_block = true,
+            Err(e) => out.error = e.raw_os_error().or(Some(libc::EIO)),
         }
         return out;
     }
-    while out.bytes < data.len() {
-        let end = out.bytes.saturating_add(chunk).min(data.len());
+    let mut at = from;
+    while at < data.len() {
+        let end = at.saturating_add(chunk.max(1)).min(data.len());
         out.syscalls += 1;
-        match net::send(fd, &data[out.bytes..end], libc::MSG_NOSIGNAL) {
+        match net::send(fd, &data[at..end], flags) {
             Ok(0) => {
                 out.error = Some(libc::EPIPE);
                 break;
             }
-            Ok(n) => out.bytes += n,
+            Ok(n) => {
+                at += n;
+                out.bytes += n;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                out.syscalls += 1;
-                let _ = net::poll_one(fd, libc::POLLOUT, 100);
+                out.would_block = true;
+                break;
             }
             Err(e) => {
                 out.error = e.raw_os_error().or(Some(libc::EIO));
@@ -45,4 +56,22 @@ pub(crate) fn send_all(fd: &impl AsRawFd, data: &[u8], chunk: usize) -> CopyOutc
         }
     }
     out
+}
+
+/// Sends all of `data`, waiting (`poll(POLLOUT)`) while the socket buffer is full. Only for
+/// recovery from a failed ring, where the bytes the ring did not send must follow the ones
+/// it did before anything else may go (see `docs/design/tx.md`, "Failure semantics").
+pub(crate) fn send_all(fd: &impl AsRawFd, data: &[u8], chunk: usize) -> CopyOutcome {
+    let mut out = CopyOutcome::default();
+    loop {
+        let o = send_nb(fd, data, chunk, out.bytes);
+        out.bytes += o.bytes;
+        out.syscalls += o.syscalls;
+        if o.error.is_some() || !o.would_block {
+            out.error = o.error;
+            return out;
+        }
+        out.syscalls += 1;
+        let _ = net::poll_one(fd, libc::POLLOUT, 100);
+    }
 }

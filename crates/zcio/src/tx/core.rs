@@ -74,32 +74,30 @@ pub(crate) struct Finished<B> {
 
 /// Counters of a [`SendTracker`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-// Public as `ring::send::SendRingStats` under the `unstable-raw` feature.
-#[cfg_attr(not(feature = "unstable-raw"), allow(unreachable_pub))]
-pub struct TrackStats {
+pub(crate) struct TrackStats {
     /// Requests handed to the backend.
-    pub requests: u64,
+    pub(crate) requests: u64,
     /// Result CQEs seen.
-    pub results: u64,
+    pub(crate) results: u64,
     /// Notification CQEs seen.
-    pub notifs: u64,
+    pub(crate) notifs: u64,
     /// Notifications with `IORING_NOTIF_USAGE_ZC_COPIED`.
-    pub notifs_copied: u64,
+    pub(crate) notifs_copied: u64,
     /// Notifications of sends that moved bytes but carried no usage report.
-    pub notifs_unknown: u64,
+    pub(crate) notifs_unknown: u64,
     /// Notifications that arrived before their request's result.
-    pub notifs_early: u64,
+    pub(crate) notifs_early: u64,
     /// Requests resubmitted (short sends continued, cancelled links, ENOBUFS retries).
-    pub resubmits: u64,
+    pub(crate) resubmits: u64,
     /// Times submission paused for room (ENOBUFS/ENOMEM) until a notification came.
-    pub room_waits: u64,
+    pub(crate) room_waits: u64,
     /// Notifications that matched no request awaiting one (late ones of failed requests).
-    pub stray_notifs: u64,
+    pub(crate) stray_notifs: u64,
     /// `MSG_ZEROCOPY` errqueue ranges seen.
-    pub ranges: u64,
+    pub(crate) ranges: u64,
     /// Sequence numbers in errqueue ranges that no outstanding send had (never issued by
     /// this tracker, or completed twice): counted, never matched to a buffer.
-    pub unknown_ids: u64,
+    pub(crate) unknown_ids: u64,
 }
 
 /// What may still come for a request after its result.
@@ -177,6 +175,9 @@ pub(crate) struct SendTracker<B> {
     free: Vec<u32>,
     staged: VecDeque<Req>,
     chain: Vec<(Req, u32, Option<i32>)>,
+    /// Scratch lists of `end_chain`, kept for their capacity.
+    scratch_front: Vec<Req>,
+    scratch_touched: Vec<u32>,
     chain_pending: usize,
     chain_cap: usize,
     in_kernel: usize,
@@ -184,6 +185,10 @@ pub(crate) struct SendTracker<B> {
     unsettled: Vec<u32>,
     live: usize,
     blocked: bool,
+    /// Report "no room with nothing in flight" instead of giving up (the backend switches
+    /// the socket to a path that needs no room and calls [`SendTracker::unblock`]).
+    starve_signal: bool,
+    starved: bool,
     fatal: Option<i32>,
     gave_up: Option<i32>,
     epoch: u64,
@@ -209,6 +214,8 @@ impl<B> SendTracker<B> {
             free: Vec::new(),
             staged: VecDeque::new(),
             chain: Vec::new(),
+            scratch_front: Vec::new(),
+            scratch_touched: Vec::new(),
             chain_pending: 0,
             chain_cap: MAX_CHAIN,
             in_kernel: 0,
@@ -216,6 +223,8 @@ impl<B> SendTracker<B> {
             unsettled: Vec::new(),
             live: 0,
             blocked: false,
+            starve_signal: false,
+            starved: false,
             fatal: None,
             gave_up: None,
             epoch: 0,
@@ -227,9 +236,10 @@ impl<B> SendTracker<B> {
         }
     }
 
-    /// Stages a send of `len` bytes of `buf`. An empty send, or any send after a fatal
-    /// stream error or after the tracker gave up, finishes at once.
-    pub(crate) fn stage(&mut self, tag: u64, buf: B, len: usize) {
+    /// Stages a send of `len` bytes of `buf`; returns its slot and generation (the key of
+    /// its requests). An empty send, or any send after a fatal stream error or after the
+    /// tracker gave up, finishes at once (`None`).
+    pub(crate) fn stage(&mut self, tag: u64, buf: B, len: usize) -> Option<(u32, u16)> {
         let mut slot = Slot {
             buf,
             tag,
@@ -248,17 +258,17 @@ impl<B> SendTracker<B> {
         };
         if len == 0 {
             self.emit(slot);
-            return;
+            return None;
         }
         if let Some(e) = self.fatal {
             slot.error = Some(e);
             self.emit(slot);
-            return;
+            return None;
         }
         if self.gave_up.is_some() {
             slot.unsent.push((0, len));
             self.emit(slot);
-            return;
+            return None;
         }
         let idx = match self.free.pop() {
             Some(i) => i,
@@ -286,8 +296,28 @@ impl<B> SendTracker<B> {
             slot.staged += 1;
             off += n;
         }
+        let gen = slot.gen;
         self.slots[idx as usize] = Some(slot);
         self.live += 1;
+        Some((idx, gen))
+    }
+
+    /// Makes "no room even with nothing in flight" a signal ([`SendTracker::starved`]) instead
+    /// of giving up: for a backend that can switch the socket to a path that needs no room.
+    pub(crate) fn signal_starvation(&mut self, on: bool) {
+        self.starve_signal = on;
+    }
+
+    /// Whether a request found no room with nothing of ours in flight (see
+    /// [`SendTracker::signal_starvation`]); requests wait until [`SendTracker::unblock`].
+    pub(crate) fn starved(&self) -> bool {
+        self.starved
+    }
+
+    /// Submission may go on (the backend changed what the requests need).
+    pub(crate) fn unblock(&mut self) {
+        self.blocked = false;
+        self.starved = false;
     }
 
     /// Moves up to `room` requests that may go now into `out` and counts them as in the
@@ -305,6 +335,10 @@ impl<B> SendTracker<B> {
         }
         if self.blocked {
             if self.notifs_pending > 0 || self.in_kernel > 0 {
+                return;
+            }
+            if self.starve_signal {
+                self.starved = true;
                 return;
             }
             self.give_up(libc::ENOBUFS);
@@ -339,7 +373,8 @@ impl<B> SendTracker<B> {
         slot.staged -= 1;
         slot.reqs += 1;
         let id = slot.next_req;
-        slot.next_req = slot.next_req.wrapping_add(1);
+        // Request numbers wrap within the bits user_data has for them (`ring::key`).
+        slot.next_req = slot.next_req.wrapping_add(1) & crate::ring::key::SEND_REQ_MASK;
         slot.open.push(Open {
             id,
             off: req.off,
@@ -386,6 +421,12 @@ impl<B> SendTracker<B> {
             Then::Nothing
         };
         self.result(key, res, then);
+    }
+
+    /// The result of a request that never notifies (io_uring `SEND`: the kernel copied): it
+    /// is done, failed or not.
+    pub(crate) fn on_copy_result(&mut self, key: Key, res: i32) {
+        self.result(key, res, Then::Nothing);
     }
 
     /// `MSG_ZEROCOPY`: the `send` call of request `key` returned `res` (bytes or `-errno`);
@@ -552,11 +593,13 @@ impl<B> SendTracker<B> {
             return;
         }
         let gave_up = self.gave_up.is_some();
+        let fatal = self.fatal.is_some();
         let slot = self.slot(idx);
         slot.reqs -= 1;
         if res >= 0 {
             slot.done += res as usize;
-        } else if gave_up && (is_room(-res) || -res == libc::EOPNOTSUPP) {
+        } else if gave_up && (is_room(-res) || -res == libc::EOPNOTSUPP || -res == libc::ECANCELED)
+        {
             slot.unsent.push((off, len));
         } else if is_room(-res) {
             slot.staged += 1;
@@ -568,6 +611,16 @@ impl<B> SendTracker<B> {
             self.stats.resubmits += 1;
             self.stats.room_waits += 1;
             self.blocked = true;
+        } else if -res == libc::ECANCELED && !fatal {
+            // Refused for a reason the backend removed (it changed the socket's path): again,
+            // in order.
+            slot.staged += 1;
+            self.staged.push_front(Req {
+                slot: idx,
+                off,
+                len,
+            });
+            self.stats.resubmits += 1;
         } else if -res == libc::EOPNOTSUPP {
             slot.unsent.push((off, len));
             self.give_up(libc::EOPNOTSUPP);
@@ -710,11 +763,6 @@ impl<B> SendTracker<B> {
         }
     }
 
-    /// A CQE that no request of this tracker made.
-    pub(crate) fn stray(&mut self) {
-        self.stats.stray_notifs += 1;
-    }
-
     /// The open request `key` names, if its state passes `f`.
     fn find(&self, key: Key, f: impl Fn(&ReqState) -> bool) -> Option<usize> {
         let slot = self.slots.get(key.slot as usize)?.as_ref()?;
@@ -756,12 +804,13 @@ impl<B> SendTracker<B> {
     }
 
     fn end_chain(&mut self) {
-        let chain = std::mem::take(&mut self.chain);
+        // The lists keep their capacity from chain to chain: no allocation per chain.
+        let mut chain = std::mem::take(&mut self.chain);
         let n = chain.len();
         let mut room = false;
-        let mut front: Vec<Req> = Vec::new();
-        let mut touched = Vec::new();
-        for (req, _, res) in chain {
+        let mut front = std::mem::take(&mut self.scratch_front);
+        let mut touched = std::mem::take(&mut self.scratch_touched);
+        for (req, _, res) in chain.drain(..) {
             let res = res.unwrap_or(-libc::ECANCELED);
             touched.push(req.slot);
             let fatal = self.fatal;
@@ -808,10 +857,12 @@ impl<B> SendTracker<B> {
         } else if self.chain_cap < MAX_CHAIN {
             self.chain_cap = (self.chain_cap * 2).min(MAX_CHAIN);
         }
+        self.chain = chain;
         self.stats.resubmits += front.len() as u64;
-        for r in front.into_iter().rev() {
+        for r in front.drain(..).rev() {
             self.staged.push_front(r);
         }
+        self.scratch_front = front;
         if self.fatal.is_some() {
             // Everything still owned by the tracker failed with the connection: mark it, so
             // buffers that come back later (on notification) carry the error too.
@@ -819,9 +870,11 @@ impl<B> SendTracker<B> {
         } else if let Some(e) = self.gave_up {
             self.give_up(e);
         }
-        for idx in touched {
+        for &idx in &touched {
             self.finish(idx);
         }
+        touched.clear();
+        self.scratch_touched = touched;
     }
 
     /// Stops submitting: every staged request becomes an unsent range of its send, and so
@@ -902,19 +955,9 @@ impl<B> SendTracker<B> {
             .collect()
     }
 
-    /// Whether requests are linked and ordered (stream socket).
-    pub(crate) fn is_stream(&self) -> bool {
-        self.stream
-    }
-
     /// Takes the next finished send.
     pub(crate) fn next_done(&mut self) -> Option<Finished<B>> {
         self.done.pop_front()
-    }
-
-    /// Finished sends waiting to be taken.
-    pub(crate) fn done_len(&self) -> usize {
-        self.done.len()
     }
 
     /// Sends owned by the tracker (staged, in the kernel, or owed a notification).
@@ -930,6 +973,12 @@ impl<B> SendTracker<B> {
     /// Requests in the kernel without their result.
     pub(crate) fn in_kernel(&self) -> usize {
         self.in_kernel
+    }
+
+    /// Whether failed requests wait for a notification that may still come (settled by
+    /// [`SendTracker::settle`] after the next `GETEVENTS` enter).
+    pub(crate) fn has_unsettled(&self) -> bool {
+        !self.unsettled.is_empty()
     }
 
     /// Notifications announced and not yet seen.

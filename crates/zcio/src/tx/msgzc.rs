@@ -1,14 +1,17 @@
 //! `MSG_ZEROCOPY` backend (Linux 4.14; UDP 5.0): `send(MSG_ZEROCOPY)` lends the pages, the
 //! batched error-queue reaper ([`crate::sys::errqueue::reap`]) returns them.
 //!
-//! Sends are synchronous (ordering on stream sockets is the call order); completions are
-//! reaped without blocking every `notify_limit` accepted calls, and by `poll(POLLERR)` when the
-//! caller waits. `ENOBUFS` (the socket's `optmem_max` budget for notification state is used
-//! up) is backpressure: reap, wait for completions, retry; never an error to the caller.
+//! Calls are made without blocking (`MSG_DONTWAIT`; ordering on stream sockets is the call
+//! order); completions are reaped without blocking every `notify_limit` accepted calls, and
+//! by `poll(POLLERR)` when the caller waits. A full socket buffer (`EAGAIN`) or no room for
+//! notification state (`ENOBUFS`: the socket's `optmem_max` budget is used up) *stalls* the
+//! backend: the request goes back in order, nothing more is called until the socket is
+//! writable or completions came back ([`MsgZc::stall`]), and the owner refuses new sends
+//! meanwhile (backpressure, never an error).
 
 use super::copy;
 use super::core::{Finished, Request, SendTracker};
-use crate::buf::pool::PoolBuf;
+use crate::buf::lent::Lent;
 use crate::sys::errqueue::{self, QueuedError, ZcRange};
 use crate::sys::{net, MSG_ZEROCOPY};
 use std::collections::HashMap;
@@ -21,7 +24,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub(crate) struct MsgDone {
     pub tag: u64,
-    pub buf: PoolBuf,
+    pub buf: Lent,
     /// Bytes accepted by zero-copy calls.
     pub zc_bytes: usize,
     /// Bytes sent by copy because even an empty queue had no room (ENOBUFS), or because
@@ -45,6 +48,15 @@ pub(crate) struct MsgStats {
     pub last_queued_error: Option<QueuedError>,
 }
 
+/// Why a [`MsgZc`] makes no calls for now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stall {
+    /// The socket buffer is full: wait for `POLLOUT`.
+    Full,
+    /// No room for notification state (`ENOBUFS`): wait for completions (`POLLERR`).
+    NoRoom,
+}
+
 /// The `MSG_ZEROCOPY` backend: the syscalls around a [`SendTracker`], which maps every
 /// errqueue sequence number to the request (and buffer) that took it.
 #[derive(Debug)]
@@ -54,7 +66,8 @@ pub(crate) struct MsgZc {
     chunk: usize,
     notify_limit: usize,
     since_reap: usize,
-    tracker: SendTracker<PoolBuf>,
+    tracker: SendTracker<Lent>,
+    stall: Option<Stall>,
     /// Bytes of live sends that went by copy, by ticket (rare: only ENOBUFS/EOPNOTSUPP).
     copied_by_copy: HashMap<u64, usize>,
     reqs: Vec<Request>,
@@ -102,6 +115,7 @@ impl MsgZc {
             notify_limit: notify_limit.max(1),
             since_reap: 0,
             tracker: SendTracker::new(stream, chunk.max(1)),
+            stall: None,
             copied_by_copy: HashMap::new(),
             reqs: Vec::with_capacity(1),
             ranges: Vec::with_capacity(64),
@@ -114,8 +128,28 @@ impl MsgZc {
         self.tracker.live()
     }
 
+    /// The socket is being closed (or failed): sends not yet called fail with `errno`;
+    /// those the kernel holds complete as their notifications come.
+    pub(crate) fn fail(&mut self, errno: i32) {
+        self.tracker.fail(errno);
+        self.stall = None;
+    }
+
+    /// Why no call is made now, if none is.
+    pub(crate) fn stall(&self) -> Option<Stall> {
+        self.stall
+    }
+
+    /// The socket polled writable: calls may go on.
+    pub(crate) fn on_writable(&mut self) {
+        if self.stall == Some(Stall::Full) {
+            self.stall = None;
+        }
+        self.pump();
+    }
+
     pub(crate) fn next_done(&mut self) -> Option<MsgDone> {
-        let f: Finished<PoolBuf> = self.tracker.next_done()?;
+        let f: Finished<Lent> = self.tracker.next_done()?;
         let copy_bytes = self.copied_by_copy.remove(&f.tag).unwrap_or(0);
         Some(MsgDone {
             tag: f.tag,
@@ -128,10 +162,10 @@ impl MsgZc {
         })
     }
 
-    /// Sends `buf` with `MSG_ZEROCOPY`, in `chunk`-byte calls. Returns once every call was
-    /// made (or the send failed); the buffer comes back through [`MsgZc::next_done`] once
-    /// the errqueue has completed every call.
-    pub(crate) fn send(&mut self, tag: u64, buf: PoolBuf) {
+    /// Sends `buf` with `MSG_ZEROCOPY`, in `chunk`-byte calls, as far as the socket takes
+    /// them now (the rest goes when it is writable again); the buffer comes back through
+    /// [`MsgZc::next_done`] once the errqueue has completed every call.
+    pub(crate) fn send(&mut self, tag: u64, buf: Lent) {
         let len = buf.len();
         self.tracker.stage(tag, buf, len);
         self.pump();
@@ -140,7 +174,7 @@ impl MsgZc {
     /// Makes the calls of every request the tracker lets go now, one at a time (a call's
     /// result is known before the next: on a stream, a short send is continued first).
     fn pump(&mut self) {
-        loop {
+        while self.stall.is_none() {
             self.tracker.pop_requests(1, &mut self.reqs);
             let Some(r) = self.reqs.pop() else { break };
             self.call(r);
@@ -166,79 +200,90 @@ impl MsgZc {
         }
     }
 
-    /// One request: its `send(MSG_ZEROCOPY)` call, retried on backpressure, and the result
-    /// fed to the tracker.
+    /// One request: its `send(MSG_ZEROCOPY)` call and the result fed to the tracker. A full
+    /// socket buffer or no room for notification state gives the request back (in order)
+    /// and stalls the backend.
     fn call(&mut self, r: Request) {
-        loop {
-            self.stats.send_calls += 1;
-            let piece = &self.tracker.buf(r.key.slot)[r.off..r.off + r.len];
-            match net::send(&*self.fd, piece, MSG_ZEROCOPY | libc::MSG_NOSIGNAL) {
-                Ok(n) => {
-                    // A call that moved bytes took a sequence number; one that moved none
-                    // gave it back (the kernel aborts the notification).
-                    self.tracker.on_sent(r.key, res_of(n), n > 0);
-                    self.since_reap += 1;
-                    if self.since_reap >= self.notify_limit {
-                        self.reap();
-                    }
-                    return;
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    if self.tracker.errq_outstanding() > 0 {
-                        // optmem_max reached: completions free the notification state.
-                        self.stats.enobufs_waits += 1;
-                        self.wait_completions(Duration::from_millis(50));
-                        continue;
-                    }
-                    // No room even with nothing in flight: send this piece by copy.
-                    self.stats.enobufs_copies += 1;
-                    let out = copy::send_all(&*self.fd, piece, self.chunk);
-                    self.stats.send_calls += out.syscalls;
-                    match out.error {
-                        Some(errno) => self.tracker.on_sent(r.key, -errno, false),
-                        None => {
-                            let tag = self.tracker.tag(r.key.slot);
-                            *self.copied_by_copy.entry(tag).or_default() += out.bytes;
-                            self.tracker.on_sent(r.key, res_of(out.bytes), false);
-                        }
-                    }
-                    return;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.stats.notify_calls += 1;
-                    let _ = net::poll_one(&*self.fd, libc::POLLOUT, 100);
+        self.stats.send_calls += 1;
+        let piece = &self.tracker.buf(r.key.slot)[r.off..r.off + r.len];
+        let flags = MSG_ZEROCOPY | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+        match net::send(&*self.fd, piece, flags) {
+            Ok(n) => {
+                // A call that moved bytes took a sequence number; one that moved none gave it
+                // back (the kernel aborts the notification).
+                self.tracker.on_sent(r.key, res_of(n), n > 0);
+                self.since_reap += 1;
+                if self.since_reap >= self.notify_limit {
                     self.reap();
-                    continue;
                 }
-                Err(e) => {
-                    let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                    if self.stream {
-                        self.tracker.on_sent(r.key, -errno, false);
-                        // What completed normally is reaped now; the rest carries the error.
-                        self.reap();
-                    } else {
-                        // A datagram can fail after the kernel built it (and took a sequence
-                        // number); its completion is then already queued. Look for it.
-                        let id = self.tracker.errq_next();
-                        self.reap_raw(true);
-                        let took = self.ranges.iter().any(|r| r.contains(id));
-                        self.tracker.on_sent(r.key, -errno, took);
-                        self.apply_ranges();
-                    }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                if self.tracker.errq_outstanding() > 0 {
+                    // optmem_max reached: completions free the notification state.
+                    self.stats.enobufs_waits += 1;
+                    self.tracker.withdraw(r.key);
+                    self.stall = Some(Stall::NoRoom);
                     return;
+                }
+                // No room even with nothing in flight: send this piece by copy.
+                self.stats.enobufs_copies += 1;
+                let out = copy::send_nb(&*self.fd, piece, self.chunk, 0);
+                self.stats.send_calls += out.syscalls;
+                if let Some(errno) = out.error.filter(|_| out.bytes == 0) {
+                    self.tracker.on_sent(r.key, -errno, false);
+                } else if out.bytes == 0 {
+                    self.tracker.withdraw(r.key);
+                    self.stall = Some(Stall::Full);
+                } else {
+                    // What was copied counts; a short copy on a stream is continued next.
+                    let tag = self.tracker.tag(r.key.slot);
+                    *self.copied_by_copy.entry(tag).or_default() += out.bytes;
+                    self.tracker.on_sent(r.key, res_of(out.bytes), false);
+                    if out.would_block {
+                        self.stall = Some(Stall::Full);
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.tracker.withdraw(r.key);
+                self.stall = Some(Stall::Full);
+            }
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                if self.stream {
+                    self.tracker.on_sent(r.key, -errno, false);
+                    // What completed normally is reaped now; the rest carries the error.
+                    self.reap();
+                } else {
+                    // A datagram can fail after the kernel built it (and took a sequence
+                    // number); its completion is then already queued. Look for it.
+                    let id = self.tracker.errq_next();
+                    self.reap_raw(true);
+                    let took = self.ranges.iter().any(|r| r.contains(id));
+                    self.tracker.on_sent(r.key, -errno, took);
+                    self.apply_ranges();
                 }
             }
         }
     }
 
-    /// Non-blocking batched reap.
+    /// Non-blocking batched reap; calls stalled for room go on when completions came.
     pub(crate) fn reap(&mut self) {
         self.since_reap = 0;
         if self.tracker.errq_outstanding() == 0 {
+            if self.stall == Some(Stall::NoRoom) {
+                self.stall = None;
+                self.pump();
+            }
             return;
         }
+        let before = self.tracker.errq_outstanding();
         self.reap_raw(false);
         self.apply_ranges();
+        if self.stall == Some(Stall::NoRoom) && self.tracker.errq_outstanding() < before {
+            self.stall = None;
+            self.pump();
+        }
     }
 
     /// Reads the error queue one message at a time and stops at `EAGAIN`, or (unless `full`)
@@ -277,28 +322,37 @@ impl MsgZc {
         }
     }
 
-    /// Waits up to `timeout` for completions (`poll(POLLERR)`), reaps them, and makes the
-    /// calls they let go (after no room).
+    /// Waits up to `timeout` for completions (`poll(POLLERR)`) or, when stalled on a full
+    /// socket buffer, for room (`POLLOUT`); reaps, and makes the calls that may go now.
     pub(crate) fn wait(&mut self, timeout: Duration) {
         self.wait_completions(timeout);
         self.pump();
     }
 
     fn wait_completions(&mut self, timeout: Duration) {
-        if self.tracker.errq_outstanding() == 0 {
+        let out = self.stall == Some(Stall::Full);
+        if self.tracker.errq_outstanding() == 0 && !out {
             return;
         }
         self.stats.notify_calls += 1;
         let ms = timeout.as_millis().clamp(0, i32::MAX as u128) as i32;
-        let rev = net::poll_one(&*self.fd, libc::POLLERR, ms).unwrap_or(0);
+        let events = libc::POLLERR | if out { libc::POLLOUT } else { 0 };
+        let rev = net::poll_one(&*self.fd, events, ms).unwrap_or(0);
+        if rev & libc::POLLOUT != 0 && out {
+            self.stall = None;
+        }
         let before = self.tracker.errq_outstanding();
         self.reap();
-        if rev & (libc::POLLERR | libc::POLLHUP) != 0 && before == self.tracker.errq_outstanding() {
+        if rev & (libc::POLLERR | libc::POLLHUP) != 0
+            && before == self.tracker.errq_outstanding()
+            && before > 0
+        {
             // POLLERR without a completion: a socket error (reset). Read and clear it.
             self.stats.notify_calls += 1;
             if let Ok(e) = crate::sys::getsockopt_int(&*self.fd, libc::SOL_SOCKET, libc::SO_ERROR) {
                 if e != 0 && self.stream {
                     self.tracker.fail(e);
+                    self.stall = None;
                 }
             }
             if rev & libc::POLLHUP != 0 {

@@ -154,9 +154,10 @@ impl Window {
     }
 }
 
-/// `auto`'s per-socket policy. See the [module docs](self).
-#[derive(Debug)]
-pub(crate) struct AutoPolicy {
+/// The COPIED signal of one socket: a streak of COPIED completions moves every size to copy,
+/// and a re-probe that comes back not copied moves it back.
+#[derive(Debug, Clone)]
+pub(crate) struct CopiedWatch {
     copied_streak: u32,
     reprobe_every: u64,
     streak: u32,
@@ -164,6 +165,107 @@ pub(crate) struct AutoPolicy {
     since_switch: u64,
     interval: u64,
     probe_out: bool,
+    switches_to_copy: u64,
+    reprobes: u64,
+    switches_back: u64,
+}
+
+impl CopiedWatch {
+    pub(crate) fn new(copied_streak: u32, reprobe_every: u64) -> Self {
+        Self {
+            copied_streak: copied_streak.max(1),
+            reprobe_every: reprobe_every.max(1),
+            streak: 0,
+            in_copy: false,
+            since_switch: 0,
+            interval: reprobe_every.max(1),
+            probe_out: false,
+            switches_to_copy: 0,
+            reprobes: 0,
+            switches_back: 0,
+        }
+    }
+
+    /// While COPIED completions hold every size on copy: copy, or now and then a zero-copy
+    /// re-probe. `None`: the size policy decides.
+    pub(crate) fn decide(&mut self) -> Option<Decision> {
+        if !self.in_copy {
+            return None;
+        }
+        self.since_switch += 1;
+        if !self.probe_out && self.since_switch >= self.interval {
+            self.since_switch = 0;
+            self.probe_out = true;
+            self.reprobes += 1;
+            return Some(Decision {
+                choice: Choice::ZeroCopy,
+                clock: false,
+                probe: true,
+            });
+        }
+        Some(Decision {
+            choice: Choice::Copy,
+            clock: false,
+            probe: false,
+        })
+    }
+
+    /// A zero-copy send completed with `status`; `probe` = it was a COPIED re-probe.
+    pub(crate) fn observe(&mut self, status: ZcStatus, probe: bool) -> Option<Event> {
+        if probe {
+            self.probe_out = false;
+            if status == ZcStatus::ZeroCopy {
+                self.in_copy = false;
+                self.streak = 0;
+                self.interval = self.reprobe_every;
+                self.switches_back += 1;
+                return Some(Event::SwitchedBack);
+            }
+            self.interval = (self.interval * 2).min(self.reprobe_every * 64);
+            return None;
+        }
+        if self.in_copy {
+            return None;
+        }
+        match status {
+            ZcStatus::Copied | ZcStatus::Mixed => {
+                self.streak += 1;
+                if self.streak >= self.copied_streak {
+                    self.in_copy = true;
+                    self.since_switch = 0;
+                    self.switches_to_copy += 1;
+                    return Some(Event::SwitchedToCopy {
+                        streak: self.streak,
+                        interval: self.interval,
+                    });
+                }
+            }
+            ZcStatus::ZeroCopy => self.streak = 0,
+            ZcStatus::NotAttempted | ZcStatus::Unknown => {}
+        }
+        None
+    }
+
+    /// Whether COPIED completions put every size on copy.
+    pub(crate) fn in_copy(&self) -> bool {
+        self.in_copy
+    }
+
+    /// `(switches to copy, re-probes, switches back)`.
+    pub(crate) fn counts(&self) -> (u64, u64, u64) {
+        (self.switches_to_copy, self.reprobes, self.switches_back)
+    }
+}
+
+/// `auto`'s policy: the COPIED watch of one socket and the cost by size. A shared send ring
+/// keeps one cost-by-size part for all its sockets (its windows are runs of the thread's
+/// sends, whichever socket they go to) and a watch per socket. See the [module docs](self).
+#[derive(Debug)]
+pub(crate) struct AutoPolicy {
+    /// The COPIED watch of the one socket in the unit tests' combined use; a ring keeps one
+    /// per socket instead.
+    #[cfg(test)]
+    watch: CopiedWatch,
     groups: [Group; GROUPS],
     win: Option<Window>,
     /// A full window to close (count) at the next clock read.
@@ -190,14 +292,11 @@ fn idx(c: Choice) -> usize {
 
 impl AutoPolicy {
     pub(crate) fn new(copied_streak: u32, reprobe_every: u64, by_size: bool) -> Self {
+        #[cfg(not(test))]
+        let _ = (copied_streak, reprobe_every);
         Self {
-            copied_streak: copied_streak.max(1),
-            reprobe_every: reprobe_every.max(1),
-            streak: 0,
-            in_copy: false,
-            since_switch: 0,
-            interval: reprobe_every.max(1),
-            probe_out: false,
+            #[cfg(test)]
+            watch: CopiedWatch::new(copied_streak, reprobe_every),
             groups: [Group::default(); GROUPS],
             win: None,
             pending_close: None,
@@ -209,26 +308,19 @@ impl AutoPolicy {
     }
 
     /// The decision for a send of `len` bytes.
+    #[cfg(test)]
     pub(crate) fn decide(&mut self, len: usize) -> Decision {
-        if self.in_copy {
-            self.since_switch += 1;
-            if !self.probe_out && self.since_switch >= self.interval {
-                self.since_switch = 0;
-                self.probe_out = true;
-                self.stats.reprobes += 1;
-                return Decision {
-                    choice: Choice::ZeroCopy,
-                    clock: false,
-                    probe: true,
-                };
-            }
+        if let Some(d) = self.watch.decide() {
             self.win = None;
-            return Decision {
-                choice: Choice::Copy,
-                clock: false,
-                probe: false,
-            };
+            self.sync_watch();
+            return d;
         }
+        self.decide_size(len)
+    }
+
+    /// The cost-by-size decision for a send of `len` bytes (a socket whose COPIED watch does
+    /// not hold it on copy).
+    pub(crate) fn decide_size(&mut self, len: usize) -> Decision {
         if !self.by_size {
             return Decision {
                 choice: Choice::ZeroCopy,
@@ -387,47 +479,30 @@ impl AutoPolicy {
     }
 
     /// A zero-copy send completed with `status`; `probe` = it was a COPIED re-probe.
+    #[cfg(test)]
     pub(crate) fn observe(&mut self, status: ZcStatus, probe: bool) -> Option<Event> {
-        if probe {
-            self.probe_out = false;
-            if status == ZcStatus::ZeroCopy {
-                self.in_copy = false;
-                self.streak = 0;
-                self.interval = self.reprobe_every;
-                self.stats.switches_back += 1;
-                self.last_choice = None;
-                return Some(Event::SwitchedBack);
-            }
-            self.interval = (self.interval * 2).min(self.reprobe_every * 64);
-            return None;
+        let ev = self.watch.observe(status, probe);
+        match ev {
+            Some(Event::SwitchedToCopy { .. }) => self.win = None,
+            Some(Event::SwitchedBack) => self.last_choice = None,
+            None => {}
         }
-        if self.in_copy {
-            return None;
-        }
-        match status {
-            ZcStatus::Copied | ZcStatus::Mixed => {
-                self.streak += 1;
-                if self.streak >= self.copied_streak {
-                    self.in_copy = true;
-                    self.since_switch = 0;
-                    self.stats.switches_to_copy += 1;
-                    self.win = None;
-                    return Some(Event::SwitchedToCopy {
-                        streak: self.streak,
-                        interval: self.interval,
-                    });
-                }
-            }
-            ZcStatus::ZeroCopy => self.streak = 0,
-            ZcStatus::NotAttempted | ZcStatus::Unknown => {}
-        }
-        None
+        self.sync_watch();
+        ev
+    }
+
+    #[cfg(test)]
+    fn sync_watch(&mut self) {
+        let (to, re, back) = self.watch.counts();
+        self.stats.switches_to_copy = to;
+        self.stats.reprobes = re;
+        self.stats.switches_back = back;
     }
 
     /// Whether COPIED completions put every size on copy.
     #[cfg(test)]
     pub(crate) fn in_copy(&self) -> bool {
-        self.in_copy
+        self.watch.in_copy()
     }
 
     /// The learned size below which copy is cheaper: the smallest size whose group (and

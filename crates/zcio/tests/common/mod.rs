@@ -39,6 +39,22 @@ pub fn scaled(d: std::time::Duration) -> std::time::Duration {
     d * k
 }
 
+/// Sends `buf` on `tx`, waiting for room while the sender refuses it for backpressure (the
+/// refusal hands the buffer back; nothing waits inside `send`).
+pub fn send(tx: &mut zcio::tx::Sender, mut buf: zcio::tx::PoolBuf) -> zcio::tx::Ticket {
+    loop {
+        match tx.send(buf) {
+            Ok(t) => return t,
+            Err(r) => {
+                assert!(r.reason.is_backpressure(), "send refused: {r}");
+                buf = r.buf;
+                tx.wait(std::time::Duration::from_millis(100))
+                    .expect("waiting for room");
+            }
+        }
+    }
+}
+
 /// Runs `parse` over `rounds` deterministic mutations of `seeds` (bit flips, truncations,
 /// 16-bit fields overwritten, splices of two seeds, inserted bytes); returns how many it
 /// rejected. A panic in `parse` fails the calling test.

@@ -227,3 +227,81 @@ pub fn release_and_receive_rest(
     }
     assert_eq!(off, total, "{name}");
 }
+
+/// Accepts `conns` connections on `l` and reads each to end of stream with a [`Stream`]
+/// checker (8-byte base header, then the pattern in order), all on one thread with `poll`.
+/// Returns `(base, bytes)` per connection, sorted by base. `pause` holds every read back
+/// while it is set (a peer that stops reading).
+pub fn serve_checked(
+    l: TcpListener,
+    conns: usize,
+    pause: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<(u64, u64)>> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering;
+    std::thread::spawn(move || {
+        let mut socks: Vec<(TcpStream, Stream, bool)> = Vec::with_capacity(conns);
+        while socks.len() < conns {
+            let (s, _) = l.accept().expect("accept");
+            s.set_nonblocking(true).unwrap();
+            socks.push((s, Stream::default(), false));
+        }
+        let mut buf = vec![0u8; 256 << 10];
+        let mut open = conns;
+        let deadline = Instant::now() + super::scaled(Duration::from_secs(120));
+        while open > 0 {
+            assert!(Instant::now() < deadline, "{open} connections never ended");
+            if pause.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            let mut fds: Vec<libc::pollfd> = socks
+                .iter()
+                .map(|(s, _, done)| libc::pollfd {
+                    fd: if *done { -1 } else { s.as_raw_fd() },
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            // SAFETY: `fds` is a valid array for the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
+            if n <= 0 {
+                continue;
+            }
+            for (i, p) in fds.iter().enumerate() {
+                if p.revents == 0 {
+                    continue;
+                }
+                let (s, st, done) = &mut socks[i];
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => {
+                            *done = true;
+                            open -= 1;
+                            break;
+                        }
+                        Ok(n) => st.eat(&buf[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                            *done = true;
+                            open -= 1;
+                            break;
+                        }
+                        Err(e) => panic!("read: {e}"),
+                    }
+                }
+            }
+        }
+        let mut out: Vec<(u64, u64)> = socks.iter().map(|(_, st, _)| (st.base, st.got)).collect();
+        out.sort_unstable();
+        out
+    })
+}
+
+/// Connects to `addr` and writes the 8-byte base header of a [`Stream`] checker.
+pub fn connect_with_base(addr: SocketAddr, base: u64) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.write_all(&base.to_le_bytes()).expect("header");
+    s
+}

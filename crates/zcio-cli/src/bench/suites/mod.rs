@@ -10,6 +10,7 @@ mod python;
 mod rx;
 mod shim;
 mod tx;
+mod tx_many;
 
 use super::Suite;
 

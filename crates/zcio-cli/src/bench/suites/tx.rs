@@ -319,9 +319,67 @@ impl Suite for Tx {
                 },
             )?;
         }
+        many(ctx, dur, warmup, ws)?;
         sweep(ctx, pair.is_some(), sink.as_ref(), dur, warmup, ws)?;
         Ok(())
     }
+}
+
+const MANY_METRICS: &[MetricDef] = &[
+    MetricDef::new("sender_cpu", "s/GB", Better::Lower),
+    MetricDef::new("throughput", "Gbit/s", Better::Higher),
+    MetricDef::new("kernel_entries_per_1k_sends", "calls", Better::Lower),
+    MetricDef::new("copied_fraction", "fraction", Better::Lower),
+];
+
+fn many_sample(r: &super::tx_many::ManyReport) -> Sample {
+    let mut s = Sample::default();
+    s.set("sender_cpu", r.cpu_s_per_gb())
+        .set("throughput", r.gbit_s())
+        .set("kernel_entries_per_1k_sends", r.entries_per_1k())
+        .set("copied_fraction", r.copied_fraction.unwrap_or(1.0));
+    s.note(r.note.clone());
+    s
+}
+
+/// Many sockets from one thread: 1,000 loopback connections (200 in quick mode), sends of
+/// 4 KiB and 64 KiB round-robin, on one shared ring and on a ring per socket, each against
+/// epoll + send. Rows `many <n>x<size> <way> vs epoll+send`.
+fn many(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()> {
+    use super::tx_many::{run, ManyOpts, Way};
+    let conns = ctx.pick(200, 1000, 1000);
+    let batch = 64;
+    ctx.note(format!(
+        "many: {conns} loopback TCP connections, sends round-robin from one thread; epoll + send (non-blocking send per buffer, EPOLLOUT when full) vs one shared SendRing (auto, {batch} requests per io_uring_enter across sockets, pool registered once, sockets in one registered-file table) vs a Sender (io_uring) per socket (auto, one enter per send); every side warms up {warmup:?}, then {:?} measured; kernel entries are every syscall the sending thread made. On loopback every byte is copied (COPIED 1.0): auto sends by io_uring SEND after each socket's first zero-copy completions",
+        dur * 2
+    ));
+    for size in [4 << 10, 64 << 10] {
+        for (label, way) in [
+            ("shared ring", Way::SharedRing),
+            ("ring per socket", Way::RingPerSocket),
+        ] {
+            let case = format!("many {conns}x{} {label} vs epoll+send", size_label(size));
+            if !wanted(&case) {
+                continue;
+            }
+            let o = ManyOpts {
+                conns,
+                size,
+                warmup,
+                dur: dur * 2,
+                ws,
+                batch,
+            };
+            ctx.compare(
+                &case,
+                ("epoll+send", label),
+                MANY_METRICS,
+                || Ok(many_sample(&run(Way::EpollSend, &o)?)),
+                || Ok(many_sample(&run(way, &o)?)),
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// Sizes of the `auto` sweep.

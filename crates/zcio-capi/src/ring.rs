@@ -1,0 +1,532 @@
+//! The shared send ring (`zcio::tx::SendRing`) for C: sends of many sockets on one io_uring
+//! per thread, never waiting inside a send (`-EAGAIN` with the buffer still the caller's).
+
+use crate::report::zcio_report;
+use crate::rx::{zcio_rx_chunk, Shared};
+use crate::tx::{
+    mode_of, ms, path_code, path_cstr, send_buf, tx_errno, zc_code, zcio_buf, zcio_pool,
+};
+use crate::{guard, Owner};
+use libc::{c_char, c_int};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Duration;
+use zcio_core::ring::RingConfig;
+use zcio_core::tx::{SendRing, SendRingConfig, SenderConfig, SockId, TxBuf};
+
+/// One io_uring per thread carrying the sends of many sockets. Opaque; one thread.
+pub struct zcio_send_ring {
+    owner: Owner,
+    ring: SendRing,
+    /// The receivers of chunks in flight, by ticket: a chunk comes back as a
+    /// `zcio_rx_chunk` of its own receiver.
+    chunks: HashMap<u64, Arc<Shared>>,
+}
+
+/// The result of one send on a send ring.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct zcio_send_completion {
+    /// The ticket the send returned.
+    pub ticket: u64,
+    /// The socket.
+    pub sock: u64,
+    /// The caller's token given with the send.
+    pub token: u64,
+    /// Bytes the buffer held.
+    pub len: usize,
+    /// Bytes the kernel accepted.
+    pub bytes: usize,
+    /// `ZCIO_TX_*` path the send took.
+    pub path: u32,
+    /// `ZCIO_ZC_*`.
+    pub zerocopy: u32,
+    /// 0, or `-errno` when the send failed (`-ECANCELED`: its socket was closed first).
+    pub error: c_int,
+}
+
+fn with_ring(r: *mut zcio_send_ring, f: impl FnOnce(&mut zcio_send_ring) -> c_int) -> c_int {
+    if r.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: `r` is a live handle; only its (immutable) owner is read first.
+    if !unsafe { (*r).owner }.is_here() {
+        return -libc::EPERM;
+    }
+    // SAFETY: the owner thread's exclusive use of its live handle.
+    guard(|| f(unsafe { &mut *r }))
+}
+
+/// Creates a send ring into `*out`: `entries` submission queue entries (0: 256), a registered
+/// file table of `files` slots (0: 65536, capped by `RLIMIT_NOFILE`), entering the kernel
+/// once `submit_batch` requests are queued (0: 32). Without io_uring it still works, by
+/// `MSG_ZEROCOPY` and copy (see `zcio_send_ring_report`). Returns 0 or `-errno`.
+///
+/// Thread: any; the calling thread becomes the owner. Ownership: `*out` until
+/// `zcio_send_ring_free`.
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_new(
+    out: *mut *mut zcio_send_ring,
+    entries: u32,
+    files: u32,
+    submit_batch: u32,
+) -> c_int {
+    if out.is_null() {
+        return -libc::EINVAL;
+    }
+    guard(|| {
+        let d = SendRingConfig::default();
+        let cfg = SendRingConfig {
+            ring: RingConfig {
+                entries: if entries == 0 {
+                    d.ring.entries
+                } else {
+                    entries
+                },
+                ..d.ring
+            },
+            files: if files == 0 { d.files } else { files },
+            submit_batch: if submit_batch == 0 {
+                d.submit_batch
+            } else {
+                submit_batch as usize
+            },
+        };
+        match SendRing::new(&cfg) {
+            Ok(ring) => {
+                let r = zcio_send_ring {
+                    owner: Owner::here(),
+                    ring,
+                    chunks: HashMap::new(),
+                };
+                // SAFETY: `out` is non-null.
+                unsafe { *out = Box::into_raw(Box::new(r)) };
+                0
+            }
+            Err(e) => tx_errno(&e),
+        }
+    })
+}
+
+/// Frees a send ring (NULL is ignored): waits up to 2 s for sends in flight, gives back the
+/// buffers and chunks that came back (chunks through `zcio_rx_chunk_free`), and closes every
+/// socket. Buffers the kernel still holds then are leaked, never reused. Flush first
+/// (`zcio_send_ring_flush`) to get every completion.
+///
+/// Thread: the owner (its ring is used to wait); freed once.
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_free(r: *mut zcio_send_ring) {
+    if r.is_null() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `r` came from zcio_send_ring_new and is freed once.
+        let mut r = unsafe { Box::from_raw(r) };
+        let _ = r.ring.flush(Duration::from_secs(2));
+        while let Some((c, b)) = r.ring.next_completion() {
+            if let TxBuf::Chunk(chunk) = b {
+                if let Some(shared) = r.chunks.remove(&c.ticket.0) {
+                    let p = Box::into_raw(Box::new(zcio_rx_chunk { chunk, shared }));
+                    crate::rx::zcio_rx_chunk_free(p);
+                }
+            }
+        }
+        drop(r);
+    }));
+}
+
+/// Registers `pool` with the ring, once for every socket (up to 16 pools): sends of its
+/// buffers on the zero-copy paths then use fixed buffers. Returns 0 or `-errno`; a failure
+/// (`-ENOMEM`: `RLIMIT_MEMLOCK` exhausted) is also recorded as a fallback (see
+/// `zcio_send_ring_report`) and sends pin pages per send instead.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_register_pool(
+    r: *mut zcio_send_ring,
+    pool: *const zcio_pool,
+) -> c_int {
+    if pool.is_null() {
+        return -libc::EINVAL;
+    }
+    with_ring(r, |r| {
+        // SAFETY: `pool` is a live pool handle.
+        match r.ring.register_pool(unsafe { &(*pool).pool }) {
+            Ok(()) => 0,
+            Err(e) => tx_errno(&e),
+        }
+    })
+}
+
+/// Adds the connected TCP/UDP socket `fd` (ownership passes to the ring, which closes it) in
+/// `mode` (`ZCIO_TX_*`) with at most `depth` sends in flight (0: 64); its id goes to
+/// `*sock`. Returns 0 or `-errno` (`fd` is closed on failure too).
+///
+/// Thread: the owner only (`-EPERM` from any other; `fd` then stays the caller's).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_add(
+    r: *mut zcio_send_ring,
+    fd: c_int,
+    mode: u32,
+    depth: u32,
+    sock: *mut u64,
+) -> c_int {
+    if sock.is_null() || fd < 0 {
+        return -libc::EINVAL;
+    }
+    let Some(mode) = mode_of(mode) else {
+        return -libc::EINVAL;
+    };
+    with_ring(r, |r| {
+        // SAFETY: the caller hands over ownership of the open socket `fd`.
+        let s = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut cfg = SenderConfig::new(mode);
+        if depth > 0 {
+            cfg.depth = depth as usize;
+        }
+        match r.ring.add(s, &cfg) {
+            Ok(id) => {
+                // SAFETY: non-null output pointer.
+                unsafe { *sock = id.raw() };
+                0
+            }
+            Err(e) => tx_errno(&e),
+        }
+    })
+}
+
+fn put_ticket(ticket: *mut u64, t: u64) {
+    if !ticket.is_null() {
+        // SAFETY: non-null output pointer.
+        unsafe { *ticket = t };
+    }
+}
+
+/// Sends `buf` on `sock` with the caller's `token` (returned in the completion). On success
+/// (0) the buffer is taken (the handle is invalid afterwards; it comes back with its
+/// completion) and the ticket goes to `*ticket` if non-NULL. Never waits: `-EAGAIN` when the
+/// send cannot be queued now (the socket's `depth` in flight, a full socket buffer or no room
+/// on the syscall paths) — the buffer is still the caller's; retry once
+/// `zcio_send_ring_next_writable` names the socket. `-EBADF`: the socket is closed (the
+/// buffer is still the caller's).
+///
+/// Thread: the owner only (`-EPERM` from any other; the buffer then stays the caller's).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_send(
+    r: *mut zcio_send_ring,
+    sock: u64,
+    buf: *mut zcio_buf,
+    token: u64,
+    ticket: *mut u64,
+) -> c_int {
+    if buf.is_null() {
+        return -libc::EINVAL;
+    }
+    with_ring(r, |r| {
+        let id = SockId::from_raw(sock);
+        // SAFETY: `buf` is a live buffer handle whose ownership the caller offers.
+        let res = unsafe {
+            send_buf(buf, |b| {
+                r.ring.send_with(id, b, token).map_err(|e| {
+                    let back = e.buf.into_pool().expect("a pool buffer comes back as one");
+                    (e.reason.errno(), back)
+                })
+            })
+        };
+        match res {
+            Ok(t) => {
+                put_ticket(ticket, t.0);
+                0
+            }
+            Err(Ok(errno)) => -errno,
+            Err(Err(rc)) => rc,
+        }
+    })
+}
+
+/// Sends a received chunk on `sock` as it lies in the receiver's memory (what a proxy
+/// forwards), with the caller's `token`. On success (0) the chunk is taken: it comes back
+/// with its completion (`zcio_send_ring_next_completion`'s `*chunk`) after the kernel's last
+/// reference to it is gone, to be freed with `zcio_rx_chunk_free` as usual. `-EAGAIN` /
+/// `-EBADF` as for `zcio_send_ring_send`: the chunk is still the caller's.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_send_chunk(
+    r: *mut zcio_send_ring,
+    sock: u64,
+    chunk: *mut zcio_rx_chunk,
+    token: u64,
+    ticket: *mut u64,
+) -> c_int {
+    if chunk.is_null() {
+        return -libc::EINVAL;
+    }
+    with_ring(r, |r| {
+        let id = SockId::from_raw(sock);
+        // SAFETY: `chunk` is a live chunk handle whose ownership the caller offers. Its fields
+        // are moved out without running its Drop (the chunk stays counted as lent by its
+        // receiver while the ring holds it); on refusal they are moved back into the same
+        // handle, on success the handle's memory is freed without dropping them again.
+        unsafe {
+            let c = std::ptr::read(&(*chunk).chunk);
+            match r.ring.send_with(id, c, token) {
+                Ok(t) => {
+                    let shared = std::ptr::read(&(*chunk).shared);
+                    r.chunks.insert(t.0, shared);
+                    drop(Box::from_raw(
+                        chunk.cast::<std::mem::ManuallyDrop<zcio_rx_chunk>>(),
+                    ));
+                    put_ticket(ticket, t.0);
+                    0
+                }
+                Err(e) => {
+                    let errno = e.reason.errno();
+                    let back = e.buf.into_chunk().expect("a chunk comes back as one");
+                    std::ptr::write(&mut (*chunk).chunk, back);
+                    -errno
+                }
+            }
+        }
+    })
+}
+
+/// Submits the queued requests of every socket with one `io_uring_enter` (none when nothing
+/// is queued) and collects completions. Returns how many completions are ready.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_submit(r: *mut zcio_send_ring) -> c_int {
+    with_ring(r, |r| match r.ring.submit() {
+        Ok(()) => r.ring.ready() as c_int,
+        Err(e) => tx_errno(&e),
+    })
+}
+
+/// Makes progress without blocking (submits, collects; enters the kernel only when
+/// something is queued or it flagged deferred task work, so a loop that only polls sees every
+/// completion); returns how many completions are ready.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_poll(r: *mut zcio_send_ring) -> c_int {
+    with_ring(r, |r| match r.ring.poll() {
+        Ok(n) => n as c_int,
+        Err(e) => tx_errno(&e),
+    })
+}
+
+/// Waits up to `timeout_ms` for at least one completion; returns how many are ready.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_wait(r: *mut zcio_send_ring, timeout_ms: c_int) -> c_int {
+    with_ring(r, |r| match r.ring.wait(ms(timeout_ms)) {
+        Ok(n) => n as c_int,
+        Err(e) => tx_errno(&e),
+    })
+}
+
+/// Waits until every send of every socket has completed (`-ETIMEDOUT` after `timeout_ms`).
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_flush(r: *mut zcio_send_ring, timeout_ms: c_int) -> c_int {
+    with_ring(r, |r| match r.ring.flush(ms(timeout_ms)) {
+        Ok(()) => 0,
+        Err(e) => tx_errno(&e),
+    })
+}
+
+/// Takes the oldest ready completion into `*out` and what was sent: a pool buffer into `*buf`
+/// or a received chunk into `*chunk` (the other is set to NULL; the caller owns it again).
+/// Returns 1, or 0 when none is ready.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_next_completion(
+    r: *mut zcio_send_ring,
+    out: *mut zcio_send_completion,
+    buf: *mut *mut zcio_buf,
+    chunk: *mut *mut zcio_rx_chunk,
+) -> c_int {
+    if out.is_null() || buf.is_null() || chunk.is_null() {
+        return -libc::EINVAL;
+    }
+    with_ring(r, |r| {
+        let Some((c, b)) = r.ring.next_completion() else {
+            return 0;
+        };
+        let done = zcio_send_completion {
+            ticket: c.ticket.0,
+            sock: c.sock.raw(),
+            token: c.token,
+            len: c.len,
+            bytes: c.bytes,
+            path: path_code(c.path),
+            zerocopy: zc_code(c.zerocopy),
+            error: c.error.as_ref().map_or(0, |e| -e.errno()),
+        };
+        let (pb, ch): (*mut zcio_buf, *mut zcio_rx_chunk) = match b {
+            TxBuf::Pool(p) => (
+                Box::into_raw(Box::new(zcio_buf::new(p))),
+                std::ptr::null_mut(),
+            ),
+            TxBuf::Chunk(k) => match r.chunks.remove(&c.ticket.0) {
+                Some(shared) => (
+                    std::ptr::null_mut(),
+                    Box::into_raw(Box::new(zcio_rx_chunk { chunk: k, shared })),
+                ),
+                // Not sent from C: nothing to hand back.
+                None => (std::ptr::null_mut(), std::ptr::null_mut()),
+            },
+            TxBuf::Vec(_) => (std::ptr::null_mut(), std::ptr::null_mut()),
+        };
+        // SAFETY: the output pointers are non-null.
+        unsafe {
+            *out = done;
+            *buf = pb;
+            *chunk = ch;
+        }
+        1
+    })
+}
+
+/// A socket that refused a send (`-EAGAIN`) and can take one again, into `*sock`. Returns 1,
+/// or 0 when none is.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_next_writable(r: *mut zcio_send_ring, sock: *mut u64) -> c_int {
+    if sock.is_null() {
+        return -libc::EINVAL;
+    }
+    with_ring(r, |r| match r.ring.next_writable() {
+        Some(id) => {
+            // SAFETY: non-null output pointer.
+            unsafe { *sock = id.raw() };
+            1
+        }
+        None => 0,
+    })
+}
+
+/// Closes a socket: later sends get `-EBADF`; its sends not yet in the kernel complete with
+/// `-ECANCELED`, those in the kernel are cancelled (a started one may complete partly); every
+/// buffer still comes back with its completion. The connection is reset when data was still
+/// queued. For a graceful end, wait until `zcio_send_ring_sock_in_flight` is 0 first.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_close(r: *mut zcio_send_ring, sock: u64) -> c_int {
+    with_ring(r, |r| {
+        r.ring.close(SockId::from_raw(sock));
+        0
+    })
+}
+
+/// Sends of `sock` not yet completed (0 for a socket that is gone).
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_sock_in_flight(r: *mut zcio_send_ring, sock: u64) -> c_int {
+    with_ring(r, |r| {
+        r.ring
+            .sock_in_flight(SockId::from_raw(sock))
+            .min(i32::MAX as usize) as c_int
+    })
+}
+
+/// The readiness descriptor: polls readable when `zcio_send_ring_on_ready` would find
+/// completions (see the Rust `SendRing::readiness_fd`). Returns the descriptor (owned by the
+/// ring) or `-errno`.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_readiness_fd(r: *mut zcio_send_ring) -> c_int {
+    with_ring(r, |r| match r.ring.readiness_fd() {
+        Ok(fd) => fd.as_raw_fd(),
+        Err(e) => tx_errno(&e),
+    })
+}
+
+/// Harvests after the readiness descriptor fired; returns how many completions are ready.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_on_ready(r: *mut zcio_send_ring) -> c_int {
+    with_ring(r, |r| match r.ring.on_ready() {
+        Ok(n) => n as c_int,
+        Err(e) => tx_errno(&e),
+    })
+}
+
+/// The path `sock`'s new sends take now, as a static string; NULL for an unknown socket.
+///
+/// Thread: the owner only (NULL from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_sock_path(r: *const zcio_send_ring, sock: u64) -> *const c_char {
+    if r.is_null() {
+        return std::ptr::null();
+    }
+    // SAFETY: `r` is a live handle; only its (immutable) owner is read first.
+    if !unsafe { (*r).owner }.is_here() {
+        return std::ptr::null();
+    }
+    // SAFETY: the owner thread's use of its live handle.
+    match unsafe { (*r).ring.sock_path(SockId::from_raw(sock)) } {
+        Some(p) => path_cstr(p),
+        None => std::ptr::null(),
+    }
+}
+
+/// A snapshot of what the ring reports into `*out`: the best path it offers, the counters of
+/// all its sockets with its own kernel entries, its fallbacks (set-up, registered files,
+/// pool registration) and its counters (`stats` in the JSON: path counters and the ring's
+/// lent buffers). Free it with `zcio_report_free`.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_report(
+    r: *mut zcio_send_ring,
+    out: *mut *mut zcio_report,
+) -> c_int {
+    with_ring(r, |r| {
+        let stats = serde_json::json!({
+            "tx": r.ring.stats(),
+            "ring": r.ring.ring_stats(),
+            "enters": r.ring.enters(),
+            "sockets": r.ring.sockets(),
+        });
+        crate::report::put(out, crate::report::of(&r.ring, stats))
+    })
+}
+
+/// A snapshot of what one socket reports into `*out`: its path, its counters (without the
+/// ring's shared kernel entries), every fallback it took with its reason (registered file,
+/// fixed buffers, zero-copy refused, COPIED, memlock) and its path counters. `-EBADF` for an
+/// unknown socket.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_sock_report(
+    r: *mut zcio_send_ring,
+    sock: u64,
+    out: *mut *mut zcio_report,
+) -> c_int {
+    with_ring(r, |r| {
+        let id = SockId::from_raw(sock);
+        let Some(path) = r.ring.sock_path(id) else {
+            return -libc::EBADF;
+        };
+        let rep = crate::report::snapshot(
+            path.name(),
+            &r.ring.sock_counters(id),
+            r.ring.sock_fallbacks(id),
+            serde_json::to_value(r.ring.sock_stats(id)).unwrap_or_default(),
+        );
+        crate::report::put(out, rep)
+    })
+}

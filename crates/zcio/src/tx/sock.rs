@@ -1,0 +1,320 @@
+//! One socket of a [`SendRing`](super::SendRing): what it is (stream or datagram, payload per
+//! datagram, GSO), the path its sends take, its own order and accounting, and its fallbacks.
+
+use super::core::{Finished, SendTracker};
+use super::msgzc::MsgZc;
+use super::policy::CopiedWatch;
+use super::{sock_err, Path, SenderConfig, TxError, TxMode, TxStats};
+use crate::buf::lent::Lent;
+use crate::ring::lend::{FileId, LendId};
+use crate::rx::{ConnId, RxPath};
+use crate::stats::{self, Counters, Fallback};
+use crate::sys::{self, net};
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+/// What is known of a socket before it is added.
+#[derive(Debug)]
+pub(super) struct Shape {
+    pub(super) stream: bool,
+    /// AF_INET or AF_INET6 (zero-copy needs one).
+    pub(super) ip: bool,
+    /// Most bytes per kernel send: one datagram or GSO batch (UDP), unbounded (TCP).
+    pub(super) chunk: usize,
+    /// UDP payload per datagram on the wire.
+    pub(super) segment: usize,
+    /// Largest UDP payload.
+    pub(super) max_datagram: usize,
+    pub(super) fallbacks: Vec<Fallback>,
+}
+
+/// Reads the socket's type, family and (UDP) path MTU, and turns on `UDP_SEGMENT` when
+/// `cfg.udp_gso` asks for it.
+pub(super) fn inspect(sock: &OwnedFd, cfg: &SenderConfig) -> Result<Shape, TxError> {
+    let ty = sys::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_TYPE)
+        .map_err(|e| sock_err("getsockopt(SO_TYPE)", e))?;
+    let stream = match ty {
+        libc::SOCK_STREAM => true,
+        libc::SOCK_DGRAM => false,
+        other => {
+            return Err(sock_err(
+                format!("socket type {other}"),
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a send ring needs SOCK_STREAM or SOCK_DGRAM sockets",
+                ),
+            ))
+        }
+    };
+    let family = net::socket_family(sock).ok();
+    let mut fallbacks = Vec::new();
+    // UDP: datagram size from the route MTU, GSO for larger writes.
+    let max_datagram = match family {
+        Some(net::Family::V6) => 65527,
+        _ => 65507,
+    };
+    let mut chunk = usize::MAX;
+    let mut segment = usize::MAX;
+    if !stream {
+        let payload = match family {
+            Some(net::Family::V4) => sys::getsockopt_int(sock, libc::SOL_IP, libc::IP_MTU)
+                .map(|m| (m as usize).saturating_sub(28)),
+            Some(net::Family::V6) => sys::getsockopt_int(sock, libc::SOL_IPV6, libc::IPV6_MTU)
+                .map(|m| (m as usize).saturating_sub(48)),
+            None => Ok(max_datagram),
+        }
+        .map_err(|e| sock_err("reading the path MTU (is the UDP socket connected?)", e))?
+        .clamp(1, max_datagram);
+        chunk = max_datagram;
+        segment = max_datagram;
+        if cfg.udp_gso && payload < max_datagram && family.is_some() {
+            match sys::setsockopt_int(sock, sys::SOL_UDP, sys::UDP_SEGMENT, payload as i32) {
+                // At most 64 segments per call (UDP_MAX_SEGMENTS on older kernels), and the
+                // whole write must fit one IP packet's length field.
+                Ok(()) => {
+                    chunk = (max_datagram / payload).min(64) * payload;
+                    segment = payload;
+                }
+                Err(e) => {
+                    chunk = payload;
+                    segment = payload;
+                    fallbacks.push(Fallback::new(
+                        stats::Path::setting("udp-gso"),
+                        stats::Path::setting("one datagram per send call"),
+                        format!("setsockopt(UDP_SEGMENT) failed: {e} (needs Linux 4.18)"),
+                    ));
+                }
+            }
+        } else if !cfg.udp_gso {
+            chunk = usize::MAX;
+            segment = usize::MAX;
+        }
+    }
+    Ok(Shape {
+        stream,
+        ip: family.is_some(),
+        chunk,
+        segment,
+        max_datagram,
+        fallbacks,
+    })
+}
+
+/// What a finished send needs to become a [`Completion`](super::Completion).
+#[derive(Debug)]
+pub(super) struct Meta {
+    pub(super) ticket: u64,
+    pub(super) len: usize,
+    pub(super) path: Path,
+    pub(super) token: u64,
+    pub(super) chunk: Option<(ConnId, RxPath)>,
+}
+
+/// Per-send data of a socket's sends in flight, indexed by the socket's own send number
+/// (which only grows, so a deque from the oldest live one replaces a map: no hashing).
+#[derive(Debug, Default)]
+pub(super) struct Metas {
+    base: u64,
+    q: VecDeque<Option<Meta>>,
+}
+
+impl Metas {
+    pub(super) fn insert(&mut self, seq: u64, m: Meta) {
+        if self.q.is_empty() {
+            self.base = seq;
+        }
+        let i = (seq - self.base) as usize;
+        if self.q.len() <= i {
+            self.q.resize_with(i + 1, || None);
+        }
+        self.q[i] = Some(m);
+    }
+
+    pub(super) fn remove(&mut self, seq: u64) -> Option<Meta> {
+        let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
+        let m = self.q.get_mut(i)?.take();
+        while matches!(self.q.front(), Some(None)) {
+            self.q.pop_front();
+            self.base += 1;
+        }
+        m
+    }
+}
+
+/// A copy send the socket buffer could not take in full: the rest goes when it is writable.
+#[derive(Debug)]
+pub(super) struct Pending {
+    pub(super) seq: u64,
+    pub(super) buf: Lent,
+    pub(super) sent: usize,
+}
+
+/// `auto`'s state for one socket.
+#[derive(Debug)]
+pub(super) struct Auto {
+    /// The zero-copy path (none: copy only).
+    pub(super) zc: Option<Path>,
+    pub(super) watch: CopiedWatch,
+    /// The COPIED re-probe in flight (the socket's send number).
+    pub(super) probe: Option<u64>,
+}
+
+/// One socket.
+#[derive(Debug)]
+pub(super) struct Sock {
+    pub(super) fd: Arc<OwnedFd>,
+    pub(super) gen: u32,
+    pub(super) stream: bool,
+    pub(super) chunk: usize,
+    pub(super) segment: usize,
+    pub(super) max_datagram: usize,
+    pub(super) cfg: SenderConfig,
+    /// The path new sends take now (`auto`: the arm it is on).
+    pub(super) path: Path,
+    pub(super) auto: Option<Box<Auto>>,
+    /// On the ring: its registered file and its send core.
+    pub(super) file: Option<FileId>,
+    pub(super) tracker: Option<SendTracker<LendId>>,
+    /// Per tracker slot: the path of the send using it now.
+    pub(super) slot_paths: Vec<Path>,
+    /// Finished sends whose buffer the ring still held (returned later; see
+    /// `LendRing::take`).
+    pub(super) held: Vec<Finished<LendId>>,
+    /// Without the ring: `MSG_ZEROCOPY`, or a copy send in progress.
+    pub(super) msg: Option<Box<MsgZc>>,
+    pub(super) pending: Option<Pending>,
+    /// The socket's own send numbers (tracker tags).
+    pub(super) seq: u64,
+    pub(super) meta: Metas,
+    pub(super) counters: Counters,
+    pub(super) stats: TxStats,
+    pub(super) fallbacks: Vec<Fallback>,
+    /// A send was refused: report the socket writable when it can take one again.
+    pub(super) refused: bool,
+    /// Closing: no new sends; freed once nothing is in flight.
+    pub(super) closing: bool,
+    /// The ring failed for this socket: it sends by copy (syscalls) from now on.
+    pub(super) retired: bool,
+    /// A stream whose ring was abandoned with requests of unknown outcome: every later send
+    /// fails with this errno.
+    pub(super) broken: Option<i32>,
+    /// Listed for the next pump (staged requests that may go).
+    pub(super) dirty: bool,
+    /// In the ring's epoll set (syscall paths: `EPOLLOUT` and the error queue).
+    pub(super) in_epoll: bool,
+    /// The ring was abandoned with sends of this socket in it: they never come back.
+    pub(super) stuck: bool,
+    /// Abandoned: completions are dropped (with their buffers) instead of delivered.
+    pub(super) discard: bool,
+    /// The `MSG_ZEROCOPY` backend's totals at the last look.
+    pub(super) msg_seen: super::msgzc::MsgStats,
+}
+
+impl Sock {
+    pub(super) fn new(fd: Arc<OwnedFd>, gen: u32, shape: &Shape, cfg: &SenderConfig) -> Self {
+        Self {
+            fd,
+            gen,
+            stream: shape.stream,
+            chunk: shape.chunk,
+            segment: shape.segment,
+            max_datagram: shape.max_datagram,
+            cfg: cfg.clone(),
+            path: Path::Copy,
+            auto: None,
+            file: None,
+            tracker: None,
+            slot_paths: Vec::new(),
+            held: Vec::new(),
+            msg: None,
+            pending: None,
+            seq: 0,
+            meta: Metas::default(),
+            counters: Counters::default(),
+            stats: TxStats::default(),
+            fallbacks: shape.fallbacks.clone(),
+            refused: false,
+            closing: false,
+            retired: false,
+            broken: None,
+            dirty: false,
+            in_epoll: false,
+            discard: false,
+            stuck: false,
+            msg_seen: Default::default(),
+        }
+    }
+
+    /// Sends that can still come back: those stuck in an abandoned ring cannot, and do not
+    /// count against `depth`.
+    pub(super) fn in_flight_active(&self) -> usize {
+        if self.stuck {
+            self.msg.as_ref().map_or(0, |m| m.in_flight()) + usize::from(self.pending.is_some())
+        } else {
+            self.in_flight()
+        }
+    }
+
+    /// Sends owned by the socket's backends (queued, in the kernel, owed a notification).
+    pub(super) fn in_flight(&self) -> usize {
+        self.tracker.as_ref().map_or(0, |t| t.live())
+            + self.held.len()
+            + self.msg.as_ref().map_or(0, |m| m.in_flight())
+            + usize::from(self.pending.is_some())
+    }
+
+    /// Why a send now would be refused, if it would.
+    pub(super) fn refusal(&self) -> Option<super::Refusal> {
+        use super::Refusal;
+        if self.closing {
+            return Some(Refusal::Closed);
+        }
+        if self.pending.is_some() {
+            return Some(Refusal::SocketFull);
+        }
+        if let Some(s) = self.msg.as_ref().and_then(|m| m.stall()) {
+            return Some(match s {
+                super::msgzc::Stall::Full => Refusal::SocketFull,
+                super::msgzc::Stall::NoRoom => Refusal::NoRoom,
+            });
+        }
+        if self.in_flight_active() >= self.cfg.depth.max(1) {
+            return Some(Refusal::Depth);
+        }
+        None
+    }
+
+    /// The copy arm of this socket: on the ring `uring-copy`, else plain `send`.
+    pub(super) fn copy_path(&self) -> Path {
+        if self.tracker.is_some() && !self.retired {
+            Path::UringCopy
+        } else {
+            Path::Copy
+        }
+    }
+
+    /// Records that sends now go by `to` instead of the current path, and why.
+    pub(super) fn fall_back(&mut self, to: Path, reason: impl Into<String>) {
+        self.fallbacks
+            .push(Fallback::new(self.path, to, reason.into()));
+        self.path = to;
+    }
+
+    /// Records a fallback from a requested mode (set-up).
+    pub(super) fn fall_back_from(
+        &mut self,
+        from: impl Into<stats::Path>,
+        to: Path,
+        reason: impl Into<String>,
+    ) {
+        self.fallbacks.push(Fallback::new(from, to, reason.into()));
+        self.path = to;
+    }
+
+    /// Whether `auto` is on.
+    pub(super) fn is_auto(&self) -> bool {
+        self.cfg.mode == TxMode::Auto
+    }
+}

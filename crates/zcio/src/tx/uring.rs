@@ -1,0 +1,790 @@
+//! The io_uring side of a [`SendRing`]: staging sends into their socket's send core
+//! (`tx::core::SendTracker`, which decides order and completion), pushing the requests it lets
+//! go into the shared ring (`ring::lend::LendRing`, which keeps every buffer and socket until
+//! the kernel is done with it), one `io_uring_enter` for all sockets, and routing every CQE
+//! back to its socket's core.
+//!
+//! A CQE names its buffer (`ring::key`: generation, buffer number, request number); the
+//! buffer's *route* says which socket and which slot of that socket's core it belongs to:
+//! `socket index (32 bits) · core slot (16) · core generation (16)`.
+
+use super::copy;
+use super::core::{Finished, Key, Request, SendTracker, Usage};
+use super::ring::SendRing;
+use super::{status_of, Path, SendError, SendRingConfig};
+use crate::buf::lent::Lent;
+use crate::ring::lend::{self, LendId, LendRing, SendCqe, SendSqe};
+use crate::ring::RingError;
+use crate::stats::{self, Fallback};
+use crate::sys::IORING_NOTIF_USAGE_ZC_COPIED;
+use std::io;
+use std::time::{Duration, Instant};
+
+fn route(idx: u32, slot: u32, gen: u16) -> u64 {
+    (u64::from(idx) << 32) | (u64::from(slot & 0xffff) << 16) | u64::from(gen)
+}
+
+fn unroute(r: u64) -> (u32, u32, u16) {
+    ((r >> 32) as u32, ((r >> 16) & 0xffff) as u32, r as u16)
+}
+
+/// The ring of a [`SendRing`] and what drives it.
+#[derive(Debug)]
+pub(super) struct Uring {
+    pub(super) lr: LendRing<Lent>,
+    pub(super) send_zc: Result<bool, String>,
+    pub(super) report_usage: bool,
+    reqs: Vec<Request>,
+    /// Sockets with staged requests that may be pushed (and the list a pump walks).
+    dirty: Vec<u32>,
+    dirty_spare: Vec<u32>,
+    /// Requests staged since the last submission (the batch trigger).
+    staged_new: usize,
+    /// Sockets whose core waits for "maybe" notifications to settle after an enter.
+    unsettled: Vec<u32>,
+    /// Sockets touched by the current harvest, and sockets pumped by the current submit.
+    touched: Vec<u32>,
+    pumped: Vec<u32>,
+    cqes: Vec<SendCqe>,
+    /// The ring's enters at the last accounting.
+    enters_seen: u64,
+}
+
+impl Uring {
+    /// The ring, and the set-up steps down it took (flags refused, no registered-file table).
+    pub(super) fn new(cfg: &SendRingConfig) -> Result<(Self, Vec<Fallback>), String> {
+        let lr = match LendRing::new(&cfg.ring, cfg.files) {
+            Ok(lr) => lr,
+            Err(RingError::Unavailable { reason, .. }) => return Err(reason),
+            Err(e) => return Err(e.to_string()),
+        };
+        Ok(Self::with(lr))
+    }
+
+    /// The send side of a ring a receiver owns too.
+    pub(super) fn on(
+        core: Box<dyn crate::ring::SendCore>,
+        cfg: &SendRingConfig,
+    ) -> (Self, Vec<Fallback>) {
+        Self::with(LendRing::on(core, cfg.files))
+    }
+
+    fn with(lr: LendRing<Lent>) -> (Self, Vec<Fallback>) {
+        let mut notes = Vec::new();
+        for f in lr.setup_flags() {
+            if f.requested && !f.granted {
+                notes.push(Fallback::new(
+                    stats::Path::setting(format!("ring with {}", f.name)),
+                    stats::Path::setting(format!("ring without {}", f.name)),
+                    f.reason.clone().unwrap_or_default(),
+                ));
+            }
+        }
+        if let Some(e) = lr.file_table_error() {
+            notes.push(Fallback::new(
+                stats::Path::setting("registered files"),
+                stats::Path::setting("socket descriptors"),
+                e.to_string(),
+            ));
+        }
+        let send_zc = lr.supports_send_zc().map_err(|e| e.to_string());
+        let report_usage = crate::ring::features::Features::get()
+            .has(crate::ring::features::Features::SEND_ZC_REPORT_USAGE);
+        (
+            Self {
+                lr,
+                send_zc,
+                report_usage,
+                reqs: Vec::new(),
+                dirty: Vec::new(),
+                dirty_spare: Vec::new(),
+                staged_new: 0,
+                unsettled: Vec::new(),
+                touched: Vec::new(),
+                pumped: Vec::new(),
+                cqes: Vec::new(),
+                enters_seen: 0,
+            },
+            notes,
+        )
+    }
+
+    /// Whether enough requests are staged to enter now.
+    pub(super) fn due(&self, cfg: &SendRingConfig) -> bool {
+        self.staged_new >= cfg.submit_batch.max(1)
+    }
+
+    /// Whether anything waits to be submitted.
+    pub(super) fn has_staged(&mut self) -> bool {
+        !self.dirty.is_empty() || self.lr.pending() > 0
+    }
+}
+
+impl SendRing {
+    /// Puts a socket on the ring: a registered-file slot if one is free, and its send core.
+    pub(super) fn attach(&mut self, _idx: u32, s: &mut super::sock::Sock) {
+        let u = self.uring.as_mut().expect("a ring path has a ring");
+        let (file, why) = u.lr.add_file(s.fd.clone());
+        if let Some(why) = why {
+            s.fallbacks.push(Fallback::new(
+                stats::Path::setting("registered file"),
+                stats::Path::setting("socket descriptor"),
+                why,
+            ));
+        }
+        s.file = Some(file);
+        let chunk = if s.stream {
+            lend::MAX_REQ
+        } else {
+            s.chunk.clamp(1, lend::MAX_REQ)
+        };
+        let mut t = SendTracker::new(s.stream, chunk);
+        // No room even with nothing in flight: the socket goes on by `uring-copy`.
+        t.signal_starvation(true);
+        s.tracker = Some(t);
+    }
+
+    /// Stages one send on the ring.
+    pub(super) fn ring_stage(&mut self, idx: u32, seq: u64, lent: Lent, len: usize, path: Path) {
+        let u = self.uring.as_mut().expect("ring path");
+        let s = self.socks[idx as usize].as_mut().expect("live");
+        let file = s.file.expect("on the ring");
+        let lend = u.lr.lend(lent, file, 0);
+        let t = s.tracker.as_mut().expect("on the ring");
+        match t.stage(seq, lend, len) {
+            Some((slot, gen)) => {
+                u.lr.set_route(lend, route(idx, slot, gen));
+                let slot = slot as usize;
+                if s.slot_paths.len() <= slot {
+                    s.slot_paths.resize(slot + 1, Path::UringZc);
+                }
+                s.slot_paths[slot] = path;
+                u.staged_new += if s.stream {
+                    1
+                } else {
+                    len.div_ceil(s.chunk.max(1))
+                };
+                if !s.dirty {
+                    s.dirty = true;
+                    u.dirty.push(idx);
+                }
+            }
+            None => self.ring_collect(idx),
+        }
+    }
+
+    /// [`SendRing::prepare`]: pushes what may go, without entering.
+    pub(super) fn ring_prepare(&mut self) {
+        if let Some(u) = self.uring.as_mut() {
+            u.staged_new = 0;
+        }
+        self.pump();
+    }
+
+    /// Pushes what the cores of the listed sockets let go into the submission queue; returns
+    /// whether anything was pushed.
+    fn pump(&mut self) -> bool {
+        let Some(u) = self.uring.as_mut() else {
+            return false;
+        };
+        if u.lr.is_dead() || u.dirty.is_empty() {
+            return false;
+        }
+        // Double-buffered: staging pushes into `dirty` while this pass walks the other list,
+        // and neither is reallocated per pass.
+        let mut dirty = std::mem::take(&mut u.dirty_spare);
+        std::mem::swap(&mut dirty, &mut u.dirty);
+        let mut pushed = false;
+        for &idx in &dirty {
+            let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            s.dirty = false;
+            let Some(t) = s.tracker.as_mut() else {
+                continue;
+            };
+            if t.staged() == 0 || s.closing {
+                continue;
+            }
+            let room = u.lr.sq_room();
+            if room == 0 {
+                u.dirty.push(idx);
+                s.dirty = true;
+                continue;
+            }
+            t.pop_requests(room, &mut u.reqs);
+            if t.starved() {
+                // No room (RLIMIT_MEMLOCK, optmem) even with nothing of this socket in
+                // flight: its zero-copy sends go by copy on the ring from now on.
+                t.unblock();
+                for p in &mut s.slot_paths {
+                    if p.is_zero_copy() {
+                        *p = Path::UringCopy;
+                    }
+                }
+                let why = "SEND_ZC found no room (ENOBUFS/ENOMEM) with nothing of this socket \
+                           in flight: RLIMIT_MEMLOCK or optmem_max is below one send; sending \
+                           by copy on the ring (io_uring SEND)";
+                switch_to_copy(s, why);
+                let t = s.tracker.as_mut().expect("on the ring");
+                t.pop_requests(room, &mut u.reqs);
+            }
+            let t = s.tracker.as_mut().expect("on the ring");
+            let file = s.file.expect("on the ring");
+            for r in u.reqs.drain(..) {
+                let lend: LendId = *t.buf(r.key.slot);
+                let p = s.slot_paths[r.key.slot as usize];
+                let sqe = SendSqe {
+                    lend,
+                    req: r.key.req,
+                    off: r.off,
+                    len: r.len,
+                    file,
+                    zc: p.is_zero_copy(),
+                    fixed: p == Path::UringZcFixed,
+                    report_usage: u.report_usage,
+                    msg_flags: if s.stream { libc::MSG_WAITALL } else { 0 },
+                    link: r.link,
+                };
+                match u.lr.push_send(&sqe) {
+                    Ok(()) => pushed = true,
+                    // Cannot happen for a held buffer, a range inside it and an open socket
+                    // (all checked by construction); if it did, the request failed.
+                    Err(e) => t.on_result(r.key, -e.raw_os_error().unwrap_or(libc::EINVAL), false),
+                }
+            }
+            if !u.pumped.contains(&idx) {
+                u.pumped.push(idx);
+            }
+            if t.staged() > 0 && !t.chain_out() {
+                u.dirty.push(idx);
+                s.dirty = true;
+            }
+        }
+        dirty.clear();
+        u.dirty_spare = dirty;
+        pushed
+    }
+
+    /// Counts the ring's new `io_uring_enter` calls; `submitting`: they submitted sends (else
+    /// they only collected completions).
+    fn account(&mut self, submitting: bool) {
+        let Some(u) = self.uring.as_mut() else { return };
+        let e = u.lr.enters();
+        let d = e - u.enters_seen;
+        u.enters_seen = e;
+        self.own.0.syscalls += d;
+        if submitting {
+            self.own.1.send_syscalls += d;
+        } else {
+            self.own.1.notify_syscalls += d;
+        }
+    }
+
+    /// Pushes what may go, enters once for every socket, and collects. A chain that met a
+    /// full socket buffer is retried from poll as task work, which under `DEFER_TASKRUN` runs
+    /// only when we enter with GETEVENTS: when the kernel flags it while a chain is out, one
+    /// more enter runs it now rather than at the caller's next wait; and chains that ended in
+    /// this enter and let more go are pushed and submitted once more.
+    pub(super) fn ring_submit(&mut self) -> io::Result<()> {
+        let Some(u) = self.uring.as_mut() else {
+            return Ok(());
+        };
+        if u.lr.is_dead() {
+            return Ok(());
+        }
+        u.staged_new = 0;
+        u.pumped.clear();
+        self.pump();
+        let res = self.uring.as_mut().expect("ring").lr.submit();
+        self.account(true);
+        res?;
+        self.ring_harvest()?;
+        let u = self.uring.as_mut().expect("ring");
+        let chain_out = u.pumped.iter().any(|&i| {
+            self.socks
+                .get(i as usize)
+                .and_then(Option::as_ref)
+                .and_then(|s| s.tracker.as_ref())
+                .is_some_and(|t| t.chain_out())
+        });
+        if chain_out && u.lr.task_work_pending() {
+            let res = u.lr.enter_getevents();
+            self.account(true);
+            res?;
+            self.ring_harvest()?;
+        }
+        if self.pump() {
+            let res = self.uring.as_mut().expect("ring").lr.submit();
+            self.account(true);
+            res?;
+            self.ring_harvest()?;
+        }
+        Ok(())
+    }
+
+    /// Reads what the kernel has posted, without entering (unless the CQ overflowed).
+    pub(super) fn ring_harvest_only(&mut self, _submitting: bool) -> io::Result<()> {
+        if self.uring.as_ref().is_none_or_dead() {
+            return Ok(());
+        }
+        let res = self.ring_harvest();
+        self.account(false);
+        res
+    }
+
+    /// Reads what the kernel has posted and, if it flagged deferred task work while buffers
+    /// are in the kernel (under `DEFER_TASKRUN` notifications of sends that left the socket
+    /// are task work), runs it with one `io_uring_enter` and reads again. No syscall when
+    /// the kernel has nothing pending for us.
+    pub(super) fn ring_reap(&mut self) -> io::Result<()> {
+        if self.uring.as_ref().is_none_or_dead() {
+            return Ok(());
+        }
+        self.ring_harvest()?;
+        let u = self.uring.as_mut().expect("ring");
+        // Deferred task work flagged while buffers are out, or failed zero-copy requests whose
+        // late notification (if any) only an enter with GETEVENTS would post: enter once.
+        if (u.lr.live() > 0 && u.lr.task_work_pending()) || !u.unsettled.is_empty() {
+            let res = u.lr.enter_getevents();
+            self.account(false);
+            res?;
+            self.ring_harvest()?;
+        }
+        self.account(false);
+        Ok(())
+    }
+
+    /// Submits, then waits until at least one CQE arrives or `timeout` passes (no wait when
+    /// nothing is in the kernel), and collects. A signal ends the wait early.
+    pub(super) fn ring_wait(&mut self, timeout: Duration) -> io::Result<()> {
+        if self.uring.as_ref().is_none_or_dead() {
+            return Ok(());
+        }
+        self.pump();
+        let before = self.ready.len();
+        self.ring_harvest()?;
+        let u = self.uring.as_mut().expect("ring");
+        if self.ready.len() > before && u.lr.pending() == 0 {
+            // Something came back already: no need to enter.
+            return Ok(());
+        }
+        let in_kernel = self.socks.iter().flatten().any(|s| {
+            s.tracker
+                .as_ref()
+                .is_some_and(|t| t.in_kernel() > 0 || t.notifs_pending() > 0)
+        });
+        let u = self.uring.as_mut().expect("ring");
+        let res = if !in_kernel && u.lr.ignored_live() == 0 {
+            // Nothing the kernel would complete: an enter with GETEVENTS still settles failed
+            // zero-copy requests that may have a late notification (their only wait).
+            if u.unsettled.is_empty() && u.lr.pending() == 0 {
+                u.lr.submit()
+            } else {
+                u.lr.enter_getevents()
+            }
+        } else {
+            u.lr.wait(Some(timeout))
+        };
+        self.account(true);
+        res?;
+        self.ring_harvest()?;
+        // Results may have let staged requests go (next chain, retries): push them now.
+        if self.pump() {
+            let res = self.uring.as_mut().expect("ring").lr.submit();
+            self.account(true);
+            res?;
+            self.ring_harvest()?;
+        }
+        Ok(())
+    }
+
+    /// Reads every CQE posted and hands each to its socket's core; collects what finished.
+    fn ring_harvest(&mut self) -> io::Result<()> {
+        let Some(u) = self.uring.as_mut() else {
+            return Ok(());
+        };
+        let mut cqes = std::mem::take(&mut u.cqes);
+        let res = u.lr.harvest(|c| cqes.push(c), |_, _, _| {});
+        let epoch = u.lr.enters();
+        let report_usage = u.report_usage;
+        let mut touched = std::mem::take(&mut u.touched);
+        for c in cqes.drain(..) {
+            let (idx, slot, gen) = unroute(c.route);
+            let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            let Some(t) = s.tracker.as_mut() else {
+                continue;
+            };
+            t.entered(epoch);
+            let key = Key {
+                slot,
+                gen,
+                req: c.req,
+            };
+            if c.is_notif() {
+                let usage = if !report_usage {
+                    Usage::Unknown
+                } else if (c.res as u32) & IORING_NOTIF_USAGE_ZC_COPIED != 0 {
+                    Usage::Copied
+                } else {
+                    Usage::ZeroCopy
+                };
+                t.on_notif(key, usage);
+            } else {
+                let mut res = c.res;
+                let zc = s
+                    .slot_paths
+                    .get(slot as usize)
+                    .is_some_and(|p| p.is_zero_copy());
+                if res == -libc::EOPNOTSUPP && zc {
+                    // The socket does no SEND_ZC: the request goes again, in order, by copy.
+                    for p in &mut s.slot_paths {
+                        if p.is_zero_copy() {
+                            *p = Path::UringCopy;
+                        }
+                    }
+                    switch_to_copy(
+                        s,
+                        "SEND_ZC refused by this socket (EOPNOTSUPP): zero-copy needs a TCP or \
+                         UDP socket; sending by copy on the ring (io_uring SEND)",
+                    );
+                    res = -libc::ECANCELED;
+                }
+                let t = s.tracker.as_mut().expect("on the ring");
+                if zc {
+                    t.on_result(key, res, c.more());
+                } else {
+                    // A copy (SEND) never notifies: a failed one is done too.
+                    t.on_copy_result(key, res);
+                }
+            }
+            if !touched.contains(&idx) {
+                touched.push(idx);
+            }
+        }
+        let u = self.uring.as_mut().expect("ring");
+        u.cqes = cqes;
+        let unsettled = std::mem::take(&mut u.unsettled);
+        for idx in unsettled {
+            if !touched.contains(&idx) {
+                touched.push(idx);
+            }
+        }
+        for &idx in &touched {
+            let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            let Some(t) = s.tracker.as_mut() else {
+                continue;
+            };
+            t.entered(epoch);
+            t.settle();
+            s.stats.room_waits = t.stats().room_waits;
+            let u = self.uring.as_mut().expect("ring");
+            if t.has_unsettled() {
+                u.unsettled.push(idx);
+            }
+            if t.staged() > 0 && !t.chain_out() && !s.dirty && !s.closing {
+                s.dirty = true;
+                u.dirty.push(idx);
+            }
+            self.ring_collect(idx);
+            self.settle_sock(idx);
+        }
+        touched.clear();
+        let u = self.uring.as_mut().expect("ring");
+        u.touched = touched;
+        // Buffers an owner asked back early, now that the kernel let go of them.
+        while let Some((r, lend, buf)) = self.uring.as_mut().expect("ring").lr.next_returned() {
+            let (idx, _, _) = unroute(r);
+            let pos = self
+                .socks
+                .get(idx as usize)
+                .and_then(Option::as_ref)
+                .and_then(|s| s.held.iter().position(|f| f.buf == lend));
+            match pos {
+                Some(i) => {
+                    let f = self.socks[idx as usize]
+                        .as_mut()
+                        .expect("live")
+                        .held
+                        .swap_remove(i);
+                    self.complete(idx, f, buf);
+                    self.settle_sock(idx);
+                }
+                None => drop(buf),
+            }
+        }
+        res.map(drop)
+    }
+
+    /// Moves a socket's finished sends to the ready list.
+    pub(super) fn ring_collect(&mut self, idx: u32) {
+        loop {
+            let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
+                return;
+            };
+            let Some(f) = s.tracker.as_mut().and_then(|t| t.next_done()) else {
+                return;
+            };
+            let u = self.uring.as_mut().expect("ring path");
+            match u.lr.take(f.buf) {
+                Some(buf) => self.complete(idx, f, buf),
+                None => s.held.push(f),
+            }
+        }
+    }
+
+    /// A finished send of the ring: counts, sends what the ring left unsent (only after it
+    /// failed) by copy, and hands the completion on.
+    fn complete(&mut self, idx: u32, f: Finished<LendId>, buf: Lent) {
+        let s = self.socks[idx as usize].as_mut().expect("live");
+        s.counters.notifications += u64::from(f.zc + f.copied + f.unknown);
+        let status = status_of(f.zc, f.copied, f.unknown);
+        super::ring::count_zc(&mut s.counters, status, f.bytes);
+        let mut bytes = f.bytes;
+        let mut error = f.error.map(SendError::from_errno);
+        for &(off, len) in &f.unsent {
+            let out = copy::send_all(&*s.fd, &buf[off..off + len], s.chunk);
+            s.counters.syscalls += out.syscalls;
+            s.stats.send_syscalls += out.syscalls;
+            s.stats.room_copies += 1;
+            bytes += out.bytes;
+            if let Some(e) = out.error {
+                error.get_or_insert(SendError::from_errno(e));
+            }
+        }
+        self.finish(idx, f.tag, buf, bytes, error, status);
+    }
+
+    /// Sends of the ring still owned by it (all sockets).
+    pub(super) fn ring_in_flight(&self) -> usize {
+        self.socks
+            .iter()
+            .flatten()
+            .map(|s| s.tracker.as_ref().map_or(0, |t| t.live()) + s.held.len())
+            .sum()
+    }
+
+    /// Closing a socket on the ring: requests not yet handed over fail, those in the kernel
+    /// are cancelled; the socket ends with a reset when data was still queued.
+    pub(super) fn ring_close(&mut self, idx: u32) {
+        let Some(u) = self.uring.as_mut() else { return };
+        let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let Some(t) = s.tracker.as_mut() else { return };
+        let busy = t.live() > 0;
+        t.fail(libc::ECANCELED);
+        if let Some(f) = s.file {
+            if u.lr.file_inflight(f) > 0 && !u.lr.is_dead() {
+                let _ = u.lr.cancel_file(f);
+            }
+        }
+        if busy && s.stream {
+            // Data may be queued in the socket, its pages ours until the peer acknowledges
+            // it, which a peer that stopped reading never does: reset the connection so the
+            // kernel frees them (and notifies) now.
+            reset(&s.fd);
+        }
+        self.account(true);
+        self.ring_collect(idx);
+    }
+
+    /// Abandoning a socket on the ring: its core is dropped and the ring keeps each buffer
+    /// the kernel may still read until its last CQE, then drops it (the *ignored* life
+    /// cycle of `ring::lend`); the rest are dropped now.
+    pub(super) fn ring_abandon(&mut self, idx: u32) {
+        let Some(u) = self.uring.as_mut() else { return };
+        let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let Some(mut t) = s.tracker.take() else {
+            return;
+        };
+        let busy = t.live() > 0;
+        while let Some(f) = t.next_done() {
+            u.lr.discard(f.buf);
+        }
+        for lend in t.take_live() {
+            u.lr.discard(lend);
+        }
+        for f in s.held.drain(..) {
+            u.lr.discard(f.buf);
+        }
+        s.slot_paths.clear();
+        s.meta = Default::default();
+        if let Some(f) = s.file {
+            if u.lr.file_inflight(f) > 0 && !u.lr.is_dead() {
+                let _ = u.lr.cancel_file(f);
+            }
+        }
+        if busy && s.stream {
+            reset(&s.fd);
+        }
+        self.account(true);
+    }
+
+    /// `io_uring_enter` failed (`e`): the ring is not used for new sends any more. Requests
+    /// not yet handed to the kernel become unsent ranges; once the kernel's requests have
+    /// their results, those ranges go out by copy in ticket order, so every stream keeps
+    /// every byte once and in order. If the results cannot be collected (the ring cannot be
+    /// entered any more), the ring is abandoned and, on a stream, every later send fails with
+    /// the error: what the kernel did with its requests is unknown, and sending after them
+    /// could reorder or duplicate bytes.
+    pub(super) fn ring_failed(&mut self, e: io::Error) {
+        let Some(u) = self.uring.as_mut() else { return };
+        if u.lr.is_dead() {
+            return;
+        }
+        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+        for t in self
+            .socks
+            .iter_mut()
+            .flatten()
+            .filter_map(|s| s.tracker.as_mut())
+        {
+            t.give_up(errno);
+        }
+        let ok = matches!(self.settle_results(Duration::from_secs(5)), Ok(true));
+        if !ok {
+            let _ = self.ring_harvest();
+            let u = self.uring.as_mut().expect("ring");
+            let never = u.lr.abandon(errno);
+            for (r, _lend, req) in never.into_iter().rev() {
+                let (idx, slot, gen) = unroute(r);
+                if let Some(t) = self
+                    .socks
+                    .get_mut(idx as usize)
+                    .and_then(Option::as_mut)
+                    .and_then(|s| s.tracker.as_mut())
+                {
+                    t.withdraw(Key { slot, gen, req });
+                }
+            }
+        }
+        let n = self.socks.len() as u32;
+        for idx in 0..n {
+            let Some(s) = self.socks[idx as usize].as_mut() else {
+                continue;
+            };
+            let Some(t) = s.tracker.as_ref() else {
+                continue;
+            };
+            if s.retired {
+                continue;
+            }
+            let settled = t.in_kernel() == 0 && t.staged() == 0;
+            let reason = if settled {
+                format!(
+                    "io_uring_enter failed: {e}; requests not yet submitted were sent by copy, \
+                     in order"
+                )
+            } else {
+                format!(
+                    "io_uring_enter failed: {e}, and the results of requests in the kernel \
+                     cannot be collected; the ring is abandoned (its buffers are not reused)"
+                )
+            };
+            s.fall_back(Path::Copy, reason);
+            s.retired = true;
+            if let Some(a) = s.auto.as_mut() {
+                a.zc = None;
+            }
+            if !settled && s.stream {
+                s.broken = Some(errno);
+            }
+            s.stuck = !ok;
+            self.send_unsent(idx);
+            self.ring_collect(idx);
+            self.settle_sock(idx);
+        }
+    }
+
+    /// Waits until no request is in the kernel without its result and no notification is
+    /// owed, or `timeout` passes; returns whether every result came in. Notifications owed
+    /// are waited for too, so a ring that cannot be entered to collect them fails here (and
+    /// is abandoned) instead of being retried forever.
+    fn settle_results(&mut self, timeout: Duration) -> io::Result<bool> {
+        let end = Instant::now() + timeout;
+        loop {
+            let (mut results_out, mut notifs) = (false, false);
+            for t in self
+                .socks
+                .iter()
+                .flatten()
+                .filter_map(|s| s.tracker.as_ref())
+            {
+                results_out |= t.in_kernel() > 0;
+                notifs |= t.notifs_pending() > 0;
+            }
+            results_out |= self.uring.as_mut().is_some_and(|u| u.lr.pending() > 0);
+            if !results_out && !notifs {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if now >= end {
+                return Ok(!results_out);
+            }
+            self.ring_wait((end - now).min(Duration::from_millis(100)))?;
+        }
+    }
+
+    /// Sends every unsent range of a socket's core by copy, in ticket order (or, on a broken
+    /// stream, fails them).
+    fn send_unsent(&mut self, idx: u32) {
+        let Some(u) = self.uring.as_mut() else { return };
+        let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let Some(t) = s.tracker.as_mut() else { return };
+        let (fd, chunk, broken) = (s.fd.clone(), s.chunk, s.broken);
+        let lr = &u.lr;
+        let (mut calls, mut copies) = (0, 0);
+        t.send_unsent(|_, lend, off, len| {
+            if let Some(e) = broken {
+                return (0, Some(e));
+            }
+            let Some(bytes) = lr.bytes(*lend) else {
+                return (0, Some(libc::EIO));
+            };
+            let out = copy::send_all(&*fd, &bytes[off..off + len], chunk);
+            calls += out.syscalls;
+            copies += 1;
+            (out.bytes, out.error)
+        });
+        s.counters.syscalls += calls;
+        s.stats.send_syscalls += calls;
+        s.stats.room_copies += copies;
+    }
+}
+
+/// Resets a TCP connection at once: `SO_LINGER` 0 for the close to come, and a disconnect
+/// now (`tcp_disconnect` purges the write queue, so zero-copy pages come back while the
+/// descriptor is still open).
+fn reset(fd: &std::os::fd::OwnedFd) {
+    let _ = crate::sys::net::set_linger_zero(fd);
+    let _ = crate::sys::net::disconnect(fd);
+}
+
+/// A ring socket's zero-copy sends go by copy from now on (recorded).
+fn switch_to_copy(s: &mut super::sock::Sock, why: &str) {
+    if let Some(a) = s.auto.as_mut() {
+        a.zc = None;
+    }
+    if s.path.is_zero_copy() {
+        s.fall_back(Path::UringCopy, why);
+    }
+}
+
+trait RingOpt {
+    fn is_none_or_dead(&self) -> bool;
+}
+
+impl RingOpt for Option<&Uring> {
+    fn is_none_or_dead(&self) -> bool {
+        self.map_or(true, |u| u.lr.is_dead())
+    }
+}

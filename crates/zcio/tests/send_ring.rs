@@ -1,0 +1,1033 @@
+//! `tx::SendRing` on real sockets: many sockets on one io_uring, each stream whole and in
+//! order, sockets closed and added while sends are in flight, a peer that stops reading,
+//! the memlock limit, and 10,000 connections in one unprivileged process.
+
+mod common;
+
+use common::streams::{connect_with_base, serve_checked};
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zcio::buf::pool::{Pool, PoolBuf};
+use zcio::tx::{
+    Completion, Path, Refusal, SendError, SendRing, SendRingConfig, SenderConfig, SockId, Ticket,
+    TxBuf, TxError, TxMode,
+};
+
+fn base(i: usize) -> u64 {
+    (i as u64) << 40
+}
+
+fn cfg(mode: TxMode, depth: usize) -> SenderConfig {
+    let mut c = SenderConfig::new(mode);
+    c.depth = depth;
+    c
+}
+
+fn listener() -> (TcpListener, SocketAddr) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    (l, a)
+}
+
+/// Completions by ticket; a ticket seen twice fails the test.
+#[derive(Default)]
+struct Book {
+    done: HashMap<Ticket, Completion>,
+}
+
+impl Book {
+    fn take(&mut self, ring: &mut SendRing) {
+        for (c, buf) in ring.completions() {
+            assert_eq!(c.len, buf.len(), "{c:?} came back with another length");
+            let t = c.ticket;
+            assert!(self.done.insert(t, c).is_none(), "{t:?} completed twice");
+        }
+    }
+}
+
+/// A pool buffer, waiting on the ring while every buffer is out.
+fn get(pool: &Pool, ring: &mut SendRing, book: &mut Book) -> PoolBuf {
+    loop {
+        if let Some(b) = pool.try_get() {
+            return b;
+        }
+        ring.wait(Duration::from_millis(100)).unwrap();
+        book.take(ring);
+    }
+}
+
+#[test]
+fn many_sockets_of_every_path_share_one_ring_and_every_stream_arrives_whole() {
+    let conns = 160;
+    let rounds = 24;
+    let (l, addr) = listener();
+    let server = serve_checked(l, conns, Arc::new(AtomicBool::new(false)));
+    let pool = Pool::new(16 << 10, 256, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    ring.register_pool(&pool).unwrap();
+    let modes = [
+        TxMode::UringZcFixed,
+        TxMode::Auto,
+        TxMode::UringCopy,
+        TxMode::MsgZc,
+    ];
+    let socks: Vec<SockId> = (0..conns)
+        .map(|i| {
+            let s = connect_with_base(addr, base(i));
+            ring.add(s, &cfg(modes[i % 4], 4)).unwrap()
+        })
+        .collect();
+    for (i, &s) in socks.iter().enumerate() {
+        assert!(
+            ring.sock_fallbacks(s).is_empty(),
+            "socket {i}: {:?}",
+            ring.sock_fallbacks(s)
+        );
+        let want = match modes[i % 4] {
+            TxMode::MsgZc => Path::MsgZc,
+            TxMode::UringCopy => Path::UringCopy,
+            _ => Path::UringZcFixed,
+        };
+        assert_eq!(ring.sock_path(s), Some(want), "socket {i}");
+    }
+    let mut book = Book::default();
+    let mut sent: Vec<u64> = vec![0; conns];
+    let mut tickets: HashMap<Ticket, usize> = HashMap::new();
+    let mut held: Vec<Option<TxBuf>> = (0..conns).map(|_| None).collect();
+    let mut left: Vec<usize> = vec![rounds; conns];
+    let mut refusals = 0;
+    let mut last_refusal: Vec<Option<Refusal>> = vec![None; conns];
+    let mut progress = Instant::now();
+    while left.iter().any(|&n| n > 0) {
+        let stuck = progress.elapsed();
+        if stuck > common::scaled(Duration::from_secs(10)) {
+            let per: Vec<_> = (0..conns)
+                .filter(|&i| left[i] > 0)
+                .map(|i| {
+                    let s = socks[i];
+                    (
+                        i,
+                        last_refusal[i],
+                        ring.sock_path(s),
+                        ring.sock_in_flight(s),
+                        ring.sock_stats(s),
+                    )
+                })
+                .collect();
+            panic!(
+                "no send taken and none completed for {stuck:?}: ring {:?}, in flight {}, \
+                 sockets with sends left {per:?}",
+                ring.ring_stats(),
+                ring.in_flight()
+            );
+        }
+        for i in 0..conns {
+            if left[i] == 0 {
+                continue;
+            }
+            let buf = match held[i].take() {
+                Some(b) => b,
+                None => {
+                    let mut b = get(&pool, &mut ring, &mut book);
+                    let len = 1 + (i * 7919 + left[i] * 104_729) % (16 << 10);
+                    b.set_len(len);
+                    common::fill_pattern(&mut b, base(i) + sent[i]);
+                    TxBuf::Pool(b)
+                }
+            };
+            let len = buf.len() as u64;
+            match ring.send(socks[i], buf) {
+                Ok(t) => {
+                    tickets.insert(t, i);
+                    sent[i] += len;
+                    left[i] -= 1;
+                    progress = Instant::now();
+                }
+                Err(r) => {
+                    assert!(r.reason.is_backpressure(), "{r}");
+                    refusals += 1;
+                    last_refusal[i] = Some(r.reason);
+                    held[i] = Some(r.buf);
+                }
+            }
+        }
+        // Never waits: `poll` alone must see every completion (notifications of zero-copy
+        // sends are deferred task work that only an enter of this thread posts).
+        ring.poll().unwrap();
+        let before = book.done.len();
+        book.take(&mut ring);
+        if book.done.len() > before {
+            progress = Instant::now();
+        }
+        while ring.next_writable().is_some() {}
+    }
+    ring.flush(common::scaled(Duration::from_secs(30))).unwrap();
+    book.take(&mut ring);
+    assert_eq!(book.done.len(), tickets.len());
+    for (t, c) in &book.done {
+        let i = tickets[t];
+        assert_eq!(c.sock, socks[i], "{c:?}");
+        assert_eq!(c.result(), Ok(c.len), "socket {i}: {c:?}");
+    }
+    assert_eq!(pool.available(), pool.count(), "a buffer was not returned");
+    let sends = tickets.len() as u64;
+    let enters = ring.enters();
+    eprintln!("{sends} sends, {refusals} refusals, {enters} io_uring_enter calls");
+    // Requests of many sockets share each kernel entry.
+    assert!(enters * 4 < sends, "{enters} enters for {sends} sends");
+    let rs = ring.ring_stats().unwrap();
+    assert_eq!(rs.unregistered_files, 0, "{rs:?}");
+    assert_eq!(rs.returned_late, 0, "{rs:?}");
+    for &s in &socks {
+        ring.close(s);
+    }
+    drop(ring);
+    let got = server.join().unwrap();
+    for (i, (b, n)) in got.iter().enumerate() {
+        assert_eq!(*b, base(i));
+        assert_eq!(*n, sent[i], "stream {i}");
+    }
+}
+
+/// Small socket buffers on both ends, so sends stay in the kernel while the peer does not
+/// read.
+fn small_buffers_listener() -> (TcpListener, SocketAddr) {
+    let (l, a) = listener();
+    common::streams::small_buffers(&l, libc::SO_RCVBUF);
+    (l, a)
+}
+
+fn stalled_socket(addr: SocketAddr, i: usize) -> std::net::TcpStream {
+    let s = connect_with_base(addr, base(i));
+    common::streams::small_buffers(&s, libc::SO_SNDBUF);
+    s
+}
+
+#[test]
+fn sockets_closed_with_sends_in_flight_return_every_buffer_once_and_leave_the_others_alone() {
+    for mode in [TxMode::UringZcFixed, TxMode::UringCopy, TxMode::MsgZc] {
+        let (l, addr) = small_buffers_listener();
+        let pause = Arc::new(AtomicBool::new(true));
+        let server = serve_checked(l, 12, pause.clone());
+        let pool = Pool::new(64 << 10, 96, false).unwrap();
+        let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+        ring.register_pool(&pool).unwrap();
+        let mut socks: Vec<SockId> = (0..8)
+            .map(|i| ring.add(stalled_socket(addr, i), &cfg(mode, 8)).unwrap())
+            .collect();
+        let mut book = Book::default();
+        let mut sent = vec![0u64; 12];
+        let mut owner: HashMap<Ticket, usize> = HashMap::new();
+        let send_some = |ring: &mut SendRing,
+                         book: &mut Book,
+                         sent: &mut Vec<u64>,
+                         owner: &mut HashMap<Ticket, usize>,
+                         i: usize,
+                         sock: SockId,
+                         n: usize| {
+            for _ in 0..n {
+                let mut b = get(&pool, ring, book);
+                common::fill_pattern(&mut b, base(i) + sent[i]);
+                match ring.send(sock, b) {
+                    Ok(t) => {
+                        owner.insert(t, i);
+                        sent[i] += 64 << 10;
+                    }
+                    // The peer does not read: the socket is full; that is all we wanted.
+                    Err(r) => {
+                        assert!(r.reason.is_backpressure(), "{mode}: {r}");
+                        break;
+                    }
+                }
+            }
+            ring.submit().unwrap();
+        };
+        for (i, &s) in socks.clone().iter().enumerate() {
+            send_some(&mut ring, &mut book, &mut sent, &mut owner, i, s, 8);
+        }
+        for _ in 0..5 {
+            ring.wait(Duration::from_millis(20)).unwrap();
+        }
+        book.take(&mut ring);
+        assert!(
+            ring.in_flight() > 0,
+            "{mode}: everything went out to a peer that reads nothing"
+        );
+        // Close half of them with their sends in flight.
+        let closed: Vec<SockId> = socks.drain(..4).collect();
+        for &s in &closed {
+            ring.close(s);
+        }
+        // Sockets added now may take the freed slots; the closed ids stay refused.
+        for i in 8..12 {
+            let s = ring.add(stalled_socket(addr, i), &cfg(mode, 8)).unwrap();
+            assert!(!closed.contains(&s), "{mode}: a closed id was reused");
+            socks.push(s);
+        }
+        let b = pool.try_get().expect("a free buffer");
+        match ring.send(closed[0], b) {
+            Err(r) => assert_eq!(r.reason, Refusal::Closed, "{mode}"),
+            Ok(t) => panic!("{mode}: a closed socket took send {t:?}"),
+        }
+        for (k, &s) in socks.clone().iter().enumerate() {
+            let i = k + 4; // streams 4..8, then the new 8..12
+            send_some(&mut ring, &mut book, &mut sent, &mut owner, i, s, 4);
+        }
+        // The closed sockets' sends all come back, though the peer still reads nothing.
+        let end = Instant::now() + common::scaled(Duration::from_secs(20));
+        loop {
+            ring.wait(Duration::from_millis(50)).unwrap();
+            book.take(&mut ring);
+            let closed_left = owner
+                .iter()
+                .filter(|(t, &i)| i < 4 && !book.done.contains_key(t))
+                .count();
+            if closed_left == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "{mode}: {closed_left} sends of closed sockets never came back"
+            );
+        }
+        for (t, c) in &book.done {
+            if owner[t] < 4 && c.bytes < c.len {
+                assert_eq!(c.error, Some(SendError::Closed), "{mode}: {c:?}");
+            }
+        }
+        pause.store(false, Ordering::Relaxed);
+        if let Err(e) = ring.flush(common::scaled(Duration::from_secs(30))) {
+            let per: Vec<_> = socks
+                .iter()
+                .map(|&s| (ring.sock_in_flight(s), ring.sock_stats(s)))
+                .collect();
+            panic!(
+                "{mode}: {e:?}; ring {:?}; per socket {per:?}",
+                ring.ring_stats()
+            );
+        }
+        book.take(&mut ring);
+        assert_eq!(
+            book.done.len(),
+            owner.len(),
+            "{mode}: every send completes once"
+        );
+        for (t, c) in &book.done {
+            if owner[t] >= 4 {
+                assert_eq!(c.result(), Ok(c.len), "{mode}: {c:?}");
+            }
+        }
+        assert_eq!(
+            pool.available(),
+            pool.count(),
+            "{mode}: a buffer was not returned"
+        );
+        for &s in &socks {
+            ring.close(s);
+        }
+        drop(ring);
+        let got = server.join().unwrap();
+        for (k, (b, n)) in got.iter().enumerate() {
+            assert_eq!(*b, base(k));
+            if k < 4 {
+                // A prefix of the stream (checked in order by the server), then a reset.
+                assert!(*n <= sent[k], "{mode}: stream {k}");
+            } else {
+                assert_eq!(*n, sent[k], "{mode}: stream {k}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_stops_reading_is_backpressure_never_a_wait_and_loses_nothing() {
+    for mode in [TxMode::UringZcFixed, TxMode::Copy, TxMode::MsgZc] {
+        let (slow_l, slow_addr) = small_buffers_listener();
+        let (fast_l, fast_addr) = listener();
+        let pause = Arc::new(AtomicBool::new(true));
+        let slow_srv = serve_checked(slow_l, 1, pause.clone());
+        let fast_srv = serve_checked(fast_l, 1, Arc::new(AtomicBool::new(false)));
+        let pool = Pool::new(32 << 10, 64, false).unwrap();
+        let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+        ring.register_pool(&pool).unwrap();
+        let slow = ring
+            .add(stalled_socket(slow_addr, 0), &cfg(mode, 8))
+            .unwrap();
+        let fast = ring
+            .add(connect_with_base(fast_addr, base(0)), &cfg(mode, 8))
+            .unwrap();
+        let mut book = Book::default();
+        let (mut slow_sent, mut fast_sent) = (0u64, 0u64);
+        let mut held = None;
+        let mut slowest = Duration::ZERO;
+        // Until the slow socket refuses: every call returns at once.
+        for _ in 0..10_000 {
+            let mut b = get(&pool, &mut ring, &mut book);
+            common::fill_pattern(&mut b, base(0) + slow_sent);
+            let t0 = Instant::now();
+            let r = ring.send(slow, b);
+            slowest = slowest.max(t0.elapsed());
+            ring.submit().unwrap();
+            match r {
+                Ok(_) => slow_sent += 32 << 10,
+                Err(r) => {
+                    assert!(
+                        matches!(
+                            r.reason,
+                            Refusal::Depth | Refusal::SocketFull | Refusal::NoRoom
+                        ),
+                        "{mode}: {r}"
+                    );
+                    held = Some(r.buf);
+                    break;
+                }
+            }
+            book.take(&mut ring);
+        }
+        let held =
+            held.unwrap_or_else(|| panic!("{mode}: a peer that reads nothing never pushed back"));
+        assert!(
+            slowest < common::scaled(Duration::from_millis(200)),
+            "{mode}: a send waited {slowest:?}"
+        );
+        // The other socket of the ring goes on meanwhile.
+        for _ in 0..32 {
+            let mut b = get(&pool, &mut ring, &mut book);
+            common::fill_pattern(&mut b, base(0) + fast_sent);
+            loop {
+                match ring.send(fast, b) {
+                    Ok(_) => break,
+                    Err(r) => {
+                        b = r.buf.into_pool().unwrap();
+                        ring.wait(Duration::from_millis(50)).unwrap();
+                        book.take(&mut ring);
+                    }
+                }
+            }
+            fast_sent += 32 << 10;
+        }
+        // The kernel may have made room meanwhile (the peer's window opening on a timer, as
+        // under emulation): then the slow socket is named writable already, and only once.
+        let mut writable = false;
+        while let Some(s) = ring.next_writable() {
+            if s == slow {
+                assert!(ring.can_send(slow), "{mode}: named writable but refuses");
+                writable = true;
+            }
+        }
+        // The peer reads again: the slow socket is reported writable, the kept buffer goes.
+        pause.store(false, Ordering::Relaxed);
+        let end = Instant::now() + common::scaled(Duration::from_secs(20));
+        while !writable {
+            ring.wait(Duration::from_millis(50)).unwrap();
+            book.take(&mut ring);
+            while let Some(s) = ring.next_writable() {
+                writable |= s == slow;
+            }
+            if writable {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "{mode}: the slow socket was never writable again"
+            );
+        }
+        ring.send(slow, held)
+            .expect("writable means a send is taken");
+        slow_sent += 32 << 10;
+        ring.flush(common::scaled(Duration::from_secs(30))).unwrap();
+        book.take(&mut ring);
+        assert!(
+            book.done.values().all(|c| c.result() == Ok(c.len)),
+            "{mode}"
+        );
+        assert_eq!(pool.available(), pool.count(), "{mode}");
+        ring.close(slow);
+        ring.close(fast);
+        drop(ring);
+        assert_eq!(
+            slow_srv.join().unwrap()[0].1,
+            slow_sent,
+            "{mode}: slow stream"
+        );
+        assert_eq!(
+            fast_srv.join().unwrap()[0].1,
+            fast_sent,
+            "{mode}: fast stream"
+        );
+    }
+}
+
+#[test]
+fn abandoned_sockets_give_their_buffers_back_once_the_kernel_is_done_without_completions() {
+    let (l, addr) = small_buffers_listener();
+    let pause = Arc::new(AtomicBool::new(true));
+    let server = serve_checked(l, 2, pause.clone());
+    let pool = Pool::new(64 << 10, 16, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    ring.register_pool(&pool).unwrap();
+    let a = ring
+        .add(stalled_socket(addr, 0), &cfg(TxMode::UringZcFixed, 8))
+        .unwrap();
+    let b = ring
+        .add(stalled_socket(addr, 1), &cfg(TxMode::UringZcFixed, 8))
+        .unwrap();
+    let mut sent = 0u64;
+    for _ in 0..8 {
+        let mut buf = pool.try_get().unwrap();
+        common::fill_pattern(&mut buf, base(0) + sent);
+        if ring.send(a, buf).is_err() {
+            break;
+        }
+        sent += 64 << 10;
+    }
+    ring.submit().unwrap();
+    for _ in 0..4 {
+        ring.wait(Duration::from_millis(20)).unwrap();
+    }
+    assert!(ring.sock_in_flight(a) > 0);
+    ring.abandon(a);
+    assert_eq!(ring.sock_in_flight(a), 0, "the socket is gone at once");
+    let end = Instant::now() + common::scaled(Duration::from_secs(20));
+    while pool.available() < pool.count() {
+        ring.wait(Duration::from_millis(50)).unwrap();
+        assert!(
+            ring.next_completion().is_none(),
+            "an abandoned socket's send completed"
+        );
+        assert!(
+            Instant::now() < end,
+            "the kernel never let go of the buffers"
+        );
+    }
+    let rs = ring.ring_stats().unwrap();
+    assert!(rs.ignored > 0, "{rs:?}");
+    pause.store(false, Ordering::Relaxed);
+    ring.close(b);
+    drop(ring);
+    let got = server.join().unwrap();
+    // What reached the peer before the reset is a prefix of the stream (checked in order).
+    assert!(got[0].1 <= sent, "{got:?}");
+    assert_eq!(got[1].1, 0);
+}
+
+#[test]
+fn memlock_limit_reached_by_the_pool_is_a_recorded_fallback_and_sends_go_on() {
+    let test = "memlock_limit_reached_by_the_pool_is_a_recorded_fallback_and_sends_go_on";
+    let Ok((Some(limit), _)) = zcio::sys::getrlimit(libc::RLIMIT_MEMLOCK) else {
+        common::skip(test, "RLIMIT_MEMLOCK is unlimited here");
+        return;
+    };
+    let (l, addr) = listener();
+    let server = serve_checked(l, 1, Arc::new(AtomicBool::new(false)));
+    let res = std::thread::spawn(move || {
+        // Without CAP_IPC_LOCK registered buffers are charged to RLIMIT_MEMLOCK.
+        zcio_testnet::caps::drop_effective_in_this_thread(zcio_testnet::caps::CAP_IPC_LOCK)
+            .unwrap();
+        let slot = 1 << 20;
+        let count = (limit as usize / slot + 2).min(4096);
+        let pool = Pool::new(slot, count, false).unwrap();
+        let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+        let err = ring
+            .register_pool(&pool)
+            .expect_err("a pool above the limit");
+        let s = ring
+            .add(
+                connect_with_base(addr, base(0)),
+                &cfg(TxMode::UringZcFixed, 8),
+            )
+            .unwrap();
+        let path = ring.sock_path(s);
+        let fb = ring.sock_fallbacks(s).to_vec();
+        let ring_fb = zcio::stats::Report::fallbacks(&ring).to_vec();
+        let mut sent = 0u64;
+        for _ in 0..8 {
+            let mut b = pool.try_get().unwrap();
+            b.set_len(64 << 10);
+            common::fill_pattern(&mut b, base(0) + sent);
+            sent += 64 << 10;
+            ring.send(s, b).unwrap();
+        }
+        ring.flush(common::scaled(Duration::from_secs(20))).unwrap();
+        let ok = ring.completions().all(|(c, _)| c.result() == Ok(64 << 10));
+        ring.close(s);
+        (err, path, fb, ring_fb, ok, sent)
+    })
+    .join()
+    .unwrap();
+    let (err, path, fb, ring_fb, ok, sent) = res;
+    assert!(matches!(&err, TxError::Register { .. }), "{err}");
+    assert_eq!(err.errno(), libc::ENOMEM, "{err}");
+    assert_eq!(path, Some(Path::UringZc));
+    assert_eq!(fb.len(), 1, "{fb:?}");
+    assert_eq!(fb[0].from, Path::UringZcFixed.into());
+    assert!(fb[0].reason.contains("RLIMIT_MEMLOCK"), "{}", fb[0]);
+    assert!(
+        ring_fb.iter().any(|f| f.reason.contains("RLIMIT_MEMLOCK")),
+        "{ring_fb:?}"
+    );
+    assert!(ok);
+    assert_eq!(server.join().unwrap()[0].1, sent);
+}
+
+// ---- 10,000 connections in one unprivileged process ----
+
+const SCALE_CONNS: usize = 10_000;
+const SCALE_ENV: &str = "ZCIO_SEND_RING_SCALE_CHILD";
+
+/// 10,000 connections; fewer (2,000) in the software-emulated guests of `scripts/vmtest`
+/// (`ZCIO_TIME_SCALE` > 1), where the point is the behaviour, not the size.
+fn scale_conns() -> usize {
+    let scaled = std::env::var("ZCIO_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .is_some_and(|k| k > 1);
+    if scaled {
+        2_000
+    } else {
+        SCALE_CONNS
+    }
+}
+
+/// Raises this process's `RLIMIT_NOFILE` towards `want` (root may raise the hard limit too;
+/// the child inherits it); returns the soft limit now.
+fn raise_nofile(want: u64) -> u64 {
+    let (soft, hard) = zcio::sys::getrlimit(libc::RLIMIT_NOFILE).unwrap();
+    let (soft, hard) = (soft.unwrap_or(u64::MAX), hard.unwrap_or(u64::MAX));
+    if soft >= want {
+        return soft;
+    }
+    let hard = if hard < want && zcio_testnet::is_root() {
+        want
+    } else {
+        hard
+    };
+    let l = libc::rlimit {
+        rlim_cur: want.min(hard),
+        rlim_max: hard,
+    };
+    // SAFETY: `l` lives for the call.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) } == 0 {
+        want.min(hard)
+    } else {
+        soft
+    }
+}
+
+fn status_kib(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// The child side (run by the test below in a process of its own, as an unprivileged user
+/// under the default 8 MiB `RLIMIT_MEMLOCK`): connects, adds every socket to one ring with
+/// fixed buffers, sends 4 KiB on each, prints what it measured.
+#[test]
+fn scale_child() {
+    let Ok(addr) = std::env::var(SCALE_ENV) else {
+        return; // only in the child
+    };
+    let addr: SocketAddr = addr.parse().unwrap();
+    let conns: usize = std::env::var("ZCIO_SCALE_CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(SCALE_CONNS);
+    let (soft, hard) = zcio::sys::getrlimit(libc::RLIMIT_NOFILE).unwrap();
+    let want = (conns as u64 + 256).min(hard.unwrap_or(u64::MAX));
+    if soft.is_some_and(|s| s < want) {
+        let l = libc::rlimit {
+            rlim_cur: want,
+            rlim_max: hard.unwrap_or(libc::RLIM_INFINITY),
+        };
+        // SAFETY: `l` lives for the call.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) }, 0);
+    }
+    // SAFETY: no arguments.
+    let uid = unsafe { libc::geteuid() };
+    let memlock = zcio::sys::getrlimit(libc::RLIMIT_MEMLOCK).unwrap().0;
+    let caps = zcio::sys::effective_caps();
+    // The sockets first: their memory is the kernel's and the std wrappers'.
+    let socks: Vec<std::net::TcpStream> = (0..conns)
+        .map(|i| connect_with_base(addr, base(i)))
+        .collect();
+    let pool = Pool::new(4 << 10, 1024, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig {
+        files: conns as u32 + 64,
+        ..SendRingConfig::default()
+    })
+    .unwrap();
+    let reg = ring.register_pool(&pool).err().map(|e| e.to_string());
+    let rss0 = status_kib("VmRSS:");
+    let fds0 = open_fds();
+    let ids: Vec<SockId> = socks
+        .into_iter()
+        .map(|s| ring.add(s, &cfg(TxMode::UringZcFixed, 2)).unwrap())
+        .collect();
+    let fds_added = open_fds();
+    let mut done = 0;
+    let mut paths: HashMap<String, usize> = HashMap::new();
+    let mut fallbacks = 0;
+    for (i, &id) in ids.iter().enumerate() {
+        fallbacks += ring.sock_fallbacks(id).len();
+        let mut b = loop {
+            if let Some(b) = pool.try_get() {
+                break b;
+            }
+            ring.wait(Duration::from_millis(100)).unwrap();
+            for (c, _) in ring.completions() {
+                assert_eq!(c.result(), Ok(4 << 10), "{c:?}");
+                *paths.entry(c.path.to_string()).or_default() += 1;
+                done += 1;
+            }
+        };
+        common::fill_pattern(&mut b, base(i));
+        ring.send(id, b).unwrap();
+    }
+    ring.flush(common::scaled(Duration::from_secs(60))).unwrap();
+    for (c, _) in ring.completions() {
+        assert_eq!(c.result(), Ok(4 << 10), "{c:?}");
+        *paths.entry(c.path.to_string()).or_default() += 1;
+        done += 1;
+    }
+    let rss1 = status_kib("VmRSS:");
+    let fds1 = open_fds();
+    let enters = ring.enters();
+    let rs = ring.ring_stats().unwrap();
+    println!(
+        "SCALE {}",
+        serde_json::json!({
+            "uid": uid,
+            "memlock": memlock,
+            "caps": caps,
+            "register": reg,
+            "conns": conns,
+            "done": done,
+            "paths": paths,
+            "fallbacks": fallbacks,
+            "unregistered_files": rs.unregistered_files,
+            "rss_kib_per_conn": (rss1.saturating_sub(rss0)) as f64 / conns as f64,
+            "fds_before": fds0,
+            "fds_after_add": fds_added,
+            "fds_after": fds1,
+            "enters": enters,
+        })
+    );
+    for id in ids {
+        ring.close(id);
+    }
+}
+
+#[test]
+fn ten_thousand_connections_of_an_unprivileged_process_fit_one_ring_under_the_default_memlock() {
+    let test =
+        "ten_thousand_connections_of_an_unprivileged_process_fit_one_ring_under_the_default_memlock";
+    let exe = std::env::current_exe().unwrap();
+    let (l, addr) = listener();
+    // The server side, in this process: reads every connection to its end and checks it.
+    // Both processes hold one descriptor per connection (a guest's default limit is 1024).
+    let want = scale_conns();
+    let nofile = raise_nofile(want as u64 + 512);
+    let conns = want.min(nofile.saturating_sub(512) as usize);
+    if conns < want {
+        println!("{test}: RLIMIT_NOFILE {nofile} allows only {conns} connections");
+        assert!(
+            !zcio_testnet::require_priv(),
+            "{test}: {conns} < {want} connections"
+        );
+    }
+    let server = serve_checked(l, conns, Arc::new(AtomicBool::new(false)));
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.args(["--exact", "scale_child", "--nocapture", "--test-threads=1"])
+        .env(SCALE_ENV, addr.to_string())
+        .env("ZCIO_SCALE_CONNS", conns.to_string());
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only setrlimit (async-signal-safe) runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                // The default memlock limit of an unprivileged user, whatever this process has.
+                let l = libc::rlimit {
+                    rlim_cur: 8 << 20,
+                    rlim_max: 8 << 20,
+                };
+                if libc::setrlimit(libc::RLIMIT_MEMLOCK, &l) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+        if zcio_testnet::is_root() {
+            // An unprivileged user: no capabilities, so memlock applies to everything.
+            cmd.uid(65534).gid(65534);
+        } else {
+            println!("{test}: not root: the child runs as this (unprivileged) user");
+        }
+    }
+    let out = cmd.output().expect("running the child");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{text}");
+    let line = text
+        .lines()
+        .find_map(|l| l.split_once("SCALE ").map(|x| x.1))
+        .unwrap_or_else(|| panic!("no result from the child:\n{text}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    eprintln!("{v}");
+    assert_ne!(v["uid"], 0, "the child must be unprivileged: {v}");
+    assert_eq!(v["memlock"], 8388608, "{v}");
+    assert_eq!(v["caps"], 0, "the child has capabilities: {v}");
+    assert!(v["register"].is_null(), "pool registration failed: {v}");
+    assert_eq!(v["done"], conns, "{v}");
+    assert_eq!(
+        v["paths"]["uring-zc-fixed"], conns,
+        "not all zero-copy with fixed buffers: {v}"
+    );
+    assert_eq!(v["fallbacks"], 0, "{v}");
+    assert_eq!(v["unregistered_files"], 0, "{v}");
+    assert_eq!(
+        v["fds_after_add"], v["fds_before"],
+        "adding sockets made descriptors: {v}"
+    );
+    assert!(
+        v["fds_after"].as_u64().unwrap() <= v["fds_before"].as_u64().unwrap() + 2,
+        "extra descriptors per connection: {v}"
+    );
+    assert!(
+        v["rss_kib_per_conn"].as_f64().unwrap() <= 8.0,
+        "more than 8 KiB per connection: {v}"
+    );
+    let got = server.join().unwrap();
+    assert_eq!(got.len(), conns);
+    for (i, (b, n)) in got.iter().enumerate() {
+        assert_eq!((*b, *n), (base(i), 4 << 10), "connection {i}");
+    }
+}
+
+#[test]
+fn a_proxy_receives_and_forwards_chunks_in_place_on_one_ring_per_thread() {
+    use zcio::rx::{Receiver, RxConfig, RxEvent, RxMode};
+    let conns = 16;
+    let len: u64 = 256 << 10;
+    // Upstream: checks every forwarded stream (header and pattern, in order).
+    let (up_l, up_addr) = listener();
+    let upstream = serve_checked(up_l, conns, Arc::new(AtomicBool::new(false)));
+    // The proxy's front: a receiver with io_uring, and a send ring on the same ring.
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let front_addr = front.local_addr().unwrap();
+    let mut rx = Receiver::listen(front, &RxConfig::with_mode(RxMode::BufRing)).unwrap();
+    let mut tx = SendRing::on_receiver(&rx, &SendRingConfig::default()).unwrap();
+    assert!(
+        tx.shares_receiver_ring(),
+        "{:?}",
+        zcio::stats::Report::fallbacks(&tx)
+    );
+    let clients: Vec<_> = (0..conns)
+        .map(|i| {
+            std::thread::spawn(move || {
+                // Sent in full, then closed: the proxy sees the end of the stream.
+                drop(common::streams::send_stream(front_addr, base(i), len, 32 << 10).unwrap())
+            })
+        })
+        .collect();
+    let mut up: HashMap<zcio::rx::ConnId, SockId> = HashMap::new();
+    let mut held: HashMap<SockId, VecDeque<TxBuf>> = HashMap::new();
+    let mut closed = 0;
+    let mut forwarded = 0u64;
+    let mut chunks = 0u64;
+    let end = Instant::now() + common::scaled(Duration::from_secs(60));
+    use std::collections::VecDeque;
+    while closed < conns || tx.in_flight() > 0 || held.values().any(|q| !q.is_empty()) {
+        assert!(Instant::now() < end, "the proxy stalled");
+        let mut events = Vec::new();
+        rx.poll(Duration::from_millis(20), &mut |ev| events.push(ev))
+            .unwrap();
+        for ev in events {
+            match ev {
+                RxEvent::Accepted(c) => {
+                    let s = std::net::TcpStream::connect(up_addr).unwrap();
+                    let id = tx.add(s, &cfg(TxMode::Auto, 64)).unwrap();
+                    up.insert(c, id);
+                }
+                RxEvent::Data(chunk) => {
+                    let id = up[&chunk.conn()];
+                    chunks += 1;
+                    forwarded += chunk.len() as u64;
+                    held.entry(id).or_default().push_back(TxBuf::Chunk(chunk));
+                }
+                RxEvent::Closed(c, e) => {
+                    assert!(e.is_none(), "{e:?}");
+                    closed += 1;
+                    let _ = c;
+                }
+            }
+        }
+        // Forward in order; what the ring refuses waits (backpressure) in `held`.
+        for (id, q) in held.iter_mut() {
+            while let Some(b) = q.pop_front() {
+                if let Err(r) = tx.send(*id, b) {
+                    assert!(r.reason.is_backpressure(), "{r}");
+                    q.push_front(r.buf);
+                    break;
+                }
+            }
+        }
+        // Queue the sends for the receiver's next wait: one enter serves both sides.
+        tx.prepare();
+        tx.harvest().unwrap();
+        for (c, buf) in tx.completions() {
+            assert_eq!(c.result(), Ok(c.len), "{c:?}");
+            // The chunk goes back to the receiver's buffer ring now.
+            assert!(buf.into_chunk().is_some());
+        }
+    }
+    tx.flush(Duration::from_secs(10)).unwrap();
+    for (c, _) in tx.completions() {
+        assert_eq!(c.result(), Ok(c.len), "{c:?}");
+    }
+    for c in clients {
+        c.join().unwrap();
+    }
+    let tx_enters = tx.enters();
+    let rx_enters = rx.stats().ring_enters;
+    eprintln!(
+        "{chunks} chunks ({forwarded} bytes) forwarded; enters: receiver {rx_enters}, send ring \
+         {tx_enters}"
+    );
+    // The send side rode on the receiver's enters: far fewer of its own than chunks.
+    assert!(
+        tx_enters * 4 < chunks,
+        "send ring entered {tx_enters} times for {chunks} chunks"
+    );
+    for id in up.values() {
+        tx.close(*id);
+    }
+    drop(tx);
+    drop(rx);
+    let got = upstream.join().unwrap();
+    for (i, (b, n)) in got.iter().enumerate() {
+        assert_eq!((*b, *n), (base(i), len), "stream {i}");
+    }
+}
+
+#[test]
+fn sends_staged_behind_a_chain_go_when_only_the_readiness_descriptor_drives_the_ring() {
+    let (l, addr) = small_buffers_listener();
+    let pause = Arc::new(AtomicBool::new(true));
+    let server = serve_checked(l, 1, pause.clone());
+    let pool = Pool::new(64 << 10, 16, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    let s = ring
+        .add(stalled_socket(addr, 0), &cfg(TxMode::UringZc, 16))
+        .unwrap();
+    let mut sent = 0u64;
+    let mut send = |ring: &mut SendRing| {
+        let mut b = pool.try_get().unwrap();
+        common::fill_pattern(&mut b, base(0) + sent);
+        sent += 64 << 10;
+        ring.send(s, b).unwrap();
+    };
+    // One request goes out and meets the full socket (its chain stays out); the rest wait
+    // behind it in the socket's core.
+    send(&mut ring);
+    ring.submit().unwrap();
+    for _ in 0..7 {
+        send(&mut ring);
+    }
+    pause.store(false, Ordering::Relaxed);
+    // Only the descriptor and on_ready from here: as an event loop drives the ring.
+    let fd = ring.readiness_fd().unwrap().as_raw_fd();
+    let mut done = 0;
+    let end = Instant::now() + common::scaled(Duration::from_secs(20));
+    while done < 8 {
+        assert!(
+            Instant::now() < end,
+            "{done} of 8 completed: staged sends were never submitted"
+        );
+        let mut p = [libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(p.as_mut_ptr(), 1, 200) };
+        ring.on_ready().unwrap();
+        for (c, _) in ring.completions() {
+            assert_eq!(c.result(), Ok(64 << 10), "{c:?}");
+            done += 1;
+        }
+    }
+    ring.close(s);
+    drop(ring);
+    assert_eq!(server.join().unwrap()[0].1, sent);
+}
+
+#[test]
+fn a_loop_that_only_polls_sees_every_zero_copy_completion() {
+    // Under DEFER_TASKRUN a zero-copy notification is task work that only an enter of the
+    // ring's thread posts: `poll` must enter for it when the kernel flagged it, or a loop
+    // whose sockets are all at their depth (nothing new to submit) would spin forever.
+    let (l, addr) = listener();
+    let server = serve_checked(l, 1, Arc::new(AtomicBool::new(false)));
+    let pool = Pool::new(16 << 10, 8, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    ring.register_pool(&pool).unwrap();
+    let s = ring
+        .add(
+            connect_with_base(addr, base(0)),
+            &cfg(TxMode::UringZcFixed, 2),
+        )
+        .unwrap();
+    let (mut sent, mut done, mut refused) = (0u64, 0usize, 0usize);
+    let total = 64;
+    let mut taken = 0;
+    let end = Instant::now() + common::scaled(Duration::from_secs(20));
+    let mut held: Option<PoolBuf> = None;
+    while done < total {
+        assert!(
+            Instant::now() < end,
+            "{done} of {total} completed with only poll driving the ring ({refused} refusals, \
+             {} in flight)",
+            ring.in_flight()
+        );
+        if taken < total {
+            let b = held.take().or_else(|| pool.try_get()).map(|mut b| {
+                common::fill_pattern(&mut b, base(0) + sent);
+                b
+            });
+            if let Some(b) = b {
+                match ring.send(s, b) {
+                    Ok(_) => {
+                        sent += 16 << 10;
+                        taken += 1;
+                    }
+                    Err(r) => {
+                        assert_eq!(r.reason, Refusal::Depth, "{r}");
+                        refused += 1;
+                        held = Some(r.buf.into_pool().unwrap());
+                    }
+                }
+            }
+        }
+        ring.poll().unwrap();
+        for (c, _) in ring.completions() {
+            assert_eq!(c.result(), Ok(16 << 10), "{c:?}");
+            done += 1;
+        }
+    }
+    assert!(refused > 0, "the depth never refused a send");
+    ring.close(s);
+    drop(ring);
+    assert_eq!(server.join().unwrap()[0].1, sent);
+}
