@@ -337,7 +337,7 @@ fn stamp_offsets(b: &mut [u8], off: u64, segment: usize) {
 
 /// Sends from one unconnected UDP socket to every address of `dests`, round-robin, for
 /// `opts.duration`: each send is one `opts.size`-byte train to one peer with
-/// [`SendRing::send_to_with`] (cut into datagrams of the path MTU by `UDP_SEGMENT`), each
+/// [`zcio::tx::SendRing::send_to_with`] (cut into datagrams of the path MTU by `UDP_SEGMENT`), each
 /// datagram stamped with its offset in that peer's stream. `progress[i]` follows peer `i`'s
 /// completed bytes. Returns the totals and each peer's bytes.
 pub fn drive_peers(

@@ -73,6 +73,36 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! Many UDP peers from one unconnected socket (one GSO train per send, many trains per kernel
+//! entry), and a header plus a body as one request:
+//!
+//! ```no_run
+//! use std::net::{SocketAddr, TcpStream, UdpSocket};
+//! use zcio::tx::{Dest, Pool, SendRing, SendRingConfig, SenderConfig, TxBuf, TxMode};
+//! let pool = Pool::new(64 << 10, 1024, false)?;
+//! let mut ring = SendRing::new(&SendRingConfig::default())?;
+//! ring.register_pool(&pool)?;
+//! let udp = ring.add(UdpSocket::bind("0.0.0.0:4433")?, &SenderConfig::new(TxMode::Auto))?;
+//! let peers: Vec<SocketAddr> = vec!["198.18.0.2:4433".parse()?, "198.18.0.3:4433".parse()?];
+//! for peer in &peers {
+//!     let mut train = pool.try_get().unwrap();
+//!     train.set_len(44 * 1472); // 44 datagrams of 1,472 bytes
+//!     ring.send_to_with(udp, train, &Dest::new(*peer).segment(1472).ecn(2), 0)?;
+//! }
+//! let tcp = ring.add(TcpStream::connect("198.18.0.2:80")?, &SenderConfig::new(TxMode::Auto))?;
+//! let head = b"HTTP/1.1 200 OK\r\ncontent-length: 65536\r\n\r\n".to_vec();
+//! let body = pool.try_get().unwrap();
+//! ring.send_vectored(tcp, vec![TxBuf::Vec(head), TxBuf::Pool(body)], 7)?;
+//! ring.flush(std::time::Duration::from_secs(5))?;
+//! while let Some((done, buf)) = ring.next_completion() {
+//!     // An unreachable peer fails its own train (done.result()); the others went.
+//!     if let Some(parts) = buf.into_slices() {
+//!         assert_eq!(parts.len(), 2); // the header and the body, in order
+//!     }
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! One socket:
 //!
 //! ```no_run
