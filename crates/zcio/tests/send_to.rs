@@ -280,6 +280,34 @@ fn an_unreachable_destination_fails_its_send_alone_and_the_socket_goes_on() {
         }
         assert_eq!(n, 3 * reachable, "{mode}");
     }
+    // A connected socket with socket-wide GSO (veth: 1,500-byte MTU, trains of 44 segments):
+    // a destination send longer than one train is refused whole, never cut in two requests.
+    let a4 = pair.a4;
+    let (too_long, ok) = pair
+        .a
+        .run(move || {
+            let pool = Pool::new(64 << 10, 4, false).unwrap();
+            let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+            ring.register_pool(&pool).unwrap();
+            let sock = UdpSocket::bind(SocketAddrV4::new(a4, 0)).unwrap();
+            sock.connect(to).unwrap();
+            let id = ring.add(sock, &cfg(TxMode::UringZcFixed)).unwrap();
+            let chunk = ring.sock_chunk(id).unwrap();
+            let mut long = pool.try_get().unwrap();
+            long.set_len(chunk + 1);
+            let mut fits = pool.try_get().unwrap();
+            fits.set_len(chunk);
+            let d = Dest::new(to).segment(1472);
+            let mut done = send_all(&mut ring, id, vec![(long.into(), d), (fits.into(), d)]);
+            done.sort_by_key(|c| c.ticket);
+            (done[0].clone(), done[1].clone())
+        })
+        .unwrap();
+    assert!(
+        matches!(too_long.error, Some(SendError::MessageTooBig { max, .. }) if max == 44 * 1472),
+        "{too_long:?}"
+    );
+    assert_eq!(ok.result(), Ok(44 * 1472), "{ok:?}");
 }
 
 #[test]

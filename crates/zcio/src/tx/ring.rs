@@ -518,11 +518,11 @@ impl SendRing {
                 ),
             );
         }
-        if len > s.max_datagram {
-            return Some(SendError::MessageTooBig {
-                len,
-                max: s.max_datagram,
-            });
+        // One request: at most one datagram, and (on a connected socket with socket-wide GSO)
+        // at most the train its core would otherwise cut the buffer into.
+        let max = s.max_datagram.min(s.chunk);
+        if len > max {
+            return Some(SendError::MessageTooBig { len, max });
         }
         match dest.segment {
             Some(0) => invalid(libc::EINVAL, "a GSO segment size of 0".into()),
@@ -930,7 +930,8 @@ impl SendRing {
         s.counters.bytes += bytes as u64;
         s.stats.sends_by_path[meta.path.index()] += 1;
         let error = match error {
-            Some(SendError::MessageTooBig { .. }) => Some(SendError::MessageTooBig {
+            // EMSGSIZE from the kernel (no sizes): say what was sent and the limit.
+            Some(SendError::MessageTooBig { len: 0, max: 0 }) => Some(SendError::MessageTooBig {
                 len: meta.len,
                 max: s.max_datagram,
             }),
