@@ -225,8 +225,8 @@ impl SendRing {
                         Path::UringZcFixed,
                         Path::UringZc,
                         format!(
-                            "sends with a destination go as SENDMSG_ZC, which {}: their pages \
-                             are pinned per send",
+                            "sends with a destination (or slices without SEND_VECTORIZED) go \
+                             as SENDMSG_ZC, which {}: their pages are pinned per send",
                             crate::ring::features::Features::get()
                                 .why_not(crate::ring::features::Features::SENDMSG_ZC_FIXED_BUF)
                                 .unwrap_or_default()
