@@ -846,12 +846,14 @@ impl<B: Stable> LendRing<B> {
         if self.ring.sq_room() == 0 {
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
-        // SAFETY: the entry points at `len` bytes inside the lent buffer (checked above),
-        // which is `Stable` (its bytes neither move nor change while this ring owns it), and,
-        // with a buffer index, inside a registered pool kept mapped by `self.regions`. A
+        // SAFETY: the entry points at `len` bytes inside the lent buffer's slices (the range
+        // checked above against their total), each `Stable` (its bytes neither move nor change
+        // while this ring owns it) and all held in the slot, and, with a buffer index, inside
+        // a registered pool kept mapped by `self.regions` (every slice in it, checked above). A
         // `SENDMSG`/`SENDMSG_ZC` entry points at the buffer's boxed header (its address, iovec
-        // and control bytes, all inside the box, which does not move), kept in the slot with
-        // the buffer and re-pointed only once no request of the buffer is without its result. The
+        // and control bytes, all inside the box, which does not move), a vectored `SEND_ZC` at
+        // that header's iovec array; the header is kept in the slot with the buffer and
+        // re-pointed only once no request of the buffer is without its result. The
         // ring keeps the buffer until this request's result CQE and, when that CQE has
         // `F_MORE`, its notification CQE have been harvested (`on_cqe`), also when the owner
         // takes it back or goes earlier (`take`, `discard`). A failed result without `F_MORE`
