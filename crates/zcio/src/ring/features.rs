@@ -360,57 +360,98 @@ fn flag_probe(ring: &mut Ring, name: &'static str, form: Probe) -> Feature {
         reason: None,
     };
     match attempt_form(ring, form) {
+        // Prepared, then refused by the unix socket at issue: the kernel knows the form.
+        Ok(res) if res == -libc::EOPNOTSUPP || res >= 0 => f.supported = true,
         Ok(res) if res == -libc::EINVAL => {
             f.reason = Some(format!(
                 "kernel rejects {name} (EINVAL; needs Linux {})",
                 since(name)
             ))
         }
-        Ok(_) => f.supported = true,
+        Ok(res) => {
+            f.reason = Some(format!(
+                "could not check: the probe request failed with {}",
+                std::io::Error::from_raw_os_error(-res)
+            ))
+        }
         Err(e) => f.reason = Some(format!("could not check: {e}")),
     }
     f
 }
 
+/// One probe request of `form` on a fresh unix socket pair. The fixed-buffer forms name a
+/// buffer registered for the probe (a kernel that knows the flag but finds no registered
+/// buffer answers `EFAULT` before it would refuse the form: Linux 6.1 checks the buffer index
+/// of `SENDMSG_ZC` first, then refuses `IORING_RECVSEND_FIXED_BUF` for it with `EINVAL`).
 fn attempt_form(ring: &mut Ring, form: Probe) -> std::io::Result<i32> {
     use std::os::fd::AsRawFd;
-    let (a, _b) = sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM)?;
-    let mut msg = Box::new(sys::msg::MsgHdr::new(
-        &sys::msg::MsgOpts {
-            dest: None,
-            segment: None,
-            tos: None,
-        },
-        false,
-    )?);
-    let hdr = msg.point(&[(PROBE_BYTE.as_ptr(), PROBE_BYTE.len())])?;
-    let iov = Box::new([libc::iovec {
-        iov_base: PROBE_BYTE.as_ptr() as *mut libc::c_void,
-        iov_len: PROBE_BYTE.len(),
-    }]);
-    let sqe = match form {
-        Probe::MsgZcFixed => opcode::SendMsgZc::new(types::Fd(a.as_raw_fd()), hdr)
-            .buf_index(Some(0))
-            .build(),
-        Probe::Vectorized | Probe::VectorizedFixed => opcode::SendZc::new(
-            types::Fd(a.as_raw_fd()),
-            iov.as_ptr().cast(),
-            iov.len() as u32,
-        )
-        .zc_flags(sys::IORING_SEND_VECTORIZED)
-        .buf_index((form == Probe::VectorizedFixed).then_some(0))
-        .build(),
+    let fixed = matches!(form, Probe::MsgZcFixed | Probe::VectorizedFixed);
+    // The bytes sent: inside the registered buffer for the fixed forms.
+    let mut page = vec![0x5au8; 4096].into_boxed_slice();
+    let data: *const u8 = if fixed {
+        page.as_mut_ptr()
+    } else {
+        PROBE_BYTE.as_ptr()
+    };
+    if fixed {
+        let reg = libc::iovec {
+            iov_base: page.as_mut_ptr().cast(),
+            iov_len: page.len(),
+        };
+        // SAFETY: `page` is a live heap allocation of that length; it outlives the
+        // registration (unregistered below, or leaked with the request when it did not
+        // complete).
+        unsafe { ring.raw().submitter().register_buffers(&[reg]) }?;
     }
-    .user_data(0x5a5b);
-    // SAFETY: the request reads PROBE_BYTE (a static) through `msg` or `iov`, boxed and kept
-    // until every completion of the request is in, or leaked (with `a`) when they did not
-    // come, so the kernel never reads freed memory or a reused descriptor.
-    unsafe { ring.push(&sqe) }?;
-    let res = wait_probe(ring);
-    if res.is_err() {
-        std::mem::forget(msg);
-        std::mem::forget(iov);
-        std::mem::forget(a);
+    let res = (|| {
+        let (a, _b) = sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM)?;
+        let mut msg = Box::new(sys::msg::MsgHdr::new(
+            &sys::msg::MsgOpts {
+                dest: None,
+                segment: None,
+                tos: None,
+            },
+            false,
+        )?);
+        let hdr = msg.point(&[(data, 1)])?;
+        let iov = Box::new([libc::iovec {
+            iov_base: data as *mut libc::c_void,
+            iov_len: 1,
+        }]);
+        let sqe = match form {
+            Probe::MsgZcFixed => opcode::SendMsgZc::new(types::Fd(a.as_raw_fd()), hdr)
+                .buf_index(Some(0))
+                .build(),
+            Probe::Vectorized | Probe::VectorizedFixed => opcode::SendZc::new(
+                types::Fd(a.as_raw_fd()),
+                iov.as_ptr().cast(),
+                iov.len() as u32,
+            )
+            .zc_flags(sys::IORING_SEND_VECTORIZED)
+            .buf_index(fixed.then_some(0))
+            .build(),
+        }
+        .user_data(0x5a5b);
+        // SAFETY: the request reads one byte (PROBE_BYTE, a static, or `page`) through `msg`
+        // or `iov`, boxed and kept until every completion of the request is in, or leaked
+        // (with `a`) when they did not come, so the kernel never reads freed memory or a
+        // reused descriptor.
+        unsafe { ring.push(&sqe) }?;
+        let res = wait_probe(ring);
+        if res.is_err() {
+            std::mem::forget(msg);
+            std::mem::forget(iov);
+            std::mem::forget(a);
+        }
+        res
+    })();
+    if fixed {
+        if res.is_ok() {
+            let _ = ring.raw().submitter().unregister_buffers();
+        } else {
+            // A request may still hold the registered page: never free it.
+            std::mem::forget(page);
+        }
     }
     res
 }
