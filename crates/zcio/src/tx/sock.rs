@@ -210,6 +210,8 @@ pub(super) struct Sock {
     pub(super) msg_fixed_noted: bool,
     /// Vectored sends went without `SEND_VECTORIZED`, or were gathered (recorded once).
     pub(super) vec_noted: bool,
+    /// A zero-copy train needed more page fragments than one skb holds (recorded once).
+    pub(super) frags_noted: bool,
     pub(super) chunk: usize,
     pub(super) segment: usize,
     pub(super) max_datagram: usize,
@@ -265,6 +267,7 @@ impl Sock {
             unconnected: shape.unconnected,
             msg_fixed_noted: false,
             vec_noted: false,
+            frags_noted: false,
             chunk: shape.chunk,
             segment: shape.segment,
             max_datagram: shape.max_datagram,

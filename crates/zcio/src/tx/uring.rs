@@ -560,6 +560,30 @@ impl SendRing {
                     );
                     res = -libc::ECANCELED;
                 }
+                if res == -libc::EMSGSIZE && zc && !s.stream {
+                    // One datagram train is one skb, and a zero-copy skb holds at most
+                    // MAX_SKB_FRAGS page fragments: a train whose slices span more pages is
+                    // refused whole (nothing sent). It goes again, in order, by copy.
+                    if let Some(p) = s.slot_paths.get_mut(slot as usize) {
+                        *p = Path::UringCopy;
+                    }
+                    let tag = s.tracker.as_ref().expect("on the ring").tag(slot);
+                    if let Some(m) = s.meta.get_mut(tag) {
+                        m.path = Path::UringCopy;
+                    }
+                    if !s.frags_noted {
+                        s.frags_noted = true;
+                        s.fallbacks.push(Fallback::new(
+                            s.path,
+                            Path::UringCopy,
+                            "a zero-copy datagram train referenced more page fragments than one \
+                             skb holds (MAX_SKB_FRAGS, 17; EMSGSIZE): such trains (slices \
+                             spanning more than 16 pages) are sent by copy, the others stay \
+                             zero-copy",
+                        ));
+                    }
+                    res = -libc::ECANCELED;
+                }
                 let t = s.tracker.as_mut().expect("on the ring");
                 if zc {
                     t.on_result(key, res, c.more());

@@ -425,7 +425,9 @@ fn peers(ctx: &mut Ctx, sink: &Sink, dur: Duration, warmup: Duration, ws: usize)
          ({} datagrams of {} bytes, UDP_SEGMENT per message) round-robin to {} destinations; \
          {} trains per sendmmsg or per io_uring_enter; each side warms up {warmup:?}, then \
          {:?} measured; syscalls are every system call the sending thread made. Vectored: a \
-         {}-byte header (a registered pool buffer) and a {}-byte body to the same peers",
+         {}-byte header and a {}-byte body, each in a page-aligned 64 KiB slot of one registered \
+         pool (17 pages: what one zero-copy skb holds; a train over more pages is refused with \
+         EMSGSIZE and zcio sends it by copy, recorded), to the same peers",
         o.train,
         o.train / o.segment as usize,
         o.segment,

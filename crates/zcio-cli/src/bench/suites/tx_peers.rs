@@ -229,13 +229,16 @@ fn ring(way: Way, sock: UdpSocket, dests: &[SocketAddr], o: &PeersOpts) -> Resul
     } else {
         o.train
     };
-    let (pool, mut free) = buffers(o.train, o, 2 * depth + 2 * o.batch)?;
-    // Headers: small pool buffers (registered too), one per send in flight.
-    let (hpool, mut hfree) = {
-        let hp = Pool::new(4096, 2 * depth + 2 * o.batch, false)?;
-        let f: VecDeque<PoolBuf> = std::iter::from_fn(|| hp.try_get()).collect();
-        (hp, f)
-    };
+    // Vectored ways: bodies in page-aligned 64 KiB slots, so a header (its own page) and a
+    // body span 17 pages, what one zero-copy skb holds (MAX_SKB_FRAGS); a body at an
+    // unaligned offset would span 18, and the kernel would refuse the zero-copy train
+    // (EMSGSIZE; the ring then sends it by copy, recorded).
+    let slot = if vectored { 64 << 10 } else { o.train };
+    let nh = 2 * depth + 2 * o.batch;
+    let (pool, mut free) = buffers(slot, o, 2 * depth + 2 * o.batch + nh)?;
+    // Headers: slots of the same (registered) pool, so a header + body request can use the
+    // pool as a fixed buffer; one per send in flight.
+    let mut hfree: VecDeque<PoolBuf> = free.drain(..nh).collect();
     for b in hfree.iter_mut() {
         b.set_len(o.header);
         b.fill(0x48);
@@ -255,14 +258,13 @@ fn ring(way: Way, sock: UdpSocket, dests: &[SocketAddr], o: &PeersOpts) -> Resul
     };
     if mode != TxMode::MsgZc {
         ring.register_pool(&pool).context("registering the pool")?;
-        ring.register_pool(&hpool)
-            .context("registering the header pool")?;
     }
     let mut cfg = SenderConfig::new(mode);
     cfg.depth = depth;
     let id = ring.add(sock, &cfg)?;
-    let hpool_id = hpool.id();
     let (mut bytes, mut sends, mut errors) = (0u64, 0u64, 0u64);
+    let first_error: std::cell::RefCell<Option<String>> = Default::default();
+    let header = o.header;
     let mut base: Option<(zcio::stats::Counters, u64, u64)> = None;
     let mut clock = Clock::new(o);
     let mut peer = 0;
@@ -273,15 +275,19 @@ fn ring(way: Way, sock: UdpSocket, dests: &[SocketAddr], o: &PeersOpts) -> Resul
                 sends: &mut u64,
                 errors: &mut u64| {
         for (c, b) in ring.completions() {
-            if c.error.is_some() {
+            if let Some(e) = &c.error {
                 *errors += 1;
+                first_error
+                    .borrow_mut()
+                    .get_or_insert_with(|| format!("{e} ({} bytes, path {})", c.len, c.path));
             } else {
                 *bytes += c.bytes as u64;
             }
             *sends += 1;
             let mut put = |b: TxBuf| {
                 if let Some(p) = b.into_pool() {
-                    if p.pool_id() == hpool_id {
+                    // Headers are the only sends of their length.
+                    if p.len() == header {
                         hfree.push_back(p);
                     } else {
                         free.push_back(p);
@@ -395,7 +401,11 @@ fn ring(way: Way, sock: UdpSocket, dests: &[SocketAddr], o: &PeersOpts) -> Resul
         &mut sends,
         &mut errors,
     );
-    anyhow::ensure!(errors == 0, "{errors} sends failed");
+    anyhow::ensure!(
+        errors == 0,
+        "{way:?}: {errors} sends failed, the first: {}",
+        first_error.borrow().clone().unwrap_or_default()
+    );
     let how = match way {
         Way::MsgZerocopy => "sendmsg(MSG_ZEROCOPY) with UDP_SEGMENT, one call per train",
         Way::SendmsgZc => "SENDMSG_ZC with the destination and UDP_SEGMENT",
