@@ -1171,6 +1171,49 @@ int zcio_send_ring_send(struct zcio_send_ring *r,
                         uint64_t *ticket);
 
 /*
+ Sends `hdr_len` bytes at `hdr` (a header of at most 4096 bytes, copied now) followed by
+ pool buffer `buf` on `sock` as one request (a vectored send: `SEND_ZC` with
+ `IORING_SEND_VECTORIZED`, or `SENDMSG_ZC` with an iovec before Linux 6.17, recorded in the
+ socket's report): no second send, no copy of the body into a buffer with room for the
+ header. On success (0) `buf` is taken and comes back with the completion
+ (`zcio_send_ring_next_completion`'s `*buf`), whose `len` and `bytes` count header and
+ body. `-EAGAIN` / `-EBADF` as for `zcio_send_ring_send` (the buffer is still the caller's);
+ `-EINVAL` for a NULL or oversized header.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_send_hdr(struct zcio_send_ring *r,
+                            uint64_t sock,
+                            const uint8_t *hdr,
+                            uintptr_t hdr_len,
+                            struct zcio_buf *buf,
+                            uint64_t token,
+                            uint64_t *ticket);
+
+/*
+ Sends pool buffer `buf` on the unconnected UDP socket `sock` to `addr` (a `struct
+ sockaddr_in` or `struct sockaddr_in6` of `addrlen` bytes) as one datagram train: cut into datagrams of `segment`
+ bytes by GSO when `segment` > 0 (at most 64 of them), with the TOS / traffic class byte
+ `tos` when `tos` >= 0 (DSCP << 2 | ECN). On the ring it is one `IORING_OP_SENDMSG_ZC`
+ with the destination and `UDP_SEGMENT` in the message; many trains to many peers go to
+ the kernel in one `io_uring_enter`. Returns 0 (the buffer is taken; it comes back with its
+ completion, whose `error` is e.g. `-ENETUNREACH` for an unreachable peer, `-EINVAL` for a
+ train of more than 64 segments, while the socket goes on), `-EAGAIN` (backpressure: the
+ buffer is still the caller's), `-EBADF` (closed socket) or `-EINVAL` (a bad address).
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_send_ring_send_to(struct zcio_send_ring *r,
+                           uint64_t sock,
+                           struct zcio_buf *buf,
+                           const void *addr,
+                           uint32_t addrlen,
+                           uint16_t segment,
+                           int tos,
+                           uint64_t token,
+                           uint64_t *ticket);
+
+/*
  Sends a received chunk on `sock` as it lies in the receiver's memory (what a proxy
  forwards), with the caller's `token`. On success (0) the chunk is taken: it comes back
  with its completion (`zcio_send_ring_next_completion`'s `*chunk`) after the kernel's last

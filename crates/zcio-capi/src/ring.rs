@@ -9,12 +9,13 @@ use crate::tx::{
 use crate::{guard, Owner};
 use libc::{c_char, c_int};
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 use zcio_core::ring::RingConfig;
-use zcio_core::tx::{SendRing, SendRingConfig, SenderConfig, SockId, TxBuf};
+use zcio_core::tx::{Dest, SendRing, SendRingConfig, SenderConfig, SockId, TxBuf};
 
 /// One io_uring per thread carrying the sends of many sockets. Opaque; one thread.
 pub struct zcio_send_ring {
@@ -246,6 +247,154 @@ pub extern "C" fn zcio_send_ring_send(
     })
 }
 
+/// Sends `hdr_len` bytes at `hdr` (a header of at most 4096 bytes, copied now) followed by
+/// pool buffer `buf` on `sock` as one request (a vectored send: `SEND_ZC` with
+/// `IORING_SEND_VECTORIZED`, or `SENDMSG_ZC` with an iovec before Linux 6.17, recorded in the
+/// socket's report): no second send, no copy of the body into a buffer with room for the
+/// header. On success (0) `buf` is taken and comes back with the completion
+/// (`zcio_send_ring_next_completion`'s `*buf`), whose `len` and `bytes` count header and
+/// body. `-EAGAIN` / `-EBADF` as for `zcio_send_ring_send` (the buffer is still the caller's);
+/// `-EINVAL` for a NULL or oversized header.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_send_hdr(
+    r: *mut zcio_send_ring,
+    sock: u64,
+    hdr: *const u8,
+    hdr_len: usize,
+    buf: *mut zcio_buf,
+    token: u64,
+    ticket: *mut u64,
+) -> c_int {
+    if buf.is_null() || (hdr.is_null() && hdr_len > 0) || hdr_len > 4096 {
+        return -libc::EINVAL;
+    }
+    let head = if hdr_len == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the caller passes `hdr_len` readable bytes at `hdr`; they are copied now.
+        unsafe { std::slice::from_raw_parts(hdr, hdr_len) }.to_vec()
+    };
+    with_ring(r, |r| {
+        let id = SockId::from_raw(sock);
+        // SAFETY: `buf` is a live buffer handle whose ownership the caller offers.
+        let res = unsafe {
+            send_buf(buf, |b| {
+                let slices = vec![TxBuf::Vec(head), TxBuf::Pool(b)];
+                r.ring.send_vectored(id, slices, token).map_err(|e| {
+                    let back = e
+                        .buf
+                        .into_slices()
+                        .and_then(|v| v.into_iter().filter_map(TxBuf::into_pool).last())
+                        .expect("the body comes back");
+                    (e.reason.errno(), back)
+                })
+            })
+        };
+        match res {
+            Ok(t) => {
+                put_ticket(ticket, t.0);
+                0
+            }
+            Err(Ok(errno)) => -errno,
+            Err(Err(rc)) => rc,
+        }
+    })
+}
+
+/// Sends pool buffer `buf` on the unconnected UDP socket `sock` to `addr` (a `struct
+/// sockaddr_in` or `struct sockaddr_in6` of `addrlen` bytes) as one datagram train: cut into datagrams of `segment`
+/// bytes by GSO when `segment` > 0 (at most 64 of them), with the TOS / traffic class byte
+/// `tos` when `tos` >= 0 (DSCP << 2 | ECN). On the ring it is one `IORING_OP_SENDMSG_ZC`
+/// with the destination and `UDP_SEGMENT` in the message; many trains to many peers go to
+/// the kernel in one `io_uring_enter`. Returns 0 (the buffer is taken; it comes back with its
+/// completion, whose `error` is e.g. `-ENETUNREACH` for an unreachable peer, `-EINVAL` for a
+/// train of more than 64 segments, while the socket goes on), `-EAGAIN` (backpressure: the
+/// buffer is still the caller's), `-EBADF` (closed socket) or `-EINVAL` (a bad address).
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_send_ring_send_to(
+    r: *mut zcio_send_ring,
+    sock: u64,
+    buf: *mut zcio_buf,
+    addr: *const std::ffi::c_void,
+    addrlen: u32,
+    segment: u16,
+    tos: c_int,
+    token: u64,
+    ticket: *mut u64,
+) -> c_int {
+    if buf.is_null() || addr.is_null() || tos > 255 {
+        return -libc::EINVAL;
+    }
+    // SAFETY: the caller passes `addrlen` readable bytes at `addr`.
+    let Some(to) = (unsafe { socket_addr(addr.cast(), addrlen) }) else {
+        return -libc::EINVAL;
+    };
+    let dest = Dest {
+        addr: to,
+        segment: (segment > 0).then_some(segment),
+        tos: (tos >= 0).then_some(tos as u8),
+    };
+    with_ring(r, |r| {
+        let id = SockId::from_raw(sock);
+        // SAFETY: `buf` is a live buffer handle whose ownership the caller offers.
+        let res = unsafe {
+            send_buf(buf, |b| {
+                r.ring.send_to_with(id, b, &dest, token).map_err(|e| {
+                    let back = e.buf.into_pool().expect("a pool buffer comes back as one");
+                    (e.reason.errno(), back)
+                })
+            })
+        };
+        match res {
+            Ok(t) => {
+                put_ticket(ticket, t.0);
+                0
+            }
+            Err(Ok(errno)) => -errno,
+            Err(Err(rc)) => rc,
+        }
+    })
+}
+
+/// The address at `addr` (`AF_INET` or `AF_INET6`, `len` bytes), if it is one.
+///
+/// # Safety
+///
+/// `addr` points at `len` readable bytes.
+unsafe fn socket_addr(addr: *const libc::sockaddr, len: u32) -> Option<SocketAddr> {
+    let len = len as usize;
+    if len < std::mem::size_of::<libc::sa_family_t>() {
+        return None;
+    }
+    // SAFETY: at least the family is readable (checked above).
+    let family = i32::from(unsafe { std::ptr::read_unaligned(addr).sa_family });
+    match family {
+        libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: `len` covers a sockaddr_in.
+            let a = unsafe { std::ptr::read_unaligned(addr.cast::<libc::sockaddr_in>()) };
+            Some(SocketAddr::from((
+                u32::from_be(a.sin_addr.s_addr).to_be_bytes(),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: `len` covers a sockaddr_in6.
+            let a = unsafe { std::ptr::read_unaligned(addr.cast::<libc::sockaddr_in6>()) };
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                a.sin6_addr.s6_addr.into(),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
 /// Sends a received chunk on `sock` as it lies in the receiver's memory (what a proxy
 /// forwards), with the caller's `token`. On success (0) the chunk is taken: it comes back
 /// with its completion (`zcio_send_ring_next_completion`'s `*chunk`) after the kernel's last
@@ -383,6 +532,15 @@ pub extern "C" fn zcio_send_ring_next_completion(
                 None => (std::ptr::null_mut(), std::ptr::null_mut()),
             },
             TxBuf::Vec(_) => (std::ptr::null_mut(), std::ptr::null_mut()),
+            // A header + body send from C (`zcio_send_ring_send_hdr`): the body comes back;
+            // the header was the library's copy.
+            TxBuf::Slices(parts) => match parts.into_iter().filter_map(TxBuf::into_pool).last() {
+                Some(p) => (
+                    Box::into_raw(Box::new(zcio_buf::new(p))),
+                    std::ptr::null_mut(),
+                ),
+                None => (std::ptr::null_mut(), std::ptr::null_mut()),
+            },
         };
         // SAFETY: the output pointers are non-null.
         unsafe {

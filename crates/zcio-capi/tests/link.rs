@@ -226,6 +226,35 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
         );
     }
 
+    // The many-peers example: one unconnected UDP socket, 16 peers, GSO trains with
+    // send_to; a refused destination fails its train alone; every datagram checked.
+    let to_exe = p.join("send_to");
+    cc_example(
+        &to_exe,
+        root.join("crates/zcio-capi/examples/c/send_to.c"),
+        &flags,
+        &rpath,
+    );
+    let out = run(&mut Command::new(&to_exe));
+    assert!(
+        out.contains("trains 64 completed 64 unreachable 1 datagrams 320") && out.ends_with("ok\n"),
+        "{out}"
+    );
+
+    // Header + body as one send (vectored), every byte checked, every body back.
+    let hdr_exe = p.join("send_hdr");
+    cc_example(
+        &hdr_exe,
+        root.join("crates/zcio-capi/examples/c/send_hdr.c"),
+        &flags,
+        &rpath,
+    );
+    let out = run(&mut Command::new(&hdr_exe));
+    assert!(
+        out.contains("completions 64 bodies back 64 bytes 1064960") && out.ends_with("ok\n"),
+        "{out}"
+    );
+
     // The receiver example (accept + receive over loopback, every byte checked).
     let rx_exe = p.join("receiver");
     cc_example(

@@ -182,6 +182,51 @@ fn perf_reverse_over_ipv6_and_udp_at_a_rate_work_between_hosts() {
 }
 
 #[test]
+fn perf_udp_peers_sends_gso_trains_to_every_peer_from_one_socket() {
+    let Some(pair) = hosts("pfp") else { return };
+    let _srv = Server::start(&pair, &["-p", "5203"]);
+    // 16 peers (server ports) from one unconnected socket, 16 KiB trains (GSO), 5 Mbit/s per
+    // peer, every byte checked by the server (offsets and pattern per peer).
+    let (ok, out, err) = in_a(
+        &pair,
+        &[
+            "perf", "client", PEER, "-4", "-p", "5203", "-u", "--peers", "16", "-l", "16K", "-b",
+            "5M", "-t", "1", "--verify", "--json",
+        ],
+    );
+    assert!(ok, "{err}\n{out}");
+    let v = json(&out, &err);
+    let client = v["client"]["streams"].as_array().expect("client streams");
+    let server = v["server"]["streams"].as_array().expect("server streams");
+    assert_eq!(client.len(), 16, "{v}");
+    assert_eq!(server.len(), 16, "{v}");
+    for (c, s) in client.iter().zip(server) {
+        let sent = c["bytes"].as_u64().unwrap();
+        assert!(sent > 0, "peer {} got nothing: {v}", c["stream"]);
+        assert_eq!(
+            s["bytes"].as_u64().unwrap(),
+            sent,
+            "peer {}: {v}",
+            c["stream"]
+        );
+        assert_eq!(s["verified"], true);
+        assert!(s["error"].is_null(), "{v}");
+    }
+    // One socket, one ring: the path is a ring path.
+    let path = client[0]["path"].as_str().unwrap();
+    assert!(path.starts_with("uring-"), "{path}");
+    assert_eq!(v["lost_bytes"].as_u64(), Some(0), "{v}");
+    // A request to send the other way with --peers is refused with a reason.
+    let (ok, _, err) = in_a(
+        &pair,
+        &[
+            "perf", "client", PEER, "-p", "5203", "-u", "-R", "--peers", "4", "-t", "1",
+        ],
+    );
+    assert!(!ok && err.contains("--peers"), "{err}");
+}
+
+#[test]
 fn bench_tx_peer_quick_writes_a_two_host_report() {
     let Some(pair) = hosts("pfb") else { return };
     let _srv = Server::start(&pair, &["-p", "5203"]);

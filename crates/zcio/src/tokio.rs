@@ -60,7 +60,7 @@ use crate::netlink::{
     CtError, CtEvent, CtEvents, Decision, LogPacket, NfLog, NfLogError, NfQueue, NfqError,
 };
 use crate::rx::{Receiver, RxEvent};
-use crate::tx::{Completion, SendRing, Sender, SockId, Ticket, TxBuf, TxError};
+use crate::tx::{Completion, Dest, SendRing, Sender, SockId, Ticket, TxBuf, TxError};
 use ::tokio::io::unix::AsyncFd;
 use std::collections::VecDeque;
 use std::io;
@@ -244,9 +244,33 @@ impl AsyncSendRing {
         sock: SockId,
         buf: impl Into<TxBuf>,
     ) -> Result<Ticket, (TxError, TxBuf)> {
-        let mut buf = buf.into();
+        self.send_inner(sock, buf.into(), None).await
+    }
+
+    /// [`SendRing::send_to_with`]: `buf` as one datagram train to `dest` on an unconnected
+    /// UDP socket, waiting (without blocking the thread) while the socket refuses it for
+    /// backpressure. Errors of the send itself (an unreachable peer) are in its completion.
+    pub async fn send_to(
+        &mut self,
+        sock: SockId,
+        buf: impl Into<TxBuf>,
+        dest: &Dest,
+    ) -> Result<Ticket, (TxError, TxBuf)> {
+        self.send_inner(sock, buf.into(), Some(dest)).await
+    }
+
+    async fn send_inner(
+        &mut self,
+        sock: SockId,
+        mut buf: TxBuf,
+        dest: Option<&Dest>,
+    ) -> Result<Ticket, (TxError, TxBuf)> {
         loop {
-            match self.ring.send(sock, buf) {
+            let res = match dest {
+                Some(d) => self.ring.send_to_with(sock, buf, d, 0),
+                None => self.ring.send(sock, buf),
+            };
+            match res {
                 Ok(t) => return Ok(t),
                 Err(r) if r.reason.is_backpressure() => {
                     buf = r.buf;

@@ -511,3 +511,64 @@ fn async_ctevents_hands_over_every_event() {
     })
     .unwrap();
 }
+
+#[test]
+fn async_send_ring_sends_gso_trains_to_many_peers_waiting_out_backpressure() {
+    use zcio::tokio::AsyncSendRing;
+    use zcio::tx::{Dest, Pool, SendRing, SendRingConfig};
+    const PEERS: usize = 8;
+    const ROUNDS: usize = 8;
+    let peers: Vec<std::net::UdpSocket> = (0..PEERS)
+        .map(|_| {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    let addrs: Vec<_> = peers.iter().map(|s| s.local_addr().unwrap()).collect();
+    // The ring is the thread's (not Send): a current-thread runtime.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (completions, refusals) = rt.block_on(async move {
+        let pool = Pool::new(16 << 10, PEERS * ROUNDS, false).unwrap();
+        let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+        let _ = ring.register_pool(&pool);
+        let mut c = SenderConfig::new(TxMode::Auto);
+        c.depth = 4; // most sends meet backpressure and wait on the readiness descriptor
+        let id = ring
+            .add(std::net::UdpSocket::bind("127.0.0.1:0").unwrap(), &c)
+            .unwrap();
+        let mut tx = AsyncSendRing::new(ring).unwrap();
+        for _ in 0..ROUNDS {
+            for (p, &addr) in addrs.iter().enumerate() {
+                let mut b = pool.try_get().unwrap();
+                b.set_len(5 * 1000);
+                b.fill(p as u8);
+                tx.send_to(id, b, &Dest::new(addr).segment(1000))
+                    .await
+                    .unwrap();
+            }
+        }
+        let mut n = 0;
+        while let Some((c, buf)) = tx.next_completion().await.unwrap() {
+            assert_eq!(c.result(), Ok(5000), "{c:?}");
+            drop(buf);
+            n += 1;
+        }
+        (n, tx.get_ref().sock_stats(id).depth_refusals)
+    });
+    assert_eq!(completions, PEERS * ROUNDS);
+    assert!(refusals > 0, "no backpressure was met");
+    let mut buf = [0u8; 4096];
+    for (p, s) in peers.iter().enumerate() {
+        let mut n = 0;
+        while let Ok(len) = s.recv(&mut buf) {
+            assert_eq!(len, 1000, "peer {p}");
+            assert!(buf[..len].iter().all(|&b| b == p as u8), "peer {p}");
+            n += 1;
+        }
+        assert_eq!(n, 5 * ROUNDS, "peer {p}");
+    }
+}

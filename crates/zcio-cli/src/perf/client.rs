@@ -334,3 +334,206 @@ fn stamp_offsets(b: &mut [u8], off: u64, segment: usize) {
         k += seg;
     }
 }
+
+/// Sends from one unconnected UDP socket to every address of `dests`, round-robin, for
+/// `opts.duration`: each send is one `opts.size`-byte train to one peer with
+/// [`zcio::tx::SendRing::send_to_with`] (cut into datagrams of the path MTU by `UDP_SEGMENT`), each
+/// datagram stamped with its offset in that peer's stream. `progress[i]` follows peer `i`'s
+/// completed bytes. Returns the totals and each peer's bytes.
+pub fn drive_peers(
+    sock: OwnedFd,
+    dests: &[std::net::SocketAddr],
+    opts: &ClientOpts,
+    progress: &[Arc<AtomicU64>],
+) -> Result<(ClientReport, Vec<u64>)> {
+    use zcio::tx::{Dest, SendRing, SendRingConfig, TxBuf};
+    anyhow::ensure!(!dests.is_empty(), "no destination");
+    if let Some(cpu) = opts.cpu {
+        zcio_testnet::cpu::pin_thread(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
+    }
+    let v6 = dests[0].is_ipv6();
+    // The path MTU towards the peers (an unconnected socket has none): from a socket
+    // connected to the first one.
+    let segment = {
+        let probe = std::net::UdpSocket::bind(if v6 { "[::]:0" } else { "0.0.0.0:0" })?;
+        probe.connect(dests[0])?;
+        let (level, opt, hdr) = if v6 {
+            (libc::SOL_IPV6, libc::IPV6_MTU, 48)
+        } else {
+            (libc::SOL_IP, libc::IP_MTU, 28)
+        };
+        zcio::sys::getsockopt_int(&probe, level, opt)
+            .map(|m| (m as usize).saturating_sub(hdr))
+            .unwrap_or(1472)
+            .clamp(1, 65507)
+    };
+    let max = if v6 { 65527 } else { 65507 };
+    let limit = (segment * zcio::tx::MAX_SEGMENTS)
+        .min(max / segment * segment)
+        .max(segment);
+    anyhow::ensure!(
+        opts.size <= limit,
+        "--len {} is more than one train to a peer: at most {limit} bytes ({} datagrams of {segment} \
+         bytes, the path MTU)",
+        opts.size,
+        limit / segment
+    );
+    let count = opts
+        .depth
+        .max(1)
+        .max(opts.working_set.div_ceil(opts.size.max(1)));
+    let pool = Pool::new(opts.size, count, false).context("allocating buffers")?;
+    let mut ring = SendRing::new(&SendRingConfig {
+        submit_batch: opts.submit_batch.max(1),
+        ..SendRingConfig::default()
+    })?;
+    // A failure is a recorded fallback (the report shows it).
+    let _ = ring.register_pool(&pool);
+    let mut cfg = SenderConfig::new(opts.mode);
+    cfg.depth = opts.depth.max(1);
+    cfg.notify_limit = opts.notify_limit.max(1);
+    let id = ring.add(sock, &cfg).context("adding the socket")?;
+    let mut free: VecDeque<PoolBuf> = std::iter::from_fn(|| pool.try_get()).collect();
+    if !opts.verify {
+        for b in &mut free {
+            pattern::fill(b, 0);
+        }
+    }
+    let n = dests.len();
+    let mut off = vec![0u64; n];
+    let mut per_peer = vec![0u64; n];
+    let (mut errors, mut sends) = (0u64, 0u64);
+    let cpu0 = zcio_testnet::cpu::thread_cpu_time();
+    let t0 = Instant::now();
+    let end = t0 + opts.duration;
+    let mut peer = 0usize;
+    let mut sent_bytes = 0u64;
+    let reap = |ring: &mut SendRing,
+                free: &mut VecDeque<PoolBuf>,
+                per_peer: &mut [u64],
+                errors: &mut u64| {
+        for (c, buf) in ring.completions() {
+            if c.error.is_some() {
+                *errors += 1;
+            } else if let Some(p) = per_peer.get_mut(c.token as usize) {
+                *p += c.bytes as u64;
+                if let Some(a) = progress.get(c.token as usize) {
+                    a.store(*p, Ordering::Relaxed);
+                }
+            }
+            if let TxBuf::Pool(b) = buf {
+                free.push_back(b);
+            }
+        }
+    };
+    loop {
+        if sends % 64 == 0
+            && (Instant::now() >= end
+                || opts
+                    .stop
+                    .as_ref()
+                    .is_some_and(|s| s.load(Ordering::Relaxed)))
+        {
+            break;
+        }
+        if opts.rate_bps > 0 {
+            let allowed = opts.rate_bps as f64 / 8.0 * t0.elapsed().as_secs_f64();
+            let ahead = sent_bytes as f64 - allowed;
+            if ahead > 0.0 {
+                std::thread::sleep(Duration::from_secs_f64(
+                    (ahead * 8.0 / opts.rate_bps as f64).min(0.01),
+                ));
+                ring.poll()?;
+                reap(&mut ring, &mut free, &mut per_peer, &mut errors);
+                if Instant::now() >= end {
+                    break;
+                }
+                continue;
+            }
+        }
+        let Some(mut b) = free.pop_front() else {
+            if Instant::now() >= end {
+                break;
+            }
+            ring.wait(Duration::from_millis(100))?;
+            reap(&mut ring, &mut free, &mut per_peer, &mut errors);
+            continue;
+        };
+        b.set_len(opts.size);
+        if opts.verify {
+            fill_for(&mut b, off[peer], true, segment);
+        } else {
+            stamp_offsets(&mut b, off[peer], segment);
+        }
+        let mut to = Dest::new(dests[peer]);
+        if opts.size > segment {
+            to = to.segment(segment as u16);
+        }
+        match ring.send_to_with(id, b, &to, peer as u64) {
+            Ok(_) => {
+                off[peer] += opts.size as u64;
+                sent_bytes += opts.size as u64;
+                sends += 1;
+                peer = (peer + 1) % n;
+            }
+            Err(r) => {
+                if let TxBuf::Pool(b) = r.buf {
+                    free.push_front(b);
+                }
+                ring.wait(Duration::from_millis(100))?;
+            }
+        }
+        if ring.ready() > 0 {
+            reap(&mut ring, &mut free, &mut per_peer, &mut errors);
+        }
+        if errors > 0 {
+            break;
+        }
+    }
+    ring.flush(opts.flush_timeout)?;
+    reap(&mut ring, &mut free, &mut per_peer, &mut errors);
+    let seconds = t0.elapsed().as_secs_f64();
+    let cpu_s = (zcio_testnet::cpu::thread_cpu_time() - cpu0).as_secs_f64();
+    if opts.udp_end_marker {
+        for &d in dests {
+            if let Err(r) = ring.send_to_with(id, Vec::new(), &Dest::new(d), u64::MAX) {
+                anyhow::bail!("the end marker was refused: {r}");
+            }
+        }
+        ring.flush(Duration::from_secs(5))?;
+        reap(&mut ring, &mut free, &mut per_peer, &mut errors);
+    }
+    use zcio::stats::Report;
+    // The ring's own kernel entries are the socket's too (it is the ring's only socket).
+    let c = ring.counters();
+    let st = ring.stats();
+    let bytes: u64 = per_peer.iter().sum();
+    let ops = sends.max(1) as f64;
+    let rep = ClientReport {
+        proto: "udp",
+        mode: opts.mode.to_string(),
+        path: ring
+            .sock_path(id)
+            .map_or_else(|| ring.path().to_string(), |p| p.to_string()),
+        size: opts.size,
+        seconds,
+        bytes,
+        total_bytes: bytes,
+        sends,
+        errors,
+        gbit_s: bytes as f64 * 8.0 / seconds / 1e9,
+        cpu_s,
+        cpu_s_per_gb: if bytes == 0 {
+            f64::NAN
+        } else {
+            cpu_s / (bytes as f64 / 1e9)
+        },
+        syscalls_per_send: c.syscalls as f64 / ops,
+        notify_syscalls_per_send: st.notify_syscalls as f64 / ops,
+        copied_fraction: c.copied_fraction(),
+        counters: c,
+        stats: st,
+        fallbacks: ring.sock_fallbacks(id).to_vec(),
+    };
+    Ok((rep, per_peer))
+}

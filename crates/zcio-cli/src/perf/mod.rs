@@ -130,6 +130,12 @@ pub struct ClientArgs {
     /// UDP instead of TCP.
     #[arg(short = 'u', long)]
     pub udp: bool,
+    /// UDP: send to N peers (the server opens a port for each, at most 128) from one
+    /// unconnected socket on one send ring: each write is a GSO train to one peer
+    /// (`SENDMSG_ZC` with the destination and `UDP_SEGMENT`), round-robin; -b is per peer.
+    /// Replaces -P.
+    #[arg(long, value_name = "N", requires = "udp", conflicts_with_all = ["parallel", "reverse"])]
+    pub peers: Option<u32>,
     /// Rate per stream in bit/s (10M, 1G; K/M/G are powers of 1000 here); 0 = unlimited.
     #[arg(short = 'b', long = "bitrate", visible_alias = "bandwidth")]
     pub bitrate: Option<String>,

@@ -97,6 +97,52 @@ pub fn send(sock: OwnedFd, stream: u32, tcp: bool, opts: &ClientOpts) -> StreamR
     r
 }
 
+/// Sends to every peer in `dests` from one unconnected UDP socket (`zcio perf -u --peers`):
+/// one report per peer (its bytes); the sending thread's CPU time and system calls are in
+/// the first one (they are shared), the path and fallbacks in each.
+pub fn send_peers(
+    sock: OwnedFd,
+    dests: &[std::net::SocketAddr],
+    opts: &ClientOpts,
+    progress: &[Arc<AtomicU64>],
+) -> Vec<StreamReport> {
+    let mut reports: Vec<StreamReport> = (0..dests.len())
+        .map(|i| StreamReport {
+            stream: i as u32,
+            verified: opts.verify,
+            ..StreamReport::default()
+        })
+        .collect();
+    match super::client::drive_peers(sock, dests, opts, progress) {
+        Ok((rep, per_peer)) => {
+            for (i, r) in reports.iter_mut().enumerate() {
+                r.bytes = per_peer[i];
+                r.seconds = rep.seconds;
+                r.gbit_s = per_peer[i] as f64 * 8.0 / rep.seconds.max(1e-9) / 1e9;
+                r.cpu = opts.cpu;
+                r.path = rep.path.clone();
+                r.copied_fraction = rep.copied_fraction;
+                if i == 0 {
+                    r.fallbacks = rep.fallbacks.iter().map(|f| f.to_string()).collect();
+                    r.cpu_s = rep.cpu_s;
+                    r.ops = rep.sends;
+                    r.syscalls = rep.counters.syscalls;
+                    r.notify_syscalls = rep.stats.notify_syscalls;
+                }
+                if rep.errors > 0 {
+                    r.error = Some(format!("{} sends failed", rep.errors));
+                }
+            }
+        }
+        Err(e) => {
+            for r in &mut reports {
+                r.error = Some(format!("{e:#}"));
+            }
+        }
+    }
+    reports
+}
+
 /// Receives one TCP stream to its end through a [`Receiver`].
 pub fn recv_tcp(s: TcpStream, o: &RecvOpts) -> StreamReport {
     let mut r = StreamReport {
@@ -307,6 +353,25 @@ pub fn join_all(threads: Vec<std::thread::JoinHandle<StreamReport>>) -> Vec<Stre
                 stream: i as u32,
                 error: Some("stream thread panicked".into()),
                 ..StreamReport::default()
+            })
+        })
+        .collect();
+    streams.sort_by_key(|s| s.stream);
+    streams
+}
+
+/// [`join_all`] for threads that each report one stream or several (`--peers`).
+pub fn join_all_vec(threads: Vec<std::thread::JoinHandle<Vec<StreamReport>>>) -> Vec<StreamReport> {
+    let mut streams: Vec<StreamReport> = threads
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, t)| {
+            t.join().unwrap_or_else(|_| {
+                vec![StreamReport {
+                    stream: i as u32,
+                    error: Some("stream thread panicked".into()),
+                    ..StreamReport::default()
+                }]
             })
         })
         .collect();

@@ -34,6 +34,9 @@ pub struct TestSpec {
     pub submit_batch: usize,
     /// Time to connect and to hear back from the server.
     pub timeout: Duration,
+    /// UDP, this side sending: every stream is a peer (a server port) of one unconnected
+    /// socket on one send ring (`--peers`), instead of a socket and a thread per stream.
+    pub peers: bool,
 }
 
 impl TestSpec {
@@ -48,6 +51,7 @@ impl TestSpec {
             notify_limit: 32,
             submit_batch: 1,
             timeout: Duration::from_secs(10),
+            peers: false,
         }
     }
 }
@@ -159,9 +163,29 @@ pub fn run_test(spec: &TestSpec, on_interval: &mut dyn FnMut(&Interval)) -> Resu
     enum Sock {
         Tcp(TcpStream),
         Udp(UdpSocket),
+        /// One unconnected socket for every stream's port (`--peers`).
+        Peers(UdpSocket, Vec<SocketAddr>),
     }
     let mut socks = Vec::with_capacity(n);
-    if p.udp {
+    if spec.peers && (!p.udp || p.reverse) {
+        bail!("--peers is for UDP tests where this side sends (-u, without -R)");
+    }
+    if spec.peers {
+        if ports.len() != n {
+            bail!("server offered {} UDP ports for {n} peers", ports.len());
+        }
+        let bind: SocketAddr = if server_addr.is_ipv4() {
+            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let u = UdpSocket::bind(bind).context("binding a UDP socket")?;
+        let dests = ports
+            .iter()
+            .map(|&port| SocketAddr::new(server_addr.ip(), port))
+            .collect();
+        socks.push(Sock::Peers(u, dests));
+    } else if p.udp {
         if ports.len() != n {
             bail!("server offered {} UDP ports for {n} streams", ports.len());
         }
@@ -202,8 +226,16 @@ pub fn run_test(spec: &TestSpec, on_interval: &mut dyn FnMut(&Interval)) -> Resu
             );
         }
         for (i, s) in socks.iter().enumerate() {
-            if let Sock::Udp(u) = s {
-                let _ = u.send(&proto::udp_hello(&cookie_b, i as u32));
+            match s {
+                Sock::Udp(u) => {
+                    let _ = u.send(&proto::udp_hello(&cookie_b, i as u32));
+                }
+                Sock::Peers(u, dests) => {
+                    for (k, d) in dests.iter().enumerate() {
+                        let _ = u.send_to(&proto::udp_hello(&cookie_b, k as u32), d);
+                    }
+                }
+                Sock::Tcp(_) => {}
             }
         }
         if zcio::sys::net::poll_one(&ctl, libc::POLLIN, 100)? == 0 {
@@ -225,7 +257,7 @@ pub fn run_test(spec: &TestSpec, on_interval: &mut dyn FnMut(&Interval)) -> Resu
         .iter()
         .filter_map(|s| match s {
             Sock::Tcp(t) => t.try_clone().ok(),
-            Sock::Udp(_) => None,
+            Sock::Udp(_) | Sock::Peers(..) => None,
         })
         .collect();
     let mut cut = false;
@@ -234,12 +266,13 @@ pub fn run_test(spec: &TestSpec, on_interval: &mut dyn FnMut(&Interval)) -> Resu
         let cpu = super::stream_cpu(spec.cpu, i);
         let stop = Arc::clone(&stop);
         let prog = Arc::clone(&progress[i]);
+        let all_progress = progress.clone();
         let p = p.clone();
         let (notify_limit, batch) = (spec.notify_limit, spec.submit_batch);
         let idle = spec.timeout;
         let h = std::thread::Builder::new()
             .name(format!("perf-stream-{i}"))
-            .spawn(move || -> StreamReport {
+            .spawn(move || -> Vec<StreamReport> {
                 let i = i as u32;
                 if p.reverse {
                     let o = RecvOpts {
@@ -252,10 +285,11 @@ pub fn run_test(spec: &TestSpec, on_interval: &mut dyn FnMut(&Interval)) -> Resu
                         progress: prog,
                         stop,
                     };
-                    match sock {
+                    vec![match sock {
                         Sock::Tcp(s) => stream::recv_tcp(s, &o),
                         Sock::Udp(u) => stream::recv_udp(&u, &o),
-                    }
+                        Sock::Peers(..) => unreachable!("refused above for -R"),
+                    }]
                 } else {
                     let mut o = super::server::sender_opts(&p, Some(cpu));
                     o.notify_limit = notify_limit.max(1);
@@ -263,8 +297,16 @@ pub fn run_test(spec: &TestSpec, on_interval: &mut dyn FnMut(&Interval)) -> Resu
                     o.progress = Some(prog);
                     o.stop = Some(stop);
                     match sock {
-                        Sock::Tcp(s) => stream::send(s.into(), i, true, &o),
-                        Sock::Udp(u) => stream::send(u.into(), i, false, &o),
+                        Sock::Tcp(s) => vec![stream::send(s.into(), i, true, &o)],
+                        Sock::Udp(u) => vec![stream::send(u.into(), i, false, &o)],
+                        Sock::Peers(u, dests) => {
+                            o.progress = None;
+                            // -b is per stream, i.e. per peer.
+                            o.rate_bps = o.rate_bps.saturating_mul(dests.len() as u64);
+                            // The ring batches across peers: at least 16 trains per enter.
+                            o.submit_batch = o.submit_batch.max(16);
+                            stream::send_peers(u.into(), &dests, &o, &all_progress)
+                        }
                     }
                 }
             })
@@ -309,7 +351,7 @@ pub fn run_test(spec: &TestSpec, on_interval: &mut dyn FnMut(&Interval)) -> Resu
             last_t = t;
         }
     }
-    let streams = super::stream::join_all(threads);
+    let streams = super::stream::join_all_vec(threads);
     let role = if p.reverse { "receiver" } else { "sender" };
     let client = SideReport::total(
         role,
@@ -392,7 +434,7 @@ pub fn run(a: ClientArgs) -> Result<()> {
     };
     let params = Params {
         udp: a.udp,
-        streams: a.parallel,
+        streams: a.peers.unwrap_or(a.parallel),
         duration_ms: duration.as_millis().max(1) as u64,
         reverse: a.reverse,
         len: len as u64,
@@ -420,13 +462,19 @@ pub fn run(a: ClientArgs) -> Result<()> {
     spec.cpu = a.cpu.unwrap_or(0);
     spec.notify_limit = a.notify_limit;
     spec.submit_batch = a.batch;
+    spec.peers = a.peers.is_some();
     let json = a.json;
-    let streams = a.parallel;
+    let streams = a.peers.unwrap_or(a.parallel);
     if !json {
         println!(
-            "Connecting to host {host}, port {port}: {} {} stream(s), {:?}{}",
+            "Connecting to host {host}, port {port}: {} {} {}, {:?}{}",
             if a.udp { "UDP" } else { "TCP" },
             streams,
+            if a.peers.is_some() {
+                "peer(s) from one socket"
+            } else {
+                "stream(s)"
+            },
             duration,
             if a.reverse {
                 " (reverse: the server sends)"

@@ -48,6 +48,15 @@ impl Features {
     pub const SEND_ZC: &'static str = "IORING_OP_SEND_ZC";
     /// `IORING_SEND_ZC_REPORT_USAGE` (6.2): notifications say whether the kernel copied.
     pub const SEND_ZC_REPORT_USAGE: &'static str = "IORING_SEND_ZC_REPORT_USAGE";
+    /// `IORING_OP_SENDMSG_ZC` with `IORING_RECVSEND_FIXED_BUF` (6.15): zero-copy sendmsg
+    /// (destinations, control messages, iovecs) from registered buffers.
+    pub const SENDMSG_ZC_FIXED_BUF: &'static str = "IORING_OP_SENDMSG_ZC+IORING_RECVSEND_FIXED_BUF";
+    /// `IORING_SEND_VECTORIZED` (6.17): `SEND_ZC` of an iovec array.
+    pub const SEND_VECTORIZED: &'static str = "IORING_SEND_VECTORIZED";
+    /// `IORING_SEND_VECTORIZED` with `IORING_RECVSEND_FIXED_BUF`: an iovec array in a
+    /// registered buffer (refused by 6.18 with `EINVAL` when the request is prepared).
+    pub const SEND_VECTORIZED_FIXED_BUF: &'static str =
+        "IORING_SEND_VECTORIZED+IORING_RECVSEND_FIXED_BUF";
     /// `IORING_FEAT_RECVSEND_BUNDLE` (6.10): receive bundles.
     pub const RECV_BUNDLE: &'static str = "IORING_FEAT_RECVSEND_BUNDLE";
     /// `IORING_FEAT_MIN_TIMEOUT` (6.12): batched waits with `min_wait_usec`.
@@ -64,9 +73,12 @@ impl Features {
     pub const ZCRX_FLUSH_RQ: &'static str = "ZCRX_CTRL_FLUSH_RQ";
 
     /// The features checked, in order.
-    pub const NAMES: [&'static str; 9] = [
+    pub const NAMES: [&'static str; 12] = [
         Self::SEND_ZC,
         Self::SEND_ZC_REPORT_USAGE,
+        Self::SENDMSG_ZC_FIXED_BUF,
+        Self::SEND_VECTORIZED,
+        Self::SEND_VECTORIZED_FIXED_BUF,
         Self::RECV_BUNDLE,
         Self::MIN_WAIT,
         Self::PBUF_RING_INC,
@@ -188,8 +200,35 @@ impl Features {
                 reason: Some("no IORING_OP_SEND_ZC".into()),
             }
         };
+        let (msg_fixed, vectorized, vec_fixed) = if send_zc.supported {
+            (
+                flag_probe(&mut ring, Self::SENDMSG_ZC_FIXED_BUF, Probe::MsgZcFixed),
+                flag_probe(&mut ring, Self::SEND_VECTORIZED, Probe::Vectorized),
+                flag_probe(
+                    &mut ring,
+                    Self::SEND_VECTORIZED_FIXED_BUF,
+                    Probe::VectorizedFixed,
+                ),
+            )
+        } else {
+            let no = |name| Feature {
+                name,
+                since: since(name),
+                supported: false,
+                checked_by: "opcode probe",
+                reason: Some("no IORING_OP_SEND_ZC".into()),
+            };
+            (
+                no(Self::SENDMSG_ZC_FIXED_BUF),
+                no(Self::SEND_VECTORIZED),
+                no(Self::SEND_VECTORIZED_FIXED_BUF),
+            )
+        };
         list.push(send_zc);
         list.push(report);
+        list.push(msg_fixed);
+        list.push(vectorized);
+        list.push(vec_fixed);
         list.push(bit(Self::RECV_BUNDLE, bundle));
         list.push(bit(Self::MIN_WAIT, min_wait));
         list.push(pbuf_ring_inc());
@@ -238,6 +277,9 @@ fn since(name: &str) -> &'static str {
     match name {
         Features::SEND_ZC => "6.0",
         Features::SEND_ZC_REPORT_USAGE => "6.2",
+        Features::SENDMSG_ZC_FIXED_BUF => "6.15",
+        Features::SEND_VECTORIZED => "6.17",
+        Features::SEND_VECTORIZED_FIXED_BUF => "> 6.18",
         Features::RECV_BUNDLE => "6.10",
         Features::MIN_WAIT | Features::PBUF_RING_INC => "6.12",
         Features::RECV_ZC | Features::EPOLL_WAIT => "6.15",
@@ -292,6 +334,145 @@ fn send_zc_report_usage(ring: &mut Ring) -> Feature {
         )
     });
     f
+}
+
+/// A request form checked by [`flag_probe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// `SENDMSG_ZC` with `IORING_RECVSEND_FIXED_BUF` (buffer index 0).
+    MsgZcFixed,
+    /// `SEND_ZC` with `IORING_SEND_VECTORIZED` (one iovec).
+    Vectorized,
+    /// The same from registered buffer 0.
+    VectorizedFixed,
+}
+
+/// Checks a request form on a unix socket pair, like [`send_zc_report_usage`]: a kernel that
+/// does not know the flag refuses it when preparing the request (`EINVAL`); one that knows it
+/// prepares it and only then finds that a unix socket does no zero-copy (`EOPNOTSUPP`), before
+/// it would look the (unregistered) buffer up.
+fn flag_probe(ring: &mut Ring, name: &'static str, form: Probe) -> Feature {
+    let mut f = Feature {
+        name,
+        since: since(name),
+        supported: false,
+        checked_by: "request",
+        reason: None,
+    };
+    match attempt_form(ring, form) {
+        // Prepared, then refused by the unix socket at issue: the kernel knows the form.
+        Ok(res) if res == -libc::EOPNOTSUPP || res >= 0 => f.supported = true,
+        Ok(res) if res == -libc::EINVAL => {
+            f.reason = Some(format!(
+                "kernel rejects {name} (EINVAL; needs Linux {})",
+                since(name)
+            ))
+        }
+        Ok(res) => {
+            f.reason = Some(format!(
+                "could not check: the probe request failed with {}",
+                std::io::Error::from_raw_os_error(-res)
+            ))
+        }
+        Err(e) => f.reason = Some(format!("could not check: {e}")),
+    }
+    f
+}
+
+/// One probe request of `form` on a fresh unix socket pair. The fixed-buffer forms name a
+/// buffer registered for the probe (a kernel that knows the flag but finds no registered
+/// buffer answers `EFAULT` before it would refuse the form: Linux 6.1 checks the buffer index
+/// of `SENDMSG_ZC` first, then refuses `IORING_RECVSEND_FIXED_BUF` for it with `EINVAL`).
+fn attempt_form(ring: &mut Ring, form: Probe) -> std::io::Result<i32> {
+    use std::os::fd::AsRawFd;
+    let fixed = matches!(form, Probe::MsgZcFixed | Probe::VectorizedFixed);
+    // The bytes sent: inside the registered buffer for the fixed forms.
+    let mut page = vec![0x5au8; 4096].into_boxed_slice();
+    let data: *const u8 = if fixed {
+        page.as_mut_ptr()
+    } else {
+        PROBE_BYTE.as_ptr()
+    };
+    if fixed {
+        let reg = libc::iovec {
+            iov_base: page.as_mut_ptr().cast(),
+            iov_len: page.len(),
+        };
+        // SAFETY: `page` is a live heap allocation of that length; it outlives the
+        // registration (unregistered below, or leaked with the request when it did not
+        // complete).
+        unsafe { ring.raw().submitter().register_buffers(&[reg]) }?;
+    }
+    let res = (|| {
+        let (a, _b) = sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM)?;
+        let mut msg = Box::new(sys::msg::MsgHdr::new(
+            &sys::msg::MsgOpts {
+                dest: None,
+                segment: None,
+                tos: None,
+            },
+            false,
+        )?);
+        let hdr = msg.point(&[(data, 1)])?;
+        let iov = Box::new([libc::iovec {
+            iov_base: data as *mut libc::c_void,
+            iov_len: 1,
+        }]);
+        let sqe = match form {
+            Probe::MsgZcFixed => opcode::SendMsgZc::new(types::Fd(a.as_raw_fd()), hdr)
+                .buf_index(Some(0))
+                .build(),
+            Probe::Vectorized | Probe::VectorizedFixed => opcode::SendZc::new(
+                types::Fd(a.as_raw_fd()),
+                iov.as_ptr().cast(),
+                iov.len() as u32,
+            )
+            .zc_flags(sys::IORING_SEND_VECTORIZED)
+            .buf_index(fixed.then_some(0))
+            .build(),
+        }
+        .user_data(0x5a5b);
+        // SAFETY: the request reads one byte (PROBE_BYTE, a static, or `page`) through `msg`
+        // or `iov`, boxed and kept until every completion of the request is in, or leaked
+        // (with `a`) when they did not come, so the kernel never reads freed memory or a
+        // reused descriptor.
+        unsafe { ring.push(&sqe) }?;
+        let res = wait_probe(ring);
+        if res.is_err() {
+            std::mem::forget(msg);
+            std::mem::forget(iov);
+            std::mem::forget(a);
+        }
+        res
+    })();
+    if fixed {
+        if res.is_ok() {
+            let _ = ring.raw().submitter().unregister_buffers();
+        } else {
+            // A request may still hold the registered page: never free it.
+            std::mem::forget(page);
+        }
+    }
+    res
+}
+
+/// Waits for the probe request's result and, if announced, its notification.
+fn wait_probe(ring: &mut Ring) -> std::io::Result<i32> {
+    let mut res = None;
+    let mut notif_due = false;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while (res.is_none() || notif_due) && std::time::Instant::now() < deadline {
+        ring.submit_and_wait(1, Some(std::time::Duration::from_millis(100)))?;
+        ring.harvest(|c| {
+            if c.flags() & sys::IORING_CQE_F_NOTIF != 0 {
+                notif_due = false;
+            } else {
+                res = Some(c.result());
+                notif_due = c.flags() & IORING_CQE_F_MORE != 0;
+            }
+        })?;
+    }
+    res.ok_or_else(|| std::io::Error::other("no completion for the probe request within 2 s"))
 }
 
 static PROBE_BYTE: [u8; 1] = [0x5a];

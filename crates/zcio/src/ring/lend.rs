@@ -33,7 +33,10 @@ use super::key::{self, Op};
 use super::{Ring, RingConfig, RingError, SendCore, SetupFlag, SharedRing};
 use crate::buf::lent::Stable;
 use crate::buf::pool::{Pool, PoolPin};
-use crate::sys::{IORING_CQE_F_MORE, IORING_CQE_F_NOTIF, IORING_SEND_ZC_REPORT_USAGE};
+use crate::sys::msg::{MsgHdr, MsgOpts};
+use crate::sys::{
+    IORING_CQE_F_MORE, IORING_CQE_F_NOTIF, IORING_SEND_VECTORIZED, IORING_SEND_ZC_REPORT_USAGE,
+};
 use io_uring::{opcode, squeue, types};
 use std::collections::VecDeque;
 use std::io;
@@ -99,6 +102,14 @@ pub struct SendSqe {
     pub msg_flags: i32,
     /// `IOSQE_IO_LINK`: the next request runs only after this one completed in full.
     pub link: bool,
+    /// A zero-copy request of a buffer with a message header but no destination or control
+    /// messages goes as `SEND_ZC` with `IORING_SEND_VECTORIZED` (Linux 6.17) instead of
+    /// `SENDMSG_ZC`.
+    pub vectorized: bool,
+    /// `SEND_ZC` with `IORING_SEND_VECTORIZED` takes a registered buffer; where it does not,
+    /// a vectored request whose slices all lie in a registered pool goes as `SENDMSG_ZC` from
+    /// that pool (no pinning) rather than `SEND_ZC` pinning them.
+    pub vectorized_fixed: bool,
 }
 
 /// A completion of a request pushed with [`LendRing::push_send`].
@@ -187,6 +198,13 @@ struct LSlot<B> {
     route: u64,
     owner: Owner,
     reqs: Vec<(u32, Life)>,
+    /// The message header of a `SENDMSG`/`SENDMSG_ZC` buffer (destination, control
+    /// messages): the kernel reads it at prep and at every (re-)issue, so it lives with the
+    /// buffer until the last CQE.
+    msg: Option<Box<MsgHdr>>,
+    /// Slices after `buf` of a vectored send (their bytes follow `buf`'s in the request's
+    /// range), held like `buf`.
+    more: Vec<B>,
 }
 
 #[derive(Debug)]
@@ -210,7 +228,7 @@ pub struct LendRing<B: Stable> {
     spare_reqs: Vec<Vec<(u32, Life)>>,
     live: usize,
     ignored_live: usize,
-    returned: Vec<(u64, LendId, B)>,
+    returned: Vec<(u64, LendId, (B, Vec<B>))>,
     files: Vec<FSlot>,
     free_files: Vec<u32>,
     /// Size of the sparse registered-file table (0: none).
@@ -509,6 +527,14 @@ impl<B: Stable> LendRing<B> {
 
     /// Lends `buf` for requests to `file`; `route` comes back with each of its CQEs.
     pub fn lend(&mut self, buf: B, file: FileId, route: u64) -> LendId {
+        self.lend_slices(buf, Vec::new(), file, route)
+    }
+
+    /// Lends the slices `buf`, `more…` of one vectored send: a request's range covers their
+    /// bytes in this order. A buffer with more than one slice is sent only with a message
+    /// header ([`LendRing::set_msg`]): `SENDMSG_ZC`/`SENDMSG` with an iovec, or `SEND_ZC`
+    /// with `IORING_SEND_VECTORIZED`. All slices come back together.
+    pub fn lend_slices(&mut self, buf: B, more: Vec<B>, file: FileId, route: u64) -> LendId {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -523,6 +549,8 @@ impl<B: Stable> LendRing<B> {
                     route: 0,
                     owner: Owner::Held,
                     reqs: Vec::new(),
+                    msg: None,
+                    more: Vec::new(),
                 });
                 (self.slots.len() - 1) as u32
             }
@@ -535,6 +563,8 @@ impl<B: Stable> LendRing<B> {
         s.route = route;
         s.owner = Owner::Held;
         s.reqs = reqs;
+        s.msg = None;
+        s.more = more;
         self.live += 1;
         self.stats.lent += 1;
         LendId { idx, gen: s.gen }
@@ -544,6 +574,28 @@ impl<B: Stable> LendRing<B> {
         self.slots
             .get(id.idx as usize)
             .filter(|s| s.gen == id.gen && s.buf.is_some())
+    }
+
+    /// Sends of a held buffer go as `SENDMSG_ZC` (zero-copy) or `SENDMSG` (copy) with `msg`
+    /// (its destination and control messages); the header is kept with the buffer until its
+    /// last CQE. Only one request of such a buffer is in the kernel at a time
+    /// ([`LendRing::push_send`] refuses a second before the first's result), since each
+    /// request points the header at its own range.
+    pub fn set_msg(&mut self, id: LendId, msg: MsgHdr) {
+        if let Some(s) = self
+            .slots
+            .get_mut(id.idx as usize)
+            .filter(|s| s.gen == id.gen && s.buf.is_some() && s.reqs.is_empty())
+        {
+            s.msg = Some(Box::new(msg));
+        }
+    }
+
+    /// The message options of a held buffer sent with a header ([`LendRing::set_msg`]).
+    pub fn msg_opts(&self, id: LendId) -> Option<MsgOpts> {
+        self.slot(id)
+            .and_then(|s| s.msg.as_ref())
+            .map(|m| *m.opts())
     }
 
     /// Changes the route of a held buffer.
@@ -557,9 +609,19 @@ impl<B: Stable> LendRing<B> {
         }
     }
 
-    /// The bytes of a held buffer.
+    /// The bytes of a held buffer (its first slice).
     pub fn bytes(&self, id: LendId) -> Option<&[u8]> {
         self.slot(id).and_then(|s| s.buf.as_deref())
+    }
+
+    /// The slices of a held buffer, in order.
+    pub fn slices(&self, id: LendId) -> Vec<&[u8]> {
+        match self.slot(id) {
+            Some(s) => std::iter::once(s.buf.as_deref().unwrap_or(&[]))
+                .chain(s.more.iter().map(|b| &**b))
+                .collect(),
+            None => Vec::new(),
+        }
     }
 
     /// Buffers lent and not yet back (held, waiting or ignored).
@@ -581,7 +643,7 @@ impl<B: Stable> LendRing<B> {
 
     /// Takes a held buffer back. `None` while the kernel may still read it: it is then
     /// returned by [`LendRing::next_returned`] after its last CQE.
-    pub fn take(&mut self, id: LendId) -> Option<B> {
+    pub fn take(&mut self, id: LendId) -> Option<(B, Vec<B>)> {
         let s = self
             .slots
             .get_mut(id.idx as usize)
@@ -615,21 +677,24 @@ impl<B: Stable> LendRing<B> {
     }
 
     /// A buffer taken back while the kernel still held it, now that it no longer does.
-    pub fn next_returned(&mut self) -> Option<(u64, LendId, B)> {
+    pub fn next_returned(&mut self) -> Option<(u64, LendId, (B, Vec<B>))> {
         self.returned.pop()
     }
 
-    fn free_slot(&mut self, idx: u32) -> B {
+    fn free_slot(&mut self, idx: u32) -> (B, Vec<B>) {
         let s = &mut self.slots[idx as usize];
         let buf = s.buf.take().expect("live slot");
+        let more = std::mem::take(&mut s.more);
         let mut reqs = std::mem::take(&mut s.reqs);
         reqs.clear();
+        // The kernel has no request of this buffer left: its header may go.
+        s.msg = None;
         if reqs.capacity() > 0 && self.spare_reqs.len() < 4096 {
             self.spare_reqs.push(reqs);
         }
         self.free.push(idx);
         self.live -= 1;
-        buf
+        (buf, more)
     }
 
     /// Queues one request. Fails (and queues nothing) for a buffer that is not held, a range
@@ -644,48 +709,133 @@ impl<B: Stable> LendRing<B> {
             .filter(|x| x.gen == s.lend.gen && x.owner == Owner::Held)
             .ok_or_else(|| inval("request for a buffer that is not held"))?;
         let buf = slot.buf.as_deref().ok_or_else(|| inval("no buffer"))?;
-        if s.len > MAX_REQ || s.off.checked_add(s.len).map_or(true, |end| end > buf.len()) {
+        let total = buf.len() + slot.more.iter().map(|b| b.len()).sum::<usize>();
+        if s.len > MAX_REQ || s.off.checked_add(s.len).map_or(true, |end| end > total) {
             return Err(inval("request outside its buffer"));
+        }
+        if !slot.more.is_empty() && slot.msg.is_none() {
+            return Err(inval("a vectored buffer without a message header"));
         }
         if slot.file != s.file.idx {
             return Err(inval("request to another socket than the buffer's"));
+        }
+        if slot.msg.is_some()
+            && slot
+                .reqs
+                .iter()
+                .any(|r| matches!(r.1, Life::InKernel { .. }))
+        {
+            // The header is pointed at this request's range: a request still without its
+            // result may be re-issued and read it again.
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
         let f = self
             .files
             .get(s.file.idx as usize)
             .filter(|f| f.gen == s.file.gen && f.fd.is_some() && !f.closing)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
-        let ptr = buf[s.off..].as_ptr();
+        // The request's range over the slices, in order.
+        let mut iov: [(*const u8, usize); crate::sys::msg::MAX_IOV] =
+            [(std::ptr::null(), 0); crate::sys::msg::MAX_IOV];
+        let mut n_iov = 0;
+        let (mut skip, mut want) = (s.off, s.len);
+        for part in std::iter::once(buf).chain(slot.more.iter().map(|b| &**b)) {
+            if want == 0 {
+                break;
+            }
+            if skip >= part.len() {
+                skip -= part.len();
+                continue;
+            }
+            let take = (part.len() - skip).min(want);
+            if n_iov == iov.len() {
+                return Err(inval("more slices than one message carries"));
+            }
+            iov[n_iov] = (part[skip..].as_ptr(), take);
+            n_iov += 1;
+            want -= take;
+            skip = 0;
+        }
+        let ptr = if s.len == 0 { buf.as_ptr() } else { iov[0].0 };
         let flags = s.msg_flags | libc::MSG_NOSIGNAL;
+        // A registered pool is used when every slice lies in it (the kernel checks each
+        // iovec against the one registered buffer the request names).
         let region = if s.zc && s.fixed {
-            slot.buf
-                .as_ref()
-                .and_then(|b| b.region())
+            let first = slot.buf.as_ref().and_then(|b| b.region());
+            first
+                .filter(|&r| slot.more.iter().all(|b| b.region() == Some(r)))
                 .and_then(|id| self.regions.iter().find(|r| r.0 == id))
                 .map(|r| r.1)
         } else {
             None
         };
-        let sqe = match (s.zc, f.fixed) {
-            (true, fixed) => {
-                let mut op = if fixed {
-                    opcode::SendZc::new(types::Fixed(s.file.idx), ptr, s.len as u32)
+        let (fixed_file, raw) = (f.fixed, f.raw);
+        let sqe = if slot.msg.is_some() {
+            let slot = &mut self.slots[s.lend.idx as usize];
+            let msg = slot.msg.as_mut().expect("checked");
+            let hdr = msg.point(&iov[..n_iov.max(1)])?;
+            let zc_flags = if s.report_usage {
+                IORING_SEND_ZC_REPORT_USAGE
+            } else {
+                0
+            };
+            let plain = msg.opts().dest.is_none()
+                && msg.opts().segment.is_none()
+                && msg.opts().tos.is_none();
+            if s.zc && s.vectorized && plain && (region.is_none() || s.vectorized_fixed) {
+                // SEND_ZC of the header's iovec array (Linux 6.17): no msghdr to copy in.
+                let (iov_ptr, iov_n) = msg.iovecs();
+                let op = if fixed_file {
+                    opcode::SendZc::new(types::Fixed(s.file.idx), iov_ptr.cast(), iov_n as u32)
                 } else {
-                    opcode::SendZc::new(types::Fd(f.raw), ptr, s.len as u32)
+                    opcode::SendZc::new(types::Fd(raw), iov_ptr.cast(), iov_n as u32)
+                };
+                op.flags(flags)
+                    .buf_index(region)
+                    .zc_flags(zc_flags | IORING_SEND_VECTORIZED)
+                    .build()
+            } else {
+                match (s.zc, fixed_file) {
+                    (true, true) => opcode::SendMsgZc::new(types::Fixed(s.file.idx), hdr)
+                        .flags(flags as u32)
+                        .ioprio(zc_flags)
+                        .buf_index(region)
+                        .build(),
+                    (true, false) => opcode::SendMsgZc::new(types::Fd(raw), hdr)
+                        .flags(flags as u32)
+                        .ioprio(zc_flags)
+                        .buf_index(region)
+                        .build(),
+                    (false, true) => opcode::SendMsg::new(types::Fixed(s.file.idx), hdr)
+                        .flags(flags as u32)
+                        .build(),
+                    (false, false) => opcode::SendMsg::new(types::Fd(raw), hdr)
+                        .flags(flags as u32)
+                        .build(),
                 }
-                .flags(flags)
-                .buf_index(region);
-                if s.report_usage {
-                    op = op.zc_flags(IORING_SEND_ZC_REPORT_USAGE);
-                }
-                op.build()
             }
-            (false, true) => opcode::Send::new(types::Fixed(s.file.idx), ptr, s.len as u32)
-                .flags(flags)
-                .build(),
-            (false, false) => opcode::Send::new(types::Fd(f.raw), ptr, s.len as u32)
-                .flags(flags)
-                .build(),
+        } else {
+            match (s.zc, fixed_file) {
+                (true, fixed) => {
+                    let mut op = if fixed {
+                        opcode::SendZc::new(types::Fixed(s.file.idx), ptr, s.len as u32)
+                    } else {
+                        opcode::SendZc::new(types::Fd(raw), ptr, s.len as u32)
+                    }
+                    .flags(flags)
+                    .buf_index(region);
+                    if s.report_usage {
+                        op = op.zc_flags(IORING_SEND_ZC_REPORT_USAGE);
+                    }
+                    op.build()
+                }
+                (false, true) => opcode::Send::new(types::Fixed(s.file.idx), ptr, s.len as u32)
+                    .flags(flags)
+                    .build(),
+                (false, false) => opcode::Send::new(types::Fd(raw), ptr, s.len as u32)
+                    .flags(flags)
+                    .build(),
+            }
         };
         let mut sqe = sqe.user_data(key::Key::send_zc(s.lend.gen, s.lend.idx, s.req).raw());
         if s.link {
@@ -696,9 +846,14 @@ impl<B: Stable> LendRing<B> {
         if self.ring.sq_room() == 0 {
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
-        // SAFETY: the entry points at `len` bytes inside the lent buffer (checked above),
-        // which is `Stable` (its bytes neither move nor change while this ring owns it), and,
-        // with a buffer index, inside a registered pool kept mapped by `self.regions`. The
+        // SAFETY: the entry points at `len` bytes inside the lent buffer's slices (the range
+        // checked above against their total), each `Stable` (its bytes neither move nor change
+        // while this ring owns it) and all held in the slot, and, with a buffer index, inside
+        // a registered pool kept mapped by `self.regions` (every slice in it, checked above). A
+        // `SENDMSG`/`SENDMSG_ZC` entry points at the buffer's boxed header (its address, iovec
+        // and control bytes, all inside the box, which does not move), a vectored `SEND_ZC` at
+        // that header's iovec array; the header is kept in the slot with the buffer and
+        // re-pointed only once no request of the buffer is without its result. The
         // ring keeps the buffer until this request's result CQE and, when that CQE has
         // `F_MORE`, its notification CQE have been harvested (`on_cqe`), also when the owner
         // takes it back or goes earlier (`take`, `discard`). A failed result without `F_MORE`
@@ -1023,6 +1178,7 @@ impl<B: Stable> Drop for LendRing<B> {
             if s.buf.is_some() && !s.reqs.is_empty() {
                 // The kernel may still read these pages: never let anyone reuse them.
                 std::mem::forget(s.buf.take());
+                std::mem::forget(std::mem::take(&mut s.more));
                 leaked += 1;
             }
         }

@@ -41,6 +41,7 @@
 pub mod ctnetlink;
 pub mod epoll;
 pub mod errqueue;
+pub mod msg;
 pub mod net;
 pub mod netlink;
 pub mod nflog;
@@ -132,6 +133,9 @@ pub const IORING_RECVSEND_FIXED_BUF: u16 = 1 << 2;
 pub const IORING_SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
 /// `IORING_RECVSEND_BUNDLE` (Linux 6.10).
 pub const IORING_RECVSEND_BUNDLE: u16 = 1 << 4;
+/// `IORING_SEND_VECTORIZED`: a `SEND_ZC`'s `addr`/`len` are an iovec array and its length
+/// (Linux 6.17).
+pub const IORING_SEND_VECTORIZED: u16 = 1 << 5;
 /// Notification CQE `res` bit with `REPORT_USAGE`: the data was copied (Linux 6.2).
 pub const IORING_NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
 /// CQE flag: more completions follow for this request (Linux 5.19).

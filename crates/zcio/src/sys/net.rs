@@ -31,6 +31,20 @@ pub fn socket_family(fd: &impl AsRawFd) -> io::Result<Family> {
     }
 }
 
+/// Whether the socket has a peer (`getpeername`; `ENOTCONN`: no).
+pub fn is_connected(fd: &impl AsRawFd) -> io::Result<bool> {
+    // SAFETY: an all-zero sockaddr_storage is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let ptr = &mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr;
+    // SAFETY: `ptr`/`len` describe `ss` (derived from `&mut`), which lives for the call.
+    match syscall!(getpeername(fd.as_raw_fd(), ptr, &mut len)) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Sets `SO_ZEROCOPY` (Linux 4.14). Fails with `EOPNOTSUPP`/`ENOPROTOOPT` on socket types that
 /// do not support it.
 pub fn enable_zerocopy(fd: &impl AsRawFd) -> io::Result<()> {

@@ -1,6 +1,8 @@
 //! Plain copy send: the kernel copies the bytes into socket buffers during the call.
 
+use crate::sys::msg::{self, MsgOpts};
 use crate::sys::net;
+use std::borrow::Cow;
 use std::os::fd::AsRawFd;
 
 /// What one copy send did.
@@ -74,4 +76,61 @@ pub(crate) fn send_all(fd: &impl AsRawFd, data: &[u8], chunk: usize) -> CopyOutc
         out.syscalls += 1;
         let _ = net::poll_one(fd, libc::POLLOUT, 100);
     }
+}
+
+/// One datagram (train) with its destination and control messages by copy (`sendmsg`,
+/// `MSG_DONTWAIT`): all of `data` or nothing. `wait`: poll while the socket buffer is full
+/// (only for recovery, as [`send_all`]).
+pub(crate) fn send_msg(
+    fd: &impl AsRawFd,
+    data: &[u8],
+    opts: &MsgOpts,
+    v6: bool,
+    wait: bool,
+) -> CopyOutcome {
+    let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+    let mut out = CopyOutcome::default();
+    loop {
+        out.syscalls += 1;
+        match msg::sendmsg(fd, &[data], opts, v6, flags) {
+            Ok(n) => out.bytes = n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if wait {
+                    out.syscalls += 1;
+                    let _ = net::poll_one(fd, libc::POLLOUT, 100);
+                    continue;
+                }
+                out.would_block = true;
+            }
+            Err(e) => out.error = e.raw_os_error().or(Some(libc::EINVAL)),
+        }
+        return out;
+    }
+}
+
+/// Bytes `off..off + len` of the concatenation of `parts` (borrowed when they lie in one
+/// part, gathered when they span several).
+pub(crate) fn range_of<'a>(parts: &[&'a [u8]], off: usize, len: usize) -> Cow<'a, [u8]> {
+    let mut skip = off;
+    let mut out: Option<Vec<u8>> = None;
+    let mut want = len;
+    for &p in parts {
+        if want == 0 {
+            break;
+        }
+        if skip >= p.len() {
+            skip -= p.len();
+            continue;
+        }
+        let take = (p.len() - skip).min(want);
+        let piece = &p[skip..skip + take];
+        skip = 0;
+        if out.is_none() && take == want {
+            return Cow::Borrowed(piece);
+        }
+        out.get_or_insert_with(|| Vec::with_capacity(len))
+            .extend_from_slice(piece);
+        want -= take;
+    }
+    Cow::Owned(out.unwrap_or_default())
 }

@@ -73,6 +73,36 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! Many UDP peers from one unconnected socket (one GSO train per send, many trains per kernel
+//! entry), and a header plus a body as one request:
+//!
+//! ```no_run
+//! use std::net::{SocketAddr, TcpStream, UdpSocket};
+//! use zcio::tx::{Dest, Pool, SendRing, SendRingConfig, SenderConfig, TxBuf, TxMode};
+//! let pool = Pool::new(64 << 10, 1024, false)?;
+//! let mut ring = SendRing::new(&SendRingConfig::default())?;
+//! ring.register_pool(&pool)?;
+//! let udp = ring.add(UdpSocket::bind("0.0.0.0:4433")?, &SenderConfig::new(TxMode::Auto))?;
+//! let peers: Vec<SocketAddr> = vec!["198.18.0.2:4433".parse()?, "198.18.0.3:4433".parse()?];
+//! for peer in &peers {
+//!     let mut train = pool.try_get().unwrap();
+//!     train.set_len(44 * 1472); // 44 datagrams of 1,472 bytes
+//!     ring.send_to_with(udp, train, &Dest::new(*peer).segment(1472).ecn(2), 0)?;
+//! }
+//! let tcp = ring.add(TcpStream::connect("198.18.0.2:80")?, &SenderConfig::new(TxMode::Auto))?;
+//! let head = b"HTTP/1.1 200 OK\r\ncontent-length: 65536\r\n\r\n".to_vec();
+//! let body = pool.try_get().unwrap();
+//! ring.send_vectored(tcp, vec![TxBuf::Vec(head), TxBuf::Pool(body)], 7)?;
+//! ring.flush(std::time::Duration::from_secs(5))?;
+//! while let Some((done, buf)) = ring.next_completion() {
+//!     // An unreachable peer fails its own train (done.result()); the others went.
+//!     if let Some(parts) = buf.into_slices() {
+//!         assert_eq!(parts.len(), 2); // the header and the body, in order
+//!     }
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! One socket:
 //!
 //! ```no_run
@@ -315,13 +345,48 @@ pub enum TxBuf {
     /// after the kernel is done with them. What a proxy forwards.
     Chunk(RxChunk),
     /// An owned vector (convenient, not zero-copy friendly: the pages are pinned per send).
+    /// A small header sent before pool buffers in one vectored send is one of these.
     Vec(Vec<u8>),
+    /// The slices of one vectored send ([`SendRing::send_vectored`]), in order: they went as
+    /// one request and come back together, each as it was given.
+    Slices(Vec<TxBuf>),
 }
 
 impl TxBuf {
     /// Bytes to send.
     pub fn len(&self) -> usize {
-        std::ops::Deref::deref(self).len()
+        match self {
+            TxBuf::Pool(b) => b.len(),
+            TxBuf::Chunk(c) => c.len(),
+            TxBuf::Vec(v) => v.len(),
+            TxBuf::Slices(v) => v.iter().map(TxBuf::len).sum(),
+        }
+    }
+
+    /// The bytes of a single buffer (`None` for [`TxBuf::Slices`]: see [`TxBuf::slices`]).
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match self {
+            TxBuf::Pool(b) => Some(b),
+            TxBuf::Chunk(c) => Some(c),
+            TxBuf::Vec(v) => Some(v),
+            TxBuf::Slices(_) => None,
+        }
+    }
+
+    /// Every slice, in order (one for a single buffer).
+    pub fn slices(&self) -> Vec<&[u8]> {
+        match self {
+            TxBuf::Slices(v) => v.iter().flat_map(TxBuf::slices).collect(),
+            b => vec![b.as_bytes().expect("a single buffer")],
+        }
+    }
+
+    /// The slices of a vectored send, if it is one.
+    pub fn into_slices(self) -> Option<Vec<TxBuf>> {
+        match self {
+            TxBuf::Slices(v) => Some(v),
+            _ => None,
+        }
     }
 
     /// Whether there is nothing to send.
@@ -350,6 +415,17 @@ impl TxBuf {
         match self {
             TxBuf::Pool(b) => (Lent::Pool(b), None),
             TxBuf::Vec(v) => (Lent::Vec(v), None),
+            // Never lent whole (send_vectored takes slices apart with into_lent each).
+            TxBuf::Slices(v) => (
+                Lent::Vec(
+                    v.iter()
+                        .flat_map(TxBuf::slices)
+                        .flatten()
+                        .copied()
+                        .collect(),
+                ),
+                None,
+            ),
             TxBuf::Chunk(c) => {
                 let (conn, path, data) = c.into_parts();
                 (data, Some((conn, path)))
@@ -369,17 +445,6 @@ impl TxBuf {
     }
 }
 
-impl std::ops::Deref for TxBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            TxBuf::Pool(b) => b,
-            TxBuf::Chunk(c) => c,
-            TxBuf::Vec(v) => v,
-        }
-    }
-}
-
 impl From<PoolBuf> for TxBuf {
     fn from(b: PoolBuf) -> Self {
         TxBuf::Pool(b)
@@ -395,6 +460,67 @@ impl From<RxChunk> for TxBuf {
 impl From<Vec<u8>> for TxBuf {
     fn from(v: Vec<u8>) -> Self {
         TxBuf::Vec(v)
+    }
+}
+
+/// Where one datagram (or GSO train of datagrams) of an unconnected UDP socket goes, and how:
+/// [`SendRing::send_to_with`]. On the ring it is one `IORING_OP_SENDMSG_ZC` with the
+/// destination in the `msghdr` and the segment size as a `UDP_SEGMENT` control message (the
+/// way quinn-udp sends a QUIC train), without the ring `sendmsg(MSG_ZEROCOPY)` with the same
+/// control messages, or a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Dest {
+    /// The peer.
+    pub addr: std::net::SocketAddr,
+    /// GSO segment size: a buffer longer than this is cut into datagrams of `segment` bytes
+    /// (the last one shorter) by the kernel or the NIC; at most
+    /// [`MAX_SEGMENTS`] datagrams per send. `None`: the buffer is one datagram.
+    pub segment: Option<u16>,
+    /// `IP_TOS` / `IPV6_TCLASS` of these datagrams (DSCP << 2 | ECN); `None`: the socket's.
+    pub tos: Option<u8>,
+}
+
+/// Most slices of one vectored send ([`SendRing::send_vectored`]).
+pub const MAX_SLICES: usize = crate::sys::msg::MAX_IOV;
+
+/// Most datagrams one [`Dest`] send may be cut into (`UDP_MAX_SEGMENTS` of Linux ≤ 6.9).
+pub const MAX_SEGMENTS: usize = crate::sys::msg::MAX_SEGMENTS;
+
+impl Dest {
+    /// One datagram to `addr`.
+    pub fn new(addr: std::net::SocketAddr) -> Self {
+        Self {
+            addr,
+            segment: None,
+            tos: None,
+        }
+    }
+
+    /// Datagrams of `segment` bytes (GSO).
+    pub fn segment(mut self, segment: u16) -> Self {
+        self.segment = Some(segment);
+        self
+    }
+
+    /// The whole TOS / traffic class byte.
+    pub fn tos(mut self, tos: u8) -> Self {
+        self.tos = Some(tos);
+        self
+    }
+
+    /// The ECN codepoint (0–3: Not-ECT, ECT(1), ECT(0), CE) in the low two bits of the TOS
+    /// byte, keeping the DSCP set with [`Dest::tos`].
+    pub fn ecn(mut self, ecn: u8) -> Self {
+        self.tos = Some((self.tos.unwrap_or(0) & !3) | (ecn & 3));
+        self
+    }
+
+    pub(crate) fn opts(&self) -> crate::sys::msg::MsgOpts {
+        crate::sys::msg::MsgOpts {
+            dest: Some(self.addr),
+            segment: self.segment,
+            tos: self.tos,
+        }
     }
 }
 
@@ -486,6 +612,16 @@ pub enum SendError {
         /// errno (`ECONNRESET`, `EPIPE`, `ENOTCONN`, ...).
         errno: i32,
     },
+    /// The send cannot be made as asked (a destination of the wrong family, a GSO train of
+    /// more than [`MAX_SEGMENTS`] segments, a segment size of 0, a destination on a stream
+    /// socket); nothing was sent.
+    #[error("{reason} ({})", io::Error::from_raw_os_error(*errno))]
+    Invalid {
+        /// errno (`EINVAL`, `EAFNOSUPPORT`, `EISCONN`).
+        errno: i32,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
     /// The socket was closed ([`SendRing::close`]) before this send went out in full.
     #[error("the socket was closed before the send went out in full (ECANCELED)")]
     Closed,
@@ -516,7 +652,9 @@ impl SendError {
     pub fn errno(&self) -> i32 {
         match self {
             SendError::MessageTooBig { .. } => libc::EMSGSIZE,
-            SendError::Connection { errno } | SendError::Os { errno } => *errno,
+            SendError::Connection { errno }
+            | SendError::Os { errno }
+            | SendError::Invalid { errno, .. } => *errno,
             SendError::Closed => libc::ECANCELED,
         }
     }

@@ -13,6 +13,7 @@ use super::copy;
 use super::core::{Finished, Request, SendTracker};
 use crate::buf::lent::Lent;
 use crate::sys::errqueue::{self, QueuedError, ZcRange};
+use crate::sys::msg::{self, MsgOpts};
 use crate::sys::{net, MSG_ZEROCOPY};
 use std::collections::HashMap;
 use std::io;
@@ -71,6 +72,9 @@ pub(crate) struct MsgZc {
     /// Bytes of live sends that went by copy, by ticket (rare: only ENOBUFS/EOPNOTSUPP).
     copied_by_copy: HashMap<u64, usize>,
     reqs: Vec<Request>,
+    /// Destination and control messages of sends to a [`super::Dest`], by tag (and whether
+    /// the socket is IPv6).
+    dests: HashMap<u64, (MsgOpts, bool)>,
     ranges: Vec<ZcRange>,
     errors: Vec<QueuedError>,
     pub stats: MsgStats,
@@ -118,6 +122,7 @@ impl MsgZc {
             stall: None,
             copied_by_copy: HashMap::new(),
             reqs: Vec::with_capacity(1),
+            dests: HashMap::new(),
             ranges: Vec::with_capacity(64),
             errors: Vec::new(),
             stats: MsgStats::default(),
@@ -150,6 +155,9 @@ impl MsgZc {
 
     pub(crate) fn next_done(&mut self) -> Option<MsgDone> {
         let f: Finished<Lent> = self.tracker.next_done()?;
+        if !self.dests.is_empty() {
+            self.dests.remove(&f.tag);
+        }
         let copy_bytes = self.copied_by_copy.remove(&f.tag).unwrap_or(0);
         Some(MsgDone {
             tag: f.tag,
@@ -165,7 +173,13 @@ impl MsgZc {
     /// Sends `buf` with `MSG_ZEROCOPY`, in `chunk`-byte calls, as far as the socket takes
     /// them now (the rest goes when it is writable again); the buffer comes back through
     /// [`MsgZc::next_done`] once the errqueue has completed every call.
-    pub(crate) fn send(&mut self, tag: u64, buf: Lent) {
+    /// A send with `dest` (a [`super::Dest`]'s options and the socket's family) is one
+    /// `sendmsg(MSG_ZEROCOPY)` with the destination and the same control messages as on the
+    /// ring.
+    pub(crate) fn send(&mut self, tag: u64, buf: Lent, dest: Option<(MsgOpts, bool)>) {
+        if let Some(d) = dest {
+            self.dests.insert(tag, d);
+        }
         let len = buf.len();
         self.tracker.stage(tag, buf, len);
         self.pump();
@@ -185,14 +199,18 @@ impl MsgZc {
         {
             // The socket stopped taking zero-copy calls: what is left goes by copy, in
             // ticket order (nothing is in the middle of a call, so nothing overtakes it).
-            let (fd, chunk, stats, extra) = (
+            let (fd, chunk, stats, extra, dests) = (
                 &self.fd,
                 self.chunk,
                 &mut self.stats,
                 &mut self.copied_by_copy,
+                &self.dests,
             );
             self.tracker.send_unsent(|tag, buf, off, len| {
-                let out = copy::send_all(&**fd, &buf[off..off + len], chunk);
+                let out = match dests.get(&tag) {
+                    Some((o, v6)) => copy::send_msg(&**fd, &buf[off..off + len], o, *v6, true),
+                    None => copy::send_all(&**fd, &buf[off..off + len], chunk),
+                };
                 stats.send_calls += out.syscalls;
                 *extra.entry(tag).or_default() += out.bytes;
                 (out.bytes, out.error)
@@ -207,7 +225,16 @@ impl MsgZc {
         self.stats.send_calls += 1;
         let piece = &self.tracker.buf(r.key.slot)[r.off..r.off + r.len];
         let flags = MSG_ZEROCOPY | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
-        match net::send(&*self.fd, piece, flags) {
+        let dest = if self.dests.is_empty() {
+            None
+        } else {
+            self.dests.get(&self.tracker.tag(r.key.slot)).copied()
+        };
+        let res = match &dest {
+            Some((o, v6)) => msg::sendmsg(&*self.fd, &[piece], o, *v6, flags),
+            None => net::send(&*self.fd, piece, flags),
+        };
+        match res {
             Ok(n) => {
                 // A call that moved bytes took a sequence number; one that moved none gave it
                 // back (the kernel aborts the notification).
@@ -227,7 +254,10 @@ impl MsgZc {
                 }
                 // No room even with nothing in flight: send this piece by copy.
                 self.stats.enobufs_copies += 1;
-                let out = copy::send_nb(&*self.fd, piece, self.chunk, 0);
+                let out = match &dest {
+                    Some((o, v6)) => copy::send_msg(&*self.fd, piece, o, *v6, false),
+                    None => copy::send_nb(&*self.fd, piece, self.chunk, 0),
+                };
                 self.stats.send_calls += out.syscalls;
                 if let Some(errno) = out.error.filter(|_| out.bytes == 0) {
                     self.tracker.on_sent(r.key, -errno, false);

@@ -6,17 +6,18 @@
 use super::copy;
 use super::msgzc::{MsgZc, Stall};
 use super::policy::{AutoPolicy, Choice, CopiedWatch, Event};
-use super::sock::{self, Auto, Meta, Pending, Sock};
+use super::sock::{self, Auto, Meta, Parts, Pending, Sock};
 use super::uring::Uring;
 use super::{
-    explain_register, status_of, Completion, Path, Refusal, Refused, SendError, SenderConfig,
-    SockId, Ticket, TxBuf, TxError, TxMode, TxStats, ZcStatus,
+    explain_register, status_of, Completion, Dest, Path, Refusal, Refused, SendError, SenderConfig,
+    SockId, Ticket, TxBuf, TxError, TxMode, TxStats, ZcStatus, MAX_SEGMENTS, MAX_SLICES,
 };
 use crate::buf::lent::Lent;
 use crate::buf::pool::Pool;
 use crate::ring::RingConfig;
 use crate::stats::{self, Counters, Fallback, Report};
 use crate::sys;
+use crate::sys::msg::MsgOpts;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -434,7 +435,117 @@ impl SendRing {
         buf: impl Into<TxBuf>,
         token: u64,
     ) -> Result<Ticket, Refused<TxBuf>> {
-        let buf: TxBuf = buf.into();
+        self.send_inner(id, buf.into(), token, None)
+    }
+
+    /// Sends the slices as one request (a vectored send): a small header (a
+    /// [`TxBuf::Vec`] carried with the request, or a pool buffer) and one or more pool
+    /// buffers or received chunks, at most [`MAX_SLICES`]. On the ring a zero-copy send goes
+    /// as `SEND_ZC` with `IORING_SEND_VECTORIZED` (Linux 6.17; from a registered pool when
+    /// every slice is in it) or, before 6.17, `SENDMSG_ZC` with an iovec (each step down
+    /// recorded in [`SendRing::sock_fallbacks`]); a copy as `SENDMSG`. Without io_uring the
+    /// slices are gathered into one buffer first (recorded). The completion hands back
+    /// [`TxBuf::Slices`], every slice once, in order, after the kernel's last reference to
+    /// any of them. On a UDP socket the slices are one datagram (or GSO train); with
+    /// [`SendRing::send_to_with`] and a [`TxBuf::Slices`] they go to a destination.
+    pub fn send_vectored(
+        &mut self,
+        sock: SockId,
+        slices: Vec<TxBuf>,
+        token: u64,
+    ) -> Result<Ticket, Refused<TxBuf>> {
+        self.send_inner(sock, TxBuf::Slices(slices), token, None)
+    }
+
+    /// Sends `buf` on an unconnected UDP socket to `dest`, cut into datagrams of `segment`
+    /// bytes when given (GSO): one `IORING_OP_SENDMSG_ZC` with the destination in the message
+    /// header and `UDP_SEGMENT` as a control message. See [`SendRing::send_to_with`].
+    pub fn send_to(
+        &mut self,
+        sock: SockId,
+        buf: impl Into<TxBuf>,
+        dest: std::net::SocketAddr,
+        segment: Option<u16>,
+    ) -> Result<Ticket, Refused<TxBuf>> {
+        let d = Dest {
+            addr: dest,
+            segment,
+            tos: None,
+        };
+        self.send_to_with(sock, buf, &d, 0)
+    }
+
+    /// Sends `buf` as one datagram train to `dest` (its peer, GSO segment size and TOS/ECN)
+    /// on a UDP socket, with a token returned in the completion. Many peers, one socket: each
+    /// send is its own message, and many of them go to the kernel in one `io_uring_enter`.
+    ///
+    /// Paths, best first (each step down recorded in [`SendRing::sock_fallbacks`]):
+    /// `SENDMSG_ZC` on the ring (from a registered pool where the kernel takes registered
+    /// buffers for it, Linux 6.15), `sendmsg(MSG_ZEROCOPY)` with the same control messages,
+    /// `sendmsg` by copy (`SENDMSG` on the ring for `uring-copy`). The completion says how
+    /// many bytes went, whether the kernel copied, and the error: a send the kernel refuses
+    /// (an unreachable destination, `ENETUNREACH`; a segment larger than the path MTU,
+    /// `EINVAL`) fails alone, and the socket goes on. A buffer longer than one UDP datagram
+    /// (65,507 bytes over IPv4) fails with [`SendError::MessageTooBig`], one cut into more
+    /// than [`MAX_SEGMENTS`] segments, a segment size of 0 or an IPv6 destination on an IPv4
+    /// socket with [`SendError::Invalid`], without a syscall.
+    pub fn send_to_with(
+        &mut self,
+        sock: SockId,
+        buf: impl Into<TxBuf>,
+        dest: &Dest,
+        token: u64,
+    ) -> Result<Ticket, Refused<TxBuf>> {
+        self.send_inner(sock, buf.into(), token, Some(*dest))
+    }
+
+    /// Why a send to `dest` cannot be made on socket `s` (before any syscall).
+    fn check_dest(s: &Sock, dest: &Dest, len: usize) -> Option<SendError> {
+        let invalid = |errno, reason: String| Some(SendError::Invalid { errno, reason });
+        if s.stream {
+            return invalid(
+                libc::EISCONN,
+                "a destination on a stream socket: send_to is for UDP sockets (use send)".into(),
+            );
+        }
+        if dest.addr.is_ipv6() && !s.v6 {
+            return invalid(
+                libc::EAFNOSUPPORT,
+                format!(
+                    "IPv6 destination {} on an IPv4 socket: bind an AF_INET6 socket to reach \
+                     IPv6 peers",
+                    dest.addr
+                ),
+            );
+        }
+        // One request: at most one datagram, and (on a connected socket with socket-wide GSO)
+        // at most the train its core would otherwise cut the buffer into.
+        let max = s.max_datagram.min(s.chunk);
+        if len > max {
+            return Some(SendError::MessageTooBig { len, max });
+        }
+        match dest.segment {
+            Some(0) => invalid(libc::EINVAL, "a GSO segment size of 0".into()),
+            Some(seg) if len.div_ceil(usize::from(seg)) > MAX_SEGMENTS => invalid(
+                libc::EINVAL,
+                format!(
+                    "{len} bytes in segments of {seg} are {} datagrams, more than the {} one \
+                     GSO send may carry: send smaller trains or larger segments",
+                    len.div_ceil(usize::from(seg)),
+                    MAX_SEGMENTS
+                ),
+            ),
+            _ => None,
+        }
+    }
+
+    fn send_inner(
+        &mut self,
+        id: SockId,
+        buf: TxBuf,
+        token: u64,
+        dest: Option<Dest>,
+    ) -> Result<Ticket, Refused<TxBuf>> {
         let idx = id.idx;
         let Some(s) = self.sock_mut(id) else {
             return Err(Refused {
@@ -460,21 +571,50 @@ impl SendRing {
         s.seq += 1;
         s.counters.ops += 1;
         let len = buf.len();
-        let (lent, chunk) = buf.into_lent();
-        let meta = |path| Meta {
+        let (mut lent, mut more, chunk, mut parts, bad_slices) = split_slices(buf);
+        let opts = dest.map(|d| d.opts());
+        let meta = |path, parts| Meta {
             ticket,
             len,
             path,
             token,
             chunk,
+            dest: opts,
+            parts,
         };
+        let bad = match &dest {
+            _ if bad_slices.is_some() => bad_slices,
+            Some(d) => Self::check_dest(s, d, len),
+            None if s.unconnected => Some(SendError::Invalid {
+                errno: libc::EDESTADDRREQ,
+                reason: "the UDP socket has no peer: name one per send with send_to, or \
+                         connect the socket"
+                    .into(),
+            }),
+            None => None,
+        };
+        let vectored = !more.is_empty();
+        let bad = bad.or_else(|| {
+            // A vectored datagram is one request: one datagram or GSO train.
+            (vectored && !s.stream && dest.is_none() && len > s.chunk.min(s.max_datagram))
+                .then_some(SendError::MessageTooBig {
+                    len,
+                    max: s.chunk.min(s.max_datagram),
+                })
+        });
+        if let Some(e) = bad {
+            s.meta.insert(seq, meta(Path::Copy, parts));
+            self.finish_parts(idx, seq, lent, more, 0, Some(e), ZcStatus::NotAttempted);
+            return Ok(Ticket(ticket));
+        }
         if let Some(errno) = s.broken {
             // The ring failed with requests of unknown outcome ahead of this one.
-            s.meta.insert(seq, meta(Path::Copy));
-            self.finish(
+            s.meta.insert(seq, meta(Path::Copy, parts));
+            self.finish_parts(
                 idx,
                 seq,
                 lent,
+                more,
                 0,
                 Some(SendError::Os { errno }),
                 ZcStatus::NotAttempted,
@@ -483,10 +623,13 @@ impl SendRing {
         }
         if len == 0 {
             // Nothing to lend: TCP needs no call, UDP sends an empty datagram.
-            s.meta.insert(seq, meta(Path::Copy));
+            s.meta.insert(seq, meta(Path::Copy, parts));
             let mut error = None;
             if !s.stream {
-                let out = copy::send_nb(&*s.fd, &[], 1, 0);
+                let out = match &opts {
+                    Some(o) => copy::send_msg(&*s.fd, &[], o, s.v6, false),
+                    None => copy::send_nb(&*s.fd, &[], 1, 0),
+                };
                 s.counters.syscalls += out.syscalls;
                 s.stats.send_syscalls += out.syscalls;
                 error = out
@@ -494,7 +637,7 @@ impl SendRing {
                     .or(out.would_block.then_some(libc::EAGAIN))
                     .map(SendError::from_errno);
             }
-            self.finish(idx, seq, lent, 0, error, ZcStatus::NotAttempted);
+            self.finish_parts(idx, seq, lent, more, 0, error, ZcStatus::NotAttempted);
             return Ok(Ticket(ticket));
         }
         if !s.stream && s.chunk == usize::MAX && len > s.max_datagram {
@@ -502,19 +645,46 @@ impl SendRing {
                 len,
                 max: s.max_datagram,
             };
-            s.meta.insert(seq, meta(Path::Copy));
-            self.finish(idx, seq, lent, 0, Some(e), ZcStatus::NotAttempted);
+            s.meta.insert(seq, meta(Path::Copy, parts));
+            self.finish_parts(idx, seq, lent, more, 0, Some(e), ZcStatus::NotAttempted);
             return Ok(Ticket(ticket));
         }
         let path = self.route(idx, seq, len);
+        let no_uring = self.no_uring.clone();
         let s = self.sock_at(idx).expect("checked");
-        s.meta.insert(seq, meta(path));
+        if vectored && !path.is_uring() {
+            // Without io_uring the slices are gathered into one buffer (a copy) and that goes
+            // by the socket's path; the slices come back with the completion.
+            if !s.vec_noted {
+                s.vec_noted = true;
+                s.fallbacks.push(Fallback::new(
+                    stats::Path::setting("vectored send as one request"),
+                    stats::Path::setting("slices gathered into one buffer"),
+                    format!(
+                        "the socket sends by {path} ({}); a vectored send's slices are copied \
+                         into one buffer first",
+                        no_uring.as_deref().unwrap_or("not on the io_uring")
+                    ),
+                ));
+            }
+            let mut v = Vec::with_capacity(len);
+            v.extend_from_slice(&lent);
+            for b in &more {
+                v.extend_from_slice(b);
+            }
+            let first = std::mem::replace(&mut lent, Lent::Vec(v));
+            let p = parts.get_or_insert_with(Default::default);
+            p.gathered_from.push(first);
+            p.gathered_from.append(&mut more);
+        }
+        s.meta.insert(seq, meta(path, parts));
         match path {
-            Path::Copy => self.copy_send(idx, seq, lent),
+            Path::Copy => self.copy_send(idx, seq, lent, opts),
             Path::MsgZc => {
                 let s = self.sock_at(idx).expect("checked");
+                let v6 = s.v6;
                 let m = s.msg.as_mut().expect("msg-zc backend");
-                m.send(seq, lent);
+                m.send(seq, lent, opts.map(|o| (o, v6)));
                 let stalled = m.stall().is_some();
                 if stalled {
                     self.stall(idx);
@@ -522,7 +692,7 @@ impl SendRing {
                 self.collect_msg(idx);
             }
             Path::UringZc | Path::UringZcFixed | Path::UringCopy => {
-                self.ring_stage(idx, seq, lent, len, path);
+                self.ring_stage(idx, seq, lent, more, len, path, opts);
                 if self.uring.as_ref().is_some_and(|u| u.due(&self.cfg)) {
                     let res = self.ring_submit();
                     if let Err(e) = res {
@@ -578,9 +748,12 @@ impl SendRing {
 
     /// A copy send by syscall: as much as the socket takes now; the rest when it is
     /// writable.
-    fn copy_send(&mut self, idx: u32, seq: u64, lent: Lent) {
+    fn copy_send(&mut self, idx: u32, seq: u64, lent: Lent, dest: Option<MsgOpts>) {
         let s = self.socks[idx as usize].as_mut().expect("live");
-        let out = copy::send_nb(&*s.fd, &lent, s.chunk, 0);
+        let out = match &dest {
+            Some(o) => copy::send_msg(&*s.fd, &lent, o, s.v6, false),
+            None => copy::send_nb(&*s.fd, &lent, s.chunk, 0),
+        };
         s.counters.syscalls += out.syscalls;
         s.stats.send_syscalls += out.syscalls;
         if out.would_block && out.error.is_none() {
@@ -588,6 +761,7 @@ impl SendRing {
                 seq,
                 buf: lent,
                 sent: out.bytes,
+                dest,
             });
             self.stall(idx);
             return;
@@ -602,7 +776,10 @@ impl SendRing {
         let Some(mut p) = s.pending.take() else {
             return;
         };
-        let out = copy::send_nb(&*s.fd, &p.buf, s.chunk, p.sent);
+        let out = match &p.dest {
+            Some(o) => copy::send_msg(&*s.fd, &p.buf, o, s.v6, false),
+            None => copy::send_nb(&*s.fd, &p.buf, s.chunk, p.sent),
+        };
         s.counters.syscalls += out.syscalls;
         s.stats.send_syscalls += out.syscalls;
         p.sent += out.bytes;
@@ -611,7 +788,7 @@ impl SendRing {
             return;
         }
         let error = out.error.map(SendError::from_errno);
-        let Pending { seq, buf, sent } = p;
+        let Pending { seq, buf, sent, .. } = p;
         self.finish(idx, seq, buf, sent, error, ZcStatus::NotAttempted);
     }
 
@@ -725,6 +902,21 @@ impl SendRing {
         error: Option<SendError>,
         status: ZcStatus,
     ) {
+        self.finish_parts(idx, seq, lent, Vec::new(), bytes, error, status);
+    }
+
+    /// [`SendRing::finish`] of a send whose slices after the first are `more`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn finish_parts(
+        &mut self,
+        idx: u32,
+        seq: u64,
+        lent: Lent,
+        more: Vec<Lent>,
+        bytes: usize,
+        error: Option<SendError>,
+        status: ZcStatus,
+    ) {
         let s = self.socks[idx as usize].as_mut().expect("live");
         let meta = s.meta.remove(seq).unwrap_or(Meta {
             ticket: u64::MAX,
@@ -732,11 +924,14 @@ impl SendRing {
             path: s.path,
             token: 0,
             chunk: None,
+            dest: None,
+            parts: None,
         });
         s.counters.bytes += bytes as u64;
         s.stats.sends_by_path[meta.path.index()] += 1;
         let error = match error {
-            Some(SendError::MessageTooBig { .. }) => Some(SendError::MessageTooBig {
+            // EMSGSIZE from the kernel (no sizes): say what was sent and the limit.
+            Some(SendError::MessageTooBig { len: 0, max: 0 }) => Some(SendError::MessageTooBig {
                 len: meta.len,
                 max: s.max_datagram,
             }),
@@ -760,10 +955,34 @@ impl SendRing {
         if discard {
             // Its owner has gone: the buffer goes back to its pool or receiver now.
             drop(lent);
+            drop(more);
+            drop(meta.parts);
             return;
         }
-        self.ready
-            .push_back((done, TxBuf::from_lent(lent, meta.chunk)));
+        let buf = match meta.parts {
+            None => TxBuf::from_lent(lent, meta.chunk),
+            Some(p) => {
+                let Parts {
+                    chunks,
+                    gathered_from,
+                } = *p;
+                let lents: Vec<Lent> = if gathered_from.is_empty() {
+                    std::iter::once(lent).chain(more).collect()
+                } else {
+                    // The gathered copy goes; the slices come back.
+                    drop(lent);
+                    gathered_from
+                };
+                TxBuf::Slices(
+                    lents
+                        .into_iter()
+                        .zip(chunks)
+                        .map(|(l, c)| TxBuf::from_lent(l, c))
+                        .collect(),
+                )
+            }
+        };
+        self.ready.push_back((done, buf));
     }
 
     /// `auto` learns from a zero-copy completion of one of its sockets.
@@ -1429,4 +1648,57 @@ impl Drop for SendRing {
             let _ = self.flush(Duration::from_secs(2));
         }
     }
+}
+
+/// Takes a buffer apart for sending: its first slice, the slices after it, the first's chunk
+/// metadata (single buffers), the slices' metadata (vectored sends), and why a vectored send
+/// cannot go (no slice, or more than one request carries).
+#[allow(clippy::type_complexity)]
+fn split_slices(
+    buf: TxBuf,
+) -> (
+    Lent,
+    Vec<Lent>,
+    Option<(crate::rx::ConnId, crate::rx::RxPath)>,
+    Option<Box<Parts>>,
+    Option<SendError>,
+) {
+    let TxBuf::Slices(v) = buf else {
+        let (l, c) = buf.into_lent();
+        return (l, Vec::new(), c, None, None);
+    };
+    // Nested slices are flattened (and come back flat).
+    let mut flat = Vec::with_capacity(v.len());
+    let mut stack: Vec<TxBuf> = v.into_iter().rev().collect();
+    while let Some(b) = stack.pop() {
+        match b {
+            TxBuf::Slices(inner) => stack.extend(inner.into_iter().rev()),
+            b => flat.push(b),
+        }
+    }
+    let n = flat.len();
+    let mut parts = Box::<Parts>::default();
+    let mut lents = Vec::with_capacity(n);
+    for b in flat {
+        let (l, c) = b.into_lent();
+        lents.push(l);
+        parts.chunks.push(c);
+    }
+    let bad = match n {
+        0 => Some(SendError::Invalid {
+            errno: libc::EINVAL,
+            reason: "a vectored send without slices".into(),
+        }),
+        n if n > MAX_SLICES => Some(SendError::Invalid {
+            errno: libc::EINVAL,
+            reason: format!(
+                "a vectored send of {n} slices: at most {MAX_SLICES} go in one request \
+                 (send the rest separately, or gather small ones)"
+            ),
+        }),
+        _ => None,
+    };
+    let mut it = lents.into_iter();
+    let first = it.next().unwrap_or(Lent::Vec(Vec::new()));
+    (first, it.collect(), None, Some(parts), bad)
 }

@@ -9,6 +9,7 @@ use crate::buf::lent::Lent;
 use crate::ring::lend::{FileId, LendId};
 use crate::rx::{ConnId, RxPath};
 use crate::stats::{self, Counters, Fallback};
+use crate::sys::msg::MsgOpts;
 use crate::sys::{self, net};
 use std::collections::VecDeque;
 use std::io;
@@ -21,6 +22,10 @@ pub(super) struct Shape {
     pub(super) stream: bool,
     /// AF_INET or AF_INET6 (zero-copy needs one).
     pub(super) ip: bool,
+    /// AF_INET6.
+    pub(super) v6: bool,
+    /// A datagram socket without a peer: sends need a destination ([`super::Dest`]).
+    pub(super) unconnected: bool,
     /// Most bytes per kernel send: one datagram or GSO batch (UDP), unbounded (TCP).
     pub(super) chunk: usize,
     /// UDP payload per datagram on the wire.
@@ -57,7 +62,13 @@ pub(super) fn inspect(sock: &OwnedFd, cfg: &SenderConfig) -> Result<Shape, TxErr
     };
     let mut chunk = usize::MAX;
     let mut segment = usize::MAX;
-    if !stream {
+    let unconnected =
+        !stream && !net::is_connected(sock).map_err(|e| sock_err("getpeername", e))?;
+    if unconnected {
+        // Each send names its peer (and its segment size) in its own message: no path MTU to
+        // read, no socket-wide UDP_SEGMENT.
+        chunk = max_datagram;
+    } else if !stream {
         let payload = match family {
             Some(net::Family::V4) => sys::getsockopt_int(sock, libc::SOL_IP, libc::IP_MTU)
                 .map(|m| (m as usize).saturating_sub(28)),
@@ -95,6 +106,8 @@ pub(super) fn inspect(sock: &OwnedFd, cfg: &SenderConfig) -> Result<Shape, TxErr
     Ok(Shape {
         stream,
         ip: family.is_some(),
+        v6: family == Some(net::Family::V6),
+        unconnected,
         chunk,
         segment,
         max_datagram,
@@ -110,6 +123,19 @@ pub(super) struct Meta {
     pub(super) path: Path,
     pub(super) token: u64,
     pub(super) chunk: Option<(ConnId, RxPath)>,
+    /// Destination and control messages of a [`super::Dest`] send.
+    pub(super) dest: Option<MsgOpts>,
+    /// A vectored send: what makes each slice a [`super::TxBuf`] again (received chunks'
+    /// metadata), and, when the slices were gathered into one buffer (paths without
+    /// io_uring), the slices themselves.
+    pub(super) parts: Option<Box<Parts>>,
+}
+
+/// The slices of a vectored send (see [`Meta::parts`]).
+#[derive(Debug, Default)]
+pub(super) struct Parts {
+    pub(super) chunks: Vec<Option<(ConnId, RxPath)>>,
+    pub(super) gathered_from: Vec<Lent>,
 }
 
 /// Per-send data of a socket's sends in flight, indexed by the socket's own send number
@@ -132,6 +158,16 @@ impl Metas {
         self.q[i] = Some(m);
     }
 
+    pub(super) fn get(&self, seq: u64) -> Option<&Meta> {
+        let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
+        self.q.get(i)?.as_ref()
+    }
+
+    pub(super) fn get_mut(&mut self, seq: u64) -> Option<&mut Meta> {
+        let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
+        self.q.get_mut(i)?.as_mut()
+    }
+
     pub(super) fn remove(&mut self, seq: u64) -> Option<Meta> {
         let i = usize::try_from(seq.checked_sub(self.base)?).ok()?;
         let m = self.q.get_mut(i)?.take();
@@ -149,6 +185,7 @@ pub(super) struct Pending {
     pub(super) seq: u64,
     pub(super) buf: Lent,
     pub(super) sent: usize,
+    pub(super) dest: Option<MsgOpts>,
 }
 
 /// `auto`'s state for one socket.
@@ -167,6 +204,14 @@ pub(super) struct Sock {
     pub(super) fd: Arc<OwnedFd>,
     pub(super) gen: u32,
     pub(super) stream: bool,
+    pub(super) v6: bool,
+    pub(super) unconnected: bool,
+    /// A `SENDMSG_ZC` from a registered pool was found unsupported (recorded once).
+    pub(super) msg_fixed_noted: bool,
+    /// Vectored sends went without `SEND_VECTORIZED`, or were gathered (recorded once).
+    pub(super) vec_noted: bool,
+    /// A zero-copy train needed more page fragments than one skb holds (recorded once).
+    pub(super) frags_noted: bool,
     pub(super) chunk: usize,
     pub(super) segment: usize,
     pub(super) max_datagram: usize,
@@ -218,6 +263,11 @@ impl Sock {
             fd,
             gen,
             stream: shape.stream,
+            v6: shape.v6,
+            unconnected: shape.unconnected,
+            msg_fixed_noted: false,
+            vec_noted: false,
+            frags_noted: false,
             chunk: shape.chunk,
             segment: shape.segment,
             max_datagram: shape.max_datagram,

@@ -16,6 +16,7 @@ use crate::buf::lent::Lent;
 use crate::ring::lend::{self, LendId, LendRing, SendCqe, SendSqe};
 use crate::ring::RingError;
 use crate::stats::{self, Fallback};
+use crate::sys::msg::{MsgHdr, MsgOpts};
 use crate::sys::IORING_NOTIF_USAGE_ZC_COPIED;
 use std::io;
 use std::time::{Duration, Instant};
@@ -34,6 +35,12 @@ pub(super) struct Uring {
     pub(super) lr: LendRing<Lent>,
     pub(super) send_zc: Result<bool, String>,
     pub(super) report_usage: bool,
+    /// `SENDMSG_ZC` takes registered buffers (`IORING_RECVSEND_FIXED_BUF`, Linux 6.15).
+    pub(super) msg_fixed: bool,
+    /// `SEND_ZC` takes an iovec array (`IORING_SEND_VECTORIZED`, Linux 6.17).
+    pub(super) send_vectorized: bool,
+    /// ... in a registered buffer.
+    pub(super) vectorized_fixed: bool,
     reqs: Vec<Request>,
     /// Sockets with staged requests that may be pushed (and the list a pump walks).
     dirty: Vec<u32>,
@@ -88,13 +95,20 @@ impl Uring {
             ));
         }
         let send_zc = lr.supports_send_zc().map_err(|e| e.to_string());
-        let report_usage = crate::ring::features::Features::get()
-            .has(crate::ring::features::Features::SEND_ZC_REPORT_USAGE);
+        let feats = crate::ring::features::Features::get();
+        let report_usage = feats.has(crate::ring::features::Features::SEND_ZC_REPORT_USAGE);
+        let msg_fixed = feats.has(crate::ring::features::Features::SENDMSG_ZC_FIXED_BUF);
+        let send_vectorized = feats.has(crate::ring::features::Features::SEND_VECTORIZED);
+        let vectorized_fixed =
+            feats.has(crate::ring::features::Features::SEND_VECTORIZED_FIXED_BUF);
         (
             Self {
                 lr,
                 send_zc,
                 report_usage,
+                msg_fixed,
+                send_vectorized,
+                vectorized_fixed,
                 reqs: Vec::new(),
                 dirty: Vec::new(),
                 dirty_spare: Vec::new(),
@@ -145,11 +159,103 @@ impl SendRing {
     }
 
     /// Stages one send on the ring.
-    pub(super) fn ring_stage(&mut self, idx: u32, seq: u64, lent: Lent, len: usize, path: Path) {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ring_stage(
+        &mut self,
+        idx: u32,
+        seq: u64,
+        lent: Lent,
+        more: Vec<Lent>,
+        len: usize,
+        mut path: Path,
+        dest: Option<MsgOpts>,
+    ) {
         let u = self.uring.as_mut().expect("ring path");
         let s = self.socks[idx as usize].as_mut().expect("live");
         let file = s.file.expect("on the ring");
-        let lend = u.lr.lend(lent, file, 0);
+        let vectored = !more.is_empty();
+        let lend = u.lr.lend_slices(lent, more, file, 0);
+        // Slices go as SEND_ZC with IORING_SEND_VECTORIZED (6.17), except where the kernel
+        // lacks it, or lacks it from registered buffers (then SENDMSG_ZC from the pool beats
+        // pinning the slices per send).
+        let fixed_path = path == Path::UringZcFixed;
+        let vec_msg = vectored && (!u.send_vectorized || (fixed_path && !u.vectorized_fixed));
+        if vec_msg && path.is_zero_copy() && dest.is_none() && !s.vec_noted {
+            s.vec_noted = true;
+            let feats = crate::ring::features::Features::get();
+            let (what, why) = if !u.send_vectorized {
+                (
+                    "SEND_ZC with IORING_SEND_VECTORIZED",
+                    feats.why_not(crate::ring::features::Features::SEND_VECTORIZED),
+                )
+            } else {
+                (
+                    "SEND_ZC with IORING_SEND_VECTORIZED from registered buffers",
+                    feats.why_not(crate::ring::features::Features::SEND_VECTORIZED_FIXED_BUF),
+                )
+            };
+            s.fallbacks.push(Fallback::new(
+                stats::Path::setting(what),
+                stats::Path::setting("SENDMSG_ZC with an iovec"),
+                why.unwrap_or_default(),
+            ));
+        }
+        // A request with a message header: a destination, or slices that go as SENDMSG_ZC.
+        let msg_req = dest.is_some() || vec_msg;
+        let dest = if vectored && dest.is_none() {
+            Some(MsgOpts {
+                dest: None,
+                segment: None,
+                tos: None,
+            })
+        } else {
+            dest
+        };
+        if let Some(o) = &dest {
+            if path == Path::UringZcFixed && msg_req && !u.msg_fixed {
+                // SENDMSG_ZC takes registered buffers only since Linux 6.15: pin per send (and
+                // the completion says so).
+                path = Path::UringZc;
+                if let Some(m) = s.meta.get_mut(seq) {
+                    m.path = path;
+                }
+                if !s.msg_fixed_noted {
+                    s.msg_fixed_noted = true;
+                    s.fallbacks.push(Fallback::new(
+                        Path::UringZcFixed,
+                        Path::UringZc,
+                        format!(
+                            "sends with a destination (or slices without SEND_VECTORIZED) go \
+                             as SENDMSG_ZC, which {}: their pages are pinned per send",
+                            crate::ring::features::Features::get()
+                                .why_not(crate::ring::features::Features::SENDMSG_ZC_FIXED_BUF)
+                                .unwrap_or_default()
+                        ),
+                    ));
+                }
+            }
+            match MsgHdr::new(o, s.v6) {
+                Ok(m) => u.lr.set_msg(lend, m),
+                Err(e) => {
+                    // Checked before (family, segment): cannot happen; if it did, fail the send.
+                    let errno = e.raw_os_error().unwrap_or(libc::EINVAL);
+                    let (buf, more) = u.lr.take(lend).expect("no request yet");
+                    self.finish_parts(
+                        idx,
+                        seq,
+                        buf,
+                        more,
+                        0,
+                        Some(SendError::Invalid {
+                            errno,
+                            reason: e.to_string(),
+                        }),
+                        crate::tx::ZcStatus::NotAttempted,
+                    );
+                    return;
+                }
+            }
+        }
         let t = s.tracker.as_mut().expect("on the ring");
         match t.stage(seq, lend, len) {
             Some((slot, gen)) => {
@@ -245,6 +351,8 @@ impl SendRing {
                     report_usage: u.report_usage,
                     msg_flags: if s.stream { libc::MSG_WAITALL } else { 0 },
                     link: r.link,
+                    vectorized: u.send_vectorized,
+                    vectorized_fixed: u.vectorized_fixed,
                 };
                 match u.lr.push_send(&sqe) {
                     Ok(()) => pushed = true,
@@ -452,6 +560,30 @@ impl SendRing {
                     );
                     res = -libc::ECANCELED;
                 }
+                if res == -libc::EMSGSIZE && zc && !s.stream {
+                    // One datagram train is one skb, and a zero-copy skb holds at most
+                    // MAX_SKB_FRAGS page fragments: a train whose slices span more pages is
+                    // refused whole (nothing sent). It goes again, in order, by copy.
+                    if let Some(p) = s.slot_paths.get_mut(slot as usize) {
+                        *p = Path::UringCopy;
+                    }
+                    let tag = s.tracker.as_ref().expect("on the ring").tag(slot);
+                    if let Some(m) = s.meta.get_mut(tag) {
+                        m.path = Path::UringCopy;
+                    }
+                    if !s.frags_noted {
+                        s.frags_noted = true;
+                        s.fallbacks.push(Fallback::new(
+                            s.path,
+                            Path::UringCopy,
+                            "a zero-copy datagram train referenced more page fragments than one \
+                             skb holds (MAX_SKB_FRAGS, 17; EMSGSIZE): such trains (slices \
+                             spanning more than 16 pages) are sent by copy, the others stay \
+                             zero-copy",
+                        ));
+                    }
+                    res = -libc::ECANCELED;
+                }
                 let t = s.tracker.as_mut().expect("on the ring");
                 if zc {
                     t.on_result(key, res, c.more());
@@ -511,7 +643,7 @@ impl SendRing {
                         .expect("live")
                         .held
                         .swap_remove(i);
-                    self.complete(idx, f, buf);
+                    self.complete(idx, f, buf.0, buf.1);
                     self.settle_sock(idx);
                 }
                 None => drop(buf),
@@ -531,7 +663,7 @@ impl SendRing {
             };
             let u = self.uring.as_mut().expect("ring path");
             match u.lr.take(f.buf) {
-                Some(buf) => self.complete(idx, f, buf),
+                Some((buf, more)) => self.complete(idx, f, buf, more),
                 None => s.held.push(f),
             }
         }
@@ -539,15 +671,23 @@ impl SendRing {
 
     /// A finished send of the ring: counts, sends what the ring left unsent (only after it
     /// failed) by copy, and hands the completion on.
-    fn complete(&mut self, idx: u32, f: Finished<LendId>, buf: Lent) {
+    fn complete(&mut self, idx: u32, f: Finished<LendId>, buf: Lent, more: Vec<Lent>) {
         let s = self.socks[idx as usize].as_mut().expect("live");
         s.counters.notifications += u64::from(f.zc + f.copied + f.unknown);
         let status = status_of(f.zc, f.copied, f.unknown);
         super::ring::count_zc(&mut s.counters, status, f.bytes);
         let mut bytes = f.bytes;
         let mut error = f.error.map(SendError::from_errno);
+        let dest = s.meta.get(f.tag).and_then(|m| m.dest);
         for &(off, len) in &f.unsent {
-            let out = copy::send_all(&*s.fd, &buf[off..off + len], s.chunk);
+            let parts: Vec<&[u8]> = std::iter::once(&*buf)
+                .chain(more.iter().map(|b| &**b))
+                .collect();
+            let range = copy::range_of(&parts, off, len);
+            let out = match &dest {
+                Some(o) => copy::send_msg(&*s.fd, &range, o, s.v6, true),
+                None => copy::send_all(&*s.fd, &range, s.chunk),
+            };
             s.counters.syscalls += out.syscalls;
             s.stats.send_syscalls += out.syscalls;
             s.stats.room_copies += 1;
@@ -556,7 +696,7 @@ impl SendRing {
                 error.get_or_insert(SendError::from_errno(e));
             }
         }
-        self.finish(idx, f.tag, buf, bytes, error, status);
+        self.finish_parts(idx, f.tag, buf, more, bytes, error, status);
     }
 
     /// Sends of the ring still owned by it (all sockets).
@@ -740,17 +880,23 @@ impl SendRing {
             return;
         };
         let Some(t) = s.tracker.as_mut() else { return };
-        let (fd, chunk, broken) = (s.fd.clone(), s.chunk, s.broken);
+        let (fd, chunk, broken, v6) = (s.fd.clone(), s.chunk, s.broken, s.v6);
         let lr = &u.lr;
+        let meta = &s.meta;
         let (mut calls, mut copies) = (0, 0);
-        t.send_unsent(|_, lend, off, len| {
+        t.send_unsent(|tag, lend, off, len| {
             if let Some(e) = broken {
                 return (0, Some(e));
             }
-            let Some(bytes) = lr.bytes(*lend) else {
+            let parts = lr.slices(*lend);
+            if parts.is_empty() {
                 return (0, Some(libc::EIO));
+            }
+            let bytes = copy::range_of(&parts, off, len);
+            let out = match meta.get(tag).and_then(|m| m.dest) {
+                Some(o) => copy::send_msg(&*fd, &bytes, &o, v6, true),
+                None => copy::send_all(&*fd, &bytes, chunk),
             };
-            let out = copy::send_all(&*fd, &bytes[off..off + len], chunk);
             calls += out.syscalls;
             copies += 1;
             (out.bytes, out.error)

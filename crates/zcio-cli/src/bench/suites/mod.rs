@@ -11,6 +11,7 @@ mod rx;
 mod shim;
 mod tx;
 mod tx_many;
+mod tx_peers;
 
 use super::Suite;
 

@@ -320,6 +320,9 @@ impl Suite for Tx {
             )?;
         }
         many(ctx, dur, warmup, ws)?;
+        if let Some(sink) = sink.as_ref() {
+            peers(ctx, sink, dur, warmup, ws)?;
+        }
         sweep(ctx, pair.is_some(), sink.as_ref(), dur, warmup, ws)?;
         Ok(())
     }
@@ -378,6 +381,99 @@ fn many(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()>
                 || Ok(many_sample(&run(way, &o)?)),
             )?;
         }
+    }
+    Ok(())
+}
+
+const PEERS_METRICS: &[MetricDef] = &[
+    MetricDef::new("sender_cpu", "s/GB", Better::Lower),
+    MetricDef::new("throughput", "Gbit/s", Better::Higher),
+    MetricDef::new("syscalls_per_send", "calls", Better::Lower),
+    MetricDef::new("copied_fraction", "fraction", Better::Lower),
+];
+
+fn peers_sample(r: &super::tx_peers::PeersReport) -> Sample {
+    let mut s = Sample::default();
+    s.set("sender_cpu", r.cpu_s_per_gb())
+        .set("throughput", r.gbit_s())
+        .set("syscalls_per_send", r.syscalls_per_send())
+        // A copy path copies every byte.
+        .set("copied_fraction", r.copied_fraction.unwrap_or(1.0));
+    s.note(r.note.clone());
+    s
+}
+
+/// One unconnected UDP socket to 256 peers on the sink host, 64 KiB-class GSO trains of
+/// 1,472-byte segments (44 segments: the largest whole-segment train under the 65,507-byte
+/// UDP limit): SENDMSG_ZC against sendmmsg + UDP_SEGMENT and against sendmsg(MSG_ZEROCOPY);
+/// then a 256-byte header and a body as one vectored request against a copy into one buffer
+/// and against two sends. Rows `peers …` and `vectored …`.
+fn peers(ctx: &mut Ctx, sink: &Sink, dur: Duration, warmup: Duration, ws: usize) -> Result<()> {
+    use super::tx_peers::{run, PeersOpts, Way};
+    let o = PeersOpts {
+        peers: 256,
+        train: 44 * 1472,
+        segment: 1472,
+        header: 256,
+        warmup,
+        dur: dur * 2,
+        ws,
+        batch: 32,
+    };
+    ctx.note(format!(
+        "peers / vectored: one unconnected UDP socket on the sink host sends trains of {} bytes \
+         ({} datagrams of {} bytes, UDP_SEGMENT per message) round-robin to {} destinations; \
+         {} trains per sendmmsg or per io_uring_enter; each side warms up {warmup:?}, then \
+         {:?} measured; syscalls are every system call the sending thread made. Vectored: a \
+         {}-byte header and a {}-byte body, each in a page-aligned 64 KiB slot of one registered \
+         pool (17 pages: what one zero-copy skb holds; a train over more pages is refused with \
+         EMSGSIZE and zcio sends it by copy, recorded), to the same peers",
+        o.train,
+        o.train / o.segment as usize,
+        o.segment,
+        o.peers,
+        o.batch,
+        o.dur,
+        o.header,
+        o.train - o.header
+    ));
+    let rows = [
+        (
+            "peers 256x64K sendmsg-zc vs sendmmsg+gso",
+            ("sendmmsg+gso", "sendmsg-zc"),
+            Way::Sendmmsg,
+            Way::SendmsgZc,
+        ),
+        (
+            "peers 256x64K sendmsg-zc vs msg-zerocopy",
+            ("msg-zerocopy", "sendmsg-zc"),
+            Way::MsgZerocopy,
+            Way::SendmsgZc,
+        ),
+        (
+            "vectored 256B+64K vs copy into one buffer",
+            ("copy-into-one", "vectored"),
+            Way::CopyIntoOne,
+            Way::Vectored,
+        ),
+        (
+            "vectored 256B+64K vs two sends",
+            ("two-sends", "vectored"),
+            Way::TwoSends,
+            Way::Vectored,
+        ),
+    ];
+    for (case, labels, base, zc) in rows {
+        if !wanted(case) {
+            continue;
+        }
+        ctx.compare(
+            case,
+            labels,
+            PEERS_METRICS,
+            || Ok(peers_sample(&run(base, &o, sink)?)),
+            || Ok(peers_sample(&run(zc, &o, sink)?)),
+        )?;
     }
     Ok(())
 }
