@@ -574,6 +574,52 @@ fn memlock_limit_reached_by_the_pool_is_a_recorded_fallback_and_sends_go_on() {
     assert_eq!(server.join().unwrap()[0].1, sent);
 }
 
+/// On a socket whose path is `uring-zc-fixed`, a buffer outside the registered pools (a
+/// `TxBuf::Vec`) goes zero-copy with its pages pinned per send: its completion says `uring-zc`
+/// (it said `uring-zc-fixed` before), and a pool buffer's says `uring-zc-fixed`.
+#[test]
+fn a_buffer_outside_the_registered_pools_reports_the_path_it_took() {
+    let test = "a_buffer_outside_the_registered_pools_reports_the_path_it_took";
+    let (l, addr) = listener();
+    let server = serve_checked(l, 1, Arc::new(AtomicBool::new(false)));
+    let pool = Pool::new(64 << 10, 4, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    ring.register_pool(&pool).unwrap();
+    let s = ring
+        .add(
+            connect_with_base(addr, base(0)),
+            &cfg(TxMode::UringZcFixed, 8),
+        )
+        .unwrap();
+    if ring.sock_path(s) != Some(Path::UringZcFixed) {
+        let why = format!("no fixed-buffer path: {:?}", ring.sock_fallbacks(s));
+        common::skip(test, &why);
+        ring.close(s);
+        return;
+    }
+    let mut b = pool.try_get().unwrap();
+    b.set_len(16 << 10);
+    common::fill_pattern(&mut b, base(0));
+    let fixed = ring.send(s, b).unwrap();
+    let mut v = vec![0u8; 16 << 10];
+    common::fill_pattern(&mut v, base(0) + (16 << 10));
+    let pinned = ring.send(s, TxBuf::Vec(v)).unwrap();
+    ring.flush(common::scaled(Duration::from_secs(20))).unwrap();
+    let mut paths = HashMap::new();
+    for (c, _) in ring.completions() {
+        assert_eq!(c.result(), Ok(16 << 10), "{c:?}");
+        paths.insert(c.ticket, c.path);
+    }
+    let by = ring.sock_stats(s).sends_by_path;
+    ring.close(s);
+    drop(ring);
+    assert_eq!(paths.get(&fixed), Some(&Path::UringZcFixed), "{paths:?}");
+    assert_eq!(paths.get(&pinned), Some(&Path::UringZc), "{paths:?}");
+    assert_eq!(by[Path::UringZc.index()], 1, "{by:?}");
+    assert_eq!(by[Path::UringZcFixed.index()], 1, "{by:?}");
+    assert_eq!(server.join().unwrap()[0].1, 32 << 10);
+}
+
 // ---- 10,000 connections in one unprivileged process ----
 
 const SCALE_CONNS: usize = 10_000;

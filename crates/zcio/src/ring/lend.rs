@@ -570,6 +570,24 @@ impl<B: Stable> LendRing<B> {
         LendId { idx, gen: s.gen }
     }
 
+    /// The registered pool (its buffer index) that holds every slice of `slot`, if any: the
+    /// kernel checks each iovec of a fixed-buffer request against the one registered buffer
+    /// the request names.
+    fn fixed_region(&self, slot: &LSlot<B>) -> Option<u16> {
+        let first = slot.buf.as_ref().and_then(|b| b.region());
+        first
+            .filter(|&r| slot.more.iter().all(|b| b.region() == Some(r)))
+            .and_then(|id| self.regions.iter().find(|r| r.0 == id))
+            .map(|r| r.1)
+    }
+
+    /// Whether a zero-copy send of `id` can use a registered buffer (every slice lies in one
+    /// registered pool); else its pages are pinned per send.
+    pub fn is_fixed_buffer(&self, id: LendId) -> bool {
+        self.slot(id)
+            .is_some_and(|s| self.fixed_region(s).is_some())
+    }
+
     fn slot(&self, id: LendId) -> Option<&LSlot<B>> {
         self.slots
             .get(id.idx as usize)
@@ -761,11 +779,7 @@ impl<B: Stable> LendRing<B> {
         // A registered pool is used when every slice lies in it (the kernel checks each
         // iovec against the one registered buffer the request names).
         let region = if s.zc && s.fixed {
-            let first = slot.buf.as_ref().and_then(|b| b.region());
-            first
-                .filter(|&r| slot.more.iter().all(|b| b.region() == Some(r)))
-                .and_then(|id| self.regions.iter().find(|r| r.0 == id))
-                .map(|r| r.1)
+            self.fixed_region(slot)
         } else {
             None
         };

@@ -175,6 +175,14 @@ impl SendRing {
         let file = s.file.expect("on the ring");
         let vectored = !more.is_empty();
         let lend = u.lr.lend_slices(lent, more, file, 0);
+        if path == Path::UringZcFixed && !u.lr.is_fixed_buffer(lend) {
+            // A buffer outside the registered pools (a `TxBuf::Vec`, a received chunk): its
+            // pages are pinned per send, and its completion says so.
+            path = Path::UringZc;
+            if let Some(m) = s.meta.get_mut(seq) {
+                m.path = path;
+            }
+        }
         // Slices go as SEND_ZC with IORING_SEND_VECTORIZED (6.17), except where the kernel
         // lacks it, or lacks it from registered buffers (then SENDMSG_ZC from the pool beats
         // pinning the slices per send).
