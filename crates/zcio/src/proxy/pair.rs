@@ -83,6 +83,9 @@ pub struct Pair {
     /// 0: client → upstream, 1: upstream → client.
     flows: [Flow; 2],
     connected: bool,
+    /// The upstream ended before it was established, and a send to it is still to complete
+    /// (with the connect's error).
+    connect_lost: bool,
     started: Instant,
     last_active: Instant,
     limits: Limits,
@@ -114,6 +117,7 @@ impl Pair {
             },
             flows: [Flow::default(), Flow::default()],
             connected: false,
+            connect_lost: false,
             started: now,
             last_active: now,
             limits,
@@ -260,11 +264,38 @@ impl Pair {
             return;
         }
         self.last_active = Instant::now();
+        if side == Side::Upstream && !self.connected {
+            let unreal = match &err {
+                None => true,
+                Some(e) => e.raw_os_error() == Some(libc::ENOTCONN),
+            };
+            if unreal {
+                // An end of stream or ENOTCONN before the connection was seen established:
+                // a failed connect whose error a send took first (the socket's error is read
+                // once), or a target that accepted and closed at once.
+                match tx.socket(self.upstream.tx).map(|fd| net::connect_done(&fd)) {
+                    Some(Ok(true)) => self.connected = true,
+                    Some(Err(e)) => {
+                        let detail = format!("upstream: {e}");
+                        self.abort(End::new(EndKind::ConnectFailed, Some(side), detail), rx, tx);
+                        return;
+                    }
+                    _ if self.flows[0].in_kernel > 0 => {
+                        // The send that took the error completes with it: ended there.
+                        self.connect_lost = true;
+                        return;
+                    }
+                    _ => {
+                        let detail =
+                            "upstream: closed before the connection was established".to_string();
+                        self.abort(End::new(EndKind::ConnectFailed, Some(side), detail), rx, tx);
+                        return;
+                    }
+                }
+            }
+        }
         match err {
             None => {
-                if side == Side::Upstream {
-                    self.connected = true;
-                }
                 let dir = Self::flow_from(side);
                 self.flows[dir].eof = true;
                 self.flows[dir].paused = false;
@@ -303,6 +334,15 @@ impl Pair {
         f.in_kernel = f.in_kernel.saturating_sub(done.len);
         f.chunks = f.chunks.saturating_sub(1);
         if self.end.is_some() {
+            return;
+        }
+        if self.connect_lost && done.result().is_ok() {
+            let detail = "upstream: closed before the connection was established".to_string();
+            self.abort(
+                End::new(EndKind::ConnectFailed, Some(Side::Upstream), detail),
+                rx,
+                tx,
+            );
             return;
         }
         match done.result() {
