@@ -406,3 +406,120 @@ fn zcrx_perf_server_receives_a_verified_stream() {
         zcio_testnet::skip(test, &why);
     }
 }
+
+fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(2654435761) >> 13) as u8
+}
+
+/// Writes `len` pattern bytes from stream offset `base`, then half-closes.
+fn write_pattern(s: &mut std::net::TcpStream, base: u64, len: u64) {
+    use std::io::Write;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(buf.len() as u64) as usize;
+        for (k, b) in buf[..n].iter_mut().enumerate() {
+            *b = pattern(base + off + k as u64);
+        }
+        s.write_all(&buf[..n]).unwrap();
+        off += n as u64;
+    }
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+}
+
+/// Reads to end of stream, checking the pattern from `base`; returns the length.
+fn read_pattern(s: &mut std::net::TcpStream, base: u64) -> u64 {
+    use std::io::Read;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut off = 0u64;
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            return off;
+        }
+        for (k, &b) in buf[..n].iter().enumerate() {
+            assert_eq!(b, pattern(base + off + k as u64), "byte {}", off + k as u64);
+        }
+        off += n as u64;
+    }
+}
+
+/// `zcio proxy --rx zcrx --tx uring-zc` forwards a verified stream each way: received into
+/// device-less zcrx area pages (Linux 7.1+) and sent on with SEND_ZC from them; before 7.1 the
+/// receive falls back to bufring and says why (a kernel-feature skip; fails under
+/// `ZCIO_REQUIRE_ZCRX=1`, set by `scripts/vmtest` in the 7.x guest).
+#[test]
+fn zcrx_proxy_forwards_a_verified_stream_with_uring_zc() {
+    use std::io::{BufRead, BufReader};
+    let test = "zcrx_proxy_forwards_a_verified_stream_with_uring_zc";
+    let (up, down) = (8u64 << 20, 2u64 << 20);
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = l.local_addr().unwrap().to_string();
+    let upstream = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let got = read_pattern(&mut s, 0);
+        write_pattern(&mut s, 1 << 40, down);
+        got
+    });
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_zcio"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--to", &target])
+        .args(["--rx", "zcrx", "--tx", "uring-zc", "--json"])
+        .args(["--stats-interval", "0", "--log-all", "--drain-timeout", "2"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run zcio proxy");
+    let mut err = BufReader::new(proxy.stderr.take().unwrap());
+    let mut notes = Vec::new();
+    let mut line = String::new();
+    let mut listen = None;
+    // The first line names the address, the thread's line its paths (fallbacks follow).
+    while notes.len() < 2 {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "proxy: {notes:?}");
+        notes.push(line.trim_end().to_string());
+        if listen.is_none() {
+            listen = line
+                .strip_prefix("zcio proxy: ")
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|a| a.parse::<std::net::SocketAddr>().ok());
+        }
+    }
+    let listen = listen.unwrap_or_else(|| panic!("no address: {notes:?}"));
+    let mut c = std::net::TcpStream::connect(listen).unwrap();
+    let mut r = c.try_clone().unwrap();
+    let reader = std::thread::spawn(move || read_pattern(&mut r, 1 << 40));
+    write_pattern(&mut c, 0, up);
+    assert_eq!(reader.join().unwrap(), down, "{notes:?}");
+    assert_eq!(upstream.join().unwrap(), up, "{notes:?}");
+    Command::new("kill")
+        .args(["-TERM", &proxy.id().to_string()])
+        .status()
+        .unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    notes.extend(rest.lines().map(String::from));
+    let out = proxy.wait_with_output().unwrap();
+    assert!(out.status.success(), "{notes:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(stdout.lines().last().unwrap()).expect("JSON");
+    assert_eq!(v["bytes_up"], up, "{v}");
+    assert_eq!(v["bytes_down"], down, "{v}");
+    assert_eq!(v["ended"][0], 1, "one pair ended Done: {v}");
+    assert_eq!(v["tx_path"], "uring-zc", "{v} {notes:?}");
+    assert_eq!(v["one_ring"], true, "{v}");
+    if v["rx_path"] == "zcrx-nodev" {
+        return;
+    }
+    assert_eq!(v["rx_path"], "bufring", "{v}");
+    let why = notes
+        .iter()
+        .find(|n| n.contains("zcrx-nodev -> bufring"))
+        .unwrap_or_else(|| panic!("no recorded fallback: {notes:?}"))
+        .clone();
+    if zcio_testnet::is_root() {
+        zcio_testnet::skip_kernel_feature(test, "ZCIO_REQUIRE_ZCRX", &why);
+    } else {
+        zcio_testnet::skip(test, &why);
+    }
+}
