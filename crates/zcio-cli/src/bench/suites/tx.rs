@@ -350,7 +350,7 @@ fn many(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()>
     let conns = ctx.pick(200, 1000, 1000);
     let batch = 64;
     ctx.note(format!(
-        "many: {conns} loopback TCP connections, sends round-robin from one thread; epoll +          send (non-blocking send per buffer, EPOLLOUT when full) vs one shared SendRing (auto,          {batch} requests per io_uring_enter across sockets, pool registered once, sockets in          one registered-file table) vs a Sender (io_uring) per socket (auto, one enter per          send); every side warms up {warmup:?}, then {:?} measured; kernel entries are every          syscall the sending thread made. On loopback every byte is copied (COPIED 1.0): auto          sends by io_uring SEND after each socket's first zero-copy completions",
+        "many: {conns} loopback TCP connections, sends round-robin from one thread; epoll + send (non-blocking send per buffer, EPOLLOUT when full) vs one shared SendRing (auto, {batch} requests per io_uring_enter across sockets, pool registered once, sockets in one registered-file table) vs a Sender (io_uring) per socket (auto, one enter per send); every side warms up {warmup:?}, then {:?} measured; kernel entries are every syscall the sending thread made. On loopback every byte is copied (COPIED 1.0): auto sends by io_uring SEND after each socket's first zero-copy completions",
         dur * 2
     ));
     for size in [4 << 10, 64 << 10] {
