@@ -404,23 +404,53 @@ fn bulk(kind: Kind, net: &Net, dir: &TempDir, secs: f64) -> Result<Sample> {
         .join()
         .map_err(|_| anyhow!("bind thread panicked"))??;
     let server_addr = listener.local_addr()?;
-    let sink = spawn_in(net.client, move || -> std::io::Result<u64> {
-        let mut readers = Vec::new();
-        for _ in 0..CONNS {
-            let (mut s, _) = listener.accept()?;
-            readers.push(std::thread::spawn(move || {
-                let mut buf = vec![0u8; 256 << 10];
-                let mut n = 0u64;
-                loop {
-                    match s.read(&mut buf) {
-                        Ok(0) | Err(_) => return n,
-                        Ok(k) => n += k as u64,
+    // The sink takes every connection the proxy makes (the readiness probe's too) until the
+    // clients are done, and counts what arrives.
+    let clients_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done2 = clients_done.clone();
+    let sink = spawn_in(
+        net.client,
+        move || -> std::io::Result<(u64, Option<Instant>)> {
+            use std::sync::atomic::Ordering;
+            listener.set_nonblocking(true)?;
+            let mut readers = Vec::new();
+            let mut quiet_since: Option<Instant> = None;
+            loop {
+                match listener.accept() {
+                    Ok((mut s, _)) => {
+                        s.set_nonblocking(false)?;
+                        readers.push(std::thread::spawn(move || {
+                            let mut buf = vec![0u8; 256 << 10];
+                            let mut n = 0u64;
+                            loop {
+                                match s.read(&mut buf) {
+                                    Ok(0) | Err(_) => return (n, (n > 0).then(Instant::now)),
+                                    Ok(k) => n += k as u64,
+                                }
+                            }
+                        }));
                     }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if done2.load(Ordering::Relaxed) {
+                            let t = *quiet_since.get_or_insert_with(Instant::now);
+                            if t.elapsed() > Duration::from_millis(200) {
+                                break;
+                            }
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => return Err(e),
                 }
-            }));
-        }
-        Ok(readers.into_iter().map(|r| r.join().unwrap_or(0)).sum())
-    })?;
+            }
+            let mut total = (0, None);
+            for r in readers {
+                let (n, end) = r.join().unwrap_or((0, None));
+                total.0 += n;
+                total.1 = total.1.max(end);
+            }
+            Ok(total)
+        },
+    )?;
     let listen = SocketAddr::new(net.proxy_ip, free_port(net.proxy, net.proxy_ip)?);
     let p = Proc::start(kind, net.proxy, listen, server_addr, dir)?;
     let count = SyscallCount::start(p.pid(), dir)?;
@@ -440,16 +470,25 @@ fn bulk(kind: Kind, net: &Net, dir: &TempDir, secs: f64) -> Result<Sample> {
             })
         })
         .collect::<Result<_>>()?;
+    let mut failed = None;
     for c in clients {
-        c.join()
-            .map_err(|_| anyhow!("client panicked"))?
-            .context("bulk client")?;
+        if let Err(e) = c.join().map_err(|_| anyhow!("client panicked"))? {
+            failed.get_or_insert(e);
+        }
     }
-    let bytes = sink
+    clients_done.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(e) = failed {
+        let _ = sink.join();
+        let _ = count.stop();
+        let _ = p.stop();
+        bail!("bulk client through {}: {e}", kind.label());
+    }
+    let (bytes, last) = sink
         .join()
         .map_err(|_| anyhow!("sink panicked"))?
         .context("sink server")?;
-    let wall = t0.elapsed().as_secs_f64();
+    // Until the last byte arrived (the sink's linger for late connections is not counted).
+    let wall = last.map_or_else(|| t0.elapsed(), |l| l - t0).as_secs_f64();
     let cpu = p.cpu() - cpu0;
     let calls = count.stop()?;
     let stats = p.stop()?;
