@@ -233,6 +233,9 @@ pub struct ProxyStats {
     pub syscalls: u64,
     /// `io_uring_enter` calls among them.
     pub ring_enters: u64,
+    /// Receives that ended because the receive ring had no free buffer (re-armed when one
+    /// came back; `docs/design/rx.md`).
+    pub rx_out_of_buffers: u64,
 }
 
 impl ProxyStats {
@@ -264,6 +267,7 @@ impl ProxyStats {
         self.rx_zerocopy_bytes += o.rx_zerocopy_bytes;
         self.syscalls += o.syscalls;
         self.ring_enters += o.ring_enters;
+        self.rx_out_of_buffers += o.rx_out_of_buffers;
     }
 
     /// Fraction of zero-copy sent bytes the kernel copied.
@@ -423,6 +427,7 @@ impl Proxy {
         s.rx_zerocopy_bytes = r.zerocopy_bytes;
         s.ring_enters = r.ring_enters + self.tx.enters();
         s.syscalls = r.syscalls + c.syscalls;
+        s.rx_out_of_buffers = r.enobufs;
         s
     }
 
@@ -493,6 +498,14 @@ impl Proxy {
             self.rx_starved = n == 0 && self.rx.stats().backpressure_waits > before;
             self.tx.on_ready().map_err(io::Error::other)?;
         } else {
+            // With sends out, a wait is capped: their notifications are deferred task work,
+            // posted by an enter of this thread; a long wait with nothing else arriving would
+            // hold the buffers (and the receives waiting for them) back.
+            let timeout = if self.tx.in_flight() > 0 {
+                timeout.min(Duration::from_millis(5))
+            } else {
+                timeout
+            };
             self.rx.poll(timeout, &mut |ev| events.push(ev))?;
         }
         for ev in events.drain(..) {

@@ -48,6 +48,14 @@ enum Kind {
 }
 
 impl Kind {
+    fn short(self) -> &'static str {
+        match self {
+            Kind::HaproxySplice => "haproxy splice",
+            Kind::HaproxyCopy => "haproxy no-splice",
+            Kind::NginxStream => "nginx stream",
+            Kind::Zcio => "zcio",
+        }
+    }
     fn label(self) -> &'static str {
         match self {
             Kind::HaproxySplice => "HAProxy mode tcp, splice on",
@@ -105,7 +113,7 @@ impl Suite for ProxySuite {
         let lo = Net::loopback();
         for b in baselines {
             ctx.compare(
-                &format!("bulk loopback, {CONNS} conns"),
+                &format!("bulk loopback, {CONNS} conns, vs {}", b.short()),
                 (b.label(), Kind::Zcio.label()),
                 BULK,
                 || bulk(b, &lo, &dir, secs),
@@ -124,7 +132,7 @@ impl Suite for ProxySuite {
                 };
                 for b in baselines {
                     ctx.compare(
-                        &format!("bulk veth (A -> proxy on B -> A), {CONNS} conns"),
+                        &format!("bulk veth A->B->A, {CONNS} conns, vs {}", b.short()),
                         (b.label(), Kind::Zcio.label()),
                         BULK,
                         || bulk(b, &veth, &dir, secs),
@@ -138,7 +146,7 @@ impl Suite for ProxySuite {
         let web = Web::start(&dir)?;
         for b in baselines {
             ctx.compare(
-                "1 KiB request/response via wrk, 100 conns, to nginx",
+                &format!("1 KiB req/resp, wrk 100 conns, vs {}", b.short()),
                 (b.label(), Kind::Zcio.label()),
                 RR,
                 || rr(b, &web, &dir, secs),
@@ -346,6 +354,16 @@ impl Proc {
     }
 }
 
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // A run that failed half-way leaves no proxy behind.
+        if let Ok(None) = self.child.try_wait() {
+            signal(self.pid(), libc::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// A finished child to swap in when the real one is consumed by `wait_with_output`.
 fn dummy_child() -> Result<Child> {
     let mut c = Command::new("true").spawn()?;
@@ -388,12 +406,22 @@ impl SyscallCount {
     fn stop(mut self) -> Result<f64> {
         signal(self.child.id(), libc::SIGINT);
         let _ = self.child.wait();
-        let text = std::fs::read_to_string(&self.out).context("perf stat output")?;
+        let out = std::mem::take(&mut self.out);
+        let text = std::fs::read_to_string(&out).context("perf stat output")?;
         text.lines()
             .find(|l| l.contains("raw_syscalls:sys_enter"))
             .and_then(|l| l.split(',').next())
             .and_then(|v| v.trim().parse::<f64>().ok())
             .ok_or_else(|| anyhow!("perf stat counted nothing: {text}"))
+    }
+}
+
+impl Drop for SyscallCount {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            signal(self.child.id(), libc::SIGINT);
+            let _ = self.child.wait();
+        }
     }
 }
 
