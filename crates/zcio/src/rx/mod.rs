@@ -662,8 +662,9 @@ impl Receiver {
 
     /// Stops receiving on `conn` (per-connection backpressure, e.g. a proxy whose other side
     /// cannot take more): the data waits in the socket and TCP's window closes. Bytes the
-    /// kernel had already received into buffers may still be delivered; the end of stream or
-    /// an error is reported after [`Receiver::resume`]. Unknown or closed ids are ignored.
+    /// kernel had already received into buffers may still be delivered, and an end of stream
+    /// or error the receive had already met is still reported. Unknown or closed ids are
+    /// ignored.
     pub fn pause(&mut self, conn: ConnId) {
         self.backend.pause(conn, &mut self.counters)
     }
