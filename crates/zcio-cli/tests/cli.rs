@@ -523,3 +523,79 @@ fn zcrx_proxy_forwards_a_verified_stream_with_uring_zc() {
         zcio_testnet::skip(test, &why);
     }
 }
+
+/// SIGTERM: `zcio proxy` stops accepting, lets a pair that is finishing end normally, resets
+/// what is still open at `--drain-timeout` and exits 0, saying how many it reset.
+#[test]
+fn proxy_sigterm_drains_within_the_bound() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = l.local_addr().unwrap().to_string();
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_zcio"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--to", &target])
+        .args(["--stats-interval", "0", "--drain-timeout", "1", "--log-all"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run zcio proxy");
+    let mut err = BufReader::new(proxy.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    let listen: std::net::SocketAddr = first
+        .strip_prefix("zcio proxy: ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address: {first}"));
+    // Two pairs: one stays open (idle), one finishes during the drain.
+    let mut idle = std::net::TcpStream::connect(listen).unwrap();
+    let (_idle_up, _) = l.accept().unwrap();
+    let mut busy = std::net::TcpStream::connect(listen).unwrap();
+    let (mut busy_up, _) = l.accept().unwrap();
+    busy.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    busy_up.read_exact(&mut b).unwrap();
+    let t = std::time::Instant::now();
+    Command::new("kill")
+        .args(["-TERM", &proxy.id().to_string()])
+        .status()
+        .unwrap();
+    // The busy pair ends normally while draining: each side half-closes.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    busy_up.write_all(b"pong").unwrap();
+    drop(busy_up);
+    busy.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    busy.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"pong");
+    // A new client is not served any more.
+    if let Ok(mut late) = std::net::TcpStream::connect(listen) {
+        late.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+            .unwrap();
+        assert!(matches!(late.read(&mut b), Ok(0) | Err(_)));
+    }
+    // The idle pair is reset at the bound.
+    idle.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let e = idle.read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    let took = t.elapsed();
+    // (Software-emulated guests run many times slower: scripts/vmtest sets the scale.)
+    let scale: u32 = std::env::var("ZCIO_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    assert!(
+        took >= std::time::Duration::from_millis(900)
+            && took < std::time::Duration::from_secs(4) * scale.max(1),
+        "reset after {took:?}"
+    );
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(proxy.wait().unwrap().success(), "{rest}");
+    assert!(rest.contains("Done"), "{rest}");
+    assert!(rest.contains("Shutdown"), "{rest}");
+    assert!(
+        rest.contains("1 pair(s) reset at the drain bound"),
+        "{rest}"
+    );
+}
