@@ -205,6 +205,12 @@ fn quick_bench_writes_results_json_and_html_report() {
         .unwrap()
         .iter()
         .any(|n| n.as_str().unwrap().contains("copies")));
+    for n in suite["notes"].as_array().unwrap() {
+        assert!(
+            !n.as_str().unwrap().contains("  "),
+            "runs of spaces in a note: {n}"
+        );
+    }
     let rows = suite["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 10 * 4);
     for r in rows {

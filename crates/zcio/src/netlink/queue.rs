@@ -97,7 +97,7 @@ pub enum NfqError {
     /// kernel's own policy decides the packets it still holds (it drops them; a rule with
     /// `--queue-bypass` accepts new ones while nobody listens). No verdict was widened.
     #[error(
-        "queue {queue}: sending verdicts failed {attempts} times in a row ({source}); unbound          the queue so the kernel decides what it still holds"
+        "queue {queue}: sending verdicts failed {attempts} times in a row ({source}); unbound the queue so the kernel decides what it still holds"
     )]
     SendFailing {
         /// The queue.
@@ -1477,9 +1477,25 @@ impl Report for NfQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use crate::netlink::msg::messages;
     use crate::netlink::nfqmsg::VerdictMsg;
     use crate::netlink::source::FrameSource;
+
+    #[test]
+    fn unbinding_error_reads_as_one_sentence() {
+        let e = NfqError::SendFailing {
+            queue: 3,
+            attempts: 5,
+            source: io::Error::from_raw_os_error(libc::ENOBUFS),
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("queue 3: sending verdicts failed 5 times in a row ("),
+            "{msg}"
+        );
+        assert!(!msg.contains("  "), "runs of spaces in {msg:?}");
+    }
 
     fn packet(id: u32, out: &mut Vec<u8>) {
         let p = Packet {

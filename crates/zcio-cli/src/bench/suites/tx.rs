@@ -435,7 +435,7 @@ fn sweep(
         routes.push((Route::Sink, "udp-gso-sink"));
     }
     ctx.note(format!(
-        "sweep: each row's baseline is the better of copy and uring-zc-fixed in the same round          (metric by metric), its zcio value auto; every side sends {warmup:?} before {dur:?}          measured; auto learns the size below which copy is cheaper in that warm-up"
+        "sweep: each row's baseline is the better of copy and uring-zc-fixed in the same round (metric by metric), its zcio value auto; every side sends {warmup:?} before {dur:?} measured; auto learns the size below which copy is cheaper in that warm-up"
     ));
     for (route, tag) in routes {
         for &size in SWEEP {
