@@ -47,6 +47,11 @@ pub struct ProxyArgs {
     /// Receive buffers per thread (a power of two).
     #[arg(long, default_value_t = 1024)]
     pub buffers: u16,
+    /// Bytes of receive buffers kept in the ring at once (the rest wait in a stack; the
+    /// rotation grows under sustained demand); 0 (default): every buffer in the ring, so many
+    /// connections with small messages never find it empty.
+    #[arg(long, default_value = "0", value_parser = crate::util::parse_size)]
+    pub rx_rotation: usize,
     /// Seconds for an upstream connection to be established.
     #[arg(long, default_value_t = 5.0)]
     pub connect_timeout: f64,
@@ -90,6 +95,7 @@ fn config(a: &ProxyArgs) -> Result<ProxyConfig> {
     let mut rx = RxConfig::with_mode(a.rx).low_latency();
     rx.buf_size = u32::try_from(a.buf_size).context("--buf-size")?;
     rx.buffers = a.buffers;
+    rx.hot_bytes = a.rx_rotation;
     if let Some(q) = &a.zcrx_queue {
         let (iface, queue) = q
             .rsplit_once(':')
