@@ -114,6 +114,7 @@ fn config(a: &ProxyArgs) -> Result<ProxyConfig> {
             idle_timeout: (a.idle_timeout > 0.0).then(|| Duration::from_secs_f64(a.idle_timeout)),
         },
         max_connections: a.max_connections,
+        nodelay: true,
     })
 }
 

@@ -133,6 +133,10 @@ pub struct ProxyConfig {
     pub limits: Limits,
     /// Pairs open at once; further clients are closed at accept (counted as rejected).
     pub max_connections: usize,
+    /// `TCP_NODELAY` on both sockets of every pair (default on, as HAProxy and nginx do): a
+    /// proxy forwards whatever arrived at once, and Nagle's algorithm would hold a small
+    /// segment back until the previous one is acknowledged (a delayed ACK: up to 40 ms).
+    pub nodelay: bool,
 }
 
 impl Default for ProxyConfig {
@@ -149,6 +153,7 @@ impl Default for ProxyConfig {
             tx: SenderConfig::new(TxMode::Auto),
             limits: Limits::default(),
             max_connections: 10_000,
+            nodelay: true,
         }
     }
 }
@@ -720,6 +725,13 @@ impl Proxy {
         let setup = |what: &str, e: &dyn std::fmt::Display| {
             (EndKind::ConnectFailed, format!("set-up ({what}): {e}"))
         };
+        if self.cfg.nodelay {
+            client
+                .set_nodelay(true)
+                .map_err(|e| setup("TCP_NODELAY", &e))?;
+            crate::sys::setsockopt_int(&up, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
+                .map_err(|e| setup("TCP_NODELAY", &e))?;
+        }
         let up_rx = up.try_clone().map_err(|e| setup("dup", &e))?;
         let c_tx = self
             .tx
