@@ -96,7 +96,7 @@ impl Pair {
     /// A pair for a client and an upstream socket already added to `rx` (receiving) and to the
     /// send ring (sending). `token` is passed to every send ([`SendRing::send_with`]) and comes
     /// back in its completion, so the caller can route completions to the pair. The upstream
-    /// socket may still be connecting ([`crate::sys`]-level `connect` started): sends wait in
+    /// socket may still be connecting (a non-blocking `connect` started): sends wait in
     /// the kernel for the handshake, and a failed connect arrives as the upstream's error.
     pub fn new(
         token: u64,
