@@ -1,4 +1,4 @@
-//! The `zcio` command: probe, perf, bench, nfq, nflog, conntrack events, netlink dump, hosts.
+//! The `zcio` command: probe, perf, bench, proxy, nfq, nflog, conntrack events, netlink dump, hosts.
 
 mod bench;
 mod ctevents;
@@ -8,6 +8,7 @@ mod nfq;
 mod nldump;
 mod perf;
 mod probe;
+mod proxy;
 mod util;
 
 use anyhow::Result;
@@ -65,6 +66,8 @@ enum Cmd {
         #[arg(long, value_name = "HOST")]
         peer: Option<String>,
     },
+    /// TCP proxy on one ring per thread: received buffers forwarded with zero-copy send.
+    Proxy(proxy::ProxyArgs),
     /// NFQUEUE filter daemon: accept all, drop by protocol/port, count; batch verdicts.
     Nfq(nfq::NfqArgs),
     /// NFLOG packets to pcapng/pcap (file, rotated, or stdout) or text lines, with loss
@@ -126,6 +129,7 @@ fn run(cli: Cli) -> Result<()> {
         } => hosts::cleanup(),
         Cmd::Perf(p) => perf::run(p),
         Cmd::Nfq(a) => nfq::run(a),
+        Cmd::Proxy(a) => proxy::run(a),
         Cmd::Nflog(a) => nflog::run(a),
         Cmd::Conntrack {
             cmd: ConntrackCmd::Events(a),

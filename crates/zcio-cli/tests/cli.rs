@@ -412,3 +412,196 @@ fn zcrx_perf_server_receives_a_verified_stream() {
         zcio_testnet::skip(test, &why);
     }
 }
+
+fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(2654435761) >> 13) as u8
+}
+
+/// Writes `len` pattern bytes from stream offset `base`, then half-closes.
+fn write_pattern(s: &mut std::net::TcpStream, base: u64, len: u64) {
+    use std::io::Write;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(buf.len() as u64) as usize;
+        for (k, b) in buf[..n].iter_mut().enumerate() {
+            *b = pattern(base + off + k as u64);
+        }
+        s.write_all(&buf[..n]).unwrap();
+        off += n as u64;
+    }
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+}
+
+/// Reads to end of stream, checking the pattern from `base`; returns the length.
+fn read_pattern(s: &mut std::net::TcpStream, base: u64) -> u64 {
+    use std::io::Read;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut off = 0u64;
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            return off;
+        }
+        for (k, &b) in buf[..n].iter().enumerate() {
+            assert_eq!(b, pattern(base + off + k as u64), "byte {}", off + k as u64);
+        }
+        off += n as u64;
+    }
+}
+
+/// `zcio proxy --rx zcrx --tx uring-zc` forwards a verified stream each way: received into
+/// device-less zcrx area pages (Linux 7.1+) and sent on with SEND_ZC from them; before 7.1 the
+/// receive falls back to bufring and says why (a kernel-feature skip; fails under
+/// `ZCIO_REQUIRE_ZCRX=1`, set by `scripts/vmtest` in the 7.x guest).
+#[test]
+fn zcrx_proxy_forwards_a_verified_stream_with_uring_zc() {
+    use std::io::{BufRead, BufReader};
+    let test = "zcrx_proxy_forwards_a_verified_stream_with_uring_zc";
+    let (up, down) = (8u64 << 20, 2u64 << 20);
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = l.local_addr().unwrap().to_string();
+    let upstream = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let got = read_pattern(&mut s, 0);
+        write_pattern(&mut s, 1 << 40, down);
+        got
+    });
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_zcio"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--to", &target])
+        .args(["--rx", "zcrx", "--tx", "uring-zc", "--json"])
+        .args(["--stats-interval", "0", "--log-all", "--drain-timeout", "2"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run zcio proxy");
+    let mut err = BufReader::new(proxy.stderr.take().unwrap());
+    let mut notes = Vec::new();
+    let mut line = String::new();
+    let mut listen = None;
+    // The first line names the address, the thread's line its paths (fallbacks follow).
+    while notes.len() < 2 {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "proxy: {notes:?}");
+        notes.push(line.trim_end().to_string());
+        if listen.is_none() {
+            listen = line
+                .strip_prefix("zcio proxy: ")
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|a| a.parse::<std::net::SocketAddr>().ok());
+        }
+    }
+    let listen = listen.unwrap_or_else(|| panic!("no address: {notes:?}"));
+    let mut c = std::net::TcpStream::connect(listen).unwrap();
+    let mut r = c.try_clone().unwrap();
+    let reader = std::thread::spawn(move || read_pattern(&mut r, 1 << 40));
+    write_pattern(&mut c, 0, up);
+    assert_eq!(reader.join().unwrap(), down, "{notes:?}");
+    assert_eq!(upstream.join().unwrap(), up, "{notes:?}");
+    Command::new("kill")
+        .args(["-TERM", &proxy.id().to_string()])
+        .status()
+        .unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    notes.extend(rest.lines().map(String::from));
+    let out = proxy.wait_with_output().unwrap();
+    assert!(out.status.success(), "{notes:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(stdout.lines().last().unwrap()).expect("JSON");
+    assert_eq!(v["bytes_up"], up, "{v}");
+    assert_eq!(v["bytes_down"], down, "{v}");
+    assert_eq!(v["ended"][0], 1, "one pair ended Done: {v}");
+    assert_eq!(v["tx_path"], "uring-zc", "{v} {notes:?}");
+    assert_eq!(v["one_ring"], true, "{v}");
+    if v["rx_path"] == "zcrx-nodev" {
+        return;
+    }
+    assert_eq!(v["rx_path"], "bufring", "{v}");
+    let why = notes
+        .iter()
+        .find(|n| n.contains("zcrx-nodev -> bufring"))
+        .unwrap_or_else(|| panic!("no recorded fallback: {notes:?}"))
+        .clone();
+    if zcio_testnet::is_root() {
+        zcio_testnet::skip_kernel_feature(test, "ZCIO_REQUIRE_ZCRX", &why);
+    } else {
+        zcio_testnet::skip(test, &why);
+    }
+}
+
+/// SIGTERM: `zcio proxy` stops accepting, lets a pair that is finishing end normally, resets
+/// what is still open at `--drain-timeout` and exits 0, saying how many it reset.
+#[test]
+fn proxy_sigterm_drains_within_the_bound() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = l.local_addr().unwrap().to_string();
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_zcio"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--to", &target])
+        .args(["--stats-interval", "0", "--drain-timeout", "1", "--log-all"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run zcio proxy");
+    let mut err = BufReader::new(proxy.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    let listen: std::net::SocketAddr = first
+        .strip_prefix("zcio proxy: ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address: {first}"));
+    // Two pairs: one stays open (idle), one finishes during the drain.
+    let mut idle = std::net::TcpStream::connect(listen).unwrap();
+    let (_idle_up, _) = l.accept().unwrap();
+    let mut busy = std::net::TcpStream::connect(listen).unwrap();
+    let (mut busy_up, _) = l.accept().unwrap();
+    busy.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    busy_up.read_exact(&mut b).unwrap();
+    let t = std::time::Instant::now();
+    Command::new("kill")
+        .args(["-TERM", &proxy.id().to_string()])
+        .status()
+        .unwrap();
+    // The busy pair ends normally while draining: each side half-closes.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    busy_up.write_all(b"pong").unwrap();
+    drop(busy_up);
+    busy.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    busy.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"pong");
+    // A new client is not served any more.
+    if let Ok(mut late) = std::net::TcpStream::connect(listen) {
+        late.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+            .unwrap();
+        assert!(matches!(late.read(&mut b), Ok(0) | Err(_)));
+    }
+    // The idle pair is reset at the bound.
+    idle.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let e = idle.read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    let took = t.elapsed();
+    // (Software-emulated guests run many times slower: scripts/vmtest sets the scale.)
+    let scale: u32 = std::env::var("ZCIO_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    assert!(
+        took >= std::time::Duration::from_millis(900)
+            && took < std::time::Duration::from_secs(4) * scale.max(1),
+        "reset after {took:?}"
+    );
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(proxy.wait().unwrap().success(), "{rest}");
+    assert!(rest.contains("Done"), "{rest}");
+    assert!(rest.contains("Shutdown"), "{rest}");
+    assert!(
+        rest.contains("1 pair(s) reset at the drain bound"),
+        "{rest}"
+    );
+}

@@ -34,6 +34,7 @@ mod buf;
 pub mod event;
 pub mod netlink;
 pub mod probe;
+pub mod proxy;
 #[cfg(feature = "unstable-raw")]
 pub mod ring;
 #[cfg(not(feature = "unstable-raw"))]

@@ -460,6 +460,12 @@ pub(crate) trait Backend {
     fn listen(&mut self, l: TcpListener) -> io::Result<()>;
     fn close(&mut self, conn: ConnId, c: &mut RxCounters);
     fn open(&self) -> usize;
+    /// The socket of an open connection.
+    fn socket(&self, conn: ConnId) -> Option<std::os::fd::BorrowedFd<'_>>;
+    /// Stops receiving on `conn` until `resume` (the data waits in the socket).
+    fn pause(&mut self, conn: ConnId, c: &mut RxCounters);
+    /// Receives on a paused `conn` again.
+    fn resume(&mut self, conn: ConnId, c: &mut RxCounters) -> io::Result<()>;
     /// The backend's readiness descriptor (created on first call).
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>>;
     /// Clears the readiness descriptor after a harvest; true when work came in meanwhile.
@@ -509,6 +515,15 @@ impl Backend for RxBackend {
     }
     fn open(&self) -> usize {
         each_backend!(self, b => b.open())
+    }
+    fn socket(&self, conn: ConnId) -> Option<std::os::fd::BorrowedFd<'_>> {
+        each_backend!(self, b => b.socket(conn))
+    }
+    fn pause(&mut self, conn: ConnId, c: &mut RxCounters) {
+        each_backend!(self, b => b.pause(conn, c))
+    }
+    fn resume(&mut self, conn: ConnId, c: &mut RxCounters) -> io::Result<()> {
+        each_backend!(self, b => b.resume(conn, c))
     }
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
         each_backend!(self, b => b.notify_fd())
@@ -645,6 +660,27 @@ impl Receiver {
         self.backend.close(conn, &mut self.counters)
     }
 
+    /// Stops receiving on `conn` (per-connection backpressure, e.g. a proxy whose other side
+    /// cannot take more): the data waits in the socket and TCP's window closes. Bytes the
+    /// kernel had already received into buffers may still be delivered, and an end of stream
+    /// or error the receive had already met is still reported. Unknown or closed ids are
+    /// ignored.
+    pub fn pause(&mut self, conn: ConnId) {
+        self.backend.pause(conn, &mut self.counters)
+    }
+
+    /// The socket of an open connection (e.g. one accepted by [`Receiver::listen`]), for its
+    /// address, options, or a duplicate to send on (a proxy adds one to a
+    /// [`SendRing`](crate::tx::SendRing)). `None` once the connection is closed.
+    pub fn socket(&self, conn: ConnId) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.backend.socket(conn)
+    }
+
+    /// Receives on a paused `conn` again (no effect on a connection that is not paused).
+    pub fn resume(&mut self, conn: ConnId) -> io::Result<()> {
+        self.backend.resume(conn, &mut self.counters)
+    }
+
     /// Waits up to `timeout` for events and passes each to `f`. Returns the number of events.
     pub fn poll(&mut self, timeout: Duration, f: &mut dyn FnMut(RxEvent)) -> io::Result<usize> {
         let mut n = 0;
@@ -745,6 +781,12 @@ impl<T> Slab<T> {
                 idx: self.slots.len() as u32 - 1,
                 gen: 0,
             }
+        }
+    }
+    pub(crate) fn get(&self, id: ConnId) -> Option<&T> {
+        match self.slots.get(id.idx as usize) {
+            Some((g, Some(v))) if *g == id.gen => Some(v),
+            _ => None,
         }
     }
     pub(crate) fn get_mut(&mut self, id: ConnId) -> Option<&mut T> {

@@ -23,6 +23,8 @@ pub(crate) struct PlainRx {
     max: usize,
     size: usize,
     ready: Vec<(u64, u32)>,
+    /// Connections paused by the application (out of the epoll set).
+    paused: std::collections::HashSet<ConnId>,
 }
 
 impl PlainRx {
@@ -39,6 +41,7 @@ impl PlainRx {
             max: usize::from(cfg.buffers).max(1),
             size: cfg.buf_size.max(1) as usize,
             ready: Vec::new(),
+            paused: std::collections::HashSet::new(),
         })
     }
 
@@ -57,9 +60,11 @@ impl PlainRx {
 
     fn drop_conn(&mut self, id: ConnId, c: &mut RxCounters) {
         if let Some(s) = self.conns.remove(id) {
-            c.epoll_calls += 1;
-            c.syscalls += 1;
-            let _ = self.poller.delete(&s);
+            if !self.paused.remove(&id) {
+                c.epoll_calls += 1;
+                c.syscalls += 1;
+                let _ = self.poller.delete(&s);
+            }
         }
     }
 }
@@ -95,6 +100,29 @@ impl Backend for PlainRx {
     }
     fn open(&self) -> usize {
         self.conns.len()
+    }
+    fn socket(&self, conn: ConnId) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.conns.get(conn).map(|s| s.as_fd())
+    }
+    fn pause(&mut self, conn: ConnId, c: &mut RxCounters) {
+        if let Some(s) = self.conns.get_mut(conn) {
+            if self.paused.insert(conn) {
+                c.epoll_calls += 1;
+                c.syscalls += 1;
+                let _ = self.poller.delete(s);
+            }
+        }
+    }
+    fn resume(&mut self, conn: ConnId, c: &mut RxCounters) -> io::Result<()> {
+        if let Some(s) = self.conns.get_mut(conn) {
+            if self.paused.remove(&conn) {
+                c.epoll_calls += 1;
+                c.syscalls += 1;
+                self.poller.add(s, conn.tag(), libc::EPOLLIN as u32)?;
+            }
+        }
+        Ok(())
     }
 
     fn poll(

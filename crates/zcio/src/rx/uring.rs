@@ -22,6 +22,10 @@ const LISTENER: u64 = MAX_TAG;
 struct RConn {
     fd: Rc<OwnedFd>,
     closing: bool,
+    /// Paused by the application ([`super::Receiver::pause`]): not re-armed until resumed.
+    paused: bool,
+    /// A cancel asked for by `pause` whose end has not been seen yet.
+    cancelling: bool,
 }
 
 pub(crate) struct RingRx<C: Cqe> {
@@ -316,6 +320,8 @@ impl<C: Cqe> RingRx<C> {
                 let id = self.conns.insert(RConn {
                     fd: Rc::new(fd),
                     closing: false,
+                    paused: false,
+                    cancelling: false,
                 });
                 self.arm(id)?;
                 c.accepted += 1;
@@ -351,6 +357,21 @@ impl<C: Cqe> RingRx<C> {
                 };
                 if conn.closing {
                     self.conns.remove(id);
+                    return Ok(0);
+                }
+                let paused = conn.paused;
+                if std::mem::take(&mut conn.cancelling) && res == -libc::ECANCELED {
+                    // Ended by `pause`; resumed meanwhile: arm again.
+                    if !paused {
+                        self.arm(id)?;
+                        c.rearms += 1;
+                    }
+                    return Ok(0);
+                }
+                if paused && (res > 0 || res == -libc::ENOBUFS || (self.zc && res == -libc::ENOMEM))
+                {
+                    // Ended on its own while paused: `resume` arms it (the data waits in the
+                    // socket).
                     return Ok(0);
                 }
                 if res > 0 {
@@ -468,6 +489,8 @@ impl<C: Cqe> Backend for RingRx<C> {
         let id = self.conns.insert(RConn {
             fd: Rc::new(OwnedFd::from(stream)),
             closing: false,
+            paused: false,
+            cancelling: false,
         });
         if let Err(e) = self.arm(id) {
             self.conns.remove(id);
@@ -498,6 +521,45 @@ impl<C: Cqe> Backend for RingRx<C> {
     }
     fn open(&self) -> usize {
         self.conns.len()
+    }
+    fn socket(&self, conn: ConnId) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.conns.get(conn).map(|c| c.fd.as_fd())
+    }
+    fn pause(&mut self, conn: ConnId, _c: &mut RxCounters) {
+        let armed = self.rr.is_armed(conn.tag());
+        let Some(cn) = self.conns.get_mut(conn) else {
+            return;
+        };
+        if cn.paused || cn.closing {
+            return;
+        }
+        cn.paused = true;
+        self.waiting.retain(|(id, _)| *id != conn);
+        if armed && !cn.cancelling {
+            // The multishot ends with ECANCELED (data it took before comes first); the
+            // cancel rides the next enter.
+            cn.cancelling = true;
+            let _ = self.rr.cancel(conn.tag());
+        }
+    }
+    fn resume(&mut self, conn: ConnId, c: &mut RxCounters) -> io::Result<()> {
+        let armed = self.rr.is_armed(conn.tag());
+        let Some(cn) = self.conns.get_mut(conn) else {
+            return Ok(());
+        };
+        if !cn.paused || cn.closing {
+            return Ok(());
+        }
+        cn.paused = false;
+        if cn.cancelling || armed {
+            // The pause's cancel has not ended the receive yet: its end re-arms.
+            return Ok(());
+        }
+        self.arm(conn)?;
+        c.rearms += 1;
+        self.urgent = true;
+        Ok(())
     }
 
     fn poll(

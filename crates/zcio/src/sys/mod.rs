@@ -260,6 +260,23 @@ pub fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<(Option<u64>
     Ok((f(rl.rlim_cur), f(rl.rlim_max)))
 }
 
+/// Raises the soft limit of `resource` to its hard limit; returns the new soft limit
+/// (`None`: unlimited).
+pub fn raise_rlimit(resource: libc::__rlimit_resource_t) -> io::Result<Option<u64>> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `rl` is a valid out-pointer.
+    syscall!(getrlimit(resource, &mut rl))?;
+    if rl.rlim_cur != rl.rlim_max {
+        rl.rlim_cur = rl.rlim_max;
+        // SAFETY: `rl` is a valid in-pointer for the call.
+        syscall!(setrlimit(resource, &rl))?;
+    }
+    Ok((rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur))
+}
+
 /// Effective user id is 0.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.

@@ -345,3 +345,78 @@ pub fn tcp_info(fd: &impl AsRawFd) -> io::Result<TcpInfo> {
         bytes_retrans: u64_at(TCPI_BYTES_RETRANS),
     })
 }
+
+/// A TCP socket for `addr`'s family, non-blocking and close-on-exec, with `connect(2)`
+/// started: `Ok` while the handshake is under way (`EINPROGRESS`) or done; errors the kernel
+/// knows at once (`ENETUNREACH`, `EADDRNOTAVAIL`, …) are returned. The outcome of a started
+/// connect shows as the socket's error (`SO_ERROR`, `EPOLLERR`, a receive's result).
+pub fn connect_start(addr: std::net::SocketAddr) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let family = match addr {
+        std::net::SocketAddr::V4(_) => libc::AF_INET,
+        std::net::SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // SAFETY: no pointers; the result is checked.
+    let raw = syscall!(socket(
+        family,
+        libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        0
+    ))?;
+    // SAFETY: a fresh descriptor we own.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    let res = match addr {
+        std::net::SocketAddr::V4(a) => {
+            let sa = sockaddr_v4(a);
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let ptr = (&sa as *const libc::sockaddr_in).cast::<libc::sockaddr>();
+            // SAFETY: `ptr`/`len` describe `sa`, which lives for the call.
+            syscall!(connect(fd.as_raw_fd(), ptr, len))
+        }
+        std::net::SocketAddr::V6(a) => {
+            // SAFETY: an all-zero sockaddr_in6 is valid.
+            let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sa.sin6_port = a.port().to_be();
+            sa.sin6_addr.s6_addr = a.ip().octets();
+            sa.sin6_flowinfo = a.flowinfo();
+            sa.sin6_scope_id = a.scope_id();
+            let len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            let ptr = (&sa as *const libc::sockaddr_in6).cast::<libc::sockaddr>();
+            // SAFETY: `ptr`/`len` describe `sa`, which lives for the call.
+            syscall!(connect(fd.as_raw_fd(), ptr, len))
+        }
+    };
+    match res {
+        Ok(_) => Ok(fd),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(fd),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a socket whose connect was started is connected now: `Ok(true)` once the
+/// handshake completed, `Ok(false)` while it is under way, the socket's error
+/// (`SO_ERROR`) if it failed.
+pub fn connect_done(fd: &impl AsRawFd) -> io::Result<bool> {
+    let err = super::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR)?;
+    if err != 0 {
+        return Err(io::Error::from_raw_os_error(err));
+    }
+    // SAFETY: an all-zero sockaddr_storage is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let ptr = (&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr>();
+    // SAFETY: `ptr`/`len` describe `ss`, writable and alive for the call; the kernel writes
+    // at most `len` bytes.
+    match syscall!(getpeername(fd.as_raw_fd(), ptr, &mut len)) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `shutdown(2)` of the sending direction (`SHUT_WR`): the peer reads end of stream after
+/// the bytes already queued.
+pub fn shutdown_write(fd: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: no pointers.
+    syscall!(shutdown(fd.as_raw_fd(), libc::SHUT_WR)).map(drop)
+}

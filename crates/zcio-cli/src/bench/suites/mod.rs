@@ -6,6 +6,7 @@ mod loopback;
 mod netlink;
 mod nfq;
 mod notify;
+mod proxy;
 mod python;
 mod rx;
 mod shim;
@@ -24,6 +25,7 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(rx::Rx),
         Box::new(event::EventSuite),
         Box::new(fileserver::FileServerSuite),
+        Box::new(proxy::ProxySuite),
         Box::new(nfq::Nfq),
         Box::new(netlink::NetlinkSuite),
         Box::new(python::Python),

@@ -1,0 +1,658 @@
+//! `proxy`: `zcio proxy` (one ring per thread, received buffers forwarded in place with
+//! SEND_ZC) against HAProxy `mode tcp` with splice on and off and the nginx `stream` module,
+//! each started by the suite with its own config, one thread/worker each.
+//!
+//! - Bulk: 4 client connections stream into a sink server through the proxy, on loopback and
+//!   across test hosts (client and server in host A, the proxy in host B, over veth):
+//!   throughput, the proxy process's CPU seconds per GB (`/proc/PID/stat`, all threads), and
+//!   kernel entries per MB (`perf stat -e raw_syscalls:sys_enter -p PID`: every syscall of
+//!   every thread of the proxy process, `io_uring_enter` included, counted the same way for
+//!   every proxy).
+//! - Request/response: wrk, 100 connections, 1 KiB responses from nginx through the proxy:
+//!   req/s, p99, proxy CPU per request.
+
+use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
+use anyhow::{anyhow, bail, Context, Result};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use zcio_testnet::tempdir::TempDir;
+use zcio_testnet::Netns;
+
+/// The suite.
+pub struct ProxySuite;
+
+const BULK: &[MetricDef] = &[
+    MetricDef::new("throughput", "Gbit/s", Better::Higher),
+    MetricDef::new("proxy_cpu_per_gb", "s/GB", Better::Lower),
+    MetricDef::new("syscalls_per_mb", "entries/MB", Better::Lower),
+];
+
+const RR: &[MetricDef] = &[
+    MetricDef::new("req_per_s", "req/s", Better::Higher),
+    MetricDef::new("p99_latency", "ms", Better::Lower),
+    MetricDef::new("proxy_cpu_per_req", "us", Better::Lower),
+];
+
+const CONNS: usize = 4;
+
+/// A proxy under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    HaproxySplice,
+    HaproxyCopy,
+    NginxStream,
+    Zcio,
+}
+
+impl Kind {
+    fn short(self) -> &'static str {
+        match self {
+            Kind::HaproxySplice => "haproxy splice",
+            Kind::HaproxyCopy => "haproxy no-splice",
+            Kind::NginxStream => "nginx stream",
+            Kind::Zcio => "zcio",
+        }
+    }
+    fn label(self) -> &'static str {
+        match self {
+            Kind::HaproxySplice => "HAProxy mode tcp, splice on",
+            Kind::HaproxyCopy => "HAProxy mode tcp, splice off",
+            Kind::NginxStream => "nginx stream",
+            Kind::Zcio => "zcio proxy (auto)",
+        }
+    }
+}
+
+impl Suite for ProxySuite {
+    fn name(&self) -> &'static str {
+        "proxy"
+    }
+    fn about(&self) -> &'static str {
+        "TCP proxy: zcio proxy (bufring receive + SEND_ZC from the same buffers, one ring) vs HAProxy mode tcp (splice on/off) and nginx stream; bulk on loopback and over veth, 1 KiB request/response with wrk"
+    }
+    fn chart_metric(&self) -> &'static str {
+        "proxy_cpu_per_gb"
+    }
+    fn run(&self, ctx: &mut Ctx) -> Result<()> {
+        for (tool, pkg) in [
+            ("haproxy", "haproxy"),
+            ("nginx", "nginx"),
+            ("wrk", "wrk"),
+            ("perf", "linux-perf"),
+        ] {
+            if which(tool).is_none() {
+                return Err(ctx.skip(format!("{tool} not installed ({pkg}; scripts/deps)")));
+            }
+        }
+        if !Path::new(STREAM_MODULE).exists() {
+            return Err(ctx.skip(format!(
+                "{STREAM_MODULE} missing (libnginx-mod-stream; scripts/deps)"
+            )));
+        }
+        let dir = TempDir::new("pxbench").context("temp dir")?;
+        let secs = ctx.pick(1.0, 2.0, 5.0);
+        ctx.note(
+            "copies on these paths: every local delivery copies (loopback rule). zcio: the \
+             kernel copies each byte into a provided buffer on receive, then SEND_ZC pins that \
+             buffer and the delivery to the local receiver copies it (skb_orphan_frags_rx: \
+             COPIED 1.0 below); HAProxy without splice and nginx: recv copy + send copy; \
+             HAProxy with splice moves page references socket -> pipe -> socket, and spliced \
+             pages are not user zero-copy frags, so loopback delivery does not copy them: \
+             splice makes no copy on this path",
+        );
+        ctx.note(
+            "kernel entries: perf stat -e raw_syscalls:sys_enter -p PID (all threads of the \
+             proxy process, io_uring_enter counted as one entry); CPU: utime+stime of \
+             /proc/PID/stat (10 ms ticks); one thread/worker per proxy",
+        );
+        let baselines = [Kind::HaproxySplice, Kind::HaproxyCopy, Kind::NginxStream];
+        // Loopback bulk.
+        let lo = Net::loopback();
+        for b in baselines {
+            ctx.compare(
+                &format!("bulk loopback, {CONNS} conns, vs {}", b.short()),
+                (b.label(), Kind::Zcio.label()),
+                BULK,
+                || bulk(b, &lo, &dir, secs),
+                || bulk(Kind::Zcio, &lo, &dir, secs),
+            )?;
+        }
+        // Across test hosts: client and server in A, the proxy in B.
+        match zcio_testnet::check_privileges() {
+            Ok(()) => {
+                let pair = zcio_testnet::Pair::new("pxb").context("test hosts")?;
+                let veth = Net {
+                    client: Some(&pair.a),
+                    proxy: Some(&pair.b),
+                    proxy_ip: pair.b4.into(),
+                    server_ip: pair.a4.into(),
+                };
+                for b in baselines {
+                    ctx.compare(
+                        &format!("bulk veth A->B->A, {CONNS} conns, vs {}", b.short()),
+                        (b.label(), Kind::Zcio.label()),
+                        BULK,
+                        || bulk(b, &veth, &dir, secs),
+                        || bulk(Kind::Zcio, &veth, &dir, secs),
+                    )?;
+                }
+            }
+            Err(e) => ctx.note(format!("veth case not run: {e}")),
+        }
+        // Request/response to nginx.
+        let web = Web::start(&dir)?;
+        for b in baselines {
+            ctx.compare(
+                &format!("1 KiB req/resp, wrk 100 conns, vs {}", b.short()),
+                (b.label(), Kind::Zcio.label()),
+                RR,
+                || rr(b, &web, &dir, secs),
+                || rr(Kind::Zcio, &web, &dir, secs),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+const STREAM_MODULE: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
+
+fn which(cmd: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d| d.join(cmd))
+        .find(|p| p.is_file())
+}
+
+/// Where the client, proxy and server run.
+struct Net<'a> {
+    client: Option<&'a Netns>,
+    proxy: Option<&'a Netns>,
+    proxy_ip: std::net::IpAddr,
+    server_ip: std::net::IpAddr,
+}
+
+impl Net<'static> {
+    fn loopback() -> Self {
+        let lo: std::net::IpAddr = std::net::Ipv4Addr::LOCALHOST.into();
+        Self {
+            client: None,
+            proxy: None,
+            proxy_ip: lo,
+            server_ip: lo,
+        }
+    }
+}
+
+fn spawn_in<T: Send + 'static>(
+    ns: Option<&Netns>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<std::thread::JoinHandle<T>> {
+    Ok(match ns {
+        Some(ns) => ns.spawn(f).context("thread in the test host")?,
+        None => std::thread::spawn(f),
+    })
+}
+
+/// A free port on `ip` (bound and released; the proxies bind it right after).
+fn free_port(ns: Option<&Netns>, ip: std::net::IpAddr) -> Result<u16> {
+    spawn_in(ns, move || {
+        TcpListener::bind((ip, 0)).and_then(|l| l.local_addr().map(|a| a.port()))
+    })?
+    .join()
+    .map_err(|_| anyhow!("port thread panicked"))?
+    .context("finding a free port")
+}
+
+/// A running proxy process.
+struct Proc {
+    child: Child,
+    kind: Kind,
+}
+
+impl Proc {
+    fn start(
+        kind: Kind,
+        ns: Option<&Netns>,
+        listen: SocketAddr,
+        to: SocketAddr,
+        dir: &TempDir,
+    ) -> Result<Self> {
+        let cmd = |prog: &Path| match ns {
+            Some(ns) => ns.command(&prog.to_string_lossy()),
+            None => Command::new(prog),
+        };
+        let mut c = match kind {
+            Kind::Zcio => {
+                let mut c = cmd(&std::env::current_exe().context("the zcio binary")?);
+                c.args(["proxy", "--listen", &listen.to_string(), "--to"])
+                    .arg(to.to_string())
+                    .args(["--threads", "1", "--stats-interval", "0", "--json"])
+                    .args(["--idle-timeout", "0", "--drain-timeout", "1"]);
+                c
+            }
+            Kind::HaproxySplice | Kind::HaproxyCopy => {
+                let splice = if kind == Kind::HaproxySplice {
+                    "  option splice-request\n  option splice-response\n"
+                } else {
+                    ""
+                };
+                let path = dir.join(format!("haproxy-{}.cfg", listen.port()));
+                std::fs::write(
+                    &path,
+                    format!(
+                        "global\n  nbthread 1\n  maxconn 4096\n\ndefaults\n  mode tcp\n  \
+                         timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n\
+                         {splice}\nfrontend f\n  bind {listen}\n  default_backend b\n\n\
+                         backend b\n  server s1 {to}\n"
+                    ),
+                )?;
+                let mut c = cmd(&which("haproxy").expect("checked"));
+                c.arg("-db").arg("-f").arg(&path);
+                c
+            }
+            Kind::NginxStream => {
+                let prefix = dir.join(format!("nginx-stream-{}", listen.port()));
+                std::fs::create_dir_all(prefix.join("logs"))?;
+                let conf = prefix.join("nginx.conf");
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "load_module {STREAM_MODULE};\nmaster_process off;\ndaemon off;\n\
+                         worker_processes 1;\nerror_log {}/logs/error.log;\npid {}/nginx.pid;\n\
+                         events {{ worker_connections 4096; }}\n\
+                         stream {{ server {{ listen {listen}; proxy_pass {to}; }} }}\n",
+                        prefix.display(),
+                        prefix.display()
+                    ),
+                )?;
+                let mut c = cmd(&which("nginx").expect("checked"));
+                c.arg("-p").arg(&prefix).arg("-c").arg(&conf);
+                c
+            }
+        };
+        c.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = c
+            .spawn()
+            .with_context(|| format!("starting {}", kind.label()))?;
+        let mut p = Self { child, kind };
+        // Ready when it accepts.
+        let end = Instant::now() + Duration::from_secs(5);
+        loop {
+            let ok = spawn_in(ns, move || {
+                TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_ok()
+            })?
+            .join()
+            .unwrap_or(false);
+            if ok {
+                break;
+            }
+            if let Ok(Some(st)) = p.child.try_wait() {
+                let mut err = String::new();
+                if let Some(e) = p.child.stderr.as_mut() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                bail!("{} exited at start ({st}): {err}", kind.label());
+            }
+            if Instant::now() > end {
+                bail!("{} did not accept on {listen} within 5 s", kind.label());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(p)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// utime + stime of the whole process (all threads), seconds.
+    fn cpu(&self) -> f64 {
+        let Ok(s) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())) else {
+            return 0.0;
+        };
+        let Some(i) = s.rfind(')') else { return 0.0 };
+        let f: Vec<&str> = s[i + 2..].split_whitespace().collect();
+        let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        (t(11) + t(12)) / 100.0
+    }
+
+    /// Stops it (SIGTERM, then SIGKILL after 3 s); for zcio, returns its final stats line.
+    fn stop(mut self) -> Result<Option<serde_json::Value>> {
+        signal(self.pid(), libc::SIGTERM);
+        let end = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        signal(self.pid(), libc::SIGKILL);
+        let out = std::mem::replace(&mut self.child, dummy_child()?).wait_with_output()?;
+        if self.kind != Kind::Zcio {
+            return Ok(None);
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .ok_or_else(|| {
+                anyhow!(
+                    "zcio proxy printed no stats: {text} {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })?;
+        Ok(Some(serde_json::from_str(last)?))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // A run that failed half-way leaves no proxy behind.
+        if let Ok(None) = self.child.try_wait() {
+            signal(self.pid(), libc::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A finished child to swap in when the real one is consumed by `wait_with_output`.
+fn dummy_child() -> Result<Child> {
+    let mut c = Command::new("true").spawn()?;
+    let _ = c.wait();
+    Ok(c)
+}
+
+/// Signals a process through kill(1) (the CLI has no unsafe code).
+fn signal(pid: u32, sig: i32) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// `perf stat -e raw_syscalls:sys_enter -p PID` for the duration of a run.
+struct SyscallCount {
+    child: Child,
+    out: PathBuf,
+}
+
+impl SyscallCount {
+    fn start(pid: u32, dir: &TempDir) -> Result<Self> {
+        let out = dir.join(format!("perf-{pid}.txt"));
+        let child = Command::new(which("perf").expect("checked"))
+            .args(["stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p"])
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(&out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting perf stat")?;
+        // perf attaches before it counts: give it a moment.
+        std::thread::sleep(Duration::from_millis(150));
+        Ok(Self { child, out })
+    }
+
+    fn stop(mut self) -> Result<f64> {
+        signal(self.child.id(), libc::SIGINT);
+        let _ = self.child.wait();
+        let out = std::mem::take(&mut self.out);
+        let text = std::fs::read_to_string(&out).context("perf stat output")?;
+        text.lines()
+            .find(|l| l.contains("raw_syscalls:sys_enter"))
+            .and_then(|l| l.split(',').next())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .ok_or_else(|| anyhow!("perf stat counted nothing: {text}"))
+    }
+}
+
+impl Drop for SyscallCount {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            signal(self.child.id(), libc::SIGINT);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Bulk: CONNS clients stream into a sink server through the proxy for `secs`.
+fn bulk(kind: Kind, net: &Net, dir: &TempDir, secs: f64) -> Result<Sample> {
+    let server_ip = net.server_ip;
+    let listener = spawn_in(net.client, move || TcpListener::bind((server_ip, 0)))?
+        .join()
+        .map_err(|_| anyhow!("bind thread panicked"))??;
+    let server_addr = listener.local_addr()?;
+    // The sink takes every connection the proxy makes (the readiness probe's too) until the
+    // clients are done, and counts what arrives.
+    let clients_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done2 = clients_done.clone();
+    let sink = spawn_in(
+        net.client,
+        move || -> std::io::Result<(u64, Option<Instant>)> {
+            use std::sync::atomic::Ordering;
+            listener.set_nonblocking(true)?;
+            let mut readers = Vec::new();
+            let mut quiet_since: Option<Instant> = None;
+            loop {
+                match listener.accept() {
+                    Ok((mut s, _)) => {
+                        s.set_nonblocking(false)?;
+                        readers.push(std::thread::spawn(move || {
+                            let mut buf = vec![0u8; 256 << 10];
+                            let mut n = 0u64;
+                            loop {
+                                match s.read(&mut buf) {
+                                    Ok(0) | Err(_) => return (n, (n > 0).then(Instant::now)),
+                                    Ok(k) => n += k as u64,
+                                }
+                            }
+                        }));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if done2.load(Ordering::Relaxed) {
+                            let t = *quiet_since.get_or_insert_with(Instant::now);
+                            if t.elapsed() > Duration::from_millis(200) {
+                                break;
+                            }
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let mut total = (0, None);
+            for r in readers {
+                let (n, end) = r.join().unwrap_or((0, None));
+                total.0 += n;
+                total.1 = total.1.max(end);
+            }
+            Ok(total)
+        },
+    )?;
+    let listen = SocketAddr::new(net.proxy_ip, free_port(net.proxy, net.proxy_ip)?);
+    let p = Proc::start(kind, net.proxy, listen, server_addr, dir)?;
+    let count = SyscallCount::start(p.pid(), dir)?;
+    let cpu0 = p.cpu();
+    let t0 = Instant::now();
+    let dur = Duration::from_secs_f64(secs);
+    let clients: Vec<_> = (0..CONNS)
+        .map(|_| {
+            spawn_in(net.client, move || -> std::io::Result<()> {
+                let mut s = TcpStream::connect(listen)?;
+                let buf = vec![0x5au8; 256 << 10];
+                let end = Instant::now() + dur;
+                while Instant::now() < end {
+                    s.write_all(&buf)?;
+                }
+                s.shutdown(std::net::Shutdown::Write)
+            })
+        })
+        .collect::<Result<_>>()?;
+    let mut failed = None;
+    for c in clients {
+        if let Err(e) = c.join().map_err(|_| anyhow!("client panicked"))? {
+            failed.get_or_insert(e);
+        }
+    }
+    clients_done.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(e) = failed {
+        let _ = sink.join();
+        let _ = count.stop();
+        let _ = p.stop();
+        bail!("bulk client through {}: {e}", kind.label());
+    }
+    let (bytes, last) = sink
+        .join()
+        .map_err(|_| anyhow!("sink panicked"))?
+        .context("sink server")?;
+    // Until the last byte arrived (the sink's linger for late connections is not counted).
+    let wall = last.map_or_else(|| t0.elapsed(), |l| l - t0).as_secs_f64();
+    let cpu = p.cpu() - cpu0;
+    let calls = count.stop()?;
+    let stats = p.stop()?;
+    let mut s = Sample::default();
+    s.set("throughput", crate::bench::measure::gbit_per_s(bytes, wall));
+    s.set(
+        "proxy_cpu_per_gb",
+        crate::bench::measure::cpu_s_per_gb(cpu, bytes),
+    );
+    s.set("syscalls_per_mb", calls / (bytes as f64 / 1e6).max(1e-9));
+    if let Some(v) = stats {
+        s.note(zcio_note(&v));
+    }
+    Ok(s)
+}
+
+fn zcio_note(v: &serde_json::Value) -> String {
+    format!(
+        "zcio proxy: rx {}, tx {}, one ring per thread {}, COPIED {}",
+        v["rx_path"].as_str().unwrap_or("?"),
+        v["tx_path"].as_str().unwrap_or("?"),
+        v["one_ring"],
+        v["copied_fraction"]
+            .as_f64()
+            .map_or_else(|| "-".into(), |c| format!("{c:.2}")),
+    )
+}
+
+/// nginx serving a 1 KiB file over HTTP (the upstream of the request/response case).
+struct Web {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Web {
+    fn start(dir: &TempDir) -> Result<Self> {
+        let port = free_port(None, std::net::Ipv4Addr::LOCALHOST.into())?;
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let prefix = dir.join("nginx-web");
+        std::fs::create_dir_all(prefix.join("logs"))?;
+        std::fs::create_dir_all(prefix.join("html"))?;
+        std::fs::write(prefix.join("html/file"), vec![b'x'; 1024])?;
+        let conf = prefix.join("nginx.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "master_process off;\ndaemon off;\nworker_processes 1;\n\
+                 error_log {p}/logs/error.log;\npid {p}/nginx.pid;\n\
+                 events {{ worker_connections 4096; }}\n\
+                 http {{ access_log off; keepalive_requests 1000000; \
+                 server {{ listen {addr}; root {p}/html; }} }}\n",
+                p = prefix.display()
+            ),
+        )?;
+        let child = Command::new(which("nginx").expect("checked"))
+            .arg("-p")
+            .arg(&prefix)
+            .arg("-c")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting nginx")?;
+        let end = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(addr).is_err() {
+            if Instant::now() > end {
+                bail!("nginx did not start on {addr}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Self { child, addr })
+    }
+}
+
+impl Drop for Web {
+    fn drop(&mut self) {
+        signal(self.child.id(), libc::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+fn rr(kind: Kind, web: &Web, dir: &TempDir, secs: f64) -> Result<Sample> {
+    let lo = std::net::Ipv4Addr::LOCALHOST.into();
+    let listen = SocketAddr::new(lo, free_port(None, lo)?);
+    let p = Proc::start(kind, None, listen, web.addr, dir)?;
+    let cpu0 = p.cpu();
+    let out = Command::new(which("wrk").expect("checked"))
+        .args(["-t2", "-c100", "--latency", "--timeout", "5s"])
+        .arg(format!("-d{}s", secs.ceil() as u64))
+        .arg(format!("http://{listen}/file"))
+        .output()
+        .context("running wrk")?;
+    let cpu = p.cpu() - cpu0;
+    let stats = p.stop()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    if !out.status.success() || text.contains("Non-2xx") || text.contains("Socket errors") {
+        bail!("wrk through {} reported errors: {text}", kind.label());
+    }
+    let rps: f64 = field_after(&text, "Requests/sec:").ok_or_else(|| anyhow!("wrk: {text}"))?;
+    let p99 = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("99%"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(parse_ms)
+        .ok_or_else(|| anyhow!("wrk p99 missing: {text}"))?;
+    let reqs = text
+        .lines()
+        .find(|l| l.contains("requests in"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(rps * secs);
+    let mut s = Sample::default();
+    s.set("req_per_s", rps)
+        .set("p99_latency", p99)
+        .set("proxy_cpu_per_req", cpu / reqs.max(1.0) * 1e6);
+    if let Some(v) = stats {
+        s.note(zcio_note(&v));
+    }
+    Ok(s)
+}
+
+fn field_after<T: std::str::FromStr>(text: &str, key: &str) -> Option<T> {
+    let i = text.find(key)? + key.len();
+    text[i..].split_whitespace().next()?.parse().ok()
+}
+
+fn parse_ms(v: &str) -> Option<f64> {
+    let num = |s: &str| s.parse::<f64>().ok();
+    if let Some(x) = v.strip_suffix("us") {
+        num(x).map(|x| x / 1000.0)
+    } else if let Some(x) = v.strip_suffix("ms") {
+        num(x)
+    } else if let Some(x) = v.strip_suffix('s') {
+        num(x).map(|x| x * 1000.0)
+    } else {
+        None
+    }
+}

@@ -1,0 +1,757 @@
+//! A TCP proxy on one ring per thread: bytes received into provided buffers or zcrx area pages
+//! are sent on with `SEND_ZC` from that same memory, and the memory goes back to the receiver
+//! only when the send's notification says the kernel is done with it.
+//!
+//! [`Pair`] forwards one client connection and its upstream connection on a caller's
+//! [`Receiver`] and [`SendRing`]: the buffer ownership (receive → send → back) and the
+//! backpressure rules, for applications that embed forwarding in their own loop. [`Proxy`] is
+//! the per-thread engine around it (accepts, connects upstream round-robin, limits, timeouts,
+//! statistics); `zcio proxy` runs one per thread. Design: `docs/design/proxy.md`.
+//!
+//! ```no_run
+//! use zcio::proxy::{Proxy, ProxyConfig};
+//! let listener = std::net::TcpListener::bind("127.0.0.1:8080")?;
+//! let up = "127.0.0.1:9090".parse().unwrap();
+//! let mut proxy = Proxy::new(listener, vec![up], ProxyConfig::default())?;
+//! loop {
+//!     proxy.turn(std::time::Duration::from_millis(100))?;
+//!     for end in proxy.take_ended() {
+//!         eprintln!("{end}");
+//!     }
+//! }
+//! # #[allow(unreachable_code)] Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod pair;
+
+pub use pair::{Pair, PairStats};
+
+use crate::rx::{ConnId, Receiver, RxConfig, RxError, RxEvent, RxMode};
+use crate::stats::Report;
+use crate::sys::net;
+use crate::sys::poller::Poller;
+use crate::tx::{SendRing, SendRingConfig, SenderConfig, SockId, TxError, TxMode};
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// One socket of a forwarded pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Side {
+    /// The accepted connection.
+    Client,
+    /// The connection to the target.
+    Upstream,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Client => "client",
+            Side::Upstream => "upstream",
+        })
+    }
+}
+
+/// How a pair ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum EndKind {
+    /// Both directions ended (end of stream each way) and every byte was delivered.
+    Done,
+    /// One side reset its connection; the other side was reset.
+    Reset,
+    /// The upstream connection could not be made (refused, unreachable, …); the client was
+    /// reset.
+    ConnectFailed,
+    /// The upstream connection was not established within [`Limits::connect_timeout`].
+    ConnectTimeout,
+    /// No byte moved for [`Limits::idle_timeout`]; both sides were closed.
+    IdleTimeout,
+    /// Receiving failed with an error other than a reset.
+    RecvFailed,
+    /// Sending failed (the peer went away while bytes were in flight).
+    SendFailed,
+    /// The proxy stopped (its drain bound passed) with the pair still open; both reset.
+    Shutdown,
+}
+
+/// The end of a pair: what happened, on which side, and the error or reason.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct End {
+    /// What happened.
+    pub kind: EndKind,
+    /// The side where it happened, when it is one side's.
+    pub side: Option<Side>,
+    /// The error or reason, for the log.
+    pub detail: String,
+}
+
+impl End {
+    fn new(kind: EndKind, side: Option<Side>, detail: String) -> Self {
+        Self { kind, side, detail }
+    }
+}
+
+/// Per-pair limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bytes held per direction (received, not yet completed on the other side) before the
+    /// source is paused; resumed at half.
+    pub buffer_bytes: usize,
+    /// Chunks held per direction before the source is paused (each pins one receive buffer or
+    /// area range whatever its length); resumed at half.
+    pub buffer_chunks: usize,
+    /// Time for the upstream connection to be established.
+    pub connect_timeout: Duration,
+    /// Time without any byte moved after which the pair is closed (`None`: never).
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            buffer_bytes: 512 << 10,
+            buffer_chunks: 32,
+            connect_timeout: Duration::from_secs(5),
+            idle_timeout: None,
+        }
+    }
+}
+
+/// [`Proxy`] settings.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// The receiver (backend, buffers). Waits return on the first completion by default:
+    /// forwarding is latency-bound, a batch would hold a request back; every buffer is in
+    /// the ring (`hot_bytes` 0).
+    pub rx: RxConfig,
+    /// The send side of every socket (path, depth).
+    pub tx: SenderConfig,
+    /// Per-pair limits.
+    pub limits: Limits,
+    /// Pairs open at once; further clients are closed at accept (counted as rejected).
+    pub max_connections: usize,
+    /// `TCP_NODELAY` on both sockets of every pair (default on, as HAProxy and nginx do): a
+    /// proxy forwards whatever arrived at once, and Nagle's algorithm would hold a small
+    /// segment back until the previous one is acknowledged (a delayed ACK: up to 40 ms).
+    pub nodelay: bool,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            rx: RxConfig {
+                // Every buffer in the ring: with a small rotation, many connections carrying
+                // small messages (each takes a whole buffer until its send completes) found
+                // the ring empty thousands of times per second and waited (measured: p99 of
+                // 1 KiB request/response 1.5–3x lower with all buffers in the ring).
+                hot_bytes: 0,
+                ..RxConfig::with_mode(RxMode::Auto).low_latency()
+            },
+            tx: SenderConfig::new(TxMode::Auto),
+            limits: Limits::default(),
+            max_connections: 10_000,
+            nodelay: true,
+        }
+    }
+}
+
+/// Errors building a [`Proxy`].
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The receiver could not be built.
+    #[error("proxy receiver: {0}")]
+    Rx(#[from] RxError),
+    /// The send ring could not be built.
+    #[error("proxy send ring: {0}")]
+    Tx(#[from] TxError),
+    /// Other set-up I/O.
+    #[error("proxy set-up: {0}")]
+    Io(#[from] io::Error),
+    /// No target to forward to.
+    #[error("proxy: no upstream target given")]
+    NoTarget,
+}
+
+/// A pair's end, with its addresses and what it moved (see [`Proxy::take_ended`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Ended {
+    /// The client's address (if the socket still knew it).
+    pub client: Option<SocketAddr>,
+    /// The target it was forwarded to.
+    pub upstream: SocketAddr,
+    /// How it ended.
+    pub end: End,
+    /// What it moved.
+    pub stats: PairStats,
+    /// How long it lived.
+    pub secs: f64,
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let client = self
+            .client
+            .map_or_else(|| "?".to_string(), |a| a.to_string());
+        write!(
+            f,
+            "{client} -> {}: {:?} after {:.3}s, {} B up, {} B down",
+            self.upstream, self.end.kind, self.secs, self.stats.bytes_up, self.stats.bytes_down
+        )?;
+        if !self.end.detail.is_empty() {
+            write!(f, " ({})", self.end.detail)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a [`Proxy`] has done so far.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ProxyStats {
+    /// Clients accepted.
+    pub accepted: u64,
+    /// Clients closed at accept (the connection limit, or draining).
+    pub rejected: u64,
+    /// Pairs open now.
+    pub active: u64,
+    /// Pairs ended, by kind (in [`EndKind`] order).
+    pub ended: [u64; 8],
+    /// Bytes forwarded client → upstream.
+    pub bytes_up: u64,
+    /// Bytes forwarded upstream → client.
+    pub bytes_down: u64,
+    /// Times a source was paused (backpressure).
+    pub pauses: u64,
+    /// Most bytes one pair held in one direction.
+    pub peak_held: usize,
+    /// Bytes held now by all pairs.
+    pub held: usize,
+    /// Receive path.
+    pub rx_path: String,
+    /// Send path the ring offers new sockets.
+    pub tx_path: String,
+    /// Whether the send side rides on the receiver's ring (one ring per thread).
+    pub one_ring: bool,
+    /// Bytes sent with zero-copy that the kernel did not copy.
+    pub tx_zerocopy_bytes: u64,
+    /// Bytes sent with zero-copy that the kernel copied anyway (loopback, veth to a local
+    /// socket: the loopback rule).
+    pub tx_copied_bytes: u64,
+    /// Bytes received into zcrx area pages without a copy.
+    pub rx_zerocopy_bytes: u64,
+    /// Kernel entries made by the proxy thread (receiver's and send ring's, all syscalls the
+    /// library counts).
+    pub syscalls: u64,
+    /// `io_uring_enter` calls among them.
+    pub ring_enters: u64,
+    /// Receives that ended because the receive ring had no free buffer (re-armed when one
+    /// came back; `docs/design/rx.md`).
+    pub rx_out_of_buffers: u64,
+}
+
+impl ProxyStats {
+    /// Pairs ended with `kind`.
+    pub fn ended(&self, kind: EndKind) -> u64 {
+        self.ended[kind as usize]
+    }
+
+    /// Adds `o` (another thread's) into `self`.
+    pub fn add(&mut self, o: &ProxyStats) {
+        self.accepted += o.accepted;
+        self.rejected += o.rejected;
+        self.active += o.active;
+        for (a, b) in self.ended.iter_mut().zip(o.ended) {
+            *a += b;
+        }
+        self.bytes_up += o.bytes_up;
+        self.bytes_down += o.bytes_down;
+        self.pauses += o.pauses;
+        self.peak_held = self.peak_held.max(o.peak_held);
+        self.held += o.held;
+        if self.rx_path.is_empty() {
+            self.rx_path.clone_from(&o.rx_path);
+            self.tx_path.clone_from(&o.tx_path);
+            self.one_ring = o.one_ring;
+        }
+        self.tx_zerocopy_bytes += o.tx_zerocopy_bytes;
+        self.tx_copied_bytes += o.tx_copied_bytes;
+        self.rx_zerocopy_bytes += o.rx_zerocopy_bytes;
+        self.syscalls += o.syscalls;
+        self.ring_enters += o.ring_enters;
+        self.rx_out_of_buffers += o.rx_out_of_buffers;
+    }
+
+    /// Fraction of zero-copy sent bytes the kernel copied.
+    pub fn copied_fraction(&self) -> Option<f64> {
+        let t = self.tx_zerocopy_bytes + self.tx_copied_bytes;
+        (t > 0).then(|| self.tx_copied_bytes as f64 / t as f64)
+    }
+}
+
+struct Slot {
+    gen: u32,
+    pair: Option<Pair>,
+    client: Option<SocketAddr>,
+    upstream: SocketAddr,
+}
+
+/// Forwards the connections of one listener to one or more targets on one thread: one
+/// [`Receiver`] accepting and receiving, one [`SendRing`] on the receiver's ring, a [`Pair`]
+/// per connection. Not `Send` (the ring is `SINGLE_ISSUER`): build it on the thread that runs
+/// it; several threads each run their own on clones of the listener.
+pub struct Proxy {
+    // Field order is drop order: the send ring (on the receiver's ring) goes first.
+    tx: SendRing,
+    rx: Receiver,
+    /// Waits on both readiness descriptors when the send ring has its own ring or none
+    /// (the plain receiver).
+    poller: Option<Poller>,
+    rx_starved: bool,
+    targets: Vec<SocketAddr>,
+    next_target: usize,
+    cfg: ProxyConfig,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    active: usize,
+    by_conn: HashMap<ConnId, u32>,
+    by_sock: HashMap<SockId, u32>,
+    events: Vec<RxEvent>,
+    ended: Vec<Ended>,
+    stats: ProxyStats,
+    draining: bool,
+    next_timers: Instant,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("rx", &self.rx.describe())
+            .field("targets", &self.targets)
+            .field("active", &self.active)
+            .finish()
+    }
+}
+
+const POLLER_RX: u64 = 1;
+const POLLER_TX: u64 = 2;
+
+impl Proxy {
+    /// A proxy accepting on `listener` and forwarding round-robin to `targets` (starting at
+    /// the first; [`Proxy::set_first_target`] spreads threads). The receiver's backend and
+    /// the send path are chosen as their configs say, every step down recorded
+    /// ([`Proxy::fallbacks`]).
+    pub fn new(
+        listener: TcpListener,
+        targets: Vec<SocketAddr>,
+        cfg: ProxyConfig,
+    ) -> Result<Self, ProxyError> {
+        if targets.is_empty() {
+            return Err(ProxyError::NoTarget);
+        }
+        let mut rx = Receiver::listen(listener, &cfg.rx)?;
+        let mut tx = SendRing::on_receiver(&rx, &SendRingConfig::default())?;
+        let poller = if tx.shares_receiver_ring() {
+            None
+        } else {
+            let p = Poller::new(4)?;
+            p.add(
+                &rx.readiness_fd()?.as_raw_fd(),
+                POLLER_RX,
+                libc::EPOLLIN as u32,
+            )?;
+            p.add(
+                &tx.readiness_fd()?.as_raw_fd(),
+                POLLER_TX,
+                libc::EPOLLIN as u32,
+            )?;
+            Some(p)
+        };
+        Ok(Self {
+            tx,
+            rx,
+            poller,
+            rx_starved: false,
+            targets,
+            next_target: 0,
+            cfg,
+            slots: Vec::new(),
+            free: Vec::new(),
+            active: 0,
+            by_conn: HashMap::new(),
+            by_sock: HashMap::new(),
+            events: Vec::new(),
+            ended: Vec::new(),
+            stats: ProxyStats::default(),
+            draining: false,
+            next_timers: Instant::now(),
+        })
+    }
+
+    /// Starts the round-robin at target `i` (modulo their number).
+    pub fn set_first_target(&mut self, i: usize) {
+        self.next_target = i % self.targets.len();
+    }
+
+    /// The receiver (its path, counters and fallbacks).
+    pub fn receiver(&self) -> &Receiver {
+        &self.rx
+    }
+
+    /// The send ring (its paths, counters and fallbacks).
+    pub fn send_ring(&self) -> &SendRing {
+        &self.tx
+    }
+
+    /// Every fallback taken: the receiver's, then the send ring's.
+    pub fn fallbacks(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.rx.fallbacks().iter().map(|f| f.to_string()).collect();
+        v.extend(Report::fallbacks(&self.tx).iter().map(|f| f.to_string()));
+        v
+    }
+
+    /// Pairs open now.
+    pub fn active(&self) -> usize {
+        self.active
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ProxyStats {
+        let mut s = self.stats.clone();
+        s.active = self.active as u64;
+        let mut held = 0;
+        for p in self.slots.iter().filter_map(|s| s.pair.as_ref()) {
+            let ps = p.stats();
+            s.bytes_up += ps.bytes_up;
+            s.bytes_down += ps.bytes_down;
+            s.pauses += ps.pauses;
+            s.peak_held = s.peak_held.max(ps.peak_held_up).max(ps.peak_held_down);
+            held += p.held();
+        }
+        s.held = held;
+        s.rx_path = self.rx.path().name().to_string();
+        s.tx_path = Report::path(&self.tx).to_string();
+        s.one_ring = self.tx.shares_receiver_ring();
+        let c = Report::counters(&self.tx);
+        s.tx_zerocopy_bytes = c.zerocopy_bytes;
+        s.tx_copied_bytes = c.copied_bytes;
+        let r = self.rx.stats();
+        s.rx_zerocopy_bytes = r.zerocopy_bytes;
+        s.ring_enters = r.ring_enters + self.tx.enters();
+        s.syscalls = r.syscalls + c.syscalls;
+        s.rx_out_of_buffers = r.enobufs;
+        s
+    }
+
+    /// Pairs that ended since the last call, with how (for the log).
+    pub fn take_ended(&mut self) -> Vec<Ended> {
+        std::mem::take(&mut self.ended)
+    }
+
+    /// Stops taking new clients (each is closed at accept); open pairs go on. See
+    /// [`Proxy::drain`].
+    pub fn stop_accepting(&mut self) {
+        self.draining = true;
+    }
+
+    /// Drains: stops accepting and runs until every pair has ended or `bound` has passed;
+    /// pairs still open then are reset ([`EndKind::Shutdown`]). Returns how many were reset.
+    pub fn drain(&mut self, bound: Duration) -> io::Result<usize> {
+        self.stop_accepting();
+        let end = Instant::now() + bound;
+        while self.active > 0 && Instant::now() < end {
+            self.turn(Duration::from_millis(50).min(end - Instant::now()))?;
+        }
+        let open: Vec<u32> = (0..self.slots.len() as u32)
+            .filter(|&i| self.slots[i as usize].pair.is_some())
+            .collect();
+        let n = open.len();
+        for i in open {
+            if let Some(p) = self.slots[i as usize].pair.as_mut() {
+                let detail = format!("still open after the drain bound ({bound:?})");
+                p.abort(
+                    End::new(EndKind::Shutdown, None, detail),
+                    &mut self.rx,
+                    &mut self.tx,
+                );
+            }
+            self.settle(i);
+        }
+        // What the kernel still holds of the reset sockets comes back now.
+        let _ = self.tx.flush(Duration::from_secs(1));
+        Ok(n)
+    }
+
+    /// One turn of the loop: waits up to `timeout` for the ring (or the sockets, on the
+    /// plain path), forwards what was received, recycles what completed, applies
+    /// backpressure and timeouts.
+    pub fn turn(&mut self, timeout: Duration) -> io::Result<()> {
+        let mut events = std::mem::take(&mut self.events);
+        let timeout = if self.tx.ready() > 0 {
+            Duration::ZERO
+        } else {
+            timeout.min(self.next_timers.saturating_duration_since(Instant::now()))
+        };
+        if self.poller.is_some() {
+            self.tx.poll().map_err(io::Error::other)?;
+            if self.tx.ready() == 0 {
+                let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+                if self.rx_starved {
+                    // Every receive buffer is held by sends waiting on slow peers: wait
+                    // for the send side only (the sockets would poll readable at once).
+                    let fd = self.tx.readiness_fd().map_err(io::Error::other)?;
+                    net::poll_one(&fd.as_raw_fd(), libc::POLLIN, ms.min(10))?;
+                } else if let Some(p) = self.poller.as_mut() {
+                    p.wait(ms, |_, _| {})?;
+                }
+            }
+            let before = self.rx.stats().backpressure_waits;
+            let n = self.rx.poll(Duration::ZERO, &mut |ev| events.push(ev))?;
+            self.rx_starved = n == 0 && self.rx.stats().backpressure_waits > before;
+            self.tx.on_ready().map_err(io::Error::other)?;
+        } else {
+            // With sends out, a wait is capped: their notifications are deferred task work,
+            // posted by an enter of this thread; a long wait with nothing else arriving would
+            // hold the buffers (and the receives waiting for them) back.
+            let timeout = if self.tx.in_flight() > 0 {
+                timeout.min(Duration::from_millis(5))
+            } else {
+                timeout
+            };
+            self.rx.poll(timeout, &mut |ev| events.push(ev))?;
+        }
+        for ev in events.drain(..) {
+            self.on_event(ev);
+        }
+        self.events = events;
+        self.tx.harvest().map_err(io::Error::other)?;
+        for _ in 0..8 {
+            let mut progress = false;
+            while let Some((done, buf)) = self.tx.next_completion() {
+                progress = true;
+                let idx = done.token as u32;
+                let gen = (done.token >> 32) as u32;
+                match self.slots.get_mut(idx as usize) {
+                    Some(s) if s.gen == gen && s.pair.is_some() => {
+                        let p = s.pair.as_mut().expect("checked");
+                        p.on_completion(&done, buf, &mut self.rx, &mut self.tx);
+                        self.settle(idx);
+                    }
+                    _ => drop(buf),
+                }
+            }
+            while let Some(sock) = self.tx.next_writable() {
+                progress = true;
+                if let Some(&idx) = self.by_sock.get(&sock) {
+                    if let Some(p) = self.slots[idx as usize].pair.as_mut() {
+                        p.on_writable(sock, &mut self.rx, &mut self.tx);
+                    }
+                    self.settle(idx);
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+        if self.poller.is_none() {
+            // Queued for the receiver's next wait: one enter serves both sides.
+            self.tx.prepare();
+        }
+        let now = Instant::now();
+        if now >= self.next_timers {
+            self.next_timers = now + self.timer_tick();
+            for i in 0..self.slots.len() as u32 {
+                if let Some(p) = self.slots[i as usize].pair.as_mut() {
+                    if p.check_timers(now, &mut self.rx, &mut self.tx) {
+                        self.settle(i);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// How often timers are checked: a tenth of the shortest timeout, within 10 ms..1 s.
+    fn timer_tick(&self) -> Duration {
+        let l = &self.cfg.limits;
+        let t = l
+            .idle_timeout
+            .map_or(l.connect_timeout, |i| i.min(l.connect_timeout));
+        (t / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
+    fn on_event(&mut self, ev: RxEvent) {
+        match ev {
+            RxEvent::Accepted(c) => self.open_pair(c),
+            RxEvent::Data(chunk) => {
+                if let Some(&idx) = self.by_conn.get(&chunk.conn()) {
+                    if let Some(p) = self.slots[idx as usize].pair.as_mut() {
+                        p.on_data(chunk, &mut self.rx, &mut self.tx);
+                    }
+                    self.settle(idx);
+                }
+            }
+            RxEvent::Closed(c, err) => {
+                if let Some(idx) = self.by_conn.remove(&c) {
+                    if let Some(p) = self.slots[idx as usize].pair.as_mut() {
+                        p.on_closed(c, err, &mut self.rx, &mut self.tx);
+                    }
+                    self.settle(idx);
+                }
+            }
+        }
+    }
+
+    /// Removes the pair at `idx` if it has ended, logging its end.
+    fn settle(&mut self, idx: u32) {
+        let s = &mut self.slots[idx as usize];
+        if !s.pair.as_ref().is_some_and(|p| p.end().is_some()) {
+            return;
+        }
+        let p = s.pair.take().expect("checked");
+        let end = p.end().expect("checked").clone();
+        let ps = p.stats();
+        for side in [Side::Client, Side::Upstream] {
+            self.by_sock.remove(&p.sock(side));
+        }
+        self.by_conn.retain(|_, v| *v != idx);
+        self.stats.ended[end.kind as usize] += 1;
+        self.stats.bytes_up += ps.bytes_up;
+        self.stats.bytes_down += ps.bytes_down;
+        self.stats.pauses += ps.pauses;
+        self.stats.peak_held = self
+            .stats
+            .peak_held
+            .max(ps.peak_held_up)
+            .max(ps.peak_held_down);
+        match end.kind {
+            EndKind::Done | EndKind::IdleTimeout => {
+                tracing::debug!(client = ?s.client, upstream = %s.upstream, ?end, "pair ended")
+            }
+            _ => tracing::warn!(client = ?s.client, upstream = %s.upstream, ?end, "pair ended"),
+        }
+        self.ended.push(Ended {
+            client: s.client,
+            upstream: s.upstream,
+            end,
+            stats: ps,
+            secs: p.started().elapsed().as_secs_f64(),
+        });
+        self.free.push(idx);
+        self.active -= 1;
+    }
+
+    fn reject(&mut self, c: ConnId, why: &str) {
+        self.stats.rejected += 1;
+        tracing::info!(%c, why, "proxy: client closed at accept");
+        self.rx.close(c);
+    }
+
+    fn open_pair(&mut self, c: ConnId) {
+        self.stats.accepted += 1;
+        if self.draining {
+            return self.reject(c, "draining");
+        }
+        if self.active >= self.cfg.max_connections {
+            return self.reject(c, "connection limit");
+        }
+        let client_fd = match self.rx.socket(c).map(|fd| fd.try_clone_to_owned()) {
+            Some(Ok(fd)) => fd,
+            Some(Err(e)) => return self.reject(c, &format!("dup: {e}")),
+            None => return,
+        };
+        let client = TcpStream::from(client_fd);
+        let client_addr = client.peer_addr().ok();
+        let target = self.targets[self.next_target % self.targets.len()];
+        self.next_target = (self.next_target + 1) % self.targets.len();
+        let idx = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(Slot {
+                gen: 0,
+                pair: None,
+                client: None,
+                upstream: target,
+            });
+            self.slots.len() as u32 - 1
+        });
+        let slot = &mut self.slots[idx as usize];
+        slot.gen = slot.gen.wrapping_add(1);
+        slot.client = client_addr;
+        slot.upstream = target;
+        let token = (u64::from(slot.gen) << 32) | u64::from(idx);
+        self.active += 1;
+        match self.connect_pair(c, client, target, token) {
+            Ok(pair) => {
+                self.by_conn.insert(c, idx);
+                self.by_conn
+                    .insert(pair.side_conn(Side::Upstream).expect("new"), idx);
+                self.by_sock.insert(pair.sock(Side::Client), idx);
+                self.by_sock.insert(pair.sock(Side::Upstream), idx);
+                self.slots[idx as usize].pair = Some(pair);
+            }
+            Err((kind, detail)) => {
+                // The client is reset: nothing was forwarded.
+                if let Some(fd) = self.rx.socket(c) {
+                    let _ = net::set_linger_zero(&fd);
+                    let _ = net::disconnect(&fd);
+                }
+                self.rx.close(c);
+                let end = End::new(kind, Some(Side::Upstream), detail);
+                tracing::warn!(client = ?client_addr, upstream = %target, ?end, "pair ended");
+                self.stats.ended[kind as usize] += 1;
+                self.ended.push(Ended {
+                    client: client_addr,
+                    upstream: target,
+                    end,
+                    stats: PairStats::default(),
+                    secs: 0.0,
+                });
+                self.free.push(idx);
+                self.active -= 1;
+            }
+        }
+    }
+
+    /// Starts the upstream connection and registers both sockets on both sides.
+    fn connect_pair(
+        &mut self,
+        c: ConnId,
+        client: TcpStream,
+        target: SocketAddr,
+        token: u64,
+    ) -> Result<Pair, (EndKind, String)> {
+        let up: OwnedFd = net::connect_start(target)
+            .map_err(|e| (EndKind::ConnectFailed, format!("upstream {target}: {e}")))?;
+        let setup = |what: &str, e: &dyn std::fmt::Display| {
+            (EndKind::ConnectFailed, format!("set-up ({what}): {e}"))
+        };
+        if self.cfg.nodelay {
+            client
+                .set_nodelay(true)
+                .map_err(|e| setup("TCP_NODELAY", &e))?;
+            crate::sys::setsockopt_int(&up, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
+                .map_err(|e| setup("TCP_NODELAY", &e))?;
+        }
+        let up_rx = up.try_clone().map_err(|e| setup("dup", &e))?;
+        let c_tx = self
+            .tx
+            .add(client, &self.cfg.tx)
+            .map_err(|e| setup("client on the send ring", &e))?;
+        let u_tx = match self.tx.add(up, &self.cfg.tx) {
+            Ok(s) => s,
+            Err(e) => {
+                self.tx.abandon(c_tx);
+                return Err(setup("upstream on the send ring", &e));
+            }
+        };
+        let u_rx = match self.rx.add(TcpStream::from(up_rx)) {
+            Ok(u) => u,
+            Err(e) => {
+                self.tx.abandon(c_tx);
+                self.tx.abandon(u_tx);
+                return Err(setup("upstream on the receiver", &e));
+            }
+        };
+        Ok(Pair::new(token, (c, c_tx), (u_rx, u_tx), self.cfg.limits))
+    }
+}

@@ -1,0 +1,546 @@
+//! One forwarded connection pair: received chunks queued per direction, sent in place on the
+//! other socket, and dropped (returned to the receiver) only at their send's completion.
+
+use super::{End, EndKind, Limits, Side};
+use crate::rx::{ConnId, Receiver, RxChunk};
+use crate::sys::net;
+use crate::tx::{Completion, SendRing, SockId, TxBuf};
+use std::collections::VecDeque;
+use std::io;
+use std::time::Instant;
+
+/// One socket of a pair: its id on the receiver (until its end of stream or error) and on the
+/// send ring.
+#[derive(Debug, Clone, Copy)]
+struct Ends {
+    rx: Option<ConnId>,
+    tx: SockId,
+}
+
+/// One direction: chunks received from the source and not yet completed on the destination.
+#[derive(Debug, Default)]
+struct Flow {
+    /// Received, not yet accepted by the send ring (refused: backpressure).
+    queue: VecDeque<TxBuf>,
+    queued: usize,
+    /// Accepted by the send ring, completion not seen yet (the kernel may read them).
+    in_kernel: usize,
+    /// Chunks held (queued + in the kernel): each pins one receive buffer (or area range).
+    chunks: usize,
+    /// The source's end of stream was received.
+    eof: bool,
+    /// `shutdown(SHUT_WR)` was done on the destination (after every byte was sent).
+    shut: bool,
+    /// Receiving from the source is paused (backpressure).
+    paused: bool,
+    bytes: u64,
+    peak: usize,
+    pauses: u64,
+}
+
+impl Flow {
+    fn held(&self) -> usize {
+        self.queued + self.in_kernel
+    }
+}
+
+/// What a [`Pair`] has moved so far.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct PairStats {
+    /// Bytes forwarded client → upstream (completed sends).
+    pub bytes_up: u64,
+    /// Bytes forwarded upstream → client (completed sends).
+    pub bytes_down: u64,
+    /// Most bytes held at once for the client → upstream direction (received, not yet
+    /// completed on the upstream socket).
+    pub peak_held_up: usize,
+    /// The same for upstream → client.
+    pub peak_held_down: usize,
+    /// Times receiving was paused because the other side could not take more.
+    pub pauses: u64,
+    /// Whether the upstream connection was seen established.
+    pub connected: bool,
+}
+
+/// Forwards one client connection and its upstream connection on a caller's [`Receiver`] and
+/// [`SendRing`] (one ring per thread: [`SendRing::on_receiver`]).
+///
+/// The caller routes events to it: received chunks ([`Pair::on_data`]), ends of stream and
+/// errors ([`Pair::on_closed`]), send completions with the caller's token
+/// ([`Pair::on_completion`]), sockets writable again ([`Pair::on_writable`]), and time
+/// ([`Pair::check_timers`]). The pair owns every chunk it was given until its send completes
+/// (after the zero-copy notification: the kernel no longer reads it), then drops it, which
+/// returns the buffer to the receiver. Per direction at most [`Limits::buffer_bytes`] and
+/// [`Limits::buffer_chunks`] are held: beyond that the source is paused
+/// ([`Receiver::pause`]) and resumed below half. A half-close is forwarded after every byte
+/// before it (`shutdown(SHUT_WR)`), a reset or error as a reset of the other side. Once
+/// [`Pair::end`] is set the pair holds nothing and has released its sockets.
+#[derive(Debug)]
+pub struct Pair {
+    token: u64,
+    client: Ends,
+    upstream: Ends,
+    /// 0: client → upstream, 1: upstream → client.
+    flows: [Flow; 2],
+    connected: bool,
+    /// The upstream ended before it was established, and a send to it is still to complete
+    /// (with the connect's error).
+    connect_lost: bool,
+    started: Instant,
+    last_active: Instant,
+    limits: Limits,
+    end: Option<End>,
+}
+
+impl Pair {
+    /// A pair for a client and an upstream socket already added to `rx` (receiving) and to the
+    /// send ring (sending). `token` is passed to every send ([`SendRing::send_with`]) and comes
+    /// back in its completion, so the caller can route completions to the pair. The upstream
+    /// socket may still be connecting (a non-blocking `connect` started): sends wait in
+    /// the kernel for the handshake, and a failed connect arrives as the upstream's error.
+    pub fn new(
+        token: u64,
+        client: (ConnId, SockId),
+        upstream: (ConnId, SockId),
+        limits: Limits,
+    ) -> Self {
+        let now = Instant::now();
+        Self {
+            token,
+            client: Ends {
+                rx: Some(client.0),
+                tx: client.1,
+            },
+            upstream: Ends {
+                rx: Some(upstream.0),
+                tx: upstream.1,
+            },
+            flows: [Flow::default(), Flow::default()],
+            connected: false,
+            connect_lost: false,
+            started: now,
+            last_active: now,
+            limits,
+            end: None,
+        }
+    }
+
+    /// The token given to [`Pair::new`].
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Which side a receiver connection is, if it is one of this pair's.
+    pub fn side_of_conn(&self, conn: ConnId) -> Option<Side> {
+        if self.client.rx == Some(conn) {
+            Some(Side::Client)
+        } else if self.upstream.rx == Some(conn) {
+            Some(Side::Upstream)
+        } else {
+            None
+        }
+    }
+
+    /// Which side a send-ring socket is, if it is one of this pair's.
+    pub fn side_of_sock(&self, sock: SockId) -> Option<Side> {
+        if self.client.tx == sock {
+            Some(Side::Client)
+        } else if self.upstream.tx == sock {
+            Some(Side::Upstream)
+        } else {
+            None
+        }
+    }
+
+    /// The receiver connection of `side`, until its end of stream or error.
+    pub fn side_conn(&self, side: Side) -> Option<ConnId> {
+        match side {
+            Side::Client => self.client.rx,
+            Side::Upstream => self.upstream.rx,
+        }
+    }
+
+    /// The send-ring socket of `side`.
+    pub fn sock(&self, side: Side) -> SockId {
+        match side {
+            Side::Client => self.client.tx,
+            Side::Upstream => self.upstream.tx,
+        }
+    }
+
+    /// How the pair ended, once it has; it then holds no buffer and no socket.
+    pub fn end(&self) -> Option<&End> {
+        self.end.as_ref()
+    }
+
+    /// Bytes moved, peaks held, pauses.
+    pub fn stats(&self) -> PairStats {
+        PairStats {
+            bytes_up: self.flows[0].bytes,
+            bytes_down: self.flows[1].bytes,
+            peak_held_up: self.flows[0].peak,
+            peak_held_down: self.flows[1].peak,
+            pauses: self.flows[0].pauses + self.flows[1].pauses,
+            connected: self.connected,
+        }
+    }
+
+    /// Bytes held now (received, not yet completed on the other side), both directions.
+    pub fn held(&self) -> usize {
+        self.flows[0].held() + self.flows[1].held()
+    }
+
+    /// When the pair was made.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Whether the upstream connection is known to be established.
+    pub fn connected(&self) -> bool {
+        self.connected
+    }
+
+    fn ends(&mut self, side: Side) -> &mut Ends {
+        match side {
+            Side::Client => &mut self.client,
+            Side::Upstream => &mut self.upstream,
+        }
+    }
+
+    /// Flow index whose source is `side`.
+    fn flow_from(side: Side) -> usize {
+        match side {
+            Side::Client => 0,
+            Side::Upstream => 1,
+        }
+    }
+
+    fn src(dir: usize) -> Side {
+        if dir == 0 {
+            Side::Client
+        } else {
+            Side::Upstream
+        }
+    }
+
+    /// Bytes received from one of the pair's connections: queued for the other side and sent
+    /// in order, as far as the send ring takes them.
+    pub fn on_data(&mut self, chunk: RxChunk, rx: &mut Receiver, tx: &mut SendRing) {
+        let Some(side) = self.side_of_conn(chunk.conn()) else {
+            return;
+        };
+        if self.end.is_some() {
+            return;
+        }
+        if side == Side::Upstream {
+            self.connected = true;
+        }
+        self.last_active = Instant::now();
+        let dir = Self::flow_from(side);
+        let f = &mut self.flows[dir];
+        f.queued += chunk.len();
+        f.chunks += 1;
+        f.queue.push_back(TxBuf::Chunk(chunk));
+        f.peak = f.peak.max(f.held());
+        self.pump(dir, rx, tx);
+    }
+
+    /// One of the pair's connections ended on the receiver: `None` is an end of stream (the
+    /// other side gets `shutdown(SHUT_WR)` once every byte before it was sent), an error
+    /// ends the pair and resets the other side.
+    pub fn on_closed(
+        &mut self,
+        conn: ConnId,
+        err: Option<io::Error>,
+        rx: &mut Receiver,
+        tx: &mut SendRing,
+    ) {
+        let Some(side) = self.side_of_conn(conn) else {
+            return;
+        };
+        // The receiver has closed its descriptor; the send ring keeps the socket open.
+        self.ends(side).rx = None;
+        if self.end.is_some() {
+            return;
+        }
+        self.last_active = Instant::now();
+        if side == Side::Upstream && !self.connected {
+            let unreal = match &err {
+                None => true,
+                Some(e) => e.raw_os_error() == Some(libc::ENOTCONN),
+            };
+            if unreal {
+                // An end of stream or ENOTCONN before the connection was seen established:
+                // a failed connect whose error a send took first (the socket's error is read
+                // once), or a target that accepted and closed at once.
+                match tx.socket(self.upstream.tx).map(|fd| net::connect_done(&fd)) {
+                    Some(Ok(true)) => self.connected = true,
+                    Some(Err(e)) => {
+                        let detail = format!("upstream: {e}");
+                        self.abort(End::new(EndKind::ConnectFailed, Some(side), detail), rx, tx);
+                        return;
+                    }
+                    _ if self.flows[0].in_kernel > 0 => {
+                        // The send that took the error completes with it: ended there.
+                        self.connect_lost = true;
+                        return;
+                    }
+                    _ => {
+                        let detail =
+                            "upstream: closed before the connection was established".to_string();
+                        self.abort(End::new(EndKind::ConnectFailed, Some(side), detail), rx, tx);
+                        return;
+                    }
+                }
+            }
+        }
+        match err {
+            None => {
+                let dir = Self::flow_from(side);
+                self.flows[dir].eof = true;
+                self.flows[dir].paused = false;
+                self.pump(dir, rx, tx);
+            }
+            Some(e) => {
+                let kind = if side == Side::Upstream && !self.connected {
+                    EndKind::ConnectFailed
+                } else if e.raw_os_error() == Some(libc::ECONNRESET) {
+                    EndKind::Reset
+                } else {
+                    EndKind::RecvFailed
+                };
+                let detail = format!("{side}: {e}");
+                self.abort(End::new(kind, Some(side), detail), rx, tx);
+            }
+        }
+    }
+
+    /// A completion of a send this pair made (its token): the chunk goes back to the
+    /// receiver now (dropped), and the direction may go on (more sends, a resumed source, or
+    /// the forwarded half-close).
+    pub fn on_completion(
+        &mut self,
+        done: &Completion,
+        buf: TxBuf,
+        rx: &mut Receiver,
+        tx: &mut SendRing,
+    ) {
+        drop(buf);
+        let Some(dst) = self.side_of_sock(done.sock) else {
+            return;
+        };
+        let dir = 1 - Self::flow_from(dst);
+        let f = &mut self.flows[dir];
+        f.in_kernel = f.in_kernel.saturating_sub(done.len);
+        f.chunks = f.chunks.saturating_sub(1);
+        if self.end.is_some() {
+            return;
+        }
+        if self.connect_lost && done.result().is_ok() {
+            let detail = "upstream: closed before the connection was established".to_string();
+            self.abort(
+                End::new(EndKind::ConnectFailed, Some(Side::Upstream), detail),
+                rx,
+                tx,
+            );
+            return;
+        }
+        match done.result() {
+            Ok(n) => {
+                self.flows[dir].bytes += n as u64;
+                if dst == Side::Upstream {
+                    // The kernel sent on it: the handshake completed.
+                    self.connected = true;
+                }
+                self.last_active = Instant::now();
+                self.pump(dir, rx, tx);
+            }
+            Err(e) => {
+                let kind = if dst == Side::Upstream && !self.connected {
+                    EndKind::ConnectFailed
+                } else {
+                    EndKind::SendFailed
+                };
+                let detail = format!("sending to {dst}: {e}");
+                self.abort(End::new(kind, Some(dst), detail), rx, tx);
+            }
+        }
+    }
+
+    /// The send ring named one of the pair's sockets writable again
+    /// ([`SendRing::next_writable`]): sends what waited for it.
+    pub fn on_writable(&mut self, sock: SockId, rx: &mut Receiver, tx: &mut SendRing) {
+        if let Some(dst) = self.side_of_sock(sock) {
+            self.pump(1 - Self::flow_from(dst), rx, tx);
+        }
+    }
+
+    /// Connect and idle timeouts at `now`: a pair whose upstream is not established after
+    /// [`Limits::connect_timeout`] is reset, and one with no byte moved for
+    /// [`Limits::idle_timeout`] is closed. Returns whether the pair ended.
+    pub fn check_timers(&mut self, now: Instant, rx: &mut Receiver, tx: &mut SendRing) -> bool {
+        if self.end.is_some() {
+            return true;
+        }
+        if !self.connected && now.duration_since(self.started) >= self.limits.connect_timeout {
+            let state = tx.socket(self.upstream.tx).map(|fd| net::connect_done(&fd));
+            match state {
+                Some(Ok(true)) => self.connected = true,
+                Some(Err(e)) => {
+                    let detail = format!("upstream: {e}");
+                    self.abort(
+                        End::new(EndKind::ConnectFailed, Some(Side::Upstream), detail),
+                        rx,
+                        tx,
+                    );
+                    return true;
+                }
+                _ => {
+                    let detail = format!(
+                        "upstream: not established after {:?}",
+                        self.limits.connect_timeout
+                    );
+                    self.abort(
+                        End::new(EndKind::ConnectTimeout, Some(Side::Upstream), detail),
+                        rx,
+                        tx,
+                    );
+                    return true;
+                }
+            }
+        }
+        if let Some(idle) = self.limits.idle_timeout {
+            if now.duration_since(self.last_active) >= idle {
+                let detail = format!("no byte moved for {idle:?}");
+                self.close_idle(End::new(EndKind::IdleTimeout, None, detail), rx, tx);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Sends what the direction has queued, forwards its half-close once everything before
+    /// it completed, and applies backpressure to its source.
+    fn pump(&mut self, dir: usize, rx: &mut Receiver, tx: &mut SendRing) {
+        let dst = self.sock(Self::src(1 - dir));
+        let token = self.token;
+        let f = &mut self.flows[dir];
+        while let Some(buf) = f.queue.pop_front() {
+            let len = buf.len();
+            match tx.send_with(dst, buf, token) {
+                Ok(_) => {
+                    f.queued -= len;
+                    f.in_kernel += len;
+                }
+                Err(r) if r.reason.is_backpressure() => {
+                    // Retried when the send ring names the socket writable.
+                    f.queue.push_front(r.buf);
+                    break;
+                }
+                Err(r) => {
+                    let why = format!("{:?}", r.reason);
+                    drop(r.buf);
+                    let side = Self::src(1 - dir);
+                    let detail = format!("sending to {side}: refused ({why})");
+                    self.abort(End::new(EndKind::SendFailed, Some(side), detail), rx, tx);
+                    return;
+                }
+            }
+        }
+        let f = &mut self.flows[dir];
+        if f.eof && !f.shut && f.queue.is_empty() && f.in_kernel == 0 {
+            // Every byte before the end of stream completed: forward the half-close.
+            f.shut = true;
+            if let Some(fd) = tx.socket(dst) {
+                if let Err(e) = net::shutdown_write(&fd) {
+                    // The peer is gone (ENOTCONN after its reset): the pair ends there.
+                    let side = Self::src(1 - dir);
+                    let detail = format!("shutdown of {side}: {e}");
+                    self.abort(End::new(EndKind::SendFailed, Some(side), detail), rx, tx);
+                    return;
+                }
+            }
+        }
+        self.backpressure(dir, rx);
+        self.settle(tx);
+    }
+
+    /// Pauses the direction's source above the limits, resumes it below half of them.
+    fn backpressure(&mut self, dir: usize, rx: &mut Receiver) {
+        let src = match Self::src(dir) {
+            Side::Client => self.client.rx,
+            Side::Upstream => self.upstream.rx,
+        };
+        let Some(src) = src else { return };
+        let (bytes, chunks) = (self.limits.buffer_bytes, self.limits.buffer_chunks);
+        let f = &mut self.flows[dir];
+        if !f.paused && (f.held() >= bytes || f.chunks >= chunks) {
+            f.paused = true;
+            f.pauses += 1;
+            rx.pause(src);
+        } else if f.paused && f.held() <= bytes / 2 && f.chunks <= chunks / 2 {
+            f.paused = false;
+            if let Err(e) = rx.resume(src) {
+                let side = Self::src(dir);
+                let detail = format!("resuming {side}: {e}");
+                tracing::warn!(%detail, "proxy: resume failed");
+                // The ring is broken for this connection; keep it paused (idle timeout ends
+                // the pair).
+                self.flows[dir].paused = true;
+            }
+        }
+    }
+
+    /// Both directions ended and every byte completed: the pair is done.
+    fn settle(&mut self, tx: &mut SendRing) {
+        if self.end.is_none() && self.flows.iter().all(|f| f.shut && f.in_kernel == 0) {
+            tx.close(self.client.tx);
+            tx.close(self.upstream.tx);
+            self.end = Some(End::new(EndKind::Done, None, String::new()));
+        }
+    }
+
+    /// Ends the pair now: both sockets reset (a reset or error of one is forwarded to the
+    /// other as a reset), queued chunks dropped, sends in the kernel cancelled (their buffers
+    /// come back after the kernel's last completion, without completions).
+    pub fn abort(&mut self, end: End, rx: &mut Receiver, tx: &mut SendRing) {
+        if self.end.is_some() {
+            return;
+        }
+        for side in [Side::Client, Side::Upstream] {
+            if let Some(fd) = tx.socket(self.sock(side)) {
+                let _ = net::set_linger_zero(&fd);
+                let _ = net::disconnect(&fd);
+            }
+        }
+        self.release(rx, tx);
+        self.end = Some(end);
+    }
+
+    /// Ends an idle pair: both sockets closed gracefully (a FIN each way; nothing was in
+    /// flight for the idle time).
+    fn close_idle(&mut self, end: End, rx: &mut Receiver, tx: &mut SendRing) {
+        for side in [Side::Client, Side::Upstream] {
+            if let Some(fd) = tx.socket(self.sock(side)) {
+                let _ = net::shutdown_write(&fd);
+            }
+        }
+        self.release(rx, tx);
+        self.end = Some(end);
+    }
+
+    fn release(&mut self, rx: &mut Receiver, tx: &mut SendRing) {
+        for side in [Side::Client, Side::Upstream] {
+            if let Some(c) = self.ends(side).rx.take() {
+                rx.close(c);
+            }
+            tx.abandon(self.sock(side));
+        }
+        for f in &mut self.flows {
+            f.queue.clear();
+            f.queued = 0;
+            f.in_kernel = 0;
+            f.chunks = 0;
+        }
+    }
+}

@@ -1,0 +1,672 @@
+//! `zcio::proxy`: forwarding on real sockets (loopback, and test hosts for an unreachable
+//! upstream). Every case runs twice: on the ring (bufring receive, SEND_ZC on the same ring)
+//! and with io_uring denied by seccomp (the plain fallback: epoll + recv, send by syscall).
+
+mod common;
+
+use common::{check_pattern, fill_pattern, scaled};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use zcio::proxy::{EndKind, Ended, Limits, Proxy, ProxyConfig, ProxyStats};
+
+/// Stream offset of connection `i`'s pattern (each connection carries different bytes).
+fn base(i: usize) -> u64 {
+    (i as u64) << 36
+}
+
+/// What the proxy thread saw, shared while it runs.
+#[derive(Default)]
+struct Seen {
+    stats: ProxyStats,
+    ended: Vec<Ended>,
+    fallbacks: Vec<String>,
+}
+
+struct Running {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Seen>>,
+    join: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    fn seen<T>(&self, f: impl FnOnce(&Seen) -> T) -> T {
+        f(&self.seen.lock().unwrap())
+    }
+
+    /// Waits until `f` holds on what the proxy saw, or panics after `limit`.
+    fn wait_for(&self, what: &str, limit: Duration, f: impl Fn(&Seen) -> bool) {
+        let end = Instant::now() + scaled(limit);
+        while !self.seen(&f) {
+            if Instant::now() >= end {
+                self.seen(|s| {
+                    panic!(
+                        "timed out waiting for {what}; proxy: {:?}, ended {:?}",
+                        s.stats, s.ended
+                    )
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn stop(mut self) -> Seen {
+        self.stop.store(true, Ordering::Relaxed);
+        self.join.take().unwrap().join().unwrap();
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+/// Runs a proxy on its own thread (io_uring denied there when `plain`).
+fn start(targets: Vec<SocketAddr>, cfg: ProxyConfig, plain: bool) -> Running {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    start_on(l, targets, cfg, plain)
+}
+
+fn start_on(l: TcpListener, targets: Vec<SocketAddr>, cfg: ProxyConfig, plain: bool) -> Running {
+    let _ = zcio::sys::raise_rlimit(libc::RLIMIT_NOFILE);
+    let addr = l.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let (s2, seen2) = (stop.clone(), seen.clone());
+    let (ok_tx, ok_rx) = std::sync::mpsc::channel();
+    let join = std::thread::spawn(move || {
+        if plain {
+            zcio_testnet::seccomp::deny_syscall_in_this_thread(
+                libc::SYS_io_uring_setup,
+                libc::EPERM,
+            )
+            .unwrap();
+        }
+        let mut p = Proxy::new(l, targets, cfg).unwrap();
+        {
+            let s = p.stats();
+            let mut g = seen2.lock().unwrap();
+            g.fallbacks = p.fallbacks();
+            g.stats = s;
+        }
+        ok_tx.send(()).unwrap();
+        let mut last = Instant::now();
+        while !s2.load(Ordering::Relaxed) {
+            p.turn(Duration::from_millis(10)).unwrap();
+            let ended = p.take_ended();
+            if !ended.is_empty() || last.elapsed() > Duration::from_millis(20) {
+                last = Instant::now();
+                let s = p.stats();
+                let mut g = seen2.lock().unwrap();
+                g.ended.extend(ended);
+                g.stats = s;
+            }
+        }
+        p.drain(Duration::from_secs(2)).unwrap();
+        let s = p.stats();
+        let mut g = seen2.lock().unwrap();
+        g.ended.extend(p.take_ended());
+        g.stats = s;
+    });
+    ok_rx.recv().unwrap();
+    let r = Running {
+        addr,
+        stop,
+        seen,
+        join: Some(join),
+    };
+    r.seen(|s| {
+        if plain {
+            assert_eq!(s.stats.rx_path, "plain", "{:?}", s.fallbacks);
+            assert!(!s.fallbacks.is_empty(), "the fallback is recorded");
+        } else {
+            assert_eq!(s.stats.rx_path, "bufring", "{:?}", s.fallbacks);
+            assert!(s.stats.one_ring, "send side on the receiver's ring");
+        }
+    });
+    r
+}
+
+fn cfg() -> ProxyConfig {
+    let mut c = ProxyConfig::default();
+    c.rx.buffers = 256;
+    c
+}
+
+fn listener() -> (TcpListener, SocketAddr) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    (l, a)
+}
+
+fn write_pattern(s: &mut TcpStream, base: u64, len: u64) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(buf.len() as u64) as usize;
+        fill_pattern(&mut buf[..n], base + off);
+        s.write_all(&buf[..n]).unwrap();
+        off += n as u64;
+    }
+}
+
+/// Reads to end of stream, checking the pattern; returns the length.
+fn read_pattern(s: &mut TcpStream, base: u64) -> u64 {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut off = 0;
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            return off;
+        }
+        if let Err(at) = check_pattern(&buf[..n], base + off) {
+            panic!("byte {} of the stream is wrong", at - base);
+        }
+        off += n as u64;
+    }
+}
+
+fn ended_with(s: &Seen, kind: EndKind) -> usize {
+    s.ended.iter().filter(|e| e.end.kind == kind).count()
+}
+
+/// Generates a test per case: `NAME` on the ring, `NAME_without_io_uring` under seccomp.
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod ring {
+            $(#[test] fn $name() { super::$name(false) })*
+        }
+        mod without_io_uring {
+            $(#[test] fn $name() { super::$name(true) })*
+        }
+    };
+}
+
+both!(
+    half_close_from_the_client_is_forwarded_after_every_byte,
+    half_close_from_the_upstream_is_forwarded_and_the_client_still_sends,
+    a_client_reset_resets_the_upstream,
+    an_upstream_reset_resets_the_client,
+    a_refused_upstream_closes_the_client_promptly_with_the_reason,
+    an_unreachable_upstream_closes_the_client_promptly_with_the_reason,
+    a_slow_client_reader_pauses_the_upstream_with_bounded_memory_and_nothing_lost,
+    a_slow_upstream_reader_pauses_the_client_with_bounded_memory_and_nothing_lost,
+    a_thousand_connections_carry_verified_streams_both_ways,
+    a_client_that_sends_nothing_holds_nothing_and_ends_at_the_idle_timeout,
+    an_upstream_that_never_reads_pauses_only_its_own_client,
+    round_robin_spreads_connections_over_the_targets,
+);
+
+fn half_close_from_the_client_is_forwarded_after_every_byte(plain: bool) {
+    let (l, up) = listener();
+    let (a, b) = (3 << 20, 1 << 20);
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        // Everything the client sent, then its end of stream (forwarded half-close) ...
+        assert_eq!(read_pattern(&mut s, base(1)), a);
+        // ... while this direction is still open: the answer goes back after it.
+        write_pattern(&mut s, base(2), b);
+    });
+    let p = start(vec![up], cfg(), plain);
+    let mut c = TcpStream::connect(p.addr).unwrap();
+    write_pattern(&mut c, base(1), a);
+    c.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(read_pattern(&mut c, base(2)), b);
+    server.join().unwrap();
+    p.wait_for("the pair's end", Duration::from_secs(10), |s| {
+        ended_with(s, EndKind::Done) == 1
+    });
+    let s = p.stop();
+    assert_eq!((s.stats.bytes_up, s.stats.bytes_down), (a, b));
+    assert_eq!(s.stats.held, 0);
+}
+
+fn half_close_from_the_upstream_is_forwarded_and_the_client_still_sends(plain: bool) {
+    let (l, up) = listener();
+    let (a, b) = (2 << 20, 512 << 10);
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        write_pattern(&mut s, base(2), b);
+        s.shutdown(Shutdown::Write).unwrap();
+        // Still reading: the client sends after it saw our end of stream.
+        assert_eq!(read_pattern(&mut s, base(1)), a);
+    });
+    let p = start(vec![up], cfg(), plain);
+    let mut c = TcpStream::connect(p.addr).unwrap();
+    assert_eq!(read_pattern(&mut c, base(2)), b);
+    write_pattern(&mut c, base(1), a);
+    c.shutdown(Shutdown::Write).unwrap();
+    server.join().unwrap();
+    p.wait_for("the pair's end", Duration::from_secs(10), |s| {
+        ended_with(s, EndKind::Done) == 1
+    });
+    let s = p.stop();
+    assert_eq!((s.stats.bytes_up, s.stats.bytes_down), (a, b));
+}
+
+fn reset(s: TcpStream) {
+    common::streams::set_linger_zero(&s);
+    drop(s);
+}
+
+fn a_client_reset_resets_the_upstream(plain: bool) {
+    let (l, up) = listener();
+    let p = start(vec![up], cfg(), plain);
+    let mut c = TcpStream::connect(p.addr).unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    write_pattern(&mut c, base(1), 100_000);
+    let mut got = vec![0u8; 100_000];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(check_pattern(&got, base(1)), Ok(()));
+    reset(c);
+    s.set_read_timeout(Some(scaled(Duration::from_secs(5))))
+        .unwrap();
+    let e = s.read(&mut got).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
+    p.wait_for("the reset logged", Duration::from_secs(5), |s| {
+        s.ended
+            .iter()
+            .any(|e| e.end.kind == EndKind::Reset && e.end.side == Some(zcio::proxy::Side::Client))
+    });
+}
+
+fn an_upstream_reset_resets_the_client(plain: bool) {
+    let (l, up) = listener();
+    let p = start(vec![up], cfg(), plain);
+    let mut c = TcpStream::connect(p.addr).unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    write_pattern(&mut s, base(2), 50_000);
+    let mut got = vec![0u8; 50_000];
+    c.read_exact(&mut got).unwrap();
+    assert_eq!(check_pattern(&got, base(2)), Ok(()));
+    reset(s);
+    c.set_read_timeout(Some(scaled(Duration::from_secs(5))))
+        .unwrap();
+    let e = c.read(&mut got).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
+    p.wait_for("the reset logged", Duration::from_secs(5), |s| {
+        ended_with(s, EndKind::Reset) == 1
+    });
+}
+
+/// The client sees its connection end (reset) within `limit`.
+fn closed_within(c: &mut TcpStream, limit: Duration, p: &Running) -> Duration {
+    let t = Instant::now();
+    c.set_read_timeout(Some(scaled(limit))).unwrap();
+    let mut b = [0u8; 16];
+    match c.read(&mut b) {
+        Ok(0) => {}
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+        other => p.seen(|s| {
+            panic!(
+                "the client was not closed: {other:?}; proxy: {:?}, ended {:?}",
+                s.stats, s.ended
+            )
+        }),
+    }
+    t.elapsed()
+}
+
+fn a_refused_upstream_closes_the_client_promptly_with_the_reason(plain: bool) {
+    // A port nobody listens on.
+    let up = {
+        let (l, a) = listener();
+        drop(l);
+        a
+    };
+    let p = start(vec![up], cfg(), plain);
+    let mut c = TcpStream::connect(p.addr).unwrap();
+    // (May fail: the proxy may have reset the client already.)
+    let _ = c.write_all(b"hello");
+    let took = closed_within(&mut c, Duration::from_secs(2), &p);
+    assert!(took < scaled(Duration::from_secs(1)), "took {took:?}");
+    p.wait_for("the reason logged", Duration::from_secs(2), |s| {
+        s.ended
+            .iter()
+            .any(|e| e.end.kind == EndKind::ConnectFailed && e.end.detail.contains("refused"))
+    });
+}
+
+fn an_unreachable_upstream_closes_the_client_promptly_with_the_reason(plain: bool) {
+    let name = "an_unreachable_upstream_closes_the_client_promptly_with_the_reason";
+    if !common::can_make_hosts(name) {
+        return;
+    }
+    // No route at all (a host with only loopback): connect fails at once.
+    let ns = zcio_testnet::Netns::new("pxun").unwrap();
+    ns.run(move || {
+        let p = start(vec!["198.18.99.1:80".parse().unwrap()], cfg(), plain);
+        let mut c = TcpStream::connect(p.addr).unwrap();
+        let took = closed_within(&mut c, Duration::from_secs(2), &p);
+        assert!(took < scaled(Duration::from_secs(1)), "took {took:?}");
+        p.wait_for("the reason logged", Duration::from_secs(2), |s| {
+            s.ended.iter().any(|e| {
+                e.end.kind == EndKind::ConnectFailed && e.end.detail.contains("unreachable")
+            })
+        });
+    })
+    .unwrap();
+    // A route, but nothing answers (the packets are dropped at the device): the connect
+    // timeout ends it.
+    let sink = zcio_testnet::Sink::new("pxsk").unwrap();
+    let dst = SocketAddr::new(sink.dst4.into(), 80);
+    sink.host
+        .run(move || {
+            let mut c = cfg();
+            c.limits.connect_timeout = Duration::from_millis(300);
+            let p = start(vec![dst], c, plain);
+            let mut c = TcpStream::connect(p.addr).unwrap();
+            let took = closed_within(&mut c, Duration::from_secs(3), &p);
+            assert!(took >= Duration::from_millis(250), "took {took:?}");
+            assert!(took < scaled(Duration::from_secs(2)), "took {took:?}");
+            p.wait_for("the timeout logged", Duration::from_secs(2), |s| {
+                ended_with(s, EndKind::ConnectTimeout) == 1
+            });
+        })
+        .unwrap();
+}
+
+/// A peer that reads slowly, in small steps with pauses; returns what it read (checked).
+fn slow_reader(s: &mut TcpStream, base: u64, steps: usize) -> u64 {
+    let mut buf = vec![0u8; 32 << 10];
+    let mut off = 0;
+    for i in 0.. {
+        if i < steps {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            return off;
+        }
+        check_pattern(&buf[..n], base + off).unwrap();
+        off += n as u64;
+    }
+    unreachable!()
+}
+
+fn small_limits() -> ProxyConfig {
+    let mut c = cfg();
+    // A 1 MiB receive ring (64 x 16 KiB) for all connections of the thread.
+    c.rx.buffers = 64;
+    c.rx.buf_size = 16 << 10;
+    c.rx.hot_bytes = 256 << 10;
+    c.limits = Limits {
+        buffer_bytes: 256 << 10,
+        buffer_chunks: 16,
+        ..Limits::default()
+    };
+    c
+}
+
+/// The bound on what one direction may hold: its limit plus one receive burst — what the
+/// kernel had already received into buffers when the pause's cancel arrived (a bundle or a
+/// multishot run takes at most the buffers in the ring; the plain backend reads up to 16
+/// buffers per connection per turn). Either way at most the thread's whole receive ring,
+/// which is what bounds a connection that keeps sending.
+fn held_bound(c: &ProxyConfig) -> usize {
+    c.limits.buffer_bytes + usize::from(c.rx.buffers) * c.rx.buf_size as usize
+}
+
+fn a_slow_client_reader_pauses_the_upstream_with_bounded_memory_and_nothing_lost(plain: bool) {
+    let (l, up) = listener();
+    let len = 16 << 20;
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        write_pattern(&mut s, base(3), len);
+    });
+    let c = small_limits();
+    let bound = held_bound(&c);
+    let p = start(vec![up], c, plain);
+    let mut cl = TcpStream::connect(p.addr).unwrap();
+    common::streams::small_buffers(&cl, libc::SO_RCVBUF);
+    assert_eq!(slow_reader(&mut cl, base(3), 40), len);
+    server.join().unwrap();
+    let s = p.stop();
+    assert!(s.stats.pauses > 0, "the upstream was never paused");
+    assert!(
+        s.stats.peak_held <= bound,
+        "held {} B (bound {bound})",
+        s.stats.peak_held
+    );
+    assert_eq!(s.stats.bytes_down, len);
+}
+
+fn a_slow_upstream_reader_pauses_the_client_with_bounded_memory_and_nothing_lost(plain: bool) {
+    let (l, up) = listener();
+    let len = 16 << 20;
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        common::streams::small_buffers(&s, libc::SO_RCVBUF);
+        slow_reader(&mut s, base(4), 40)
+    });
+    let c = small_limits();
+    let bound = held_bound(&c);
+    let p = start(vec![up], c, plain);
+    let mut cl = TcpStream::connect(p.addr).unwrap();
+    write_pattern(&mut cl, base(4), len);
+    cl.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(server.join().unwrap(), len);
+    let s = p.stop();
+    assert!(s.stats.pauses > 0, "the client was never paused");
+    assert!(
+        s.stats.peak_held <= bound,
+        "held {} B (bound {bound})",
+        s.stats.peak_held
+    );
+    assert_eq!(s.stats.bytes_up, len);
+}
+
+fn a_thousand_connections_carry_verified_streams_both_ways(plain: bool) {
+    let conns = 1000;
+    let (up_len, down_len) = (48 << 10, 80 << 10);
+    let (l, up) = listener();
+    // Upstream: per connection, read the client's stream (its index comes first), check it,
+    // answer with that connection's down stream. One thread accepts (the backlog never
+    // fills), eight serve.
+    let (work_tx, work_rx) = std::sync::mpsc::channel::<TcpStream>();
+    let work_rx = Arc::new(Mutex::new(work_rx));
+    let acceptor = std::thread::spawn(move || {
+        for _ in 0..conns {
+            work_tx.send(l.accept().unwrap().0).unwrap();
+        }
+    });
+    let servers: Vec<_> = (0..8)
+        .map(|_| {
+            let work_rx = work_rx.clone();
+            std::thread::spawn(move || {
+                let mut n = 0;
+                loop {
+                    let next = work_rx.lock().unwrap().recv();
+                    let Ok(mut s) = next else { return n };
+                    let mut idx = [0u8; 4];
+                    s.read_exact(&mut idx).unwrap();
+                    let i = u32::from_le_bytes(idx) as usize;
+                    assert_eq!(read_pattern(&mut s, base(i)), up_len, "conn {i} up");
+                    write_pattern(&mut s, base(i) + (1 << 30), down_len);
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let p = start(vec![up], cfg(), plain);
+    let addr = p.addr;
+    // All connections open at once: 1000 sockets connected before any is finished.
+    let mut socks: Vec<TcpStream> = (0..conns)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    p.wait_for("1000 pairs open", Duration::from_secs(20), |s| {
+        s.stats.active as usize == conns
+    });
+    // 8 client threads, each writing and reading its share interleaved.
+    let chunks: Vec<Vec<(usize, TcpStream)>> = {
+        let mut v: Vec<Vec<(usize, TcpStream)>> = (0..8).map(|_| Vec::new()).collect();
+        for (i, s) in socks.drain(..).enumerate() {
+            v[i % 8].push((i, s));
+        }
+        v
+    };
+    let clients: Vec<_> = chunks
+        .into_iter()
+        .map(|mine| {
+            std::thread::spawn(move || {
+                for (i, s) in &mine {
+                    let mut s = s;
+                    s.write_all(&(*i as u32).to_le_bytes()).unwrap();
+                }
+                for (i, s) in &mine {
+                    let mut s = s;
+                    let mut w = s.try_clone().unwrap();
+                    write_pattern(&mut w, base(*i), up_len);
+                    w.shutdown(Shutdown::Write).unwrap();
+                    let _ = &mut s;
+                }
+                for (i, s) in mine {
+                    let mut s = s;
+                    assert_eq!(
+                        read_pattern(&mut s, base(i) + (1 << 30)),
+                        down_len,
+                        "conn {i} down"
+                    );
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    p.wait_for("every pair done", Duration::from_secs(30), |s| {
+        ended_with(s, EndKind::Done) == conns
+    });
+    acceptor.join().unwrap();
+    let served: usize = servers.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(served, conns);
+    let s = p.stop();
+    assert_eq!(s.stats.bytes_up, conns as u64 * (up_len + 4));
+    assert_eq!(s.stats.bytes_down, conns as u64 * down_len);
+    assert_eq!(s.ended.len(), conns, "every pair ended once");
+}
+
+fn a_client_that_sends_nothing_holds_nothing_and_ends_at_the_idle_timeout(plain: bool) {
+    let (l, up) = listener();
+    let mut c = cfg();
+    c.limits.idle_timeout = Some(Duration::from_millis(600));
+    let p = start(vec![up], c, plain);
+    let t = Instant::now();
+    let mut quiet = TcpStream::connect(p.addr).unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    // Meanwhile another client is served.
+    let mut busy = TcpStream::connect(p.addr).unwrap();
+    let (mut s2, _) = l.accept().unwrap();
+    write_pattern(&mut busy, base(5), 1 << 20);
+    busy.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(read_pattern(&mut s2, base(5)), 1 << 20);
+    drop(s2);
+    assert_eq!(read_pattern(&mut busy, 0), 0);
+    p.wait_for("the busy pair's end", Duration::from_secs(5), |s| {
+        ended_with(s, EndKind::Done) == 1
+    });
+    p.seen(|s| {
+        assert_eq!(s.stats.active, 1, "the quiet pair is open");
+        assert_eq!(s.stats.held, 0, "and holds nothing");
+    });
+    // The idle pair is closed (an end of stream both ways) after the idle timeout.
+    s.set_read_timeout(Some(scaled(Duration::from_secs(5))))
+        .unwrap();
+    assert_eq!(s.read(&mut [0u8; 8]).unwrap(), 0);
+    let mut b = [0u8; 8];
+    quiet
+        .set_read_timeout(Some(scaled(Duration::from_secs(5))))
+        .unwrap();
+    assert_eq!(quiet.read(&mut b).unwrap(), 0);
+    assert!(
+        t.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    p.wait_for("the idle end logged", Duration::from_secs(2), |s| {
+        ended_with(s, EndKind::IdleTimeout) == 1
+    });
+}
+
+fn an_upstream_that_never_reads_pauses_only_its_own_client(plain: bool) {
+    let (l, up) = listener();
+    let c = small_limits();
+    let bound = held_bound(&c);
+    let p = start(vec![up], c, plain);
+    // The stuck pair: the upstream accepts and never reads.
+    let mut stuck = TcpStream::connect(p.addr).unwrap();
+    let (never, _) = l.accept().unwrap();
+    common::streams::small_buffers(&never, libc::SO_RCVBUF);
+    stuck.set_nonblocking(true).unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut pushed = 0u64;
+    let end = Instant::now() + scaled(Duration::from_secs(10));
+    // Write until the client's own socket is full: the proxy stopped reading it.
+    let mut full_since: Option<Instant> = None;
+    loop {
+        assert!(Instant::now() < end, "the client was never stopped");
+        fill_pattern(&mut buf, base(6) + pushed);
+        match stuck.write(&buf) {
+            Ok(n) => {
+                pushed += n as u64;
+                full_since = None;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                let since = *full_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_millis(300) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // Other pairs go on meanwhile.
+    let mut other = TcpStream::connect(p.addr).unwrap();
+    let (mut s2, _) = l.accept().unwrap();
+    write_pattern(&mut other, base(7), 4 << 20);
+    other.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(read_pattern(&mut s2, base(7)), 4 << 20);
+    p.seen(|s| {
+        assert!(s.stats.pauses > 0, "no pause");
+        assert!(
+            s.stats.peak_held <= bound,
+            "held {} B (bound {bound}) after {pushed} B",
+            s.stats.peak_held
+        );
+    });
+    // Nothing lost: once the upstream reads, every byte arrives in order.
+    stuck.set_nonblocking(false).unwrap();
+    stuck.shutdown(Shutdown::Write).unwrap();
+    let mut never = never;
+    assert_eq!(read_pattern(&mut never, base(6)), pushed);
+}
+
+fn round_robin_spreads_connections_over_the_targets(plain: bool) {
+    let ls: Vec<(TcpListener, SocketAddr)> = (0..3).map(|_| listener()).collect();
+    let targets: Vec<SocketAddr> = ls.iter().map(|(_, a)| *a).collect();
+    let p = start(targets, cfg(), plain);
+    let clients: Vec<TcpStream> = (0..6)
+        .map(|_| TcpStream::connect(p.addr).unwrap())
+        .collect();
+    for (l, _) in &ls {
+        // Two connections each, in turn.
+        for _ in 0..2 {
+            let (mut s, _) = l.accept().unwrap();
+            s.write_all(b"x").unwrap();
+        }
+    }
+    for mut c in clients {
+        let mut b = [0u8; 1];
+        c.read_exact(&mut b).unwrap();
+    }
+}
