@@ -46,7 +46,7 @@ pub(super) struct ManyOpts {
     pub(super) batch: usize,
 }
 
-/// What one run measured (after the warm-up).
+/// What one run measured (after the warm-up); `tx_peers` reports the same.
 #[derive(Debug, Clone, Default)]
 pub(super) struct ManyReport {
     pub(super) bytes: u64,
@@ -68,6 +68,9 @@ impl ManyReport {
     }
     pub(super) fn entries_per_1k(&self) -> f64 {
         self.syscalls as f64 * 1000.0 / self.sends.max(1) as f64
+    }
+    pub(super) fn syscalls_per_send(&self) -> f64 {
+        self.syscalls as f64 / self.sends.max(1) as f64
     }
 }
 
@@ -147,10 +150,11 @@ fn name_thread(name: &std::ffi::CStr) {
     unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
 }
 
-/// The buffers of the run, filled once, taken oldest-returned first.
-fn buffers(o: &ManyOpts, min: usize) -> Result<(Pool, VecDeque<PoolBuf>)> {
-    let count = (o.ws / o.size.max(1)).max(min).max(1);
-    let pool = Pool::new(o.size, count, false).context("allocating buffers")?;
+/// The buffers of a run: `ws` bytes of `size`-byte buffers (at least `min`), filled once,
+/// taken oldest-returned first. Shared with `tx_peers`.
+pub(super) fn buffers(size: usize, ws: usize, min: usize) -> Result<(Pool, VecDeque<PoolBuf>)> {
+    let count = (ws / size.max(1)).max(min).max(1);
+    let pool = Pool::new(size, count, false).context("allocating buffers")?;
     let mut free: VecDeque<PoolBuf> = std::iter::from_fn(|| pool.try_get()).collect();
     for (k, b) in free.iter_mut().enumerate() {
         b.fill(k as u8 | 1);
@@ -158,39 +162,41 @@ fn buffers(o: &ManyOpts, min: usize) -> Result<(Pool, VecDeque<PoolBuf>)> {
     Ok((pool, free))
 }
 
-/// Times a run with a warm-up: `step` sends and returns whether to go on; the clocks are
-/// read at the end of the warm-up (`mark` snapshots the counters then) and at the end.
-struct Clock {
-    t0: Instant,
+/// Times a run with a warm-up: the clocks are read at the end of the warm-up (the caller
+/// snapshots its counters then) and at the end. Shared with `tx_peers`.
+pub(super) struct Clock {
     warm_end: Instant,
     end: Instant,
-    marked: Option<(Instant, Duration)>,
+    /// Wall and thread CPU time at the start, then at the end of the warm-up.
+    marked: (Instant, Duration),
+    warmed: bool,
 }
 
 impl Clock {
-    fn new(o: &ManyOpts) -> Self {
+    pub(super) fn new(warmup: Duration, dur: Duration) -> Self {
         let t0 = Instant::now();
         Self {
-            t0,
-            warm_end: t0 + o.warmup,
-            end: t0 + o.warmup + o.dur,
-            marked: None,
+            warm_end: t0 + warmup,
+            end: t0 + warmup + dur,
+            marked: (t0, zcio_testnet::cpu::thread_cpu_time()),
+            warmed: false,
         }
     }
     /// Whether the warm-up just ended (once).
-    fn warm_done(&mut self) -> bool {
-        if self.marked.is_none() && Instant::now() >= self.warm_end {
-            self.marked = Some((Instant::now(), zcio_testnet::cpu::thread_cpu_time()));
+    pub(super) fn warm_done(&mut self) -> bool {
+        if !self.warmed && Instant::now() >= self.warm_end {
+            self.warmed = true;
+            self.marked = (Instant::now(), zcio_testnet::cpu::thread_cpu_time());
             return true;
         }
         false
     }
-    fn over(&self) -> bool {
+    pub(super) fn over(&self) -> bool {
         Instant::now() >= self.end
     }
-    /// `(wall, cpu)` seconds since the warm-up ended.
-    fn stop(&self) -> (f64, f64) {
-        let (w, c) = self.marked.unwrap_or((self.t0, Duration::ZERO));
+    /// `(wall, cpu)` seconds since the warm-up ended (since the start if it never did).
+    pub(super) fn stop(&self) -> (f64, f64) {
+        let (w, c) = self.marked;
         (
             w.elapsed().as_secs_f64(),
             (zcio_testnet::cpu::thread_cpu_time() - c).as_secs_f64(),
@@ -199,7 +205,7 @@ impl Clock {
 }
 
 fn epoll_send(socks: Vec<TcpStream>, o: &ManyOpts) -> Result<(ManyReport, u64)> {
-    let (_pool, mut free) = buffers(o, 1)?;
+    let (_pool, mut free) = buffers(o.size, o.ws, 1)?;
     let n = socks.len();
     for s in &socks {
         s.set_nonblocking(true)?;
@@ -212,7 +218,7 @@ fn epoll_send(socks: Vec<TcpStream>, o: &ManyOpts) -> Result<(ManyReport, u64)> 
     let mut nblocked = 0;
     let (mut bytes, mut sends, mut calls) = (0u64, 0u64, 0u64);
     let (mut b0, mut s0, mut c0) = (0, 0, 0);
-    let mut clock = Clock::new(o);
+    let mut clock = Clock::new(o.warmup, o.dur);
     let mut i = 0;
     let mut ready = Vec::new();
     'outer: loop {
@@ -303,7 +309,7 @@ fn epoll_send(socks: Vec<TcpStream>, o: &ManyOpts) -> Result<(ManyReport, u64)> 
 
 fn shared_ring(socks: Vec<TcpStream>, o: &ManyOpts) -> Result<(ManyReport, u64)> {
     let depth = 16;
-    let (pool, mut free) = buffers(o, o.conns * depth + 64)?;
+    let (pool, mut free) = buffers(o.size, o.ws, o.conns * depth + 64)?;
     let mut ring = SendRing::new(&SendRingConfig {
         ring: zcio::RingConfig {
             entries: 1024,
@@ -328,7 +334,7 @@ fn shared_ring(socks: Vec<TcpStream>, o: &ManyOpts) -> Result<(ManyReport, u64)>
         ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
     let (mut bytes, mut sends, mut errors) = (0u64, 0u64, 0u64);
     let mut base = None;
-    let mut clock = Clock::new(o);
+    let mut clock = Clock::new(o.warmup, o.dur);
     let mut iter = 0u64;
     let reap = |ring: &mut SendRing,
                 free: &mut VecDeque<PoolBuf>,
@@ -462,7 +468,7 @@ fn shared_ring(socks: Vec<TcpStream>, o: &ManyOpts) -> Result<(ManyReport, u64)>
 
 fn ring_per_socket(socks: Vec<TcpStream>, o: &ManyOpts) -> Result<(ManyReport, u64)> {
     let depth = 16;
-    let (pool, mut free) = buffers(o, o.conns * depth + 64)?;
+    let (pool, mut free) = buffers(o.size, o.ws, o.conns * depth + 64)?;
     let mut cfg = SenderConfig::new(TxMode::Auto);
     cfg.depth = depth;
     cfg.submit_batch = 1;
@@ -475,7 +481,7 @@ fn ring_per_socket(socks: Vec<TcpStream>, o: &ManyOpts) -> Result<(ManyReport, u
     let mut blocked: Vec<usize> = Vec::new();
     let (mut bytes, mut sends, mut errors) = (0u64, 0u64, 0u64);
     let mut base = None;
-    let mut clock = Clock::new(o);
+    let mut clock = Clock::new(o.warmup, o.dur);
     let syscalls = |txs: &[Sender]| txs.iter().map(|t| t.counters().syscalls).sum::<u64>();
     let mut iter = 0u64;
     loop {

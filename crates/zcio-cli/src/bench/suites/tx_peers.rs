@@ -21,10 +21,10 @@
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
 use std::net::{SocketAddr, SocketAddrV4, UdpSocket};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use zcio::stats::Report;
 use zcio::sys::msg::{MsgHdr, MsgOpts};
-use zcio::tx::{Dest, Pool, PoolBuf, SendRing, SendRingConfig, SenderConfig, TxBuf, TxMode};
+use zcio::tx::{Dest, PoolBuf, SendRing, SendRingConfig, SenderConfig, TxBuf, TxMode};
 use zcio_testnet::Sink;
 
 /// Which sender.
@@ -62,28 +62,8 @@ pub(super) struct PeersOpts {
 }
 
 /// What one run measured (after the warm-up).
-#[derive(Debug, Clone, Default)]
-pub(super) struct PeersReport {
-    pub(super) bytes: u64,
-    pub(super) sends: u64,
-    pub(super) secs: f64,
-    pub(super) cpu_s: f64,
-    pub(super) syscalls: u64,
-    pub(super) copied_fraction: Option<f64>,
-    pub(super) note: String,
-}
-
-impl PeersReport {
-    pub(super) fn cpu_s_per_gb(&self) -> f64 {
-        crate::bench::measure::cpu_s_per_gb(self.cpu_s, self.bytes)
-    }
-    pub(super) fn gbit_s(&self) -> f64 {
-        crate::bench::measure::gbit_per_s(self.bytes, self.secs)
-    }
-    pub(super) fn syscalls_per_send(&self) -> f64 {
-        self.syscalls as f64 / self.sends.max(1) as f64
-    }
-}
+pub(super) use super::tx_many::ManyReport as PeersReport;
+use super::tx_many::{buffers, Clock};
 
 /// One measured run of `way` on the sink host, pinned to the first core.
 pub(super) fn run(way: Way, o: &PeersOpts, sink: &Sink) -> Result<PeersReport> {
@@ -112,65 +92,17 @@ pub(super) fn run(way: Way, o: &PeersOpts, sink: &Sink) -> Result<PeersReport> {
     Ok(rep)
 }
 
-/// The buffers of a run, filled once, taken oldest-returned first.
-fn buffers(size: usize, o: &PeersOpts, min: usize) -> Result<(Pool, VecDeque<PoolBuf>)> {
-    let count = (o.ws / size.max(1)).max(min).max(1);
-    let pool = Pool::new(size, count, false).context("allocating buffers")?;
-    let mut free: VecDeque<PoolBuf> = std::iter::from_fn(|| pool.try_get()).collect();
-    for (k, b) in free.iter_mut().enumerate() {
-        b.fill(k as u8 | 1);
-    }
-    Ok((pool, free))
-}
-
-/// Warm-up and measurement clock (see `tx_many`).
-struct Clock {
-    warm_end: Instant,
-    end: Instant,
-    marked: Option<(Instant, Duration)>,
-}
-
-impl Clock {
-    fn new(o: &PeersOpts) -> Self {
-        let t0 = Instant::now();
-        Self {
-            warm_end: t0 + o.warmup,
-            end: t0 + o.warmup + o.dur,
-            marked: None,
-        }
-    }
-    fn warm_done(&mut self) -> bool {
-        if self.marked.is_none() && Instant::now() >= self.warm_end {
-            self.marked = Some((Instant::now(), zcio_testnet::cpu::thread_cpu_time()));
-            return true;
-        }
-        false
-    }
-    fn over(&self) -> bool {
-        Instant::now() >= self.end
-    }
-    fn stop(&self) -> (f64, f64) {
-        let (w, c) = self
-            .marked
-            .unwrap_or((Instant::now(), zcio_testnet::cpu::thread_cpu_time()));
-        (
-            w.elapsed().as_secs_f64(),
-            (zcio_testnet::cpu::thread_cpu_time() - c).as_secs_f64(),
-        )
-    }
-}
-
 /// quinn-udp's way: `batch` trains per `sendmmsg`, each with its destination and
 /// `UDP_SEGMENT`.
 fn sendmmsg(sock: UdpSocket, dests: &[SocketAddr], o: &PeersOpts) -> Result<PeersReport> {
-    let (_pool, mut free) = buffers(o.train, o, o.batch)?;
+    let (_pool, mut free) = buffers(o.train, o.ws, o.batch)?;
     for b in &mut free {
         b.set_len(o.train);
     }
     let mut hdrs: Vec<MsgHdr> = Vec::with_capacity(o.batch);
     let (mut bytes, mut sends, mut calls) = (0u64, 0u64, 0u64);
     let (mut b0, mut s0, mut c0) = (0, 0, 0);
-    let mut clock = Clock::new(o);
+    let mut clock = Clock::new(o.warmup, o.dur);
     let mut peer = 0;
     let mut batch: Vec<PoolBuf> = Vec::with_capacity(o.batch);
     loop {
@@ -235,7 +167,7 @@ fn ring(way: Way, sock: UdpSocket, dests: &[SocketAddr], o: &PeersOpts) -> Resul
     // (EMSGSIZE; the ring then sends it by copy, recorded).
     let slot = if vectored { 64 << 10 } else { o.train };
     let nh = 2 * depth + 2 * o.batch;
-    let (pool, mut free) = buffers(slot, o, 2 * depth + 2 * o.batch + nh)?;
+    let (pool, mut free) = buffers(slot, o.ws, 2 * depth + 2 * o.batch + nh)?;
     // Headers: slots of the same (registered) pool, so a header + body request can use the
     // pool as a fixed buffer; one per send in flight.
     let mut hfree: VecDeque<PoolBuf> = free.drain(..nh).collect();
@@ -266,7 +198,7 @@ fn ring(way: Way, sock: UdpSocket, dests: &[SocketAddr], o: &PeersOpts) -> Resul
     let first_error: std::cell::RefCell<Option<String>> = Default::default();
     let header = o.header;
     let mut base: Option<(zcio::stats::Counters, u64, u64)> = None;
-    let mut clock = Clock::new(o);
+    let mut clock = Clock::new(o.warmup, o.dur);
     let mut peer = 0;
     let take = |ring: &mut SendRing,
                 free: &mut VecDeque<PoolBuf>,
