@@ -13,6 +13,7 @@ mod shim;
 mod tx;
 mod tx_many;
 mod tx_peers;
+mod wrk;
 
 use super::Suite;
 

@@ -616,19 +616,11 @@ fn rr(kind: Kind, web: &Web, dir: &TempDir, secs: f64) -> Result<Sample> {
     if !out.status.success() || text.contains("Non-2xx") || text.contains("Socket errors") {
         bail!("wrk through {} reported errors: {text}", kind.label());
     }
-    let rps: f64 = field_after(&text, "Requests/sec:").ok_or_else(|| anyhow!("wrk: {text}"))?;
-    let p99 = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("99%"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(parse_ms)
-        .ok_or_else(|| anyhow!("wrk p99 missing: {text}"))?;
-    let reqs = text
-        .lines()
-        .find(|l| l.contains("requests in"))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(rps * secs);
+    let super::wrk::WrkOut {
+        rps,
+        p99_ms: p99,
+        reqs,
+    } = super::wrk::parse(&text, secs)?;
     let mut s = Sample::default();
     s.set("req_per_s", rps)
         .set("p99_latency", p99)
@@ -637,22 +629,4 @@ fn rr(kind: Kind, web: &Web, dir: &TempDir, secs: f64) -> Result<Sample> {
         s.note(zcio_note(&v));
     }
     Ok(s)
-}
-
-fn field_after<T: std::str::FromStr>(text: &str, key: &str) -> Option<T> {
-    let i = text.find(key)? + key.len();
-    text[i..].split_whitespace().next()?.parse().ok()
-}
-
-fn parse_ms(v: &str) -> Option<f64> {
-    let num = |s: &str| s.parse::<f64>().ok();
-    if let Some(x) = v.strip_suffix("us") {
-        num(x).map(|x| x / 1000.0)
-    } else if let Some(x) = v.strip_suffix("ms") {
-        num(x)
-    } else if let Some(x) = v.strip_suffix('s') {
-        num(x).map(|x| x * 1000.0)
-    } else {
-        None
-    }
 }

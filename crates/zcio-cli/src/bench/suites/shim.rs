@@ -558,19 +558,11 @@ fn wrk_run(wrk: &Path, s: &Server, secs: u64) -> Result<Sample> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let rps: f64 = field_after(&text, "Requests/sec:").ok_or_else(|| anyhow!("wrk: {text}"))?;
-    let p99 = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("99%"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(parse_ms)
-        .ok_or_else(|| anyhow!("wrk p99 missing: {text}"))?;
-    let reqs = text
-        .lines()
-        .find(|l| l.contains("requests in"))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(rps * secs as f64);
+    let super::wrk::WrkOut {
+        rps,
+        p99_ms: p99,
+        reqs,
+    } = super::wrk::parse(&text, secs as f64)?;
     let errors = text
         .lines()
         .any(|l| l.contains("Non-2xx") || l.contains("Socket errors"));
@@ -582,24 +574,6 @@ fn wrk_run(wrk: &Path, s: &Server, secs: u64) -> Result<Sample> {
         sm.note("wrk reported errors (see its output)");
     }
     Ok(sm)
-}
-
-fn field_after<T: std::str::FromStr>(text: &str, key: &str) -> Option<T> {
-    let i = text.find(key)? + key.len();
-    text[i..].split_whitespace().next()?.parse().ok()
-}
-
-fn parse_ms(v: &str) -> Option<f64> {
-    let num = |s: &str| s.parse::<f64>().ok();
-    if let Some(x) = v.strip_suffix("us") {
-        num(x).map(|x| x / 1000.0)
-    } else if let Some(x) = v.strip_suffix("ms") {
-        num(x)
-    } else if let Some(x) = v.strip_suffix('s') {
-        num(x).map(|x| x * 1000.0)
-    } else {
-        None
-    }
 }
 
 fn memcached_run(s: &Server, depth: usize, secs: u64) -> Result<Sample> {
