@@ -205,6 +205,19 @@ fn put_ticket(ticket: *mut u64, t: u64) {
     }
 }
 
+/// The C result of a send made through `send_buf`: 0 with the ticket in `*ticket` (if
+/// non-NULL), `-errno` of a refusal (the buffer is still the caller's), or the handle's error.
+pub(crate) fn sent(res: Result<u64, Result<c_int, c_int>>, ticket: *mut u64) -> c_int {
+    match res {
+        Ok(t) => {
+            put_ticket(ticket, t);
+            0
+        }
+        Err(Ok(errno)) => -errno,
+        Err(Err(rc)) => rc,
+    }
+}
+
 /// Sends `buf` on `sock` with the caller's `token` (returned in the completion). On success
 /// (0) the buffer is taken (the handle is invalid afterwards; it comes back with its
 /// completion) and the ticket goes to `*ticket` if non-NULL. Never waits: `-EAGAIN` when the
@@ -236,14 +249,7 @@ pub extern "C" fn zcio_send_ring_send(
                 })
             })
         };
-        match res {
-            Ok(t) => {
-                put_ticket(ticket, t.0);
-                0
-            }
-            Err(Ok(errno)) => -errno,
-            Err(Err(rc)) => rc,
-        }
+        sent(res.map(|t| t.0), ticket)
     })
 }
 
@@ -292,14 +298,7 @@ pub extern "C" fn zcio_send_ring_send_hdr(
                 })
             })
         };
-        match res {
-            Ok(t) => {
-                put_ticket(ticket, t.0);
-                0
-            }
-            Err(Ok(errno)) => -errno,
-            Err(Err(rc)) => rc,
-        }
+        sent(res.map(|t| t.0), ticket)
     })
 }
 
@@ -349,14 +348,7 @@ pub extern "C" fn zcio_send_ring_send_to(
                 })
             })
         };
-        match res {
-            Ok(t) => {
-                put_ticket(ticket, t.0);
-                0
-            }
-            Err(Ok(errno)) => -errno,
-            Err(Err(rc)) => rc,
-        }
+        sent(res.map(|t| t.0), ticket)
     })
 }
 

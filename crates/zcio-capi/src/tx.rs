@@ -353,17 +353,7 @@ pub extern "C" fn zcio_sender_send(
                 sender.send(b).map_err(|r| (r.reason.errno(), r.buf))
             })
         };
-        match r {
-            Ok(t) => {
-                if !ticket.is_null() {
-                    // SAFETY: non-null output pointer.
-                    unsafe { *ticket = t.0 };
-                }
-                0
-            }
-            Err(Ok(errno)) => -errno,
-            Err(Err(rc)) => rc,
-        }
+        crate::ring::sent(r.map(|t| t.0), ticket)
     })
 }
 
