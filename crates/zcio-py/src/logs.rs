@@ -6,18 +6,16 @@
 //! its frame into a small Python object inside the library's closure, and the frame goes back
 //! at once.
 
-use crate::queue::OnThisThread;
+use crate::queue::{in_slices, OnThisThread};
 use pyo3::exceptions::{PyOSError, PyPermissionError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::net::IpAddr;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zcio::netlink::{
     CopyMode, CtEvent as LibCtEvent, CtEvents as LibCtEvents, CtEventsConfig, LogPacket,
     NfLog as LibNfLog, NfLogConfig, Tuple,
 };
-
-const SLICE: Duration = Duration::from_millis(20);
 
 fn io_err(what: String, e: Option<&std::io::Error>) -> PyErr {
     match e.and_then(|e| e.raw_os_error()) {
@@ -47,16 +45,6 @@ fn ct_err(e: zcio::netlink::CtError) -> PyErr {
         E::Socket { source, .. } => io_err(e.to_string(), Some(source)),
         E::NothingSelected => PyValueError::new_err(e.to_string()),
         _ => PyRuntimeError::new_err(e.to_string()),
-    }
-}
-
-fn wait_of(timeout: Option<f64>) -> PyResult<Option<Instant>> {
-    match timeout {
-        None => Ok(None),
-        Some(s) if s.is_finite() && s >= 0.0 => {
-            Ok(Some(Instant::now() + Duration::from_secs_f64(s)))
-        }
-        Some(s) => Err(PyValueError::new_err(format!("bad timeout {s}"))),
     }
 }
 
@@ -283,17 +271,7 @@ impl NfLog {
     #[pyo3(signature = (timeout=None))]
     fn next_batch(slf: &Bound<'_, Self>, timeout: Option<f64>) -> PyResult<Vec<LogEntry>> {
         let py = slf.py();
-        let deadline = wait_of(timeout)?;
-        loop {
-            let wait = deadline.map_or(SLICE, |d| {
-                d.saturating_duration_since(Instant::now()).min(SLICE)
-            });
-            let got = slf.borrow_mut().take(py, wait, false)?;
-            if !got.is_empty() || deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(got);
-            }
-            py.check_signals()?;
-        }
+        in_slices(py, timeout, |wait| slf.borrow_mut().take(py, wait, false))
     }
 
     /// What is ready now (after `fileno()` polled readable).
@@ -515,17 +493,7 @@ impl CtEvents {
     #[pyo3(signature = (timeout=None))]
     fn next_batch(slf: &Bound<'_, Self>, timeout: Option<f64>) -> PyResult<Vec<CtEvent>> {
         let py = slf.py();
-        let deadline = wait_of(timeout)?;
-        loop {
-            let wait = deadline.map_or(SLICE, |d| {
-                d.saturating_duration_since(Instant::now()).min(SLICE)
-            });
-            let got = slf.borrow_mut().take(py, wait, false)?;
-            if !got.is_empty() || deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(got);
-            }
-            py.check_signals()?;
-        }
+        in_slices(py, timeout, |wait| slf.borrow_mut().take(py, wait, false))
     }
 
     /// What is ready now (after `fileno()` polled readable).

@@ -394,6 +394,27 @@ impl NfQueue {
     }
 }
 
+/// Calls `take(wait)` with waits of at most [`SLICE`] until it returns something or
+/// `timeout` seconds (forever when None) have passed, handling pending signals between
+/// slices (Ctrl-C ends a wait within one slice). Used by every `next_batch`.
+pub(crate) fn in_slices<T>(
+    py: Python<'_>,
+    timeout: Option<f64>,
+    mut take: impl FnMut(Duration) -> PyResult<Vec<T>>,
+) -> PyResult<Vec<T>> {
+    let deadline = secs(timeout)?.map(|t| Instant::now() + t);
+    loop {
+        let wait = deadline.map_or(SLICE, |d| {
+            d.saturating_duration_since(Instant::now()).min(SLICE)
+        });
+        let got = take(wait)?;
+        if !got.is_empty() || deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(got);
+        }
+        py.check_signals()?;
+    }
+}
+
 fn secs(t: Option<f64>) -> PyResult<Option<Duration>> {
     match t {
         None => Ok(None),
@@ -491,18 +512,11 @@ impl NfQueue {
     #[pyo3(signature = (max=64, timeout=None))]
     fn next_batch(slf: &Bound<'_, Self>, max: usize, timeout: Option<f64>) -> PyResult<Batch> {
         let py = slf.py();
-        let deadline = secs(timeout)?.map(|t| Instant::now() + t);
-        loop {
-            let wait = deadline.map_or(SLICE, |d| {
-                d.saturating_duration_since(Instant::now()).min(SLICE)
-            });
-            let got = slf.borrow_mut().receive(py, max.max(1), wait, false)?;
-            if !got.is_empty() || deadline.is_some_and(|d| Instant::now() >= d) {
-                let mut me = slf.borrow_mut();
-                return me.batch_of(py, slf, got);
-            }
-            py.check_signals()?;
-        }
+        let got = in_slices(py, timeout, |wait| {
+            slf.borrow_mut().receive(py, max.max(1), wait, false)
+        })?;
+        let mut me = slf.borrow_mut();
+        me.batch_of(py, slf, got)
     }
 
     /// What is ready now, without waiting (for an event loop woken by `fileno()`).
