@@ -493,21 +493,7 @@ fn attempt_send_zc(ring: &mut Ring, zc_flags: u16) -> std::io::Result<i32> {
     // SAFETY: the request reads PROBE_BYTE, a static, and names `a`, which stays open until
     // every completion of the request (result, and the notification if announced) is in.
     unsafe { ring.push(&sqe) }?;
-    let mut res = None;
-    let mut notif_due = false;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while (res.is_none() || notif_due) && std::time::Instant::now() < deadline {
-        ring.submit_and_wait(1, Some(std::time::Duration::from_millis(100)))?;
-        ring.harvest(|c| {
-            if c.flags() & sys::IORING_CQE_F_NOTIF != 0 {
-                notif_due = false;
-            } else {
-                res = Some(c.result());
-                notif_due = c.flags() & IORING_CQE_F_MORE != 0;
-            }
-        })?;
-    }
-    res.ok_or_else(|| std::io::Error::other("no completion for the probe SEND_ZC within 2 s"))
+    wait_probe(ring)
 }
 
 /// Registers a one-buffer incremental ring and removes it again.
