@@ -158,10 +158,13 @@ pub fn line(live_enters: u64) -> String {
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
+    // io_uring_setup calls made, refused, not made (back-off) and paced (ring::pace).
+    let pace = zcio::ring::pace::counts();
     format!(
         "pid={pid} ring_instances={} fallbacks={} ring_waits={} ring_events={} ring_enters={} \
          ring_ctls={} ring_closes={} real_waits={} deferred_closes={} refused={} \
-         mode_switches={}\n",
+         mode_switches={} ring_setups={} setups_refused={} setups_throttled={} \
+         setups_delayed={}\n",
         g(&STATS.ring_instances),
         g(&STATS.fallbacks),
         g(&STATS.ring_waits),
@@ -173,6 +176,10 @@ pub fn line(live_enters: u64) -> String {
         g(&STATS.deferred_closes),
         g(&STATS.refused),
         g(&STATS.mode_switches),
+        pace.kernel_calls,
+        pace.refused,
+        pace.throttled,
+        pace.delayed,
     )
 }
 

@@ -207,38 +207,6 @@ fn falls_back_to_epoll_with_a_reason_when_io_uring_is_denied() {
     h.join().unwrap();
 }
 
-#[test]
-fn out_of_ring_memory_is_a_recorded_fallback_and_keeps_its_errno_when_asked_by_name() {
-    // io_uring_setup fails with ENOMEM (ring memory counts against RLIMIT_MEMLOCK and is freed
-    // asynchronously): Auto steps down with that reason; a backend asked for by name returns
-    // the errno (it may pass), not "unsupported", so a caller such as the epoll shim can tell
-    // a kernel without the feature from a moment without memory.
-    let h = std::thread::spawn(|| {
-        zcio_testnet::seccomp::deny_syscall_in_this_thread(libc::SYS_io_uring_setup, libc::ENOMEM)
-            .expect("seccomp filter");
-        let r = EventRing::new().expect("fallback ring");
-        assert_eq!(r.path(), EventPath::Epoll);
-        let fb = r.fallbacks().to_vec();
-        assert_eq!(fb.len(), 2, "{fb:?}");
-        for f in &fb {
-            assert!(
-                f.reason.contains("lack of resources") && f.reason.contains("RLIMIT_MEMLOCK"),
-                "reason: {}",
-                f.reason
-            );
-        }
-        for prefer in [Prefer::EpollWait, Prefer::Uring] {
-            let e = EventRing::with_config(&EventConfig {
-                prefer,
-                ..EventConfig::default()
-            })
-            .unwrap_err();
-            assert_eq!(e.raw_os_error(), Some(libc::ENOMEM), "{prefer:?}: {e}");
-        }
-    });
-    h.join().unwrap();
-}
-
 /// Every backend this kernel offers: the poll ring, the EPOLL_WAIT ring (Linux 6.15) where the
 /// kernel has it, and plain epoll.
 fn both() -> Vec<EventRing> {

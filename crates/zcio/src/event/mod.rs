@@ -58,6 +58,9 @@ use std::time::Duration;
 pub(super) enum NewError {
     Unavailable(String),
     Exhausted(io::Error),
+    /// Not tried: a refusal for lack of resources moments ago ([`crate::ring::pace`]); the
+    /// reason, and that refusal's errno.
+    Throttled(String, io::Error),
     Io(io::Error),
 }
 
@@ -76,6 +79,7 @@ impl From<RingError> for NewError {
             RingError::Setup(e) => {
                 NewError::Unavailable(format!("io_uring_setup failed with every flag set: {e}"))
             }
+            RingError::Throttled { reason, source } => NewError::Throttled(reason, source),
         }
     }
 }
@@ -89,6 +93,7 @@ impl NewError {
                 "io_uring_setup failed for lack of resources: {e} (ring memory counts against \
                  RLIMIT_MEMLOCK for unprivileged users)"
             )),
+            NewError::Throttled(r, _) => Ok(r),
             NewError::Io(e) => Err(e),
         }
     }
@@ -99,6 +104,8 @@ impl NewError {
         match self {
             NewError::Unavailable(r) => io::Error::new(io::ErrorKind::Unsupported, r),
             NewError::Exhausted(e) | NewError::Io(e) => e,
+            // The refusal's errno, so that a caller tells "not now" from "not here".
+            NewError::Throttled(_, e) => e,
         }
     }
 }

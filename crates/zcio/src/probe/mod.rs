@@ -253,6 +253,9 @@ pub fn errno_name(e: i32) -> String {
         libc::EAFNOSUPPORT => "EAFNOSUPPORT",
         libc::EPROTONOSUPPORT => "EPROTONOSUPPORT",
         libc::ENOBUFS => "ENOBUFS",
+        libc::EMFILE => "EMFILE",
+        libc::ENFILE => "ENFILE",
+        libc::EAGAIN => "EAGAIN",
         _ => return format!("errno {e}"),
     };
     n.to_string()

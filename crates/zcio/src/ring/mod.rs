@@ -22,6 +22,7 @@ pub mod epwait;
 pub mod features;
 pub mod key;
 pub mod lend;
+pub mod pace;
 pub mod poll;
 pub mod recv;
 pub mod zcrx;
@@ -48,6 +49,16 @@ pub enum RingError {
     /// io_uring exists but rejected every set-up we tried.
     #[error("io_uring_setup failed with every flag set tried: {0}")]
     Setup(#[source] io::Error),
+    /// Not asked of the kernel: it refused a ring for lack of resources moments ago, and the
+    /// back-off ([`pace`]) has not passed. Fall back as for the refusal itself.
+    #[error("io_uring_setup not tried: {reason}")]
+    Throttled {
+        /// Which refusal, how long ago, and why set-up is not retried yet.
+        reason: String,
+        /// The errno of that refusal.
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Set-up options. [`RingConfig::default`] asks for the fastest single-thread configuration.
@@ -142,6 +153,16 @@ impl<C: cqueue::EntryMarker> std::fmt::Debug for Ring<C> {
     }
 }
 
+impl<C: cqueue::EntryMarker> Drop for Ring<C> {
+    fn drop(&mut self) {
+        // The kernel frees a DEFER_TASKRUN ring behind an RCU grace period: count it so that
+        // a loop of rings is paced (pace.rs).
+        if self.has_flag("DEFER_TASKRUN") {
+            pace::released();
+        }
+    }
+}
+
 /// Explains an errno from `io_uring_setup` that means "no io_uring here".
 fn unavailable_reason(err: &io::Error) -> Option<String> {
     let sysctl = crate::sys::read_sysctl("/proc/sys/kernel/io_uring_disabled").ok();
@@ -221,6 +242,12 @@ impl<C: cqueue::EntryMarker> Ring<C> {
             Flag::SqPoll,
         ];
         let mut drop_iter = drop_order.iter();
+        if let Err(closed) = pace::admit(wanted.contains(&Flag::DeferTaskrun)) {
+            return Err(RingError::Throttled {
+                reason: closed.reason,
+                source: io::Error::from_raw_os_error(closed.errno),
+            });
+        }
         loop {
             match Self::build(cfg, &wanted) {
                 Ok(ring) => {
@@ -299,8 +326,12 @@ impl<C: cqueue::EntryMarker> Ring<C> {
                 }
             }
         }
-        let ring = b.build(cfg.entries)?;
-        Self::move_private(ring)
+        let ring = b.build(cfg.entries);
+        pace::record(match &ring {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.raw_os_error().unwrap_or(0)),
+        });
+        Self::move_private(ring?)
     }
 
     /// Moves the ring's descriptor above [`crate::sys::private_fd_floor`] (when set): the
