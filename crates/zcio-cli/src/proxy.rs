@@ -115,6 +115,7 @@ fn config(a: &ProxyArgs) -> Result<ProxyConfig> {
         },
         max_connections: a.max_connections,
         nodelay: true,
+        ..ProxyConfig::default()
     })
 }
 

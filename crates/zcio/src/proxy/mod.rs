@@ -137,7 +137,19 @@ pub struct ProxyConfig {
     /// proxy forwards whatever arrived at once, and Nagle's algorithm would hold a small
     /// segment back until the previous one is acknowledged (a delayed ACK: up to 40 ms).
     pub nodelay: bool,
+    /// Waits while the connections stream (the last harvest's chunks averaged at least
+    /// [`BULK_CHUNK`]): return once this many completions are there, or after
+    /// `bulk_min_wait` with at least one (fewer kernel entries per MB). While they exchange
+    /// small messages waits return on the first completion ([`ProxyConfig::rx`]'s
+    /// `low_latency`). 1: never batch.
+    pub bulk_batch: usize,
+    /// The most a batched wait holds a first completion back (see `bulk_batch`).
+    pub bulk_min_wait: Duration,
 }
+
+/// A harvest whose received chunks average at least this many bytes is bulk transfer (see
+/// [`ProxyConfig::bulk_batch`]); request/response messages are far below it.
+pub const BULK_CHUNK: usize = 16 << 10;
 
 impl Default for ProxyConfig {
     fn default() -> Self {
@@ -154,6 +166,8 @@ impl Default for ProxyConfig {
             limits: Limits::default(),
             max_connections: 10_000,
             nodelay: true,
+            bulk_batch: 32,
+            bulk_min_wait: Duration::from_micros(200),
         }
     }
 }
@@ -208,7 +222,7 @@ impl std::fmt::Display for Ended {
 }
 
 /// What a [`Proxy`] has done so far.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ProxyStats {
     /// Clients accepted.
     pub accepted: u64,
@@ -249,6 +263,24 @@ pub struct ProxyStats {
     /// Receives that ended because the receive ring had no free buffer (re-armed when one
     /// came back; `docs/design/rx.md`).
     pub rx_out_of_buffers: u64,
+    /// Turns of the loop (waits).
+    pub turns: u64,
+    /// Received chunks routed (each one receive completion handed to a pair).
+    pub chunks: u64,
+    /// Most received chunks routed in one turn (the largest harvest).
+    pub turn_chunks_max: u64,
+    /// Per routed chunk, the time from the wait that harvested it returning to the enter
+    /// that issues its send (the turn's processing: every chunk of a harvest waits for the
+    /// whole harvest), as a log2 histogram: bucket `i` counts `[2^i, 2^(i+1))` µs, bucket 0
+    /// also below 1 µs, the last also above.
+    pub hold_us_log2: [u64; 16],
+    /// Waits that returned with no completion with sends in flight (the 5 ms cap reached:
+    /// the notifications the sends owed had not come).
+    pub capped_waits: u64,
+    /// Waits made in bulk mode (batched: [`ProxyConfig::bulk_batch`]).
+    pub bulk_waits: u64,
+    /// Switches between bulk and request/response waits.
+    pub wait_switches: u64,
 }
 
 impl ProxyStats {
@@ -281,6 +313,33 @@ impl ProxyStats {
         self.syscalls += o.syscalls;
         self.ring_enters += o.ring_enters;
         self.rx_out_of_buffers += o.rx_out_of_buffers;
+        self.turns += o.turns;
+        self.chunks += o.chunks;
+        self.turn_chunks_max = self.turn_chunks_max.max(o.turn_chunks_max);
+        for (a, b) in self.hold_us_log2.iter_mut().zip(o.hold_us_log2) {
+            *a += b;
+        }
+        self.capped_waits += o.capped_waits;
+        self.bulk_waits += o.bulk_waits;
+        self.wait_switches += o.wait_switches;
+    }
+
+    /// The `q` quantile (0..=1) of [`ProxyStats::hold_us_log2`], as its bucket's upper
+    /// bound in µs (`None` before any chunk).
+    pub fn hold_us_quantile(&self, q: f64) -> Option<u64> {
+        let total: u64 = self.hold_us_log2.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let want = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, n) in self.hold_us_log2.iter().enumerate() {
+            seen += n;
+            if seen >= want {
+                return Some(1u64 << (i + 1));
+            }
+        }
+        Some(1u64 << self.hold_us_log2.len())
     }
 
     /// Fraction of zero-copy sent bytes the kernel copied.
@@ -322,6 +381,10 @@ pub struct Proxy {
     stats: ProxyStats,
     draining: bool,
     next_timers: Instant,
+    /// Waits batch completions (the connections stream; `ProxyConfig::bulk_batch`).
+    bulk: bool,
+    /// Why batched waits are not available, once known.
+    bulk_refused: Option<String>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -386,6 +449,8 @@ impl Proxy {
             stats: ProxyStats::default(),
             draining: false,
             next_timers: Instant::now(),
+            bulk: false,
+            bulk_refused: None,
         })
     }
 
@@ -408,6 +473,7 @@ impl Proxy {
     pub fn fallbacks(&self) -> Vec<String> {
         let mut v: Vec<String> = self.rx.fallbacks().iter().map(|f| f.to_string()).collect();
         v.extend(Report::fallbacks(&self.tx).iter().map(|f| f.to_string()));
+        v.extend(self.bulk_refused.iter().cloned());
         v
     }
 
@@ -514,12 +580,26 @@ impl Proxy {
             // With sends out, a wait is capped: their notifications are deferred task work,
             // posted by an enter of this thread; a long wait with nothing else arriving would
             // hold the buffers (and the receives waiting for them) back.
-            let timeout = if self.tx.in_flight() > 0 {
-                timeout.min(Duration::from_millis(5))
-            } else {
-                timeout
-            };
-            self.rx.poll(timeout, &mut |ev| events.push(ev))?;
+            let cap = Duration::from_millis(5);
+            let capped = self.tx.in_flight() > 0 && timeout > cap;
+            let timeout = if capped { cap } else { timeout };
+            let t0 = Instant::now();
+            if self.bulk {
+                self.stats.bulk_waits += 1;
+            }
+            let n = self.rx.poll(timeout, &mut |ev| events.push(ev))?;
+            if capped && n == 0 && t0.elapsed() >= cap {
+                self.stats.capped_waits += 1;
+            }
+        }
+        let woke = Instant::now();
+        self.stats.turns += 1;
+        let (chunks, bytes) = events.iter().fold((0u64, 0usize), |(n, b), e| match e {
+            RxEvent::Data(c) => (n + 1, b + c.len()),
+            _ => (n, b),
+        });
+        if chunks > 0 {
+            self.choose_wait(bytes / chunks as usize >= BULK_CHUNK);
         }
         for ev in events.drain(..) {
             self.on_event(ev);
@@ -559,6 +639,13 @@ impl Proxy {
             self.tx.prepare();
         }
         let now = Instant::now();
+        if chunks > 0 {
+            let us = now.duration_since(woke).as_micros() as u64;
+            let b = (64 - us.leading_zeros() as usize).saturating_sub(1);
+            self.stats.hold_us_log2[b.min(15)] += chunks;
+            self.stats.chunks += chunks;
+            self.stats.turn_chunks_max = self.stats.turn_chunks_max.max(chunks);
+        }
         if now >= self.next_timers {
             self.next_timers = now + self.timer_tick();
             for i in 0..self.slots.len() as u32 {
@@ -570,6 +657,32 @@ impl Proxy {
             }
         }
         Ok(())
+    }
+
+    /// Batched waits while streaming, first-completion waits otherwise (from the last
+    /// harvest with data; `ProxyConfig::bulk_batch`).
+    fn choose_wait(&mut self, bulk: bool) {
+        let bulk = bulk && self.cfg.bulk_batch > 1 && self.bulk_refused.is_none();
+        if bulk == self.bulk || self.poller.is_some() {
+            return;
+        }
+        let ok = if bulk {
+            self.rx
+                .set_wait(self.cfg.bulk_batch, self.cfg.bulk_min_wait)
+        } else {
+            self.rx.set_wait(1, Duration::ZERO)
+        };
+        if !ok {
+            self.rx.set_wait(1, Duration::ZERO);
+            self.bulk_refused = Some(
+                "proxy bulk waits (batched) -> first completion: kernel lacks \
+                 IORING_FEAT_MIN_TIMEOUT (Linux 6.12)"
+                    .to_string(),
+            );
+            return;
+        }
+        self.bulk = bulk;
+        self.stats.wait_switches += 1;
     }
 
     /// How often timers are checked: a tenth of the shortest timeout, within 10 ms..1 s.

@@ -466,6 +466,8 @@ pub(crate) trait Backend {
     fn pause(&mut self, conn: ConnId, c: &mut RxCounters);
     /// Receives on a paused `conn` again.
     fn resume(&mut self, conn: ConnId, c: &mut RxCounters) -> io::Result<()>;
+    /// Changes how waits gather completions; false when `batch > 1` cannot be honoured.
+    fn set_wait(&mut self, batch: usize, min_wait: Duration) -> bool;
     /// The backend's readiness descriptor (created on first call).
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>>;
     /// Clears the readiness descriptor after a harvest; true when work came in meanwhile.
@@ -524,6 +526,9 @@ impl Backend for RxBackend {
     }
     fn resume(&mut self, conn: ConnId, c: &mut RxCounters) -> io::Result<()> {
         each_backend!(self, b => b.resume(conn, c))
+    }
+    fn set_wait(&mut self, batch: usize, min_wait: Duration) -> bool {
+        each_backend!(self, b => b.set_wait(batch, min_wait))
     }
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
         each_backend!(self, b => b.notify_fd())
@@ -679,6 +684,15 @@ impl Receiver {
     /// Receives on a paused `conn` again (no effect on a connection that is not paused).
     pub fn resume(&mut self, conn: ConnId) -> io::Result<()> {
         self.backend.resume(conn, &mut self.counters)
+    }
+
+    /// Changes how later waits gather completions ([`RxConfig::batch`] and
+    /// [`RxConfig::min_wait`]): e.g. a proxy batches while its connections stream and returns
+    /// on the first completion while they exchange small messages. Returns false (and keeps
+    /// returning on the first completion) when `batch > 1` cannot be honoured: the plain
+    /// backend, or a kernel without `IORING_FEAT_MIN_TIMEOUT` (Linux 6.12).
+    pub fn set_wait(&mut self, batch: usize, min_wait: Duration) -> bool {
+        self.backend.set_wait(batch, min_wait)
     }
 
     /// Waits up to `timeout` for events and passes each to `f`. Returns the number of events.

@@ -114,6 +114,10 @@ impl Backend for PlainRx {
             }
         }
     }
+    fn set_wait(&mut self, batch: usize, _min_wait: Duration) -> bool {
+        // Readiness waits return with whatever is ready; there is nothing to gather.
+        batch <= 1
+    }
     fn resume(&mut self, conn: ConnId, c: &mut RxCounters) -> io::Result<()> {
         if let Some(s) = self.conns.get_mut(conn) {
             if self.paused.remove(&conn) {

@@ -543,6 +543,12 @@ impl<C: Cqe> Backend for RingRx<C> {
             let _ = self.rr.cancel(conn.tag());
         }
     }
+    fn set_wait(&mut self, batch: usize, min_wait: Duration) -> bool {
+        let ok = batch <= 1 || min_wait.is_zero() || self.rr.ring().has_min_wait();
+        self.batch = batch.max(1);
+        self.min_wait = min_wait;
+        ok
+    }
     fn resume(&mut self, conn: ConnId, c: &mut RxCounters) -> io::Result<()> {
         let armed = self.rr.is_armed(conn.tag());
         let Some(cn) = self.conns.get_mut(conn) else {

@@ -10,6 +10,9 @@
 //!   every proxy).
 //! - Request/response: wrk, 100 connections, 1 KiB responses from nginx through the proxy:
 //!   req/s, p99, proxy CPU per request.
+//!
+//! `ZCIO_BENCH_ONLY=substring` runs only the cases whose name contains it (e.g. `req/resp`,
+//! `veth`, `vs nginx`).
 
 use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
 use anyhow::{anyhow, bail, Context, Result};
@@ -112,8 +115,12 @@ impl Suite for ProxySuite {
         // Loopback bulk.
         let lo = Net::loopback();
         for b in baselines {
+            let case = format!("bulk loopback, {CONNS} conns, vs {}", b.short());
+            if !super::tx::wanted(&case) {
+                continue;
+            }
             ctx.compare(
-                &format!("bulk loopback, {CONNS} conns, vs {}", b.short()),
+                &case,
                 (b.label(), Kind::Zcio.label()),
                 BULK,
                 || bulk(b, &lo, &dir, secs),
@@ -121,7 +128,11 @@ impl Suite for ProxySuite {
             )?;
         }
         // Across test hosts: client and server in A, the proxy in B.
+        let veth_wanted = baselines
+            .iter()
+            .any(|b| super::tx::wanted(&veth_case(b.short())));
         match zcio_testnet::check_privileges() {
+            Ok(()) if !veth_wanted => {}
             Ok(()) => {
                 let pair = zcio_testnet::Pair::new("pxb").context("test hosts")?;
                 let veth = Net {
@@ -131,8 +142,12 @@ impl Suite for ProxySuite {
                     server_ip: pair.a4.into(),
                 };
                 for b in baselines {
+                    let case = veth_case(b.short());
+                    if !super::tx::wanted(&case) {
+                        continue;
+                    }
                     ctx.compare(
-                        &format!("bulk veth A->B->A, {CONNS} conns, vs {}", b.short()),
+                        &case,
                         (b.label(), Kind::Zcio.label()),
                         BULK,
                         || bulk(b, &veth, &dir, secs),
@@ -143,10 +158,18 @@ impl Suite for ProxySuite {
             Err(e) => ctx.note(format!("veth case not run: {e}")),
         }
         // Request/response to nginx.
+        let rr_case = |b: Kind| format!("1 KiB req/resp, wrk 100 conns, vs {}", b.short());
+        if !baselines.iter().any(|&b| super::tx::wanted(&rr_case(b))) {
+            return Ok(());
+        }
         let web = Web::start(&dir)?;
         for b in baselines {
+            let case = rr_case(b);
+            if !super::tx::wanted(&case) {
+                continue;
+            }
             ctx.compare(
-                &format!("1 KiB req/resp, wrk 100 conns, vs {}", b.short()),
+                &case,
                 (b.label(), Kind::Zcio.label()),
                 RR,
                 || rr(b, &web, &dir, secs),
@@ -155,6 +178,11 @@ impl Suite for ProxySuite {
         }
         Ok(())
     }
+}
+
+/// The name of a bulk case across test hosts.
+fn veth_case(baseline: &str) -> String {
+    format!("bulk veth A->B->A, {CONNS} conns, vs {baseline}")
 }
 
 const STREAM_MODULE: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
@@ -534,8 +562,25 @@ fn bulk(kind: Kind, net: &Net, dir: &TempDir, secs: f64) -> Result<Sample> {
 }
 
 fn zcio_note(v: &serde_json::Value) -> String {
+    // The loop's own profile: per received chunk, the time from the wait that harvested it
+    // to the enter that issues its send (log2 buckets), the largest harvest, waits.
+    let stats: Option<zcio::proxy::ProxyStats> = serde_json::from_value(v.clone()).ok();
+    let profile = stats.map_or_else(String::new, |s| {
+        let q = |x: f64| s.hold_us_quantile(x).map_or("-".into(), |u| format!("<{u}"));
+        format!(
+            "; loop: {} turns, {} chunks, harvest max {}, chunk harvest->send issue p50 {} \
+             p99 {} us, waits capped at 5 ms that timed out {}, batched (bulk) waits {}",
+            s.turns,
+            s.chunks,
+            s.turn_chunks_max,
+            q(0.5),
+            q(0.99),
+            s.capped_waits,
+            s.bulk_waits
+        )
+    });
     format!(
-        "zcio proxy: rx {}, tx {}, one ring per thread {}, COPIED {}",
+        "zcio proxy: rx {}, tx {}, one ring per thread {}, COPIED {}{profile}",
         v["rx_path"].as_str().unwrap_or("?"),
         v["tx_path"].as_str().unwrap_or("?"),
         v["one_ring"],
