@@ -116,6 +116,8 @@ fn start_on(l: TcpListener, targets: Vec<SocketAddr>, cfg: ProxyConfig, plain: b
         let mut g = seen2.lock().unwrap();
         g.ended.extend(p.take_ended());
         g.stats = s;
+        // Fallbacks found while running (e.g. batched waits the kernel cannot do).
+        g.fallbacks = p.fallbacks();
     });
     ok_rx.recv().unwrap();
     let r = Running {

@@ -566,7 +566,10 @@ fn zcio_note(v: &serde_json::Value) -> String {
     // to the enter that issues its send (log2 buckets), the largest harvest, waits.
     let stats: Option<zcio::proxy::ProxyStats> = serde_json::from_value(v.clone()).ok();
     let profile = stats.map_or_else(String::new, |s| {
-        let q = |x: f64| s.hold_us_quantile(x).map_or("-".into(), |u| format!("<{u}"));
+        let q = |x: f64| {
+            s.hold_us_quantile(x)
+                .map_or("-".into(), |u| format!("<{u}"))
+        };
         format!(
             "; loop: {} turns, {} chunks, harvest max {}, chunk harvest->send issue p50 {} \
              p99 {} us, waits capped at 5 ms that timed out {}, batched (bulk) waits {}",
