@@ -140,8 +140,8 @@ pub struct ProxyConfig {
     /// Waits while the connections stream (the last harvest's chunks averaged at least
     /// [`BULK_CHUNK`]): return once this many completions are there, or after
     /// `bulk_min_wait` with at least one (fewer kernel entries per MB). While they exchange
-    /// small messages waits return on the first completion ([`ProxyConfig::rx`]'s
-    /// `low_latency`). 1: never batch.
+    /// small messages waits are [`ProxyConfig::rx`]'s (`low_latency` by default: the first
+    /// completion). 1: never batch.
     pub bulk_batch: usize,
     /// The most a batched wait holds a first completion back (see `bulk_batch`).
     pub bulk_min_wait: Duration,
@@ -666,14 +666,16 @@ impl Proxy {
         if bulk == self.bulk || self.poller.is_some() {
             return;
         }
+        // Back from bulk: the receiver's configured wait (first completion by default).
+        let (batch, min_wait) = (self.cfg.rx.batch, self.cfg.rx.min_wait);
         let ok = if bulk {
             self.rx
                 .set_wait(self.cfg.bulk_batch, self.cfg.bulk_min_wait)
         } else {
-            self.rx.set_wait(1, Duration::ZERO)
+            self.rx.set_wait(batch, min_wait)
         };
         if !ok {
-            self.rx.set_wait(1, Duration::ZERO);
+            self.rx.set_wait(batch, min_wait);
             self.bulk_refused = Some(
                 "proxy bulk waits (batched) -> first completion: kernel lacks \
                  IORING_FEAT_MIN_TIMEOUT (Linux 6.12)"
