@@ -18,8 +18,9 @@ use crate::ring::RingConfig;
 use crate::stats::{self, Counters, Fallback, Report};
 use crate::sys;
 use crate::sys::msg::MsgOpts;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -84,6 +85,8 @@ pub struct SendRing {
     pub(super) writable: VecDeque<SockId>,
     /// `auto`'s cost by size, for every socket of the ring.
     pub(super) policy: AutoPolicy,
+    /// `auto`'s COPIED verdict per route (peer address), for every socket to that peer.
+    pub(super) routes: HashMap<IpAddr, Route>,
     pub(super) cfg: SendRingConfig,
     pub(super) fallbacks: Vec<Fallback>,
     /// Why the last pool registration failed.
@@ -105,6 +108,17 @@ impl std::fmt::Debug for SendRing {
             .field("ring", &self.uring.as_ref().map(|u| u.lr.stats()))
             .finish()
     }
+}
+
+/// The COPIED verdict of one route (a peer address) and how many of the ring's `auto`
+/// sockets send to it (the entry goes with the last). Whether the kernel copies a zero-copy
+/// send depends on where it goes (local delivery, a device without scatter-gather or
+/// checksum offload), not on the socket: the first sockets' completions decide for every
+/// socket to that peer, and one re-probe per route (not per socket) checks it again.
+#[derive(Debug)]
+pub(super) struct Route {
+    pub(super) watch: CopiedWatch,
+    pub(super) socks: u32,
 }
 
 fn route_path(p: Path) -> stats::Path {
@@ -179,6 +193,7 @@ impl SendRing {
             ready: VecDeque::new(),
             writable: VecDeque::new(),
             policy: AutoPolicy::new(4, 4096, true),
+            routes: HashMap::new(),
             cfg: cfg.clone(),
             fallbacks,
             pool_error: None,
@@ -283,10 +298,34 @@ impl SendRing {
             self.choose(&mut s)
         };
         if cfg.mode == TxMode::Auto {
+            let zc = s.path.is_zero_copy().then_some(s.path);
+            // The peer's address names the route; a socket without one (unconnected UDP) or
+            // whose peer cannot be read watches its own completions.
+            let route = if zc.is_some() {
+                sys::net::peer_ip(&*s.fd).ok().flatten()
+            } else {
+                None
+            };
+            let watch = match route {
+                Some(ip) => {
+                    self.routes
+                        .entry(ip)
+                        .or_insert_with(|| Route {
+                            watch: CopiedWatch::new(cfg.copied_streak, cfg.reprobe_every),
+                            socks: 0,
+                        })
+                        .socks += 1;
+                    None
+                }
+                None => Some(CopiedWatch::new(cfg.copied_streak, cfg.reprobe_every)),
+            };
             s.auto = Some(Box::new(Auto {
-                zc: s.path.is_zero_copy().then_some(s.path),
-                watch: CopiedWatch::new(cfg.copied_streak, cfg.reprobe_every),
+                zc,
+                route,
+                watch,
                 probe: None,
+                in_copy: false,
+                noted: false,
             }));
         }
         if s.path.is_uring() {
@@ -706,8 +745,13 @@ impl SendRing {
 
     /// The path of one send (`auto` decides per send).
     fn route(&mut self, idx: u32, seq: u64, len: usize) -> Path {
-        let policy = &mut self.policy;
-        let s = self.socks[idx as usize].as_mut().expect("live");
+        let Self {
+            policy,
+            socks,
+            routes,
+            ..
+        } = self;
+        let s = socks[idx as usize].as_mut().expect("live");
         if !s.is_auto() {
             return s.path;
         }
@@ -718,7 +762,8 @@ impl SendRing {
         let Some(zc) = a.zc else {
             return copy;
         };
-        let d = match a.watch.decide() {
+        let watch = watch_of(routes, a.route, &mut a.watch);
+        let d = match watch.decide() {
             Some(d) => d,
             None => {
                 let d = policy.decide_size(len);
@@ -728,16 +773,23 @@ impl SendRing {
                 d
             }
         };
+        let in_copy = watch.in_copy();
+        let interval = watch.interval();
         if d.probe {
             a.probe = Some(seq);
+            s.stats.auto_reprobes += 1;
         }
-        let (to, re, back) = a.watch.counts();
-        s.stats.auto_switches_to_copy = to;
-        s.stats.auto_reprobes = re;
-        s.stats.auto_switches_back = back;
+        if in_copy != a.in_copy {
+            // The route's verdict changed since this socket last sent (other sockets'
+            // completions found it): the socket follows without probing.
+            if in_copy {
+                s.stats.auto_route_verdicts += 1;
+            }
+            follow_verdict(s, in_copy, copy, interval, None);
+        }
         match d.choice {
             Choice::Copy => {
-                if !a.watch.in_copy() {
+                if !in_copy {
                     s.stats.auto_size_copies += 1;
                 }
                 copy
@@ -985,38 +1037,29 @@ impl SendRing {
         self.ready.push_back((done, buf));
     }
 
-    /// `auto` learns from a zero-copy completion of one of its sockets.
+    /// `auto` learns from a zero-copy completion of one of its sockets (for the socket's
+    /// route: every socket to the same peer follows at its next send).
     fn observe(&mut self, idx: u32, seq: u64, status: ZcStatus) {
-        let s = self.socks[idx as usize].as_mut().expect("live");
+        let Self { socks, routes, .. } = self;
+        let s = socks[idx as usize].as_mut().expect("live");
         let copy = s.copy_path();
         let Some(a) = s.auto.as_mut() else { return };
         let probe = a.probe == Some(seq);
         if probe {
             a.probe = None;
         }
-        match a.watch.observe(status, probe) {
+        let watch = watch_of(routes, a.route, &mut a.watch);
+        match watch.observe(status, probe) {
             Some(Event::SwitchedToCopy { streak, interval }) => {
-                let first = a.watch.counts().0 == 1;
-                let from = a.zc;
-                if first {
-                    let from = from.map_or(stats::Path::TxMode(TxMode::Auto), route_path);
-                    let reason = format!(
-                        "{streak} zero-copy completions in a row came back COPIED: this path \
-                         copies anyway (loopback or local delivery), so zero-copy only adds \
-                         notification cost; sending by copy ({copy}), re-probing every \
-                         {interval} sends"
-                    );
-                    s.fallbacks.push(Fallback::new(from, copy, reason));
-                }
-                s.path = copy;
+                s.stats.auto_switches_to_copy += 1;
+                follow_verdict(s, true, copy, interval, Some(streak));
             }
-            Some(Event::SwitchedBack) => s.path = a.zc.unwrap_or(copy),
+            Some(Event::SwitchedBack) => {
+                s.stats.auto_switches_back += 1;
+                follow_verdict(s, false, copy, 0, None);
+            }
             None => {}
         }
-        let (to, re, back) = a.watch.counts();
-        s.stats.auto_switches_to_copy = to;
-        s.stats.auto_reprobes = re;
-        s.stats.auto_switches_back = back;
     }
 
     /// After progress on a socket: a refused one that can take sends again is reported
@@ -1040,6 +1083,18 @@ impl SendRing {
         let Some(s) = self.socks[idx as usize].take() else {
             return;
         };
+        if let Some(ip) = s.auto.as_ref().and_then(|a| a.route.map(|r| (r, a.probe))) {
+            let (ip, probe) = ip;
+            if let Some(r) = self.routes.get_mut(&ip) {
+                if probe.is_some() {
+                    r.watch.probe_lost();
+                }
+                r.socks -= 1;
+                if r.socks == 0 {
+                    self.routes.remove(&ip);
+                }
+            }
+        }
         add_counters(&mut self.gone.0, &s.counters);
         self.gone.1.add(&s.stats);
         if s.in_epoll {
@@ -1701,4 +1756,59 @@ fn split_slices(
     let mut it = lents.into_iter();
     let first = it.next().unwrap_or(Lent::Vec(Vec::new()));
     (first, it.collect(), None, Some(parts), bad)
+}
+
+/// The COPIED watch an `auto` socket follows: its route's, or its own without a route.
+fn watch_of<'a>(
+    routes: &'a mut HashMap<IpAddr, Route>,
+    route: Option<IpAddr>,
+    own: &'a mut Option<CopiedWatch>,
+) -> &'a mut CopiedWatch {
+    match route {
+        Some(ip) => {
+            &mut routes
+                .get_mut(&ip)
+                .expect("a route lives while its sockets do")
+                .watch
+        }
+        None => own
+            .as_mut()
+            .expect("a socket without a route has its own watch"),
+    }
+}
+
+/// An `auto` socket's path follows its route's COPIED verdict (`in_copy`); the first switch
+/// to copy is recorded as a fallback, saying whether this socket's completions found it
+/// (`streak`) or others' to the same peer did.
+fn follow_verdict(s: &mut Sock, in_copy: bool, copy: Path, interval: u64, streak: Option<u32>) {
+    let Some(a) = s.auto.as_mut() else { return };
+    a.in_copy = in_copy;
+    if !in_copy {
+        s.path = a.zc.unwrap_or(copy);
+        return;
+    }
+    s.path = copy;
+    if a.noted {
+        return;
+    }
+    a.noted = true;
+    let from = a.zc.map_or(stats::Path::TxMode(TxMode::Auto), route_path);
+    let whose = match (streak, a.route) {
+        (Some(n), _) => format!("{n} zero-copy completions in a row came back COPIED"),
+        (None, Some(ip)) => format!(
+            "zero-copy completions of this ring's sockets to {ip} came back COPIED (the \
+             route's verdict: this socket made no probe of its own)"
+        ),
+        (None, None) => "zero-copy completions came back COPIED".to_string(),
+    };
+    let per = if a.route.is_some() {
+        "the route re-probed once"
+    } else {
+        "re-probing"
+    };
+    let reason = format!(
+        "{whose}: this path copies anyway (loopback or local delivery), so zero-copy only \
+         adds notification cost; sending by copy ({copy}), {per} every {interval} sends"
+    );
+    s.fallbacks.push(Fallback::new(from, copy, reason));
 }

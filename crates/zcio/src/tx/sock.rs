@@ -13,6 +13,7 @@ use crate::sys::msg::MsgOpts;
 use crate::sys::{self, net};
 use std::collections::VecDeque;
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
@@ -193,9 +194,18 @@ pub(super) struct Pending {
 pub(super) struct Auto {
     /// The zero-copy path (none: copy only).
     pub(super) zc: Option<Path>,
-    pub(super) watch: CopiedWatch,
+    /// The peer's address: the socket follows the COPIED verdict of its route, which the
+    /// ring keeps for every socket to that peer ([`super::ring::Route`]). `None` (no peer: an
+    /// unconnected UDP socket): the socket's own `watch` decides.
+    pub(super) route: Option<IpAddr>,
+    /// The COPIED watch of a socket without a route.
+    pub(super) watch: Option<CopiedWatch>,
     /// The COPIED re-probe in flight (the socket's send number).
     pub(super) probe: Option<u64>,
+    /// Whether the socket's path shows the copy verdict (it followed the last switch).
+    pub(super) in_copy: bool,
+    /// Whether the socket recorded the COPIED fallback (once).
+    pub(super) noted: bool,
 }
 
 /// One socket.
