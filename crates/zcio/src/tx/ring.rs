@@ -86,7 +86,7 @@ pub struct SendRing {
     /// `auto`'s cost by size, for every socket of the ring.
     pub(super) policy: AutoPolicy,
     /// `auto`'s COPIED verdict per route (peer address), for every socket to that peer.
-    pub(super) routes: HashMap<IpAddr, Route>,
+    pub(super) routes: Routes,
     pub(super) cfg: SendRingConfig,
     pub(super) fallbacks: Vec<Fallback>,
     /// Why the last pool registration failed.
@@ -117,8 +117,70 @@ impl std::fmt::Debug for SendRing {
 /// socket to that peer, and one re-probe per route (not per socket) checks it again.
 #[derive(Debug)]
 pub(super) struct Route {
+    pub(super) ip: IpAddr,
     pub(super) watch: CopiedWatch,
     pub(super) socks: u32,
+}
+
+/// The ring's routes: found by address when a socket is added, by index (kept in the
+/// socket's `Auto`) on every send and completion, so the per-send path hashes nothing.
+#[derive(Debug, Default)]
+pub(super) struct Routes {
+    by_ip: HashMap<IpAddr, u32>,
+    slots: Vec<Option<Route>>,
+    free: Vec<u32>,
+}
+
+impl Routes {
+    /// One more socket to `ip`: its route's index (a new route watches with `cfg`'s rules).
+    fn join(&mut self, ip: IpAddr, cfg: &SenderConfig) -> u32 {
+        let id = match self.by_ip.get(&ip) {
+            Some(&id) => id,
+            None => {
+                let r = Route {
+                    ip,
+                    watch: CopiedWatch::new(cfg.copied_streak, cfg.reprobe_every),
+                    socks: 0,
+                };
+                let id = match self.free.pop() {
+                    Some(id) => {
+                        self.slots[id as usize] = Some(r);
+                        id
+                    }
+                    None => {
+                        self.slots.push(Some(r));
+                        (self.slots.len() - 1) as u32
+                    }
+                };
+                self.by_ip.insert(ip, id);
+                id
+            }
+        };
+        self.get_mut(id).socks += 1;
+        id
+    }
+
+    /// A socket of route `id` has gone (`probe_out`: with the route's re-probe in flight);
+    /// the route goes with its last socket.
+    fn leave(&mut self, id: u32, probe_out: bool) {
+        let r = self.get_mut(id);
+        if probe_out {
+            r.watch.probe_lost();
+        }
+        r.socks -= 1;
+        if r.socks == 0 {
+            let ip = r.ip;
+            self.slots[id as usize] = None;
+            self.by_ip.remove(&ip);
+            self.free.push(id);
+        }
+    }
+
+    fn get_mut(&mut self, id: u32) -> &mut Route {
+        self.slots[id as usize]
+            .as_mut()
+            .expect("a route lives while its sockets do")
+    }
 }
 
 fn route_path(p: Path) -> stats::Path {
@@ -193,7 +255,7 @@ impl SendRing {
             ready: VecDeque::new(),
             writable: VecDeque::new(),
             policy: AutoPolicy::new(4, 4096, true),
-            routes: HashMap::new(),
+            routes: Routes::default(),
             cfg: cfg.clone(),
             fallbacks,
             pool_error: None,
@@ -306,17 +368,9 @@ impl SendRing {
             } else {
                 None
             };
+            let route = route.map(|ip| self.routes.join(ip, cfg));
             let watch = match route {
-                Some(ip) => {
-                    self.routes
-                        .entry(ip)
-                        .or_insert_with(|| Route {
-                            watch: CopiedWatch::new(cfg.copied_streak, cfg.reprobe_every),
-                            socks: 0,
-                        })
-                        .socks += 1;
-                    None
-                }
+                Some(_) => None,
                 None => Some(CopiedWatch::new(cfg.copied_streak, cfg.reprobe_every)),
             };
             s.auto = Some(Box::new(Auto {
@@ -762,7 +816,7 @@ impl SendRing {
         let Some(zc) = a.zc else {
             return copy;
         };
-        let watch = watch_of(routes, a.route, &mut a.watch);
+        let (watch, peer) = watch_of(routes, a.route, &mut a.watch);
         let d = match watch.decide() {
             Some(d) => d,
             None => {
@@ -785,7 +839,7 @@ impl SendRing {
             if in_copy {
                 s.stats.auto_route_verdicts += 1;
             }
-            follow_verdict(s, in_copy, copy, interval, None);
+            follow_verdict(s, in_copy, copy, interval, None, peer);
         }
         match d.choice {
             Choice::Copy => {
@@ -1048,15 +1102,15 @@ impl SendRing {
         if probe {
             a.probe = None;
         }
-        let watch = watch_of(routes, a.route, &mut a.watch);
+        let (watch, peer) = watch_of(routes, a.route, &mut a.watch);
         match watch.observe(status, probe) {
             Some(Event::SwitchedToCopy { streak, interval }) => {
                 s.stats.auto_switches_to_copy += 1;
-                follow_verdict(s, true, copy, interval, Some(streak));
+                follow_verdict(s, true, copy, interval, Some(streak), peer);
             }
             Some(Event::SwitchedBack) => {
                 s.stats.auto_switches_back += 1;
-                follow_verdict(s, false, copy, 0, None);
+                follow_verdict(s, false, copy, 0, None, peer);
             }
             None => {}
         }
@@ -1083,17 +1137,8 @@ impl SendRing {
         let Some(s) = self.socks[idx as usize].take() else {
             return;
         };
-        if let Some(ip) = s.auto.as_ref().and_then(|a| a.route.map(|r| (r, a.probe))) {
-            let (ip, probe) = ip;
-            if let Some(r) = self.routes.get_mut(&ip) {
-                if probe.is_some() {
-                    r.watch.probe_lost();
-                }
-                r.socks -= 1;
-                if r.socks == 0 {
-                    self.routes.remove(&ip);
-                }
-            }
+        if let Some((id, probe)) = s.auto.as_ref().and_then(|a| a.route.map(|r| (r, a.probe))) {
+            self.routes.leave(id, probe.is_some());
         }
         add_counters(&mut self.gone.0, &s.counters);
         self.gone.1.add(&s.stats);
@@ -1758,29 +1803,37 @@ fn split_slices(
     (first, it.collect(), None, Some(parts), bad)
 }
 
-/// The COPIED watch an `auto` socket follows: its route's, or its own without a route.
+/// The COPIED watch an `auto` socket follows (its route's, or its own without a route),
+/// and the route's peer address.
 fn watch_of<'a>(
-    routes: &'a mut HashMap<IpAddr, Route>,
-    route: Option<IpAddr>,
+    routes: &'a mut Routes,
+    route: Option<u32>,
     own: &'a mut Option<CopiedWatch>,
-) -> &'a mut CopiedWatch {
+) -> (&'a mut CopiedWatch, Option<IpAddr>) {
     match route {
-        Some(ip) => {
-            &mut routes
-                .get_mut(&ip)
-                .expect("a route lives while its sockets do")
-                .watch
+        Some(id) => {
+            let r = routes.get_mut(id);
+            (&mut r.watch, Some(r.ip))
         }
-        None => own
-            .as_mut()
-            .expect("a socket without a route has its own watch"),
+        None => (
+            own.as_mut()
+                .expect("a socket without a route has its own watch"),
+            None,
+        ),
     }
 }
 
 /// An `auto` socket's path follows its route's COPIED verdict (`in_copy`); the first switch
 /// to copy is recorded as a fallback, saying whether this socket's completions found it
 /// (`streak`) or others' to the same peer did.
-fn follow_verdict(s: &mut Sock, in_copy: bool, copy: Path, interval: u64, streak: Option<u32>) {
+fn follow_verdict(
+    s: &mut Sock,
+    in_copy: bool,
+    copy: Path,
+    interval: u64,
+    streak: Option<u32>,
+    peer: Option<IpAddr>,
+) {
     let Some(a) = s.auto.as_mut() else { return };
     a.in_copy = in_copy;
     if !in_copy {
@@ -1793,7 +1846,7 @@ fn follow_verdict(s: &mut Sock, in_copy: bool, copy: Path, interval: u64, streak
     }
     a.noted = true;
     let from = a.zc.map_or(stats::Path::TxMode(TxMode::Auto), route_path);
-    let whose = match (streak, a.route) {
+    let whose = match (streak, peer) {
         (Some(n), _) => format!("{n} zero-copy completions in a row came back COPIED"),
         (None, Some(ip)) => format!(
             "zero-copy completions of this ring's sockets to {ip} came back COPIED (the \
@@ -1801,7 +1854,7 @@ fn follow_verdict(s: &mut Sock, in_copy: bool, copy: Path, interval: u64, streak
         ),
         (None, None) => "zero-copy completions came back COPIED".to_string(),
     };
-    let per = if a.route.is_some() {
+    let per = if peer.is_some() {
         "the route re-probed once"
     } else {
         "re-probing"

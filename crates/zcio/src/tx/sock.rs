@@ -13,7 +13,6 @@ use crate::sys::msg::MsgOpts;
 use crate::sys::{self, net};
 use std::collections::VecDeque;
 use std::io;
-use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
@@ -194,10 +193,10 @@ pub(super) struct Pending {
 pub(super) struct Auto {
     /// The zero-copy path (none: copy only).
     pub(super) zc: Option<Path>,
-    /// The peer's address: the socket follows the COPIED verdict of its route, which the
-    /// ring keeps for every socket to that peer ([`super::ring::Route`]). `None` (no peer: an
+    /// The route (peer address) whose COPIED verdict the socket follows, an index of the
+    /// ring's [`super::ring::Routes`], shared by every socket to that peer. `None` (no peer: an
     /// unconnected UDP socket): the socket's own `watch` decides.
-    pub(super) route: Option<IpAddr>,
+    pub(super) route: Option<u32>,
     /// The COPIED watch of a socket without a route.
     pub(super) watch: Option<CopiedWatch>,
     /// The COPIED re-probe in flight (the socket's send number).
