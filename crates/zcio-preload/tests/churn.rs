@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{shim_path, stats_sum, tool, TempDir};
+use common::{shim_path, stats_sum, TempDir};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,17 +29,7 @@ const SECS: f64 = 3.0;
 const SLAB_LIMIT_KB: u64 = 64 * 1024;
 
 fn build(dir: &TempDir) -> Option<PathBuf> {
-    let cc = tool("epoll_churn", "cc")?;
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/epoll_churn.c");
-    let exe = dir.path().join("epoll_churn");
-    let st = Command::new(cc)
-        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "compiling epoll_churn.c failed");
-    Some(exe)
+    common::compile_c(dir, "epoll_churn")
 }
 
 fn sunreclaim_kb() -> u64 {

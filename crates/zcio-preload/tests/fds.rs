@@ -6,23 +6,11 @@
 
 mod common;
 
-use common::{assert_same_output, run_program, shim_path, tool, Preload, TempDir};
+use common::{assert_same_output, run_program, shim_path, Preload, TempDir};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn build(dir: &TempDir) -> Option<PathBuf> {
-    let cc = tool("epoll_fds", "cc")?;
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/epoll_fds.c");
-    let exe = dir.path().join("epoll_fds");
-    let st = Command::new(cc)
-        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .arg("-lpthread")
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "compiling epoll_fds.c failed");
-    Some(exe)
+    common::compile_c(dir, "epoll_fds")
 }
 
 fn run(exe: &Path, args: &[&str], pre: &Preload) -> (String, String) {

@@ -3,22 +3,10 @@
 
 mod common;
 
-use common::{assert_same_output, run_program, shim_path, tool, Preload, TempDir};
-use std::process::Command;
+use common::{assert_same_output, run_program, shim_path, Preload, TempDir};
 
 fn build_trace(dir: &TempDir) -> Option<std::path::PathBuf> {
-    let cc = tool("epoll_trace", "cc")?;
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/epoll_trace.c");
-    let exe = dir.path().join("epoll_trace");
-    let st = Command::new(cc)
-        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .arg("-lpthread")
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "compiling epoll_trace.c failed");
-    Some(exe)
+    common::compile_c(dir, "epoll_trace")
 }
 
 fn run(exe: &std::path::Path, pre: &Preload) -> (String, String) {

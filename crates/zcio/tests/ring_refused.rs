@@ -198,3 +198,25 @@ fn out_of_ring_memory_is_a_recorded_fallback_and_keeps_its_errno_when_asked_by_n
     });
     h.join().unwrap();
 }
+
+#[test]
+fn a_probe_ring_refused_once_is_not_taken_for_the_kernel_s_answer() {
+    let _one = serial();
+    settle();
+    // Explaining a zcrx registration's EINVAL asks whether the kernel has RECV_ZC, from a probe
+    // ring. Refused for lack of memory, that answer must not be kept for the process.
+    let refused_answer = refused(|| zcio::ring::zcrx::ZcrxBind::NoDev.explain(libc::EINVAL));
+    std::thread::sleep(Duration::from_millis(1100));
+    let later = zcio::ring::zcrx::ZcrxBind::NoDev.explain(libc::EINVAL);
+    let has_recv_zc = zcio::ring::features::Features::get()
+        .feature(zcio::ring::features::Features::RECV_ZC)
+        .is_some_and(|f| f.supported);
+    println!("refused: {refused_answer} / later: {later} / kernel has RECV_ZC: {has_recv_zc}");
+    // Not knowing is no claim either way: the refused probe does not say "no zcrx".
+    assert!(!refused_answer.contains("has no zcrx"), "{refused_answer}");
+    assert_eq!(
+        later.contains("has no zcrx"),
+        !has_recv_zc,
+        "after the refusal: {later}"
+    );
+}

@@ -547,6 +547,7 @@ fn a_peer_that_stops_reading_is_backpressure_never_a_wait_and_loses_nothing() {
             "{mode}: a send waited {slowest:?}"
         );
         // The other socket of the ring goes on meanwhile.
+        let mut fast_refusals = 0;
         for _ in 0..32 {
             let mut b = get(&pool, &mut ring, &mut book);
             common::fill_pattern(&mut b, base(0) + fast_sent);
@@ -554,6 +555,7 @@ fn a_peer_that_stops_reading_is_backpressure_never_a_wait_and_loses_nothing() {
                 match ring.send(fast, b) {
                     Ok(_) => break,
                     Err(r) => {
+                        fast_refusals += 1;
                         b = r.buf.into_pool().unwrap();
                         ring.wait(Duration::from_millis(50)).unwrap();
                         book.take(&mut ring);
@@ -565,12 +567,20 @@ fn a_peer_that_stops_reading_is_backpressure_never_a_wait_and_loses_nothing() {
         // The kernel may have made room meanwhile (the peer's window opening on a timer, as
         // under emulation): then the slow socket is named writable already, and only once.
         let mut writable = false;
+        let mut fast_named = 0;
         while let Some(s) = ring.next_writable() {
             if s == slow {
                 assert!(ring.can_send(slow), "{mode}: named writable but refuses");
                 writable = true;
             }
+            fast_named += usize::from(s == fast);
         }
+        // A socket is queued once until it is taken, however often it was refused and became
+        // writable again (a caller that never asks must not grow the queue).
+        assert!(
+            fast_named <= 1,
+            "{mode}: the fast socket, refused {fast_refusals} times, was named {fast_named} times"
+        );
         // The peer reads again: the slow socket is reported writable, the kept buffer goes.
         pause.store(false, Ordering::Relaxed);
         let end = Instant::now() + common::scaled(Duration::from_secs(20));

@@ -929,6 +929,84 @@ fn ring_failing_for_good_mid_stream_sends_queued_requests_by_copy_in_order() {
 }
 
 #[test]
+fn a_wait_for_room_ends_when_the_ring_fails_and_the_socket_goes_on_by_copy() {
+    // Refused for depth, then the ring fails for good while the caller waits for room: the
+    // sends in the kernel are stuck there (their notifications can never be read), but the
+    // socket can send again by copy. The wait must end with that, not with the stuck sends'
+    // error (it did, at random, under load: a wait for room could never succeed again).
+    use zcio::ring::lend::Fault;
+    let test = "a_wait_for_room_ends_when_the_ring_fails_and_the_socket_goes_on_by_copy";
+    if !has_send_zc(test) {
+        return;
+    }
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    // The reader starts late: until it reads, every zero-copy send waits for its
+    // notification, so the depth of 8 is reached.
+    let rx = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        pattern_reader(l).join().unwrap()
+    });
+    let size = 16 << 10;
+    let pool = Box::leak(Box::new(Pool::new(size, 32, false).unwrap()));
+    let mut tx = Sender::new(sock, pool, cfg(TxMode::UringZc)).unwrap();
+    let mut off = 0u64;
+    let mut fill = |b: &mut PoolBuf| {
+        b.set_len(size);
+        common::fill_pattern(b, off);
+        off += size as u64;
+    };
+    // Sends until one is refused for depth (8 in flight).
+    let mut refused = loop {
+        let mut b = pool.try_get().expect("pool buffer");
+        fill(&mut b);
+        match tx.send(b) {
+            Ok(_) => continue,
+            Err(r) => {
+                assert!(matches!(r.reason, zcio::tx::Refusal::Depth), "{r}");
+                break r.buf;
+            }
+        }
+    };
+    assert!(tx.inject_ring_fault(Fault {
+        after_requests: 0,
+        errno: libc::EIO,
+        times: u32::MAX,
+    }));
+    let mut book = Book::default();
+    let mut waits = 0;
+    loop {
+        book.take(&mut tx);
+        match tx.send(refused) {
+            Ok(_) => break,
+            Err(r) => {
+                assert!(r.reason.is_backpressure(), "{r}");
+                let why = r.reason;
+                refused = r.buf;
+                tx.wait(Duration::from_millis(100))
+                    .expect("a wait for room after the ring failed");
+                waits += 1;
+                assert!(
+                    waits < 100,
+                    "the socket never took a send again: {why:?} {:?} in flight {}",
+                    tx.fallbacks(),
+                    tx.in_flight()
+                );
+            }
+        }
+    }
+    assert_eq!(tx.path(), Path::Copy, "{:?}", tx.fallbacks());
+    book.take(&mut tx);
+    let stuck = tx.in_flight();
+    drop(tx);
+    assert_eq!(
+        rx.join().unwrap(),
+        off,
+        "every byte once, in order (stuck: {stuck})"
+    );
+}
+
+#[test]
 fn ring_failing_once_mid_stream_loses_and_repeats_no_byte() {
     if has_send_zc("ring_failing_once_mid_stream_loses_and_repeats_no_byte") {
         ring_fails_mid_stream(1);

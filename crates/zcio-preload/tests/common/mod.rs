@@ -42,6 +42,25 @@ pub fn tool(test: &str, name: &str) -> Option<PathBuf> {
     found
 }
 
+/// Compiles `tests/c/<name>.c` (with `-lpthread`) into `dir`; `None` (after the SKIP or the
+/// CI panic of [`tool`]) without a C compiler.
+pub fn compile_c(dir: &TempDir, name: &str) -> Option<PathBuf> {
+    let cc = tool(name, "cc")?;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    let exe = dir.path().join(name);
+    let st = Command::new(cc)
+        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-lpthread")
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "compiling {name}.c failed");
+    Some(exe)
+}
+
 /// A fresh temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
 

@@ -259,18 +259,22 @@ impl Features {
 
 /// Whether the kernel knows `IORING_OP_RECV_ZC` (zcrx, 6.15), from the opcode probe of a
 /// throw-away ring, once per process. Kept apart from [`Features::get`] so that explaining a
-/// registration error never re-enters the feature probe.
-pub(crate) fn kernel_has_recv_zc() -> bool {
+/// registration error never re-enters the feature probe. `None` when the probe ring could
+/// not be made (out of memory for now, or held back by [`super::pace`]); that is not kept:
+/// the next call probes again.
+pub(crate) fn kernel_has_recv_zc() -> Option<bool> {
     static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        Ring::<cqueue::Entry>::new(&RingConfig {
-            entries: 4,
-            ..RingConfig::default()
-        })
-        .ok()
-        .and_then(|r| r.probe_opcodes().ok())
-        .is_some_and(|p| p.is_supported(opcode::RecvZc::CODE))
-    })
+    if let Some(&has) = HAS.get() {
+        return Some(has);
+    }
+    let Ok(ring) = Ring::<cqueue::Entry>::new(&RingConfig {
+        entries: 4,
+        ..RingConfig::default()
+    }) else {
+        return None;
+    };
+    let probe = ring.probe_opcodes().ok()?;
+    Some(*HAS.get_or_init(|| probe.is_supported(opcode::RecvZc::CODE)))
 }
 
 fn since(name: &str) -> &'static str {

@@ -29,9 +29,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// `DEFER_TASKRUN` set-ups a process may make at once.
+/// `DEFER_TASKRUN` rings a process may close at once before its next set-up waits.
 pub const BURST: f64 = 1024.0;
-/// `DEFER_TASKRUN` set-ups a second a process may make for as long as it likes.
+/// `DEFER_TASKRUN` ring closes a second absorbed without a wait, for as long as they go on.
 pub const RATE: f64 = 512.0;
 /// Closes beyond the bucket that a set-up makes up for by waiting, at most.
 pub const MAX_DEBT: f64 = RATE / 4.0;

@@ -47,8 +47,9 @@ impl ZcrxBind<'_> {
     /// Explains a registration errno for this kind of binding.
     pub fn explain(&self, errno: i32) -> &'static str {
         // A kernel without zcrx answers EINVAL (unknown register opcode) before looking at
-        // the device: say that, not what a NIC would need.
-        if errno == libc::EINVAL && !super::features::kernel_has_recv_zc() {
+        // the device: say that, not what a NIC would need (when the probe could not tell, the
+        // errno is explained as usual).
+        if errno == libc::EINVAL && super::features::kernel_has_recv_zc() == Some(false) {
             return "this kernel has no zcrx (IORING_REGISTER_ZCRX_IFQ and RECV_ZC need Linux \
                     6.15; device-less zcrx 7.1)";
         }

@@ -83,6 +83,8 @@ pub struct SendRing {
     pub(super) next_ticket: u64,
     pub(super) ready: VecDeque<(Completion, TxBuf)>,
     pub(super) writable: VecDeque<SockId>,
+    /// Refused sockets that became able to send, ever (a wait for room ends on a change).
+    writable_events: u64,
     /// `auto`'s cost by size, for every socket of the ring.
     pub(super) policy: AutoPolicy,
     /// `auto`'s COPIED verdict per route (peer address), for every socket to that peer.
@@ -254,6 +256,7 @@ impl SendRing {
             next_ticket: 0,
             ready: VecDeque::new(),
             writable: VecDeque::new(),
+            writable_events: 0,
             policy: AutoPolicy::new(4, 4096, true),
             routes: Routes::default(),
             cfg: cfg.clone(),
@@ -1128,8 +1131,14 @@ impl SendRing {
         }
         if s.refused && s.refusal().is_none() {
             s.refused = false;
+            // Queued once until taken: a caller that never asks (a `Sender`) does not grow
+            // the queue past one entry per socket.
+            let queue = !std::mem::replace(&mut s.queued_writable, true);
             let id = SockId { idx, gen: s.gen };
-            self.writable.push_back(id);
+            self.writable_events += 1;
+            if queue {
+                self.writable.push_back(id);
+            }
         }
     }
 
@@ -1151,6 +1160,9 @@ impl SendRing {
             u.lr.remove_file(f);
         }
         self.stalled.retain(|&i| i != idx);
+        if s.queued_writable {
+            self.writable.retain(|w| w.idx != idx);
+        }
         self.free.push(idx);
     }
 
@@ -1269,14 +1281,22 @@ impl SendRing {
         }
     }
 
-    /// Blocks until at least one completion is ready, nothing is in flight, or `timeout`
+    /// Blocks until at least one completion is ready, nothing is in flight, a socket that was
+    /// refused can take sends again ([`SendRing::next_writable`] names it), or `timeout`
     /// passes. Returns the number of completions ready.
     pub fn wait(&mut self, timeout: Duration) -> Result<usize, TxError> {
         let end = Instant::now() + timeout;
+        let writable_before = self.writable_events;
         self.poll()?;
         // Buffers of abandoned sockets come back only while the ring is entered: a wait
         // with nothing else in flight drives them too.
         while self.ready.is_empty() && (self.in_flight() > 0 || self.ignored_in_kernel() > 0) {
+            // A refused socket that can send again is what a caller waiting for room waits
+            // for, even when sends stuck in a failed ring stay in flight for good (they are
+            // reported by `flush` and `check_stuck`; the socket goes on by copy).
+            if self.writable_events > writable_before {
+                break;
+            }
             let now = Instant::now();
             if now >= end {
                 break;
@@ -1421,7 +1441,14 @@ impl SendRing {
 
     /// A socket that refused a send and can take one again (once per refusal).
     pub fn next_writable(&mut self) -> Option<SockId> {
-        self.writable.pop_front()
+        while let Some(id) = self.writable.pop_front() {
+            // A socket closed (and its slot perhaps reused) since it was queued is skipped.
+            if let Some(s) = self.sock_mut(id) {
+                s.queued_writable = false;
+                return Some(id);
+            }
+        }
+        None
     }
 
     /// Whether `sock` would take a send now.

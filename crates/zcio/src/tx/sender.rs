@@ -228,8 +228,8 @@ impl Sender {
         r
     }
 
-    /// Blocks until at least one completion is ready, nothing is in flight, or `timeout`
-    /// passes. Returns the number of completions ready.
+    /// Blocks until at least one completion is ready, nothing is in flight, a refused send
+    /// would now be taken, or `timeout` passes. Returns the number of completions ready.
     pub fn wait(&mut self, timeout: Duration) -> Result<usize, TxError> {
         let r = self.ring.wait(timeout);
         self.sync_fallbacks();

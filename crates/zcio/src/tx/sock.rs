@@ -247,6 +247,8 @@ pub(super) struct Sock {
     pub(super) fallbacks: Vec<Fallback>,
     /// A send was refused: report the socket writable when it can take one again.
     pub(super) refused: bool,
+    /// In the ring's `writable` queue now (a socket is queued at most once).
+    pub(super) queued_writable: bool,
     /// Closing: no new sends; freed once nothing is in flight.
     pub(super) closing: bool,
     /// The ring failed for this socket: it sends by copy (syscalls) from now on.
@@ -295,6 +297,7 @@ impl Sock {
             stats: TxStats::default(),
             fallbacks: shape.fallbacks.clone(),
             refused: false,
+            queued_writable: false,
             closing: false,
             retired: false,
             broken: None,

@@ -47,9 +47,10 @@ pub fn send(tx: &mut zcio::tx::Sender, mut buf: zcio::tx::PoolBuf) -> zcio::tx::
             Ok(t) => return t,
             Err(r) => {
                 assert!(r.reason.is_backpressure(), "send refused: {r}");
+                let why = format!("{:?}", r.reason);
                 buf = r.buf;
                 tx.wait(std::time::Duration::from_millis(100))
-                    .expect("waiting for room");
+                    .unwrap_or_else(|e| panic!("waiting for room after {why}: {e:?}"));
             }
         }
     }
