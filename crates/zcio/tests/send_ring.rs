@@ -232,7 +232,7 @@ fn auto_keeps_the_copied_verdict_per_route_so_later_sockets_to_that_peer_make_no
         Err(e) => panic!("127.0.0.2 (loopback, another route key) cannot be bound: {e}"),
     };
     let a2 = l2.local_addr().unwrap();
-    let s1 = serve_checked(l1, 3, Arc::new(AtomicBool::new(false)));
+    let s1 = serve_checked(l1, 4, Arc::new(AtomicBool::new(false)));
     let s2 = serve_checked(l2, 1, Arc::new(AtomicBool::new(false)));
     let pool = Pool::new(64 << 10, 8, false).unwrap();
     let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
@@ -240,9 +240,10 @@ fn auto_keeps_the_copied_verdict_per_route_so_later_sockets_to_that_peer_make_no
     let mut c = cfg(TxMode::Auto, 4);
     c.reprobe_every = 1 << 20;
     let mut book = Book::default();
-    let mut sent = [0u64; 4];
+    let mut sent = [0u64; 5];
     // The server reads once all its connections are there: connect them now, add later.
     let mut conns: Vec<_> = (0..3).map(|i| connect_with_base(a1, base(i))).collect();
+    let last = connect_with_base(a1, base(4));
     // The first socket to 127.0.0.1 probes zero-copy and finds it copied.
     let first = ring.add(conns.remove(0), &c).unwrap();
     assert!(ring.sock_path(first).unwrap().is_zero_copy());
@@ -286,15 +287,24 @@ fn auto_keeps_the_copied_verdict_per_route_so_later_sockets_to_that_peer_make_no
     assert_eq!(st.auto_route_verdicts, 0, "{st:?}");
     // The ring's totals: one switch per route.
     assert_eq!(ring.stats().auto_switches_to_copy, 2, "{:?}", ring.stats());
-    for id in [first, later[0], later[1], other] {
+    // The verdict goes with the route's last socket: a socket to 127.0.0.1 after all others
+    // closed learns again.
+    for id in [first, later[0], later[1]] {
+        ring.close(id);
+    }
+    let again = ring.add(last, &c).unwrap();
+    send_completed(&mut ring, &pool, &mut book, again, 8, base(4), &mut sent[4]);
+    let st = ring.sock_stats(again);
+    assert!(zero_copy_sends(&st) >= 4, "{st:?}");
+    assert_eq!(st.auto_route_verdicts, 0, "{st:?}");
+    for id in [again, other] {
         ring.close(id);
     }
     drop(ring);
     assert_eq!(pool.available(), pool.count(), "a buffer was not returned");
     let got1 = s1.join().unwrap();
-    for (i, (b, n)) in got1.iter().enumerate() {
-        assert_eq!((*b, *n), (base(i), sent[i]), "stream {i}");
-    }
+    let want: Vec<(u64, u64)> = [0, 1, 2, 4].iter().map(|&i| (base(i), sent[i])).collect();
+    assert_eq!(got1, want);
     assert_eq!(s2.join().unwrap(), vec![(base(3), sent[3])]);
 }
 
