@@ -193,6 +193,168 @@ fn many_sockets_of_every_path_share_one_ring_and_every_stream_arrives_whole() {
     }
 }
 
+/// Sends `n` buffers of 64 KiB on `id` (each completed before the next goes, so every
+/// completion is seen before the next decision), the pattern from `base` on.
+fn send_completed(
+    ring: &mut SendRing,
+    pool: &Pool,
+    book: &mut Book,
+    id: SockId,
+    n: usize,
+    base: u64,
+    sent: &mut u64,
+) {
+    for _ in 0..n {
+        let mut b = get(pool, ring, book);
+        common::fill_pattern(&mut b, base + *sent);
+        let len = b.len() as u64;
+        ring.send(id, b).unwrap();
+        *sent += len;
+        ring.flush(common::scaled(Duration::from_secs(10))).unwrap();
+        book.take(ring);
+    }
+}
+
+fn zero_copy_sends(st: &zcio::tx::TxStats) -> u64 {
+    [Path::MsgZc, Path::UringZc, Path::UringZcFixed]
+        .iter()
+        .map(|p| st.sends_by_path[p.index()])
+        .sum()
+}
+
+#[test]
+fn auto_keeps_the_copied_verdict_per_route_so_later_sockets_to_that_peer_make_no_probe() {
+    // Sizes zero-copy would take (64 KiB): only the COPIED verdict sends them by copy. On
+    // loopback every zero-copy completion says COPIED.
+    let (l1, a1) = listener();
+    let l2 = match TcpListener::bind("127.0.0.2:0") {
+        Ok(l) => l,
+        Err(e) => panic!("127.0.0.2 (loopback, another route key) cannot be bound: {e}"),
+    };
+    let a2 = l2.local_addr().unwrap();
+    let s1 = serve_checked(l1, 4, Arc::new(AtomicBool::new(false)));
+    let s2 = serve_checked(l2, 1, Arc::new(AtomicBool::new(false)));
+    let pool = Pool::new(64 << 10, 8, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    ring.register_pool(&pool).unwrap();
+    let mut c = cfg(TxMode::Auto, 4);
+    c.reprobe_every = 1 << 20;
+    let mut book = Book::default();
+    let mut sent = [0u64; 5];
+    // The server reads once all its connections are there: connect them now, add later.
+    let mut conns: Vec<_> = (0..3).map(|i| connect_with_base(a1, base(i))).collect();
+    let last = connect_with_base(a1, base(4));
+    // The first socket to 127.0.0.1 probes zero-copy and finds it copied.
+    let first = ring.add(conns.remove(0), &c).unwrap();
+    assert!(ring.sock_path(first).unwrap().is_zero_copy());
+    send_completed(&mut ring, &pool, &mut book, first, 8, base(0), &mut sent[0]);
+    let st = ring.sock_stats(first);
+    assert_eq!(st.auto_switches_to_copy, 1, "{st:?}");
+    assert!(zero_copy_sends(&st) >= 4, "{st:?}");
+    assert_eq!(ring.sock_path(first), Some(Path::UringCopy));
+    // Later sockets to the same peer take the route's verdict: not one zero-copy send.
+    let later: Vec<SockId> = conns
+        .into_iter()
+        .map(|s| ring.add(s, &c).unwrap())
+        .collect();
+    for (k, &id) in later.iter().enumerate() {
+        let i = k + 1;
+        send_completed(&mut ring, &pool, &mut book, id, 8, base(i), &mut sent[i]);
+        let st = ring.sock_stats(id);
+        assert_eq!(
+            zero_copy_sends(&st),
+            0,
+            "socket {i} probed zero-copy: {st:?}"
+        );
+        assert_eq!(st.auto_reprobes, 0, "{st:?}");
+        assert_eq!(st.auto_switches_to_copy, 0, "{st:?}");
+        assert_eq!(st.auto_route_verdicts, 1, "{st:?}");
+        assert_eq!(st.sends_by_path[Path::UringCopy.index()], 8, "{st:?}");
+        assert_eq!(ring.sock_path(id), Some(Path::UringCopy));
+        let f = ring.sock_fallbacks(id);
+        assert!(
+            f.iter()
+                .any(|f| f.reason.contains("127.0.0.1") && f.reason.contains("no probe")),
+            "{f:?}"
+        );
+    }
+    // Another peer address is another route: it learns on its own.
+    let other = ring.add(connect_with_base(a2, base(3)), &c).unwrap();
+    send_completed(&mut ring, &pool, &mut book, other, 8, base(3), &mut sent[3]);
+    let st = ring.sock_stats(other);
+    assert!(zero_copy_sends(&st) >= 4, "{st:?}");
+    assert_eq!(st.auto_switches_to_copy, 1, "{st:?}");
+    assert_eq!(st.auto_route_verdicts, 0, "{st:?}");
+    // The ring's totals: one switch per route.
+    assert_eq!(ring.stats().auto_switches_to_copy, 2, "{:?}", ring.stats());
+    // The verdict goes with the route's last socket: a socket to 127.0.0.1 after all others
+    // closed learns again.
+    for id in [first, later[0], later[1]] {
+        ring.close(id);
+    }
+    let again = ring.add(last, &c).unwrap();
+    send_completed(&mut ring, &pool, &mut book, again, 8, base(4), &mut sent[4]);
+    let st = ring.sock_stats(again);
+    assert!(zero_copy_sends(&st) >= 4, "{st:?}");
+    assert_eq!(st.auto_route_verdicts, 0, "{st:?}");
+    for id in [again, other] {
+        ring.close(id);
+    }
+    drop(ring);
+    assert_eq!(pool.available(), pool.count(), "a buffer was not returned");
+    let got1 = s1.join().unwrap();
+    let want: Vec<(u64, u64)> = [0, 1, 2, 4].iter().map(|&i| (base(i), sent[i])).collect();
+    assert_eq!(got1, want);
+    assert_eq!(s2.join().unwrap(), vec![(base(3), sent[3])]);
+}
+
+#[test]
+fn auto_re_probes_a_route_once_per_interval_whichever_socket_sends() {
+    // Ten sockets to one peer, round-robin: the route re-probes every `reprobe_every` of its
+    // sends (doubling while it stays copied), not every `reprobe_every` sends of each socket.
+    let conns = 10;
+    let (l, a) = listener();
+    let server = serve_checked(l, conns, Arc::new(AtomicBool::new(false)));
+    let pool = Pool::new(64 << 10, 16, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    ring.register_pool(&pool).unwrap();
+    let mut c = cfg(TxMode::Auto, 4);
+    c.reprobe_every = 20;
+    let socks: Vec<SockId> = (0..conns)
+        .map(|i| ring.add(connect_with_base(a, base(i)), &c).unwrap())
+        .collect();
+    let mut book = Book::default();
+    let mut sent = vec![0u64; conns];
+    let rounds = 30;
+    for _ in 0..rounds {
+        for (i, &id) in socks.iter().enumerate() {
+            send_completed(&mut ring, &pool, &mut book, id, 1, base(i), &mut sent[i]);
+        }
+    }
+    let st = ring.stats();
+    // 300 sends: after the switch (about 4 sends), probes at 20, 40, 80, 160 copy sends apart:
+    // 3 or 4 for the route. Per socket (30 sends each) it would have been one per socket.
+    assert_eq!(st.auto_switches_to_copy, 1, "{st:?}");
+    assert!(
+        (2..=5).contains(&st.auto_reprobes),
+        "re-probes {} for one route: {st:?}",
+        st.auto_reprobes
+    );
+    let probing = socks
+        .iter()
+        .filter(|&&id| ring.sock_stats(id).auto_reprobes > 0)
+        .count();
+    assert!(probing < conns, "{probing} sockets probed");
+    for &id in &socks {
+        ring.close(id);
+    }
+    drop(ring);
+    assert_eq!(pool.available(), pool.count(), "a buffer was not returned");
+    for (i, (b, n)) in server.join().unwrap().iter().enumerate() {
+        assert_eq!((*b, *n), (base(i), sent[i]), "stream {i}");
+    }
+}
+
 /// Small socket buffers on both ends, so sends stay in the kernel while the peer does not
 /// read.
 fn small_buffers_listener() -> (TcpListener, SocketAddr) {

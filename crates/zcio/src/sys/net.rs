@@ -31,6 +31,41 @@ pub fn socket_family(fd: &impl AsRawFd) -> io::Result<Family> {
     }
 }
 
+/// The peer's IP address (`getpeername`): `None` without a peer (`ENOTCONN`) or for a
+/// family other than AF_INET/AF_INET6. An IPv4-mapped IPv6 peer is given as IPv4 (the same
+/// route either way).
+pub fn peer_ip(fd: &impl AsRawFd) -> io::Result<Option<std::net::IpAddr>> {
+    // SAFETY: an all-zero sockaddr_storage is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let ptr = (&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr>();
+    // SAFETY: `ptr`/`len` describe `ss` (derived from `&mut`), writable and alive for the
+    // call; the kernel writes at most `len` bytes.
+    match syscall!(getpeername(fd.as_raw_fd(), ptr, &mut len)) {
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let ip = match i32::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in (AF_INET), which fits in and is no more
+            // aligned than sockaddr_storage.
+            let sa =
+                unsafe { &*(&ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            std::net::IpAddr::V4(std::net::Ipv4Addr::from(sa.sin_addr.s_addr.to_ne_bytes()))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the kernel wrote a sockaddr_in6 (AF_INET6), which fits in and is no more
+            // aligned than sockaddr_storage.
+            let sa =
+                unsafe { &*(&ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            std::net::IpAddr::V6(std::net::Ipv6Addr::from(sa.sin6_addr.s6_addr)).to_canonical()
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(ip))
+}
+
 /// Whether the socket has a peer (`getpeername`; `ENOTCONN`: no).
 pub fn is_connected(fd: &impl AsRawFd) -> io::Result<bool> {
     // SAFETY: an all-zero sockaddr_storage is valid.

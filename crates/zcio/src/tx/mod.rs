@@ -773,6 +773,9 @@ pub struct TxStats {
     pub auto_switches_back: u64,
     /// `auto`: sends that went by copy because copy costs less at their size.
     pub auto_size_copies: u64,
+    /// `auto`: switches to copy that followed the route's COPIED verdict, found by the
+    /// completions of other sockets to the same peer (no probe of this socket's own).
+    pub auto_route_verdicts: u64,
     /// `auto`: measurement windows counted (runs of sends of one size class on one path).
     pub auto_windows: u64,
     /// `auto`: windows spent re-measuring the path not chosen.
@@ -805,6 +808,7 @@ impl TxStats {
         self.auto_reprobes += o.auto_reprobes;
         self.auto_switches_back += o.auto_switches_back;
         self.auto_size_copies += o.auto_size_copies;
+        self.auto_route_verdicts += o.auto_route_verdicts;
         self.auto_windows += o.auto_windows;
         self.auto_explores += o.auto_explores;
         self.auto_drift_explores += o.auto_drift_explores;

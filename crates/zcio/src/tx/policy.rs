@@ -2,12 +2,14 @@
 //! they said about copying, CPU time measured over runs of sends) and returns decisions
 //! (copy or zero-copy for a send of a given size, and when the caller should read the clock).
 //!
-//! Two signals, per socket:
+//! Two signals:
 //!
-//! - **COPIED**: `copied_streak` zero-copy completions in a row that say the kernel copied
-//!   anyway (loopback, local delivery) switch every size to copy; every `reprobe_every` copy
-//!   sends one zero-copy probe goes out, and a probe that comes back not copied switches back
-//!   (else the interval doubles, up to 64×).
+//! - **COPIED**, per route (peer address; a socket without a peer is its own route):
+//!   `copied_streak` zero-copy completions in a row that say the kernel copied anyway
+//!   (loopback, local delivery) switch every size to copy for every socket to that peer;
+//!   every `reprobe_every` copy sends to the route one zero-copy probe goes out (on whichever
+//!   socket sends then), and a probe that comes back not copied switches back (else the
+//!   interval doubles, up to 64×).
 //! - **Cost by size**: sizes are grouped by power of two. For each group the policy measures
 //!   the sender's CPU time per byte over *windows* of `WINDOW` consecutive sends of that group
 //!   on one path (the first window after a change of path is a warm-up and is not counted:
@@ -154,8 +156,10 @@ impl Window {
     }
 }
 
-/// The COPIED signal of one socket: a streak of COPIED completions moves every size to copy,
-/// and a re-probe that comes back not copied moves it back.
+/// The COPIED signal of one route (a send ring keeps one per peer address, shared by every
+/// socket to that peer; a socket without a peer has its own): a streak of COPIED completions
+/// moves every size to copy, and a re-probe that comes back not copied moves it back. One
+/// re-probe is out at a time.
 #[derive(Debug, Clone)]
 pub(crate) struct CopiedWatch {
     copied_streak: u32,
@@ -251,7 +255,20 @@ impl CopiedWatch {
         self.in_copy
     }
 
-    /// `(switches to copy, re-probes, switches back)`.
+    /// Copy sends between two re-probes now.
+    pub(crate) fn interval(&self) -> u64 {
+        self.interval
+    }
+
+    /// The re-probe in flight will not be observed (its socket went before its completion
+    /// was read): the next one may go.
+    pub(crate) fn probe_lost(&mut self) {
+        self.probe_out = false;
+    }
+
+    /// `(switches to copy, re-probes, switches back)` of the whole route (a ring counts them
+    /// per socket, on the socket whose send or completion made each).
+    #[cfg(test)]
     pub(crate) fn counts(&self) -> (u64, u64, u64) {
         (self.switches_to_copy, self.reprobes, self.switches_back)
     }
@@ -259,11 +276,11 @@ impl CopiedWatch {
 
 /// `auto`'s policy: the COPIED watch of one socket and the cost by size. A shared send ring
 /// keeps one cost-by-size part for all its sockets (its windows are runs of the thread's
-/// sends, whichever socket they go to) and a watch per socket. See the [module docs](self).
+/// sends, whichever socket they go to) and a watch per route. See the [module docs](self).
 #[derive(Debug)]
 pub(crate) struct AutoPolicy {
     /// The COPIED watch of the one socket in the unit tests' combined use; a ring keeps one
-    /// per socket instead.
+    /// per route instead.
     #[cfg(test)]
     watch: CopiedWatch,
     groups: [Group; GROUPS],

@@ -18,8 +18,9 @@ use crate::ring::RingConfig;
 use crate::stats::{self, Counters, Fallback, Report};
 use crate::sys;
 use crate::sys::msg::MsgOpts;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,6 +87,8 @@ pub struct SendRing {
     writable_events: u64,
     /// `auto`'s cost by size, for every socket of the ring.
     pub(super) policy: AutoPolicy,
+    /// `auto`'s COPIED verdict per route (peer address), for every socket to that peer.
+    pub(super) routes: Routes,
     pub(super) cfg: SendRingConfig,
     pub(super) fallbacks: Vec<Fallback>,
     /// Why the last pool registration failed.
@@ -106,6 +109,79 @@ impl std::fmt::Debug for SendRing {
             .field("in_flight", &self.in_flight())
             .field("ring", &self.uring.as_ref().map(|u| u.lr.stats()))
             .finish()
+    }
+}
+
+/// The COPIED verdict of one route (a peer address) and how many of the ring's `auto`
+/// sockets send to it (the entry goes with the last). Whether the kernel copies a zero-copy
+/// send depends on where it goes (local delivery, a device without scatter-gather or
+/// checksum offload), not on the socket: the first sockets' completions decide for every
+/// socket to that peer, and one re-probe per route (not per socket) checks it again.
+#[derive(Debug)]
+pub(super) struct Route {
+    pub(super) ip: IpAddr,
+    pub(super) watch: CopiedWatch,
+    pub(super) socks: u32,
+}
+
+/// The ring's routes: found by address when a socket is added, by index (kept in the
+/// socket's `Auto`) on every send and completion, so the per-send path hashes nothing.
+#[derive(Debug, Default)]
+pub(super) struct Routes {
+    by_ip: HashMap<IpAddr, u32>,
+    slots: Vec<Option<Route>>,
+    free: Vec<u32>,
+}
+
+impl Routes {
+    /// One more socket to `ip`: its route's index (a new route watches with `cfg`'s rules).
+    fn join(&mut self, ip: IpAddr, cfg: &SenderConfig) -> u32 {
+        let id = match self.by_ip.get(&ip) {
+            Some(&id) => id,
+            None => {
+                let r = Route {
+                    ip,
+                    watch: CopiedWatch::new(cfg.copied_streak, cfg.reprobe_every),
+                    socks: 0,
+                };
+                let id = match self.free.pop() {
+                    Some(id) => {
+                        self.slots[id as usize] = Some(r);
+                        id
+                    }
+                    None => {
+                        self.slots.push(Some(r));
+                        (self.slots.len() - 1) as u32
+                    }
+                };
+                self.by_ip.insert(ip, id);
+                id
+            }
+        };
+        self.get_mut(id).socks += 1;
+        id
+    }
+
+    /// A socket of route `id` has gone (`probe_out`: with the route's re-probe in flight);
+    /// the route goes with its last socket.
+    fn leave(&mut self, id: u32, probe_out: bool) {
+        let r = self.get_mut(id);
+        if probe_out {
+            r.watch.probe_lost();
+        }
+        r.socks -= 1;
+        if r.socks == 0 {
+            let ip = r.ip;
+            self.slots[id as usize] = None;
+            self.by_ip.remove(&ip);
+            self.free.push(id);
+        }
+    }
+
+    fn get_mut(&mut self, id: u32) -> &mut Route {
+        self.slots[id as usize]
+            .as_mut()
+            .expect("a route lives while its sockets do")
     }
 }
 
@@ -182,6 +258,7 @@ impl SendRing {
             writable: VecDeque::new(),
             writable_events: 0,
             policy: AutoPolicy::new(4, 4096, true),
+            routes: Routes::default(),
             cfg: cfg.clone(),
             fallbacks,
             pool_error: None,
@@ -286,10 +363,26 @@ impl SendRing {
             self.choose(&mut s)
         };
         if cfg.mode == TxMode::Auto {
+            let zc = s.path.is_zero_copy().then_some(s.path);
+            // The peer's address names the route; a socket without one (unconnected UDP) or
+            // whose peer cannot be read watches its own completions.
+            let route = if zc.is_some() {
+                sys::net::peer_ip(&*s.fd).ok().flatten()
+            } else {
+                None
+            };
+            let route = route.map(|ip| self.routes.join(ip, cfg));
+            let watch = match route {
+                Some(_) => None,
+                None => Some(CopiedWatch::new(cfg.copied_streak, cfg.reprobe_every)),
+            };
             s.auto = Some(Box::new(Auto {
-                zc: s.path.is_zero_copy().then_some(s.path),
-                watch: CopiedWatch::new(cfg.copied_streak, cfg.reprobe_every),
+                zc,
+                route,
+                watch,
                 probe: None,
+                in_copy: false,
+                noted: false,
             }));
         }
         if s.path.is_uring() {
@@ -709,8 +802,13 @@ impl SendRing {
 
     /// The path of one send (`auto` decides per send).
     fn route(&mut self, idx: u32, seq: u64, len: usize) -> Path {
-        let policy = &mut self.policy;
-        let s = self.socks[idx as usize].as_mut().expect("live");
+        let Self {
+            policy,
+            socks,
+            routes,
+            ..
+        } = self;
+        let s = socks[idx as usize].as_mut().expect("live");
         if !s.is_auto() {
             return s.path;
         }
@@ -721,7 +819,8 @@ impl SendRing {
         let Some(zc) = a.zc else {
             return copy;
         };
-        let d = match a.watch.decide() {
+        let (watch, peer) = watch_of(routes, a.route, &mut a.watch);
+        let d = match watch.decide() {
             Some(d) => d,
             None => {
                 let d = policy.decide_size(len);
@@ -731,16 +830,23 @@ impl SendRing {
                 d
             }
         };
+        let in_copy = watch.in_copy();
+        let interval = watch.interval();
         if d.probe {
             a.probe = Some(seq);
+            s.stats.auto_reprobes += 1;
         }
-        let (to, re, back) = a.watch.counts();
-        s.stats.auto_switches_to_copy = to;
-        s.stats.auto_reprobes = re;
-        s.stats.auto_switches_back = back;
+        if in_copy != a.in_copy {
+            // The route's verdict changed since this socket last sent (other sockets'
+            // completions found it): the socket follows without probing.
+            if in_copy {
+                s.stats.auto_route_verdicts += 1;
+            }
+            follow_verdict(s, in_copy, copy, interval, None, peer);
+        }
         match d.choice {
             Choice::Copy => {
-                if !a.watch.in_copy() {
+                if !in_copy {
                     s.stats.auto_size_copies += 1;
                 }
                 copy
@@ -988,38 +1094,29 @@ impl SendRing {
         self.ready.push_back((done, buf));
     }
 
-    /// `auto` learns from a zero-copy completion of one of its sockets.
+    /// `auto` learns from a zero-copy completion of one of its sockets (for the socket's
+    /// route: every socket to the same peer follows at its next send).
     fn observe(&mut self, idx: u32, seq: u64, status: ZcStatus) {
-        let s = self.socks[idx as usize].as_mut().expect("live");
+        let Self { socks, routes, .. } = self;
+        let s = socks[idx as usize].as_mut().expect("live");
         let copy = s.copy_path();
         let Some(a) = s.auto.as_mut() else { return };
         let probe = a.probe == Some(seq);
         if probe {
             a.probe = None;
         }
-        match a.watch.observe(status, probe) {
+        let (watch, peer) = watch_of(routes, a.route, &mut a.watch);
+        match watch.observe(status, probe) {
             Some(Event::SwitchedToCopy { streak, interval }) => {
-                let first = a.watch.counts().0 == 1;
-                let from = a.zc;
-                if first {
-                    let from = from.map_or(stats::Path::TxMode(TxMode::Auto), route_path);
-                    let reason = format!(
-                        "{streak} zero-copy completions in a row came back COPIED: this path \
-                         copies anyway (loopback or local delivery), so zero-copy only adds \
-                         notification cost; sending by copy ({copy}), re-probing every \
-                         {interval} sends"
-                    );
-                    s.fallbacks.push(Fallback::new(from, copy, reason));
-                }
-                s.path = copy;
+                s.stats.auto_switches_to_copy += 1;
+                follow_verdict(s, true, copy, interval, Some(streak), peer);
             }
-            Some(Event::SwitchedBack) => s.path = a.zc.unwrap_or(copy),
+            Some(Event::SwitchedBack) => {
+                s.stats.auto_switches_back += 1;
+                follow_verdict(s, false, copy, 0, None, peer);
+            }
             None => {}
         }
-        let (to, re, back) = a.watch.counts();
-        s.stats.auto_switches_to_copy = to;
-        s.stats.auto_reprobes = re;
-        s.stats.auto_switches_back = back;
     }
 
     /// After progress on a socket: a refused one that can take sends again is reported
@@ -1049,6 +1146,9 @@ impl SendRing {
         let Some(s) = self.socks[idx as usize].take() else {
             return;
         };
+        if let Some((id, probe)) = s.auto.as_ref().and_then(|a| a.route.map(|r| (r, a.probe))) {
+            self.routes.leave(id, probe.is_some());
+        }
         add_counters(&mut self.gone.0, &s.counters);
         self.gone.1.add(&s.stats);
         if s.in_epoll {
@@ -1728,4 +1828,67 @@ fn split_slices(
     let mut it = lents.into_iter();
     let first = it.next().unwrap_or(Lent::Vec(Vec::new()));
     (first, it.collect(), None, Some(parts), bad)
+}
+
+/// The COPIED watch an `auto` socket follows (its route's, or its own without a route),
+/// and the route's peer address.
+fn watch_of<'a>(
+    routes: &'a mut Routes,
+    route: Option<u32>,
+    own: &'a mut Option<CopiedWatch>,
+) -> (&'a mut CopiedWatch, Option<IpAddr>) {
+    match route {
+        Some(id) => {
+            let r = routes.get_mut(id);
+            (&mut r.watch, Some(r.ip))
+        }
+        None => (
+            own.as_mut()
+                .expect("a socket without a route has its own watch"),
+            None,
+        ),
+    }
+}
+
+/// An `auto` socket's path follows its route's COPIED verdict (`in_copy`); the first switch
+/// to copy is recorded as a fallback, saying whether this socket's completions found it
+/// (`streak`) or others' to the same peer did.
+fn follow_verdict(
+    s: &mut Sock,
+    in_copy: bool,
+    copy: Path,
+    interval: u64,
+    streak: Option<u32>,
+    peer: Option<IpAddr>,
+) {
+    let Some(a) = s.auto.as_mut() else { return };
+    a.in_copy = in_copy;
+    if !in_copy {
+        s.path = a.zc.unwrap_or(copy);
+        return;
+    }
+    s.path = copy;
+    if a.noted {
+        return;
+    }
+    a.noted = true;
+    let from = a.zc.map_or(stats::Path::TxMode(TxMode::Auto), route_path);
+    let whose = match (streak, peer) {
+        (Some(n), _) => format!("{n} zero-copy completions in a row came back COPIED"),
+        (None, Some(ip)) => format!(
+            "zero-copy completions of this ring's sockets to {ip} came back COPIED (the \
+             route's verdict: this socket made no probe of its own)"
+        ),
+        (None, None) => "zero-copy completions came back COPIED".to_string(),
+    };
+    let per = if peer.is_some() {
+        "the route re-probed once"
+    } else {
+        "re-probing"
+    };
+    let reason = format!(
+        "{whose}: this path copies anyway (loopback or local delivery), so zero-copy only \
+         adds notification cost; sending by copy ({copy}), {per} every {interval} sends"
+    );
+    s.fallbacks.push(Fallback::new(from, copy, reason));
 }

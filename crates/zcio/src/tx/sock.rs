@@ -193,9 +193,18 @@ pub(super) struct Pending {
 pub(super) struct Auto {
     /// The zero-copy path (none: copy only).
     pub(super) zc: Option<Path>,
-    pub(super) watch: CopiedWatch,
+    /// The route (peer address) whose COPIED verdict the socket follows, an index of the
+    /// ring's [`super::ring::Routes`], shared by every socket to that peer. `None` (no peer: an
+    /// unconnected UDP socket): the socket's own `watch` decides.
+    pub(super) route: Option<u32>,
+    /// The COPIED watch of a socket without a route.
+    pub(super) watch: Option<CopiedWatch>,
     /// The COPIED re-probe in flight (the socket's send number).
     pub(super) probe: Option<u64>,
+    /// Whether the socket's path shows the copy verdict (it followed the last switch).
+    pub(super) in_copy: bool,
+    /// Whether the socket recorded the COPIED fallback (once).
+    pub(super) noted: bool,
 }
 
 /// One socket.
