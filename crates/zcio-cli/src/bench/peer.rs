@@ -134,8 +134,20 @@ fn params(len: usize, tx: TxMode, dur: Duration) -> Params {
     }
 }
 
+/// `(quick, default, full)` by the run's mode.
+fn by_mode<T>(ctx: &Ctx, quick: T, default: T, full: T) -> T {
+    match ctx.mode {
+        crate::bench::Mode::Quick => quick,
+        crate::bench::Mode::Default => default,
+        crate::bench::Mode::Full => full,
+    }
+}
+
 fn run_time(ctx: &Ctx) -> Duration {
-    ctx.pick(
+    // A two-host run is what the user came for: its default keeps the longer runs and the
+    // size sweep of before (the local default is short).
+    by_mode(
+        ctx,
         Duration::from_millis(300),
         Duration::from_secs(1),
         Duration::from_secs(3),
@@ -215,7 +227,8 @@ pub fn tx(ctx: &mut Ctx, peer: &Peer) -> Result<()> {
     let first = peer.check()?;
     hosts_note(ctx, &first);
     let dur = run_time(ctx);
-    let sizes: Vec<usize> = ctx.pick(
+    let sizes: Vec<usize> = by_mode(
+        ctx,
         vec![64 << 10],
         vec![4 << 10, 64 << 10, 256 << 10],
         vec![4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20],

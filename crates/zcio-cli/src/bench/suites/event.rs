@@ -126,7 +126,7 @@ impl Suite for EventSuite {
         )?;
         // What one collection costs, without any traffic: the per-workload choice's cost
         // model (docs/design/event.md, "Choice per workload").
-        let waits = ctx.pick(50_000, 200_000, 500_000);
+        let waits = ctx.pick(50_000, 500_000);
         for (ready, what) in [
             (true, "16 LT fds ready"),
             (false, "zero-timeout poll, nothing ready"),
@@ -144,7 +144,7 @@ impl Suite for EventSuite {
                 )?;
             }
         }
-        let conns = ctx.pick(64, 64, 128);
+        let conns = ctx.pick(64, 128);
         let ka_time = dur * 2;
         ctx.compare(
             &format!("http keep-alive {conns} conns"),
@@ -190,7 +190,7 @@ impl Suite for EventSuite {
             || http(LoopKind::Epoll, true, conns, u64::MAX, ka_time),
             || http(LoopKind::RingDefer, true, conns, u64::MAX, ka_time),
         )?;
-        let per_conn = ctx.pick(3000, 20000, 20000);
+        let per_conn = ctx.pick(3000, 20000);
         ctx.compare(
             &format!("http new connection per request, {per_conn} requests"),
             ("epoll server", "EventRing server"),

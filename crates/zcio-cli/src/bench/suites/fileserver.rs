@@ -51,7 +51,7 @@ impl Suite for FileServerSuite {
              peer is down (nothing answers the handshake); see the tx suite for the sink",
         );
         ctx.note("server: 2 workers, one current-thread runtime each; server CPU from /proc/self/stat (10 ms ticks)");
-        let secs = ctx.pick(1, 3, 10);
+        let secs = ctx.pick(1, 10);
         let conns = 4;
         let case = format!(
             "GET {} keep-alive, {conns} conns",

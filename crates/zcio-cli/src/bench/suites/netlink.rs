@@ -81,16 +81,8 @@ impl NetlinkSuite {
                 crate::bench::Mode::Quick => rates.iter().step_by(2).copied().collect(),
                 _ => rates.to_vec(),
             },
-            step: ctx.pick(
-                Duration::from_millis(150),
-                Duration::from_millis(400),
-                Duration::from_secs(1),
-            ),
-            flat: ctx.pick(
-                Duration::from_millis(300),
-                Duration::from_millis(800),
-                Duration::from_secs(2),
-            ),
+            step: ctx.pick(Duration::from_millis(150), Duration::from_secs(1)),
+            flat: ctx.pick(Duration::from_millis(300), Duration::from_secs(2)),
             pause: Duration::from_millis(150),
         }
     }

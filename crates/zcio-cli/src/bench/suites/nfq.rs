@@ -104,7 +104,7 @@ impl Suite for Nfq {
              delivery its verdicts trigger) / datagrams the receiver got; delivered = those \
              datagrams / drain time",
         );
-        let count: u64 = ctx.pick(10_000, 30_000, 60_000);
+        let count: u64 = ctx.pick(10_000, 60_000);
         for size in [64usize, 1400] {
             let count = if size > 1000 { count / 2 } else { count };
             for (base, label) in [
@@ -136,7 +136,7 @@ impl Suite for Nfq {
         }
         // The two frame-ring producers against each other.
         for size in [64usize, 1400] {
-            let count: u64 = ctx.pick(10_000, 30_000, 60_000) / if size > 1000 { 2 } else { 1 };
+            let count: u64 = ctx.pick(10_000, 60_000) / if size > 1000 { 2 } else { 1 };
             ctx.compare(
                 &format!("udp {size}B zcio producers"),
                 ("zcio ring, recvmmsg fill", "zcio ring, io_uring fill"),
@@ -763,7 +763,7 @@ fn consume_batch32(
 }
 
 fn dump_case(ctx: &mut Ctx) -> Result<()> {
-    let n: u32 = ctx.pick(100_000, 100_000, 100_000);
+    let n: u32 = ctx.pick(100_000, 100_000);
     let ns = Netns::new("nldump").context("namespace")?;
     let t = Instant::now();
     zcio_testnet::routes::add_routes(&ns, n).context("adding routes with ip -batch")?;

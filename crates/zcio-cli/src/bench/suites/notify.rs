@@ -254,11 +254,7 @@ impl Suite for Notify {
         }
         let pair = Pair::new("bnt").context("creating the test pair")?;
         let sink = Sink::new("bnt").context("creating the sink host")?;
-        let dur = ctx.pick(
-            Duration::from_millis(60),
-            Duration::from_millis(250),
-            Duration::from_secs(1),
-        );
+        let dur = ctx.pick(Duration::from_millis(60), Duration::from_secs(1));
         ctx.note(format!(
             "{} writes; UDP with GSO goes to the sink host (zero-copy, not copied); TCP goes over \
              veth to the pair's other host, where local delivery copies (completions COPIED)",

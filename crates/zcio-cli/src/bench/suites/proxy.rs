@@ -96,7 +96,7 @@ impl Suite for ProxySuite {
             )));
         }
         let dir = TempDir::new("pxbench").context("temp dir")?;
-        let secs = ctx.pick(1.0, 2.0, 5.0);
+        let secs = ctx.pick(1.0, 5.0);
         ctx.note(
             "copies on these paths: every local delivery copies (loopback rule). zcio: the \
              kernel copies each byte into a provided buffer on receive, then SEND_ZC pins that \

@@ -134,7 +134,7 @@ impl Suite for Python {
              the consumer's drain time; consumer_cpu = the Python process's CPU (all threads, \
              including the reinjection its verdicts trigger) / datagrams delivered",
         );
-        let count: u64 = ctx.pick(5_000, 20_000, 40_000);
+        let count: u64 = ctx.pick(5_000, 40_000);
         let env = Env {
             ns: &ns,
             py: &py,

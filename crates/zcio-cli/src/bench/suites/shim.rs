@@ -60,7 +60,7 @@ impl Suite for Shim {
     }
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
         let shim = find_shim().map_err(|e| ctx.skip(e.to_string()))?;
-        let secs = ctx.pick(2, 3, 10);
+        let secs = ctx.pick(2, 10);
         ctx.note(format!(
             "the shim: {}; no data is copied differently: the shim changes only how readiness \
              reaches the program (COPIED fraction not applicable)",
@@ -116,7 +116,7 @@ impl Suite for Shim {
             ] {
                 let native = Server::redis(&redis, None)?;
                 let shimmed = Server::redis(&redis, Some(&Shimmed(&shim, env)))?;
-                let n = ctx.pick(40_000, 80_000, 200_000);
+                let n = ctx.pick(40_000, 200_000);
                 ctx.compare(
                     &format!("redis GET, redis-benchmark 32 conns{label}"),
                     ("native epoll", "libzcio_epoll.so"),

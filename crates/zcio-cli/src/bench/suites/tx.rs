@@ -157,11 +157,7 @@ impl Suite for Tx {
         if let Some(peer) = ctx.peer.clone() {
             return crate::bench::peer::tx(ctx, &peer);
         }
-        let dur = ctx.pick(
-            Duration::from_millis(80),
-            Duration::from_millis(250),
-            Duration::from_secs(1),
-        );
+        let dur = ctx.pick(Duration::from_millis(80), Duration::from_secs(1));
         let hosts_ok = zcio_testnet::check_privileges();
         let (pair, sink) = match &hosts_ok {
             Ok(()) => (
@@ -282,11 +278,7 @@ impl Suite for Tx {
         // auto vs plain send where the path copies. Both sides get the same warm-up (the
         // connection's window opens; auto sees its first COPIED completions and settles on
         // copy), then the steady state is measured.
-        let warmup = ctx.pick(
-            Duration::from_millis(30),
-            Duration::from_millis(100),
-            Duration::from_millis(300),
-        );
+        let warmup = ctx.pick(Duration::from_millis(30), Duration::from_millis(300));
         ctx.note(format!(
             "auto cases: both sides send for {warmup:?} before measuring (same warm-up), then \
              {:?}; auto's first zero-copy sends and its switch to copy fall in the warm-up",
@@ -345,12 +337,12 @@ fn many_sample(r: &super::tx_many::ManyReport) -> Sample {
     s
 }
 
-/// Many sockets from one thread: 1,000 loopback connections (200 in quick mode), sends of
+/// Many sockets from one thread: 1,000 loopback connections (`--full`; 200 otherwise), sends of
 /// 4 KiB and 64 KiB round-robin, on one shared ring and on a ring per socket, each against
 /// epoll + send. Rows `many <n>x<size> <way> vs epoll+send`.
 fn many(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()> {
     use super::tx_many::{run, ManyOpts, Way};
-    let conns = ctx.pick(200, 1000, 1000);
+    let conns = ctx.pick(200, 1000);
     let batch = 64;
     ctx.note(format!(
         "many: {conns} loopback TCP connections, sends round-robin from one thread; epoll + send (non-blocking send per buffer, EPOLLOUT when full) vs one shared SendRing (auto, {batch} requests per io_uring_enter across sockets, pool registered once, sockets in one registered-file table) vs a Sender (io_uring) per socket (auto, one enter per send); every side warms up {warmup:?}, then {:?} measured; kernel entries are every syscall the sending thread made. On loopback every byte is copied (COPIED 1.0): auto sends by io_uring SEND after each socket's first zero-copy completions",
