@@ -116,16 +116,7 @@ impl Suite for ProxySuite {
         let lo = Net::loopback();
         for b in baselines {
             let case = format!("bulk loopback, {CONNS} conns, vs {}", b.short());
-            if !super::tx::wanted(&case) {
-                continue;
-            }
-            ctx.compare(
-                &case,
-                (b.label(), Kind::Zcio.label()),
-                BULK,
-                || bulk(b, &lo, &dir, secs),
-                || bulk(Kind::Zcio, &lo, &dir, secs),
-            )?;
+            compare_bulk(ctx, &case, b, &lo, &dir, secs)?;
         }
         // Across test hosts: client and server in A, the proxy in B.
         let veth_wanted = baselines
@@ -142,17 +133,7 @@ impl Suite for ProxySuite {
                     server_ip: pair.a4.into(),
                 };
                 for b in baselines {
-                    let case = veth_case(b.short());
-                    if !super::tx::wanted(&case) {
-                        continue;
-                    }
-                    ctx.compare(
-                        &case,
-                        (b.label(), Kind::Zcio.label()),
-                        BULK,
-                        || bulk(b, &veth, &dir, secs),
-                        || bulk(Kind::Zcio, &veth, &dir, secs),
-                    )?;
+                    compare_bulk(ctx, &veth_case(b.short()), b, &veth, &dir, secs)?;
                 }
             }
             Err(e) => ctx.note(format!("veth case not run: {e}")),
@@ -181,6 +162,27 @@ impl Suite for ProxySuite {
 }
 
 /// The name of a bulk case across test hosts.
+/// One bulk case (when wanted): `baseline` against zcio proxy on `net`.
+fn compare_bulk(
+    ctx: &mut Ctx,
+    case: &str,
+    baseline: Kind,
+    net: &Net,
+    dir: &TempDir,
+    secs: f64,
+) -> Result<()> {
+    if !super::tx::wanted(case) {
+        return Ok(());
+    }
+    ctx.compare(
+        case,
+        (baseline.label(), Kind::Zcio.label()),
+        BULK,
+        || bulk(baseline, net, dir, secs),
+        || bulk(Kind::Zcio, net, dir, secs),
+    )
+}
+
 fn veth_case(baseline: &str) -> String {
     format!("bulk veth A->B->A, {CONNS} conns, vs {baseline}")
 }
