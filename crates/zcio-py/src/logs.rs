@@ -13,8 +13,8 @@ use pyo3::types::{PyBytes, PyDict};
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zcio::netlink::{
-    CopyMode, CtEvent as LibCtEvent, CtEvents as LibCtEvents, CtEventsConfig, LogPacket,
-    NfLog as LibNfLog, NfLogConfig, Tuple,
+    BindRefusal, CopyMode, CtEvent as LibCtEvent, CtEvents as LibCtEvents, CtEventsConfig,
+    LogPacket, NfLog as LibNfLog, NfLogConfig, Tuple,
 };
 
 fn io_err(what: String, e: Option<&std::io::Error>) -> PyErr {
@@ -33,8 +33,24 @@ fn log_err(e: zcio::netlink::NfLogError) -> PyErr {
         E::Socket { source, .. } | E::Config { source, .. } => Some(source),
         _ => None,
     };
-    if let E::Invalid(_) = e {
-        return PyValueError::new_err(e.to_string());
+    match &e {
+        E::Invalid(_) => return PyValueError::new_err(e.to_string()),
+        // EPERM from a bind is a missing capability or a group in use: the library checked.
+        E::Config {
+            refusal: Some(BindRefusal::InUse { .. } | BindRefusal::BoundHere),
+            ..
+        } => return PyOSError::new_err((libc::EBUSY, e.to_string())),
+        E::Config {
+            refusal: Some(BindRefusal::Unexplained),
+            source,
+            ..
+        } => {
+            return PyOSError::new_err((
+                source.raw_os_error().unwrap_or(libc::EPERM),
+                e.to_string(),
+            ))
+        }
+        _ => {}
     }
     io_err(e.to_string(), src)
 }

@@ -118,8 +118,35 @@ impl NlSocket {
         spec: &SockSpec<'_>,
         fallbacks: &mut Vec<Fallback>,
     ) -> Result<Self, OpenError> {
-        let fd = nl::socket(spec.protocol).map_err(step("socket(AF_NETLINK)"))?;
-        nl::bind(&fd, 0, 0).map_err(step("bind netlink socket"))?;
+        Self::open_on(spec, None, fallbacks)
+    }
+
+    /// As [`NlSocket::open`], on `given` when there is one: a netlink socket of
+    /// `spec.protocol` opened elsewhere (by a privileged parent, or in another network
+    /// namespace, whose objects it then reaches). It is bound to a port id here unless it
+    /// already has one.
+    pub(crate) fn open_on(
+        spec: &SockSpec<'_>,
+        given: Option<OwnedFd>,
+        fallbacks: &mut Vec<Fallback>,
+    ) -> Result<Self, OpenError> {
+        let fd = match given {
+            None => {
+                let fd = nl::socket(spec.protocol).map_err(step("socket(AF_NETLINK)"))?;
+                nl::bind(&fd, 0, 0).map_err(step("bind netlink socket"))?;
+                fd
+            }
+            Some(fd) => {
+                nl::check_protocol(&fd, spec.protocol).map_err(step(
+                    "checking the given socket (it must be an AF_NETLINK socket of this \
+                     protocol)",
+                ))?;
+                if nl::port_id(&fd).map_err(step("getsockname on the given socket"))? == 0 {
+                    nl::bind(&fd, 0, 0).map_err(step("bind the given netlink socket"))?;
+                }
+                fd
+            }
+        };
         if let Some((bytes, force)) = spec.rcvbuf {
             super::size_rcvbuf(&fd, bytes, force, fallbacks).map_err(step("SO_RCVBUF"))?;
         }
@@ -220,7 +247,16 @@ impl NlSocket {
         nl::send_to_kernel(&self.fd, msg).map_err(RequestError::Send)?;
         let mut buf = vec![0u8; 140 << 10];
         loop {
-            let n = crate::sys::net::recv(&self.fd, &mut buf, 0).map_err(RequestError::Recv)?;
+            let n = match crate::sys::net::recv(&self.fd, &mut buf, 0) {
+                Ok(n) => n,
+                // A socket handed over in non-blocking mode: wait for the answer.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    crate::sys::net::poll_one(&self.fd, libc::POLLIN, -1)
+                        .map_err(RequestError::Recv)?;
+                    continue;
+                }
+                Err(e) => return Err(RequestError::Recv(e)),
+            };
             let mut ack = None;
             let mut other = false;
             for m in messages(&buf[..n]) {

@@ -26,6 +26,7 @@ mod nflog;
 pub mod nfqmsg;
 pub mod packet;
 pub mod queue;
+mod refusal;
 pub mod route;
 mod source;
 pub mod tracker;
@@ -46,6 +47,7 @@ pub use queue::{
     kernel_queue_stats, Decision, KernelQueueStats, NfQueue, NfQueueConfig, NfqError, NfqStats,
     PacketInfo, PacketRef, Received,
 };
+pub use refusal::BindRefusal;
 pub use source::{FrameError, FrameStats};
 
 /// How a netlink consumer ([`NfQueue`], [`NfLog`], [`CtEvents`], [`RouteSocket`]) fills its

@@ -14,10 +14,11 @@
 use super::core::{Family, NlSocket, RequestError, SockSpec, Stream, StreamStats, UringNeed};
 use super::msg::{attrs, emit_attr, emit_header, emit_whole, EmitError, NlMsg, ParseError};
 use super::nfqmsg::{CopyMode, NfGen, NFGENMSG_LEN};
+use super::refusal::{BindRefusal, Table};
 use super::source::FrameError;
 use super::{Conntrack, NetlinkPath};
 use crate::stats::{Counters, Fallback, Report};
-use crate::sys::netlink::{NLA_F_NESTED, NLMSG_DONE, NLM_F_ACK, NLM_F_REQUEST};
+use crate::sys::netlink::{self as nl, NLA_F_NESTED, NLMSG_DONE, NLM_F_ACK, NLM_F_REQUEST};
 use crate::sys::nflog::*;
 use crate::sys::nfqueue::{NETLINK_NETFILTER, NFNETLINK_V0};
 use std::io;
@@ -372,7 +373,10 @@ pub enum NfLogError {
         #[source]
         source: io::Error,
         /// What to do about it.
-        hint: &'static str,
+        hint: String,
+        /// For a refused bind: the cause, found by checking (the kernel's `EPERM` means
+        /// either another socket holds the group, or a missing capability).
+        refusal: Option<BindRefusal>,
     },
     /// The configuration asks for something the kernel cannot do.
     #[error("invalid NFLOG configuration: {0}")]
@@ -699,8 +703,7 @@ impl NfLog {
                 },
                 format!("group {g}"),
                 "BIND with MODE/NLBUFSIZ/TIMEOUT/QTHRESH/FLAGS",
-                "; EBUSY: another socket is bound to this group; EPERM: needs CAP_NET_ADMIN; \
-                 EOPNOTSUPP: the CONNTRACK flag needs nf_conntrack_netlink",
+                "; EOPNOTSUPP: the CONNTRACK flag needs nf_conntrack_netlink",
             )?;
             me.bound = true;
         }
@@ -741,13 +744,24 @@ impl NfLog {
             match code {
                 0 => return Ok(()),
                 c if c == -libc::EAGAIN => continue,
-                c => {
+                _ => {
+                    // EPERM is both "another socket holds the group" and "no CAP_NET_ADMIN":
+                    // told apart by checking (`refusal`).
+                    let refusal = (c.cmd == Some(NFULNL_CFG_CMD_BIND))
+                        .then(|| {
+                            let ours = nl::port_id(&self.stream.sock.fd).ok();
+                            BindRefusal::check(Table::Log, c.group, -code, ours)
+                        })
+                        .flatten();
                     return Err(NfLogError::Config {
                         target,
                         what,
-                        source: io::Error::from_raw_os_error(-c),
-                        hint,
-                    })
+                        source: io::Error::from_raw_os_error(-code),
+                        hint: refusal
+                            .as_ref()
+                            .map_or_else(|| hint.to_string(), |r| r.hint(Table::Log, c.group)),
+                        refusal,
+                    });
                 }
             }
         }
@@ -755,7 +769,8 @@ impl NfLog {
             target,
             what,
             source: io::Error::from_raw_os_error(libc::EAGAIN),
-            hint: "; the kernel kept asking for the request again",
+            hint: "; the kernel kept asking for the request again".into(),
+            refusal: None,
         })
     }
 

@@ -338,9 +338,12 @@ pub fn socketpair(domain: i32, ty: i32) -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((owned(fds[0]), owned(fds[1])))
 }
 
-/// Effective capability set of this process (`CapEff` from `/proc/self/status`).
+/// Effective capability set of the calling thread (`CapEff` from
+/// `/proc/thread-self/status`; capabilities are per thread, and the kernel checks the
+/// thread that makes the call).
 pub fn effective_caps() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    std::fs::read_to_string("/proc/thread-self/status")
+        .or_else(|_| std::fs::read_to_string("/proc/self/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -355,7 +358,7 @@ pub const CAP_NET_ADMIN: u32 = 12;
 /// Capability number of CAP_IPC_LOCK.
 pub const CAP_IPC_LOCK: u32 = 14;
 
-/// Whether this process has CAP_NET_ADMIN in its effective set.
+/// Whether the calling thread has CAP_NET_ADMIN in its effective set.
 pub fn has_cap_net_admin() -> bool {
     effective_caps() & (1 << CAP_NET_ADMIN) != 0
 }
