@@ -148,19 +148,14 @@ fn json_line(out: &mut String, e: &CtEvent<'_>, t: Duration) {
 }
 
 fn summary(st: &CtStats) -> String {
-    let loss = if st.lost() == 0 && st.stream.overruns == 0 {
-        "no loss: no event dropped at the socket".to_string()
-    } else {
-        format!(
-            "LOSS: {} event(s) dropped by the kernel at the socket (receive buffer full), {} \
-             overrun(s) reported (ENOBUFS)",
-            st.lost(),
-            st.stream.overruns
-        )
-    };
     format!(
-        "zcio conntrack: {} events (new {}, update {}, destroy {}), {} receive syscalls; {loss}",
-        st.events, st.new, st.update, st.destroy, st.stream.syscalls
+        "zcio conntrack: {} events (new {}, update {}, destroy {}), {} receive syscalls; {}",
+        st.events,
+        st.new,
+        st.update,
+        st.destroy,
+        st.stream.syscalls,
+        st.loss_summary()
     )
 }
 
@@ -279,6 +274,9 @@ pub fn run(a: EventsArgs) -> Result<()> {
             "update": st.update,
             "destroy": st.destroy,
             "lost": st.lost(),
+            "lost_at_least": st.loss.at_least,
+            "lost_at_most": st.loss.at_most,
+            "lost_exact": st.loss.exact,
             "overruns": st.stream.overruns,
             "syscalls": st.stream.syscalls,
             "datagrams": st.stream.datagrams,

@@ -219,41 +219,23 @@ fn stats_line(st: &NfLogStats, pps: f64, out: &Out) -> String {
         ),
         Out::Text(..) => String::new(),
     };
+    let lost = if st.loss.exact {
+        format!("lost {} ({} gaps)", st.loss.at_least, st.seq_gaps)
+    } else {
+        format!(
+            "lost >= {} ({} in {} gaps, {} batches dropped after the last arrival)",
+            st.loss.at_least, st.lost, st.seq_gaps, st.tail_batches
+        )
+    };
     format!(
-        "zcio nflog: {} packets ({pps:.0}/s), {} datagrams, {} receive syscalls; lost {} \
-         ({} gaps), overruns {}, socket drops {}{w}",
+        "zcio nflog: {} packets ({pps:.0}/s), {} datagrams, {} receive syscalls; {lost}, \
+         overruns {}, socket drops {}{w}",
         st.packets,
         st.stream.datagrams,
         st.stream.syscalls,
-        st.lost,
-        st.seq_gaps,
         st.stream.overruns,
         st.stream.kernel_drops
     )
-}
-
-/// The loss summary printed on exit.
-fn loss_summary(st: &NfLogStats) -> String {
-    if !st.any_loss() {
-        return "no loss: every sequence number arrived, no overrun, no drop at the socket".into();
-    }
-    let mut parts = Vec::new();
-    if st.lost > 0 {
-        parts.push(format!(
-            "{} message(s) missing in {} sequence gap(s)",
-            st.lost, st.seq_gaps
-        ));
-    }
-    if st.stream.overruns > 0 {
-        parts.push(format!("{} overrun(s) (ENOBUFS)", st.stream.overruns));
-    }
-    if st.stream.kernel_drops > 0 {
-        parts.push(format!(
-            "{} batch(es) dropped by the kernel at the socket (receive buffer full)",
-            st.stream.kernel_drops
-        ));
-    }
-    format!("LOSS: {}", parts.join(", "))
 }
 
 /// Runs `zcio nflog`.
@@ -393,7 +375,7 @@ pub fn run(a: NflogArgs) -> Result<()> {
             sink.skipped
         );
     }
-    eprintln!("zcio nflog: {}", loss_summary(&st));
+    eprintln!("zcio nflog: {}", st.loss_summary());
     let (files, writes) = match &sink.out {
         Out::Capture(w) => (w.files(), w.writes),
         Out::Text(..) => (0, 0),
@@ -405,6 +387,10 @@ pub fn run(a: NflogArgs) -> Result<()> {
             "written": sink.written,
             "lost": st.lost,
             "seq_gaps": st.seq_gaps,
+            "tail_batches": st.tail_batches,
+            "lost_at_least": st.loss.at_least,
+            "lost_at_most": st.loss.at_most,
+            "lost_exact": st.loss.exact,
             "overruns": st.stream.overruns,
             "kernel_drops": st.stream.kernel_drops,
             "datagrams": st.stream.datagrams,

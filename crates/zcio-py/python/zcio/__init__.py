@@ -202,10 +202,13 @@ class NfLog(_Stream, _native.NfLog):
     """An NFLOG consumer: ``NfLog(5)`` reads what ``-j NFLOG --nflog-group 5`` rules log.
 
     Entries (``LogEntry``) carry group, hook, prefix, mark, devices, timestamp, uid/gid, the
-    per-group sequence number and the payload (bytes). ``stats["lost"]`` counts messages the
-    kernel could not deliver, exactly, from the sequence numbers. Options: ``copy_range``,
-    ``meta``, ``nlbufsiz``, ``timeout`` (kernel flush timeout, seconds), ``qthresh``,
-    ``seq``, ``conntrack``, ``sock_len``, ``frames``, ``uring``.
+    per-group sequence number and the payload (bytes). ``stats["lost"]`` counts the messages
+    missing in sequence gaps, exactly; a loss after the last message that arrived shows in no
+    gap, so ``stats["lost_at_least"]`` (with ``tail_batches``, the batches dropped at the
+    socket after it), ``lost_at_most``, ``lost_exact`` and ``loss_summary`` say what is
+    known. Options: ``copy_range``, ``meta``, ``nlbufsiz``, ``timeout`` (kernel flush
+    timeout, seconds), ``qthresh``, ``seq``, ``conntrack``, ``sock_len``, ``frames``,
+    ``uring``.
     """
 
 
@@ -214,7 +217,8 @@ class CtEvents(_Stream, _native.CtEvents):
 
     Each ``CtEvent`` has kind ("new", "update", "destroy"), orig/reply tuples (dicts), status,
     timeout, mark, zone, id, and ``line``: the event as ``conntrack -E`` prints it.
-    ``stats["lost"]`` counts events the kernel dropped at the socket.
+    ``stats["lost"]`` counts events the kernel dropped at the socket (exactly);
+    ``lost_at_least``/``lost_exact``/``loss_summary`` add what overruns say beyond it.
     """
 
 

@@ -35,7 +35,7 @@ pub use crate::buf::frames::FramePin;
 pub use conntrack::{
     tcp_state_name, Conntrack, CtCounters, CtEvent, CtEventKind, CtTimestamp, TcpInfo, Tuple,
 };
-pub use core::StreamStats;
+pub use core::{Loss, StreamStats};
 pub use ctevents::{CtError, CtEvents, CtEventsConfig, CtStats};
 pub use nflog::{
     GroupStats, LogPacket, NfLog, NfLogConfig, NfLogError, NfLogStats, DEFAULT_NLBUFSIZ,
