@@ -1864,3 +1864,39 @@ fn a_given_socket_must_be_netlink_netfilter_and_serves_one_queue() {
     let err = NfQueue::from_socket(NfQueueConfig { last: 2, ..cfg(1) }, nf).unwrap_err();
     assert!(err.to_string().contains("one queue"), "{err}");
 }
+
+#[test]
+fn a_copy_range_of_zero_is_the_whole_packet_and_frames_are_sized_for_it() {
+    // The kernel copies the whole packet for a range of 0 (`nfqnl_set_mode`): an 8,000-byte
+    // packet does not fit a 4 KiB frame, so io_uring (no spill) must not be chosen for it.
+    let test = "a_copy_range_of_zero_is_the_whole_packet_and_frames_are_sized_for_it";
+    let Some(ns) = host(test, 45) else {
+        return;
+    };
+    ns.run(|| {
+        let mut q = NfQueue::open(NfQueueConfig {
+            copy: zcio::netlink::CopyMode::Packet(0),
+            ..cfg(45)
+        })
+        .unwrap();
+        assert_eq!(
+            q.path(),
+            NetlinkPath::FrameRingRecvmmsg,
+            "{:?}",
+            q.fallbacks()
+        );
+        let mut udp = Udp::new();
+        udp.send(7, 8000);
+        let mut len = 0;
+        let n = process_n(&mut q, 1, |p| {
+            len = p.payload.map_or(0, |b| b.len());
+            assert_eq!(p.cap_len, None, "cut by the copy range");
+            Decision::Verdict(Verdict::Accept)
+        });
+        assert_eq!((n, len), (1, 8000 + 28), "the whole packet");
+        udp.wait_for(1);
+        assert_eq!(udp.got, vec![7]);
+        assert_eq!(q.stats().copies, 1, "kept whole out of line");
+    })
+    .unwrap();
+}

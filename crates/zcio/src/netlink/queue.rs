@@ -431,6 +431,16 @@ pub struct KernelQueueStats {
     pub id_sequence: u32,
 }
 
+/// The bytes the kernel copies for a copy range of `r`: 0 and anything past
+/// [`NFQNL_MAX_COPY_RANGE`] mean the whole packet up to that (`nfqnl_set_mode`).
+fn effective_copy_range(r: u32) -> u32 {
+    if r == 0 || r > NFQNL_MAX_COPY_RANGE {
+        NFQNL_MAX_COPY_RANGE
+    } else {
+        r
+    }
+}
+
 /// Reads the kernel's queue table of the calling thread's network namespace
 /// (`/proc/thread-self/net/...`, so threads that entered another namespace see theirs).
 pub fn kernel_queue_stats() -> io::Result<Vec<KernelQueueStats>> {
@@ -503,7 +513,9 @@ impl QueueSock {
     ) -> Result<Self, NfqError> {
         let datagram = match cfg.copy {
             CopyMode::Meta => FRAME_OVERHEAD,
-            CopyMode::Packet(r) => r as usize + FRAME_OVERHEAD,
+            // The kernel copies the whole packet for a range of 0 and caps larger ones
+            // (`nfqnl_set_mode`): frames are sized for what it will send.
+            CopyMode::Packet(r) => effective_copy_range(r) as usize + FRAME_OVERHEAD,
         };
         let spec = SockSpec {
             protocol: NETLINK_NETFILTER,
