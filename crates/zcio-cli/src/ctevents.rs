@@ -173,6 +173,15 @@ pub fn run(a: EventsArgs) -> Result<()> {
             other => bail!("unknown event kind {other:?} (NEW, UPDATE, DESTROY, ALL)"),
         }
     }
+    if let Some(c) = a.count {
+        crate::util::at_least_one("-c", "event count", c)?;
+    }
+    crate::util::at_least_one("-B", "buffer size", a.buffer_kib)?;
+    let duration = a
+        .duration
+        .map(|d| crate::util::seconds("--duration", d))
+        .transpose()?;
+    let interval = crate::util::interval("--stats-interval", a.stats_interval)?;
     let (mut timestamp, mut extended) = (false, false);
     for o in &a.output {
         match o.as_str() {
@@ -196,9 +205,8 @@ pub fn run(a: EventsArgs) -> Result<()> {
     }
     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout());
     let mut buf = String::with_capacity(1 << 16);
-    let interval = (a.stats_interval > 0.0).then(|| Duration::from_secs_f64(a.stats_interval));
     let start = Instant::now();
-    let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
+    let end = duration.map(|d| start + d);
     let mut next_stats = interval.map(|i| start + i);
     let shown = std::cell::Cell::new(0u64);
     let limit = a.count;

@@ -227,3 +227,29 @@ fn nfq_daemon_exits_within_200ms_of_sigterm_while_its_queue_is_kept_full() {
         "zcio nfq took {took:?} to exit after SIGTERM under load"
     );
 }
+
+#[test]
+fn invalid_sizes_counts_and_durations_are_refused_with_one_error_line() {
+    for (args, name) in [
+        (vec!["--batch", "0"], "--batch"),
+        (vec!["--threads", "0"], "--threads"),
+        (vec!["--max-len", "0"], "--max-len"),
+        (vec!["--duration", "0"], "--duration"),
+        (vec!["--duration=-1"], "--duration"),
+        (vec!["--stats-interval=-1"], "--stats-interval"),
+    ] {
+        let mut all = vec!["nfq", "--queue", "48"];
+        all.extend(&args);
+        let o = Command::new(env!("CARGO_BIN_EXE_zcio"))
+            .args(&all)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+        assert!(
+            err.starts_with("zcio: error: ") && err.contains(name) && err.contains("invalid"),
+            "{args:?}: {err}"
+        );
+    }
+}
