@@ -430,7 +430,8 @@ typedef struct zcio_ctevents_stats {
    */
   uint64_t destroy_events;
   /*
-   Events the kernel dropped at the socket (exact).
+   Events the kernel dropped at the socket (exact). The report's JSON adds what overruns
+   say beyond it (`stats.loss`: `at_least`, `at_most`, `exact`).
    */
   uint64_t lost;
   /*
@@ -544,7 +545,9 @@ typedef struct zcio_nflog_stats {
    */
   uint64_t packets;
   /*
-   Messages missing in the groups' sequence numbers (exact).
+   Messages missing in the groups' sequence numbers (exact). A loss after the last message
+   that arrived shows in no gap: the report's JSON gives what is known (`stats.loss`:
+   `at_least`, `at_most`, `exact`; `stats.tail_batches`).
    */
   uint64_t lost;
   /*
