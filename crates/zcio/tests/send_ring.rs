@@ -1249,3 +1249,84 @@ fn a_loop_that_only_polls_sees_every_zero_copy_completion() {
     drop(ring);
     assert_eq!(server.join().unwrap()[0].1, sent);
 }
+
+#[test]
+fn a_copy_socket_whose_send_finishes_while_another_waits_is_named_writable() {
+    // Two copy sockets each hold a send their full socket buffer could not take, so a wait
+    // watches both through the readiness set. The first one's peer reads again: its send
+    // finishes inside that wait, and the socket must be named writable. (Under emulation the
+    // stalled-peer test met this: its slow socket's send finished while the fast one waited,
+    // and it was never named again.)
+    let (l1, a1) = small_buffers_listener();
+    let (l2, a2) = small_buffers_listener();
+    let (p1, p2) = (
+        Arc::new(AtomicBool::new(true)),
+        Arc::new(AtomicBool::new(true)),
+    );
+    let srv1 = serve_checked(l1, 1, p1.clone());
+    let srv2 = serve_checked(l2, 1, p2.clone());
+    let pool = Pool::new(32 << 10, 64, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    let socks = [
+        ring.add(stalled_socket(a1, 0), &cfg(TxMode::Copy, 8))
+            .unwrap(),
+        ring.add(stalled_socket(a2, 1), &cfg(TxMode::Copy, 8))
+            .unwrap(),
+    ];
+    let mut book = Book::default();
+    let mut sent = [0u64; 2];
+    let mut held = Vec::new();
+    for (k, &s) in socks.iter().enumerate() {
+        loop {
+            let mut b = get(&pool, &mut ring, &mut book);
+            common::fill_pattern(&mut b, base(k) + sent[k]);
+            match ring.send(s, b) {
+                Ok(_) => sent[k] += 32 << 10,
+                Err(r) => {
+                    assert_eq!(r.reason, Refusal::SocketFull, "{r}");
+                    held.push(r.buf);
+                    break;
+                }
+            }
+        }
+    }
+    assert!(ring.next_writable().is_none());
+    p1.store(false, Ordering::Relaxed);
+    let end = Instant::now() + common::scaled(Duration::from_secs(10));
+    let mut named = None;
+    while named.is_none() {
+        assert!(
+            Instant::now() < end,
+            "the first socket's send finished ({} completions) but it was never named writable",
+            book.done.len()
+        );
+        ring.wait(Duration::from_millis(50)).unwrap();
+        book.take(&mut ring);
+        named = ring.next_writable();
+    }
+    assert_eq!(named, Some(socks[0]));
+    // The rest goes: the held buffers, then the second peer reads too.
+    let mut held = held.into_iter();
+    ring.send(socks[0], held.next().unwrap())
+        .expect("writable means a send is taken");
+    sent[0] += 32 << 10;
+    p2.store(false, Ordering::Relaxed);
+    let b = held.next().unwrap();
+    let end = Instant::now() + common::scaled(Duration::from_secs(10));
+    while !ring.can_send(socks[1]) {
+        assert!(Instant::now() < end, "the second socket never drained");
+        ring.wait(Duration::from_millis(50)).unwrap();
+        book.take(&mut ring);
+    }
+    ring.send(socks[1], b).unwrap();
+    sent[1] += 32 << 10;
+    ring.flush(common::scaled(Duration::from_secs(30))).unwrap();
+    book.take(&mut ring);
+    assert!(book.done.values().all(|c| c.result() == Ok(c.len)));
+    for s in socks {
+        ring.close(s);
+    }
+    drop(ring);
+    assert_eq!(srv1.join().unwrap()[0].1, sent[0]);
+    assert_eq!(srv2.join().unwrap()[0].1, sent[1]);
+}

@@ -955,6 +955,9 @@ impl SendRing {
                 }
             }
             self.collect_msg(idx);
+            // A copy send that finished here leaves a refused socket able to send again:
+            // name it writable (collect_msg does so only for MSG_ZEROCOPY sockets).
+            self.settle_sock(idx);
             let Some(s) = self.sock_at(idx) else { continue };
             let still = s.pending.is_some() || s.msg.as_ref().is_some_and(|m| m.stall().is_some());
             if still {
