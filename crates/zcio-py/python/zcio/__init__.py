@@ -101,7 +101,8 @@ class NfQueue(_native.NfQueue):
     raising callback leaves undecided; DROP by default), ``frames`` (per queue: packets held
     past their batch keep one each), ``frame_size``, ``uring`` (fill frames with io_uring
     where a datagram always fits a frame: ``copy_range + 512 <= frame_size``; the fallback is
-    listed in ``fallbacks``).
+    listed in ``fallbacks``), ``sockfd`` (bind on a ``NETLINK_NETFILTER`` socket opened
+    elsewhere, duplicated: the queue of the namespace it was made in; one queue).
     """
 
     def batches(self, max: int = 64, timeout: Optional[float] = None) -> Iterator[Batch]:
