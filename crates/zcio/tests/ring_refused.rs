@@ -151,8 +151,10 @@ fn closing_rings_past_the_burst_makes_the_next_set_up_wait_instead_of_failing() 
     // waits out. (A loop that makes and closes one ring at a time only builds a debt where
     // a set-up and a close take less than 1 / RATE: not under software emulation, where each
     // takes longer, so the loop cannot show the wait everywhere; see the next test.)
+    // As many as the descriptor limit allows, up to four buckets: in the 6.1 guest under
+    // software emulation a close took 0.8 ms, and 1,536 of them left no certain debt.
     let soft = raise_nofile();
-    let n = (pace::BURST as usize + 512).min(soft.saturating_sub(64));
+    let n = (4 * pace::BURST as usize).min(soft.saturating_sub(64));
     let rings: Vec<_> = (0..n)
         .map(|i| {
             let r = small_ring();
