@@ -163,19 +163,33 @@ fn closing_rings_past_the_burst_makes_the_next_set_up_wait_instead_of_failing() 
         })
         .collect();
     let before = pace::counts();
+    let t0 = Instant::now();
+    let mut closed = Vec::with_capacity(n);
+    for r in rings {
+        drop(r);
+        closed.push(Instant::now());
+    }
+    let closing = t0.elapsed();
+    // The bucket as the pace keeps it, fed the measured close times, from the fullest it can
+    // have been (BURST): the most tokens that can be left when the next set-up asks. The
+    // debt is capped at MAX_DEBT, so what counts is whether the last closes outran the
+    // refill, not the average (7.2 guest: 4,096 closes in 4.9 s, faster than RATE on
+    // average, left no debt at the end).
+    let (mut tokens, mut last) = (pace::BURST, t0);
+    for &t in &closed {
+        tokens = (tokens + pace::RATE * (t - last).as_secs_f64()).min(pace::BURST);
+        tokens = (tokens - 1.0).max(-pace::MAX_DEBT);
+        last = t;
+    }
     let t = Instant::now();
-    drop(rings);
-    let closing = t.elapsed();
-    // The bucket held at most BURST tokens; the closes took n and gave back RATE a second.
-    let debt = n as f64 - pace::BURST - pace::RATE * closing.as_secs_f64();
-    println!("{n} rings closed in {closing:?}: a debt of at least {debt:.0} closes");
+    let most = tokens + pace::RATE * (t - last).as_secs_f64();
+    println!("{n} rings closed in {closing:?}: at most {most:.0} tokens left");
     assert!(
-        debt >= 64.0,
-        "{n} closes in {closing:?} leave no certain debt: the test needs closes faster than \
-         {} a second",
+        most <= -8.0,
+        "{n} closes in {closing:?} leave no certain debt (at most {most:.0} tokens): the test \
+         needs its last closes faster than {} a second",
         pace::RATE
     );
-    let t = Instant::now();
     let r = small_ring();
     let waited = t.elapsed();
     let after = pace::counts();
@@ -185,9 +199,9 @@ fn closing_rings_past_the_burst_makes_the_next_set_up_wait_instead_of_failing() 
         "no set-up waited: {after:?}"
     );
     assert_eq!(after.throttled, before.throttled, "none failed: {after:?}");
-    // It waited for the debt (at most MAX_DEBT) to be absorbed, less a margin for the clock.
-    let least = Duration::from_secs_f64(debt.min(pace::MAX_DEBT) / pace::RATE)
-        .saturating_sub(Duration::from_millis(20));
+    // It waited for the debt to be absorbed, less a margin for the clock.
+    let least =
+        Duration::from_secs_f64(-most / pace::RATE).saturating_sub(Duration::from_millis(20));
     assert!(
         waited >= least,
         "waited {waited:?}, at least {least:?} owed"
