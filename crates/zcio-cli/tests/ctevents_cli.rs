@@ -2,6 +2,8 @@
 //! for a scripted set of connections (`-o timestamp` aside), JSON lines that parse, and lost
 //! events reported with their count.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::process::{Child, Command, Stdio};
@@ -272,16 +274,6 @@ fn invalid_counts_and_durations_are_refused_with_one_error_line() {
     ] {
         let mut all = vec!["conntrack", "events"];
         all.extend(&args);
-        let o = std::process::Command::new(bin())
-            .args(&all)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
-        assert!(
-            err.starts_with("zcio: error: ") && err.contains(name) && err.contains("invalid"),
-            "{args:?}: {err}"
-        );
+        common::refused_with_one_line(&all, name);
     }
 }

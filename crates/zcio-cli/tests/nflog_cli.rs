@@ -4,6 +4,8 @@
 //! `-C`/`-G` rotate into files that each stand alone; `--pcap` writes classic pcap; losses
 //! are reported with their counts.
 
+mod common;
+
 use std::io::Read;
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
@@ -473,20 +475,25 @@ fn classic_pcap_reads_back_with_tcpdump() {
     }
 }
 
-#[test]
-fn losses_are_reported_with_their_counts() {
-    let test = "losses_are_reported_with_their_counts";
-    let Some(ns) = host(test, 34) else {
-        return;
-    };
-    let dir = tmp("nflog-loss");
-    let file = dir.join("loss.pcapng");
+/// `zcio nflog -g GROUP` into a file with a 64 KiB buffer, stopped (SIGSTOP: it reads
+/// nothing) while `sent` packets are logged, so the burst overflows its buffer; then
+/// continued, `after()` run, and ended with `end_signal`. Returns its stderr.
+fn capture_through_a_stop(
+    ns: &Netns,
+    group: u16,
+    sent: u32,
+    after: impl FnOnce(),
+    end_signal: &str,
+) -> String {
+    let dir = tmp("nflog-stop");
+    let file = dir.join("stop.pcapng");
+    let g = group.to_string();
     let mut child = spawn(
-        &ns,
+        ns,
         &[
             "nflog",
             "-g",
-            "34",
+            &g,
             "-w",
             file.to_str().unwrap(),
             "-B",
@@ -498,8 +505,7 @@ fn losses_are_reported_with_their_counts() {
         ],
         Stdio::null(),
     );
-    wait_bound(&ns, 34);
-    // Stopped, it reads nothing: the burst overflows its 64 KiB buffer.
+    wait_bound(ns, group);
     let pid = child.id().to_string();
     let sig = |s: &str| {
         assert!(Command::new("kill")
@@ -509,14 +515,12 @@ fn losses_are_reported_with_their_counts() {
             .success());
     };
     sig("-STOP");
-    let sent = 2000u32;
-    send_udp(&ns, sent, 300, Duration::ZERO);
+    send_udp(ns, sent, 300, Duration::ZERO);
+    // Still stopped when the kernel's flush timer sends the last partial batch.
+    std::thread::sleep(Duration::from_millis(200));
     sig("-CONT");
-    // One more after the drain closes the last sequence gap.
-    std::thread::sleep(Duration::from_millis(300));
-    send_udp(&ns, 1, 300, Duration::ZERO);
-    std::thread::sleep(Duration::from_millis(300));
-    sig("-TERM");
+    after();
+    sig(end_signal);
     let mut err = String::new();
     child
         .stderr
@@ -525,6 +529,28 @@ fn losses_are_reported_with_their_counts() {
         .read_to_string(&mut err)
         .unwrap();
     assert!(child.wait().unwrap().success(), "{err}");
+    err
+}
+
+#[test]
+fn losses_are_reported_with_their_counts() {
+    let test = "losses_are_reported_with_their_counts";
+    let Some(ns) = host(test, 34) else {
+        return;
+    };
+    let sent = 2000u32;
+    let err = capture_through_a_stop(
+        &ns,
+        34,
+        sent,
+        || {
+            // One more after the drain closes the last sequence gap.
+            std::thread::sleep(Duration::from_millis(300));
+            send_udp(&ns, 1, 300, Duration::ZERO);
+            std::thread::sleep(Duration::from_millis(300));
+        },
+        "-TERM",
+    );
     let st = stats_json(&err);
     let (written, lost) = (
         st["written"].as_u64().unwrap(),
@@ -554,50 +580,14 @@ fn a_capture_stopped_for_a_whole_burst_reports_a_lower_bound_not_zero() {
     let Some(ns) = host(test, 35) else {
         return;
     };
-    let dir = tmp("nflog-tail");
-    let file = dir.join("tail.pcapng");
-    let mut child = spawn(
-        &ns,
-        &[
-            "nflog",
-            "-g",
-            "35",
-            "-w",
-            file.to_str().unwrap(),
-            "-B",
-            "64",
-            "--qthresh",
-            "8",
-            "--stats-interval",
-            "0",
-        ],
-        Stdio::null(),
-    );
-    wait_bound(&ns, 35);
-    let pid = child.id().to_string();
-    let sig = |s: &str| {
-        assert!(Command::new("kill")
-            .args([s, &pid])
-            .status()
-            .unwrap()
-            .success());
-    };
-    sig("-STOP");
     let sent = 2000u32;
-    send_udp(&ns, sent, 300, Duration::ZERO);
-    // Still stopped when the kernel's flush timer sends the last partial batch.
-    std::thread::sleep(Duration::from_millis(200));
-    sig("-CONT");
-    std::thread::sleep(Duration::from_millis(300));
-    sig("-INT");
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "{err}");
+    let err = capture_through_a_stop(
+        &ns,
+        35,
+        sent,
+        || std::thread::sleep(Duration::from_millis(300)),
+        "-INT",
+    );
     let st = stats_json(&err);
     let written = st["written"].as_u64().unwrap();
     // Each packet is logged twice (OUTPUT, INPUT).
@@ -617,15 +607,6 @@ fn a_capture_stopped_for_a_whole_burst_reports_a_lower_bound_not_zero() {
         "{err}"
     );
     assert!(!err.contains("lost 0 "), "{err}");
-}
-
-/// Runs `zcio ARGS` (no namespace, no privilege needed) and returns (exit code, stderr).
-fn run_zcio(args: &[&str]) -> (Option<i32>, String) {
-    let o = Command::new(bin()).args(args).output().unwrap();
-    (
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
 }
 
 #[test]
@@ -649,13 +630,7 @@ fn invalid_sizes_counts_and_durations_are_refused_with_one_error_line() {
     ] {
         let mut all = vec!["nflog", "-g", "47"];
         all.extend(&args);
-        let (code, err) = run_zcio(&all);
-        assert_eq!(code, Some(1), "{args:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
-        assert!(
-            err.starts_with("zcio: error: ") && err.contains(names) && err.contains("invalid"),
-            "{args:?}: {err}"
-        );
+        common::refused_with_one_line(&all, names);
     }
     assert!(!file.exists(), "nothing was written");
 }

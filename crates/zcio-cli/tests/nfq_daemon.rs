@@ -1,6 +1,8 @@
 //! `zcio nfq` as a process: filters by port inside a namespace with a real NFQUEUE rule, and
 //! on SIGTERM decides every pending packet and unbinds.
 
+mod common;
+
 use std::io::Read;
 use std::net::UdpSocket;
 use std::process::{Command, Stdio};
@@ -240,16 +242,6 @@ fn invalid_sizes_counts_and_durations_are_refused_with_one_error_line() {
     ] {
         let mut all = vec!["nfq", "--queue", "48"];
         all.extend(&args);
-        let o = Command::new(env!("CARGO_BIN_EXE_zcio"))
-            .args(&all)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
-        assert!(
-            err.starts_with("zcio: error: ") && err.contains(name) && err.contains("invalid"),
-            "{args:?}: {err}"
-        );
+        common::refused_with_one_line(&all, name);
     }
 }

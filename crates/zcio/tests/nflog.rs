@@ -444,6 +444,26 @@ fn kernel_batches_up_to_qthresh_messages_per_datagram() {
     .unwrap();
 }
 
+/// A log of `group` with a 64 KiB receive buffer and batches of 8, into which 4,000 packets
+/// to `port` were logged while nothing read: most are lost at its socket. Returns the log,
+/// the sender (its receiver keeps the packets delivered) and the count sent.
+fn flooded(group: u16, port: u16, no_enobufs: bool, uring: bool) -> (NfLog, Udp, u32) {
+    let log = NfLog::open(NfLogConfig {
+        rcvbuf: Some((64 << 10, false)),
+        qthresh: Some(8),
+        no_enobufs,
+        uring,
+        ..cfg(group)
+    })
+    .unwrap();
+    let udp = Udp::new(port);
+    let sent = 4000u32;
+    for i in 0..sent {
+        udp.send(i, 200);
+    }
+    (log, udp, sent)
+}
+
 /// Fills a small receive buffer without reading, then reads: the overruns are reported, and
 /// the sequence gaps count exactly the messages lost (received + lost = sent), with and
 /// without `NETLINK_NO_ENOBUFS`.
@@ -452,19 +472,7 @@ fn overruns_are_counted(test: &str, group: u16, port: u16, no_enobufs: bool, uri
         return;
     };
     ns.run(move || {
-        let mut log = NfLog::open(NfLogConfig {
-            rcvbuf: Some((64 << 10, false)),
-            qthresh: Some(8),
-            no_enobufs,
-            uring,
-            ..cfg(group)
-        })
-        .unwrap();
-        let udp = Udp::new(port);
-        let sent = 4000u32;
-        for i in 0..sent {
-            udp.send(i, 200);
-        }
+        let (mut log, udp, sent) = flooded(group, port, no_enobufs, uring);
         let mut got = collect(&mut log, sent as usize, Duration::from_millis(300));
         // The gap is seen when a later message arrives: log one more, after the drain.
         udp.send(sent, 200);
@@ -511,19 +519,7 @@ fn tail_is_a_lower_bound(test: &str, group: u16, port: u16, no_enobufs: bool, ur
         return;
     };
     ns.run(move || {
-        let mut log = NfLog::open(NfLogConfig {
-            rcvbuf: Some((64 << 10, false)),
-            qthresh: Some(8),
-            no_enobufs,
-            uring,
-            ..cfg(group)
-        })
-        .unwrap();
-        let udp = Udp::new(port);
-        let sent = 4000u32;
-        for i in 0..sent {
-            udp.send(i, 200);
-        }
+        let (mut log, _udp, sent) = flooded(group, port, no_enobufs, uring);
         // Still not reading when the kernel's flush timer (10 ms) sends the last partial
         // batch: it is dropped too, and no later message will show the loss as a gap.
         std::thread::sleep(common::scaled(Duration::from_millis(100)));
@@ -904,26 +900,14 @@ fn without_cap_net_admin_a_bind_is_refused_as_a_missing_capability_not_as_in_use
         return;
     };
     ns.run(|| {
-        // Capabilities are per thread: this one gives CAP_NET_ADMIN up.
-        zcio_testnet::caps::drop_effective_in_this_thread(zcio_testnet::caps::CAP_NET_ADMIN)
-            .expect("capset");
-        let err = NfLog::open(cfg(25)).unwrap_err();
-        let text = err.to_string();
-        assert!(
-            matches!(
-                &err,
-                NfLogError::Config {
-                    refusal: Some(BindRefusal::NoCapability { held_by: None }),
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
-        assert!(
-            text.contains("missing capability") && text.contains("CAP_NET_ADMIN"),
-            "{text}"
-        );
-        assert!(!text.contains("in use"), "{text}");
+        common::refused_for_a_missing_capability(|| {
+            let e = NfLog::open(cfg(25)).unwrap_err();
+            let refusal = match &e {
+                NfLogError::Config { refusal, .. } => refusal.clone(),
+                _ => None,
+            };
+            (refusal, e.to_string())
+        })
     })
     .unwrap();
 }

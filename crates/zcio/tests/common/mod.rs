@@ -103,3 +103,27 @@ pub fn mutate(seeds: &[Vec<u8>], rounds: usize, mut parse: impl FnMut(&[u8]) -> 
     }
     errors
 }
+
+/// Gives up CAP_NET_ADMIN on the calling thread (capabilities are per thread), binds with
+/// `open` — an NFQUEUE queue or an NFLOG group, returning its error's refusal and text — and
+/// checks the refusal says the capability is missing, not that the queue or group is in use
+/// (the kernel's EPERM means either).
+pub fn refused_for_a_missing_capability(
+    open: impl FnOnce() -> (Option<zcio::netlink::BindRefusal>, String),
+) {
+    zcio_testnet::caps::drop_effective_in_this_thread(zcio_testnet::caps::CAP_NET_ADMIN)
+        .expect("capset");
+    let (refusal, text) = open();
+    assert!(
+        matches!(
+            refusal,
+            Some(zcio::netlink::BindRefusal::NoCapability { held_by: None })
+        ),
+        "{refusal:?}: {text}"
+    );
+    assert!(
+        text.contains("missing capability") && text.contains("CAP_NET_ADMIN"),
+        "{text}"
+    );
+    assert!(!text.contains("in use"), "{text}");
+}
