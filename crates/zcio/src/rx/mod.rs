@@ -453,6 +453,32 @@ pub enum RxError {
     Io(#[from] io::Error),
 }
 
+impl RxError {
+    /// The [`io::ErrorKind`] this error is of: the kernel error's kind where there is one.
+    pub fn kind(&self) -> io::ErrorKind {
+        match self {
+            RxError::Ring(RingError::Unavailable { source, .. })
+            | RxError::Ring(RingError::Throttled { source, .. })
+            | RxError::Ring(RingError::Setup(source))
+            | RxError::BufRing(source)
+            | RxError::Io(source) => source.kind(),
+            RxError::Zcrx(e) => e.source.kind(),
+            RxError::NoZcrxTarget => io::ErrorKind::InvalidInput,
+        }
+    }
+}
+
+/// For `?` in functions returning `io::Result`: an [`RxError::Io`] is its own error; the
+/// others keep their kind ([`RxError::kind`]) with the error inside.
+impl From<RxError> for io::Error {
+    fn from(e: RxError) -> Self {
+        match e {
+            RxError::Io(e) => e,
+            e => io::Error::new(e.kind(), e),
+        }
+    }
+}
+
 pub(crate) trait Backend {
     fn path(&self) -> RxPath;
     fn describe(&self) -> String;

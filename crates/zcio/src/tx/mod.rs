@@ -738,6 +738,34 @@ impl TxError {
     }
 }
 
+impl TxError {
+    /// The [`io::ErrorKind`] this error is of: the kernel error's kind where there is one,
+    /// [`io::ErrorKind::TimedOut`] for a timeout.
+    pub fn kind(&self) -> io::ErrorKind {
+        match self {
+            TxError::Socket { source, .. } | TxError::Register { source, .. } => source.kind(),
+            TxError::Timeout { .. } => io::ErrorKind::TimedOut,
+            TxError::Ring(e) => e.kind(),
+        }
+    }
+}
+
+/// For `?` in functions returning `io::Result`: the kind is kept ([`TxError::kind`]), the
+/// message and the error itself are inside (`get_ref`, `source`).
+impl From<TxError> for io::Error {
+    fn from(e: TxError) -> Self {
+        io::Error::new(e.kind(), e)
+    }
+}
+
+/// A failed send as an `io::Error` of the errno's kind (`ECONNRESET`: `ConnectionReset`,
+/// `EPIPE`: `BrokenPipe`, ...), with the message of the send error.
+impl From<SendError> for io::Error {
+    fn from(e: SendError) -> Self {
+        io::Error::new(io::Error::from_raw_os_error(e.errno()).kind(), e)
+    }
+}
+
 pub(crate) fn sock_err(what: impl Into<String>, source: io::Error) -> TxError {
     TxError::Socket {
         what: what.into(),

@@ -1199,6 +1199,22 @@ impl SendRing {
         self.settle_sock(idx);
     }
 
+    /// Shuts `sock`'s connection down (`shutdown(2)`): with `Write` or `Both` the peer reads
+    /// its end of stream after the bytes already in the socket. Sends of `sock` still in
+    /// flight may not be in the socket yet (and fail with `EPIPE` once it is shut): wait
+    /// until [`SendRing::sock_in_flight`] is 0 first, as [`Sender::shutdown`](super::Sender::shutdown)
+    /// and the tokio adapters do. The socket stays on the ring until [`SendRing::close`].
+    pub fn shutdown(&mut self, sock: SockId, how: std::net::Shutdown) -> Result<(), TxError> {
+        let s = self.sock_ref(sock).ok_or_else(|| {
+            super::sock_err(
+                format!("shutdown of {sock}"),
+                io::Error::from_raw_os_error(libc::EBADF),
+            )
+        })?;
+        sys::net::shutdown(&*s.fd, how)
+            .map_err(|e| super::sock_err(format!("shutdown of {sock}"), e))
+    }
+
     /// Closes a socket whose completions the caller no longer wants (its owner has gone):
     /// as [`SendRing::close`], but the buffers of its sends are dropped (returned to their
     /// pools or receivers) once the kernel is done with them, without completions. Ready

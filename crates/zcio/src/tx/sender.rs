@@ -262,6 +262,32 @@ impl Sender {
         r
     }
 
+    /// Ends the connection in direction `how` once the sends in flight are done: with
+    /// `Write` or `Both` it waits (as [`Sender::flush`], at most [`Sender::CLOSE_WAIT`]; call
+    /// `flush` first to choose another bound) until every send has completed, then calls
+    /// `shutdown(2)`, so the peer reads its end of stream right after the last byte. Their
+    /// completions stay to be taken. A flush that times out returns its error and shuts
+    /// nothing down.
+    pub fn shutdown(&mut self, how: std::net::Shutdown) -> Result<(), TxError> {
+        if how != std::net::Shutdown::Read {
+            self.flush(Self::CLOSE_WAIT)?;
+        }
+        self.ring.shutdown(self.sock, how)
+    }
+
+    /// How long [`Sender::shutdown`], [`Sender::close`] and drop wait for sends in flight.
+    pub const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+    /// Waits for the sends in flight (at most [`Sender::CLOSE_WAIT`]) and closes the socket:
+    /// the peer reads its end of stream after the last byte, at once. Dropping the sender does
+    /// the same but cannot report a send that did not finish; `close` returns the flush's
+    /// error (the socket is closed either way).
+    pub fn close(mut self) -> Result<(), TxError> {
+        let r = self.flush(Self::CLOSE_WAIT);
+        drop(self);
+        r
+    }
+
     /// Takes the next completion and its buffer.
     pub fn next_completion(&mut self) -> Option<(Completion, PoolBuf)> {
         loop {
