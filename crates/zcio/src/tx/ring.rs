@@ -1725,6 +1725,30 @@ impl SendRing {
         st
     }
 
+    /// One line: the ring (io_uring or syscalls), its sockets, and the paths its sends took
+    /// with how many of each (what the bytes took, not what was offered).
+    pub fn describe(&self) -> String {
+        let st = self.stats();
+        let names = ["copy", "msg-zc", "uring-zc", "uring-zc-fixed", "uring-copy"];
+        let mix: Vec<String> = names
+            .iter()
+            .zip(st.sends_by_path)
+            .filter(|(_, n)| *n > 0)
+            .map(|(p, n)| format!("{p} {n}"))
+            .collect();
+        let mix = if mix.is_empty() {
+            "no sends yet".to_string()
+        } else {
+            format!("sends by path: {}", mix.join(", "))
+        };
+        let ring = match &self.uring {
+            Some(_) if self.has_registered_pool() => "io_uring send ring, registered pool",
+            Some(_) => "io_uring send ring",
+            None => "send ring without io_uring",
+        };
+        format!("{ring}, {} sockets; {mix}", self.sockets())
+    }
+
     /// `io_uring_enter` calls made (0 without a ring).
     pub fn enters(&self) -> u64 {
         self.uring.as_ref().map_or(0, |u| u.lr.enters())

@@ -138,6 +138,12 @@ impl Sender {
         self.segment
     }
 
+    /// One line: the path new sends take, and the paths the sends took so far with how many
+    /// of each.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.path(), self.ring.describe())
+    }
+
     /// Every fallback taken, with its reason.
     pub fn fallbacks(&self) -> &[Fallback] {
         &self.fallbacks
@@ -272,6 +278,12 @@ impl Sender {
         if how != std::net::Shutdown::Read {
             self.flush(Self::CLOSE_WAIT)?;
         }
+        self.ring.shutdown(self.sock, how)
+    }
+
+    /// `shutdown(2)` of the socket now, without waiting (the async adapter waits first).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn shutdown_now(&mut self, how: std::net::Shutdown) -> Result<(), TxError> {
         self.ring.shutdown(self.sock, how)
     }
 

@@ -54,12 +54,16 @@
 //! # Ok(()) }
 //! ```
 
+mod stream;
+
+pub use stream::{LocalIo, LocalIoConfig, OwnedReadHalf, OwnedWriteHalf, TcpStream};
+
 use crate::buf::pool::PoolBuf;
 use crate::netlink::nfqmsg::Packet;
 use crate::netlink::{
     CtError, CtEvent, CtEvents, Decision, LogPacket, NfLog, NfLogError, NfQueue, NfqError,
 };
-use crate::rx::{Receiver, RxEvent};
+use crate::rx::{Receiver, RxError, RxEvent};
 use crate::tx::{Completion, Dest, SendRing, Sender, SockId, Ticket, TxBuf, TxError};
 use ::tokio::io::unix::AsyncFd;
 use std::collections::VecDeque;
@@ -69,8 +73,68 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 /// The reactor's own duplicate of an object's readiness descriptor.
 type Borrowed = OwnedFd;
 
+/// Registers a duplicate of `fd` with the current runtime's reactor; an error (not tokio's
+/// panic) outside a runtime.
 fn register(fd: BorrowedFd<'_>) -> io::Result<AsyncFd<OwnedFd>> {
+    in_runtime()?;
     crate::sys::ready::tokio_register(fd)
+}
+
+/// `Ok` inside a tokio runtime; the error a constructor returns outside one.
+pub(crate) fn in_runtime() -> io::Result<()> {
+    ::tokio::runtime::Handle::try_current().map(drop).map_err(|e| {
+        io::Error::other(format!(
+            "zcio::tokio needs a tokio runtime with I/O enabled (#[tokio::main], \
+             Runtime::block_on, a LocalSet): {e}"
+        ))
+    })
+}
+
+/// A send the kernel failed, or a failure of the ring that carried it.
+#[derive(Debug, thiserror::Error)]
+pub enum SendFailure<B: std::fmt::Debug> {
+    /// The send failed (a reset connection, a broken pipe, ...): its completion, whose
+    /// [`Completion::error`] says why, and the buffer back.
+    #[error("{}", .completion.error.as_ref().map_or_else(|| "send failed".to_string(), |e| e.to_string()))]
+    Failed {
+        /// The completion, with its error.
+        completion: Completion,
+        /// The buffer, back from the kernel.
+        buf: B,
+    },
+    /// Driving the ring or waiting on its readiness failed.
+    #[error(transparent)]
+    Tx(#[from] TxError),
+}
+
+impl<B: std::fmt::Debug> SendFailure<B> {
+    /// The buffer, if the kernel handed it back.
+    pub fn into_buf(self) -> Option<B> {
+        match self {
+            SendFailure::Failed { buf, .. } => Some(buf),
+            SendFailure::Tx(_) => None,
+        }
+    }
+
+    /// The [`io::ErrorKind`]: the send error's errno's kind, or the ring error's.
+    pub fn kind(&self) -> io::ErrorKind {
+        match self {
+            SendFailure::Failed { completion, .. } => completion
+                .error
+                .as_ref()
+                .map_or(io::ErrorKind::Other, |e| {
+                    io::Error::from_raw_os_error(e.errno()).kind()
+                }),
+            SendFailure::Tx(e) => e.kind(),
+        }
+    }
+}
+
+/// For `?` in functions returning `io::Result`; the kind is kept ([`SendFailure::kind`]).
+impl<B: std::fmt::Debug + Send + Sync + 'static> From<SendFailure<B>> for io::Error {
+    fn from(e: SendFailure<B>) -> Self {
+        io::Error::new(e.kind(), e)
+    }
 }
 
 fn tx_io(e: io::Error) -> TxError {
@@ -92,7 +156,7 @@ pub struct AsyncSender {
 
 impl AsyncSender {
     /// Registers the sender's readiness descriptor with the current runtime's reactor
-    /// (call from inside a runtime).
+    /// (call from inside a runtime; outside one this is an error, not a panic).
     pub fn new(mut tx: Sender) -> Result<Self, TxError> {
         let fd = register(tx.readiness_fd()?).map_err(tx_io)?;
         Ok(Self {
@@ -166,21 +230,42 @@ impl AsyncSender {
     }
 
     /// Sends `buf` and waits for its own completion; completions of other sends met on the
-    /// way stay for [`AsyncSender::next_completion`].
-    pub async fn send(&mut self, buf: PoolBuf) -> Result<(Completion, PoolBuf), TxError> {
+    /// way stay for [`AsyncSender::next_completion`]. A send the kernel failed (a reset, a
+    /// broken pipe) is an `Err` ([`SendFailure::Failed`]) with its completion and the buffer.
+    pub async fn send(
+        &mut self,
+        buf: PoolBuf,
+    ) -> Result<(Completion, PoolBuf), SendFailure<PoolBuf>> {
         let t = self.start(buf).await?;
-        loop {
+        let (completion, buf) = loop {
             if let Some(i) = self.stash.iter().position(|(c, _)| c.ticket == t) {
-                return Ok(self.stash.remove(i).expect("stashed"));
+                break self.stash.remove(i).expect("stashed");
             }
+            let mut mine = None;
             while let Some(c) = self.tx.next_completion() {
                 if c.0.ticket == t {
-                    return Ok(c);
+                    mine = Some(c);
+                    break;
                 }
                 self.stash.push_back(c);
             }
+            if let Some(c) = mine {
+                break c;
+            }
             self.wait_ready().await?;
+        };
+        if completion.error.is_some() {
+            return Err(SendFailure::Failed { completion, buf });
         }
+        Ok((completion, buf))
+    }
+
+    /// Waits for every send in flight ([`AsyncSender::flush`]), then shuts the sending
+    /// direction down (`shutdown(2)`, `SHUT_WR`): the peer reads its end of stream right
+    /// after the last byte. The completions stay to be taken.
+    pub async fn shutdown(&mut self) -> Result<(), TxError> {
+        self.flush().await?;
+        self.tx.shutdown_now(std::net::Shutdown::Write)
     }
 
     /// Waits until every send has completed; their completions stay to be taken.
@@ -206,7 +291,7 @@ pub struct AsyncSendRing {
 
 impl AsyncSendRing {
     /// Registers the ring's readiness descriptor with the current runtime's reactor (call
-    /// from inside a runtime).
+    /// from inside a runtime; outside one this is an error, not a panic).
     pub fn new(mut ring: SendRing) -> Result<Self, TxError> {
         let fd = register(ring.readiness_fd()?).map_err(tx_io)?;
         Ok(Self { fd, ring })
@@ -312,6 +397,17 @@ impl AsyncSendRing {
         }
         Ok(())
     }
+
+    /// Waits until every send of `sock` has completed, then shuts its sending direction down
+    /// (`shutdown(2)`, `SHUT_WR`): the peer reads its end of stream right after the last
+    /// byte. The socket stays on the ring (for its completions) until
+    /// [`SendRing::close`]; completions of every socket met on the way stay to be taken.
+    pub async fn shutdown(&mut self, sock: SockId) -> Result<(), TxError> {
+        while self.ring.sock_in_flight(sock) > 0 {
+            self.wait_ready().await?;
+        }
+        self.ring.shutdown(sock, std::net::Shutdown::Write)
+    }
 }
 
 /// A [`Receiver`] for async code: [`AsyncReceiver::next_event`] awaits accepted
@@ -324,8 +420,9 @@ pub struct AsyncReceiver {
 }
 
 impl AsyncReceiver {
-    /// Registers the receiver's readiness descriptor with the current runtime's reactor.
-    pub fn new(mut rx: Receiver) -> io::Result<Self> {
+    /// Registers the receiver's readiness descriptor with the current runtime's reactor
+    /// (call from inside a runtime; outside one this is an error).
+    pub fn new(mut rx: Receiver) -> Result<Self, RxError> {
         let fd = register(rx.readiness_fd()?)?;
         Ok(Self {
             fd,
