@@ -121,7 +121,7 @@ impl Pool {
 
     /// The whole mapping as one `iovec`, for `IORING_REGISTER_BUFFERS`. The returned
     /// `PoolPin` keeps the mapping alive; hold it as long as the registration exists.
-    pub fn iovec(&self) -> (libc::iovec, PoolPin) {
+    pub(crate) fn iovec(&self) -> (libc::iovec, PoolPin) {
         (
             libc::iovec {
                 iov_base: self.inner.region.as_ptr().cast(),

@@ -82,12 +82,14 @@ fn register(fd: BorrowedFd<'_>) -> io::Result<AsyncFd<OwnedFd>> {
 
 /// `Ok` inside a tokio runtime; the error a constructor returns outside one.
 pub(crate) fn in_runtime() -> io::Result<()> {
-    ::tokio::runtime::Handle::try_current().map(drop).map_err(|e| {
-        io::Error::other(format!(
-            "zcio::tokio needs a tokio runtime with I/O enabled (#[tokio::main], \
+    ::tokio::runtime::Handle::try_current()
+        .map(drop)
+        .map_err(|e| {
+            io::Error::other(format!(
+                "zcio::tokio needs a tokio runtime with I/O enabled (#[tokio::main], \
              Runtime::block_on, a LocalSet): {e}"
-        ))
-    })
+            ))
+        })
 }
 
 /// A send the kernel failed, or a failure of the ring that carried it.
@@ -119,12 +121,11 @@ impl<B: std::fmt::Debug> SendFailure<B> {
     /// The [`io::ErrorKind`]: the send error's errno's kind, or the ring error's.
     pub fn kind(&self) -> io::ErrorKind {
         match self {
-            SendFailure::Failed { completion, .. } => completion
-                .error
-                .as_ref()
-                .map_or(io::ErrorKind::Other, |e| {
+            SendFailure::Failed { completion, .. } => {
+                completion.error.as_ref().map_or(io::ErrorKind::Other, |e| {
                     io::Error::from_raw_os_error(e.errno()).kind()
-                }),
+                })
+            }
             SendFailure::Tx(e) => e.kind(),
         }
     }

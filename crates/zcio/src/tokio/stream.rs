@@ -399,6 +399,7 @@ impl Core {
 
     /// The rounds of a tick; false when work was still coming in after the last one.
     fn rounds(&mut self, cx: &mut Context<'_>, wake: &mut Vec<Waker>) -> bool {
+        let mut idle_polled = false;
         for _ in 0..64 {
             let mut progress = false;
             for idx in std::mem::take(&mut self.dirty) {
@@ -429,6 +430,12 @@ impl Core {
                 if let Some(e) = done.error {
                     c.tx_err.get_or_insert(e);
                 }
+                if c.cur.as_ref().is_some_and(|b| !b.is_empty()) && !self.dirty.contains(&k.idx) {
+                    // A buffer the ring refused (the stream's depth) goes now, whether or not
+                    // its task is waiting to write.
+                    self.dirty.push(k.idx);
+                }
+                let c = self.conn(k).expect("live");
                 Self::wake(&mut c.write_waker, wake);
                 self.maybe_finish(k);
             }
@@ -462,6 +469,15 @@ impl Core {
                 self.dispatch(ev, wake);
             }
             if !progress && self.dirty.is_empty() && !self.kicked && !self.rx_kicked {
+                if self.tx.in_flight() > 0 && !idle_polled {
+                    // Before sleeping, as every waiter on the ring does: a failed zero-copy
+                    // request's late notification is settled only by an enter, which no
+                    // readiness event would start.
+                    idle_polled = true;
+                    if self.tx.poll().is_ok_and(|n| n > 0) {
+                        continue;
+                    }
+                }
                 return true;
             }
         }
@@ -486,6 +502,8 @@ impl Core {
                     let id = c.rx;
                     if let Some(id) = id {
                         self.rx.pause(id);
+                        // The pause's cancel goes to the kernel at the receiver's next enter.
+                        self.rx_kicked = true;
                     }
                 }
             }
@@ -672,8 +690,7 @@ fn addr_of(
     k: Key,
     f: impl Fn(&Conn) -> Option<SocketAddr>,
 ) -> io::Result<SocketAddr> {
-    io.with(|c| c.conn(k).and_then(|c| f(c)))
-        .ok_or_else(closed)
+    io.with(|c| c.conn(k).and_then(|c| f(c))).ok_or_else(closed)
 }
 
 async fn send_bytes(io: &LocalIo, k: Key, bytes: bytes::Bytes) -> io::Result<()> {
@@ -694,7 +711,10 @@ async fn send_bytes(io: &LocalIo, k: Key, bytes: bytes::Bytes) -> io::Result<()>
                 conn.write_waker = Some(cx.waker().clone());
                 return Poll::Pending;
             }
-            match c.tx.send_with(sock, buf.take().expect("sent once"), k.token()) {
+            match c
+                .tx
+                .send_with(sock, buf.take().expect("sent once"), k.token())
+            {
                 Ok(_) => {
                     c.conn(k).expect("live").in_flight += 1;
                     c.kick();
@@ -712,7 +732,12 @@ async fn send_bytes(io: &LocalIo, k: Key, bytes: bytes::Bytes) -> io::Result<()>
     .await
 }
 
-fn poll_read(io: &LocalIo, k: Key, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+fn poll_read(
+    io: &LocalIo,
+    k: Key,
+    cx: &mut Context<'_>,
+    out: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
     io.with(|c| {
         let limit = c.cfg.rx_queue;
         let Some(conn) = c.conn(k) else {
@@ -720,7 +745,9 @@ fn poll_read(io: &LocalIo, k: Key, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) 
         };
         let mut got = false;
         while out.remaining() > 0 {
-            let Some(front) = conn.chunks.front() else { break };
+            let Some(front) = conn.chunks.front() else {
+                break;
+            };
             let n = (front.len() - conn.off).min(out.remaining());
             out.put_slice(&front[conn.off..conn.off + n]);
             conn.off += n;
@@ -732,6 +759,13 @@ fn poll_read(io: &LocalIo, k: Key, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) 
             }
         }
         if got {
+            if c.rx.starved() > 0 {
+                // Buffers came back: the receives that ran out of them are armed again at
+                // the receiver's next harvest, which no readiness event would start.
+                c.rx_kicked = true;
+                c.kick();
+            }
+            let conn = c.conn(k).expect("live");
             if conn.paused && conn.queued <= limit / 2 {
                 conn.paused = false;
                 let id = conn.rx;
@@ -739,6 +773,9 @@ fn poll_read(io: &LocalIo, k: Key, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) 
                     if let Err(e) = c.rx.resume(id) {
                         return Poll::Ready(Err(e));
                     }
+                    // The receive is armed again at the receiver's next enter.
+                    c.rx_kicked = true;
+                    c.kick();
                 }
             }
             return Poll::Ready(Ok(()));
@@ -749,14 +786,23 @@ fn poll_read(io: &LocalIo, k: Key, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) 
         if conn.eof {
             return Poll::Ready(Ok(()));
         }
-        if !conn.read_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+        if !conn
+            .read_waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+        {
             conn.read_waker = Some(cx.waker().clone());
         }
         Poll::Pending
     })
 }
 
-fn poll_write(io: &LocalIo, k: Key, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+fn poll_write(
+    io: &LocalIo,
+    k: Key,
+    cx: &mut Context<'_>,
+    bufs: &[io::IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
     io.with(|c| {
         let Some(conn) = c.conn(k) else {
             return Poll::Ready(Err(closed()));
@@ -775,7 +821,10 @@ fn poll_write(io: &LocalIo, k: Key, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_
             let mut b: &[u8] = b;
             while !b.is_empty() {
                 let conn = c.conn(k).expect("live");
-                let full = conn.cur.as_ref().is_some_and(|cur| cur.len() == cur.capacity());
+                let full = conn
+                    .cur
+                    .as_ref()
+                    .is_some_and(|cur| cur.len() == cur.capacity());
                 if full {
                     c.seal(k);
                     if c.conn(k).expect("live").cur.is_some() {
@@ -861,7 +910,10 @@ fn poll_shutdown(io: &LocalIo, k: Key, cx: &mut Context<'_>) -> Poll<io::Result<
         }
         conn.shut_wr = true;
         let sock = conn.sock.ok_or_else(closed)?;
-        Poll::Ready(c.tx.shutdown(sock, std::net::Shutdown::Write).map_err(Into::into))
+        Poll::Ready(
+            c.tx.shutdown(sock, std::net::Shutdown::Write)
+                .map_err(Into::into),
+        )
     })
 }
 
@@ -878,9 +930,13 @@ fn release(io: &LocalIo, k: Key, write_half: bool) {
     }
     conn.read_waker = None;
     if conn.handles == 0 {
-        // Nobody reads any more: drop what is queued.
+        // Nobody reads any more: drop what is queued (its buffers go back to the receiver,
+        // which re-arms starved receives at its next harvest).
         conn.chunks.clear();
         conn.queued = 0;
+        if c.rx.starved() > 0 {
+            c.rx_kicked = true;
+        }
     }
     c.maybe_finish(k);
     c.kick();
@@ -951,10 +1007,7 @@ macro_rules! async_write {
                 let me = &*self;
                 poll_flush(&me.$io, me.$key, cx)
             }
-            fn poll_shutdown(
-                self: Pin<&mut Self>,
-                cx: &mut Context<'_>,
-            ) -> Poll<io::Result<()>> {
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
                 let me = &*self;
                 poll_shutdown(&me.$io, me.$key, cx)
             }

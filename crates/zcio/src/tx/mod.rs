@@ -34,7 +34,7 @@
 //! read it:
 //!
 //! ```compile_fail,E0382
-//! use zcio::buf::pool::PoolBuf;
+//! use zcio::PoolBuf;
 //! use zcio::tx::Sender;
 //! fn reuse(sender: &mut Sender, mut buf: PoolBuf) {
 //!     let _ticket = sender.send(buf);
@@ -108,7 +108,7 @@
 //! ```no_run
 //! use std::net::TcpStream;
 //! use std::time::Duration;
-//! use zcio::buf::pool::Pool;
+//! use zcio::Pool;
 //! use zcio::tx::{Sender, SenderConfig, TxMode};
 //! let pool = Pool::new(64 << 10, 32, false)?;
 //! let sock = TcpStream::connect("127.0.0.1:5001")?;

@@ -1790,15 +1790,37 @@ pub(super) fn add_counters(a: &mut Counters, b: &Counters) {
     a.copied_bytes += b.copied_bytes;
 }
 
-impl Report for SendRing {
-    type Path = Path;
-    /// The best path the ring offers a new `auto` socket.
-    fn path(&self) -> Path {
+impl SendRing {
+    /// The best path the ring offers a new `auto` socket (what [`Report::path`] says before
+    /// any send).
+    pub fn offered_path(&self) -> Path {
         match &self.uring {
             Some(u) if u.lr.has_any_pool() => Path::UringZcFixed,
             Some(u) if matches!(u.send_zc, Ok(true)) => Path::UringZc,
             Some(_) => Path::UringCopy,
             None => Path::MsgZc,
+        }
+    }
+}
+
+impl Report for SendRing {
+    type Path = Path;
+    /// The path most of the ring's sends took (what its bytes took: loopback sends of an
+    /// `auto` ring go by `uring-copy` although the ring offers `uring-zc-fixed`); the offered
+    /// path before any send. [`SendRing::describe`] lists the mix, [`SendRing::sock_path`]
+    /// says it per socket.
+    fn path(&self) -> Path {
+        let by = self.stats().sends_by_path;
+        let all = [
+            Path::Copy,
+            Path::MsgZc,
+            Path::UringZc,
+            Path::UringZcFixed,
+            Path::UringCopy,
+        ];
+        match all.into_iter().max_by_key(|p| by[p.index()]) {
+            Some(p) if by[p.index()] > 0 => p,
+            _ => self.offered_path(),
         }
     }
     fn counters(&self) -> Counters {
