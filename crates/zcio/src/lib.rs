@@ -65,6 +65,12 @@ pub use tx::{SendRing, SendRingConfig, Sender, SenderConfig};
 #[cfg(feature = "unstable-raw")]
 pub use ring::{Ring, RingError};
 
+/// The README's Rust snippets, built as doctests (with the `tokio` feature, as a user builds
+/// them: `tests/public_surface.rs` runs the doctests outside the workspace).
+#[cfg(all(doctest, feature = "tokio"))]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 /// An error as an `io::Error` for `?`: the kind of the first `io::Error` in its source chain
 /// (`Other` without one), the error itself inside.
 pub(crate) fn to_io_error<E>(e: E) -> std::io::Error
