@@ -7,7 +7,7 @@
 //! send's completion. Dropping a `PoolBuf` returns the slot to its pool.
 //!
 //! The whole region can be registered with io_uring as one fixed buffer
-//! ([`Pool::iovec`]): the pool keeps the mapping alive for as long as any `PoolBuf` or
+//! (`Pool::iovec`): the pool keeps the mapping alive for as long as any `PoolBuf` or
 //! registration holder keeps a clone of it.
 #![allow(unsafe_code)]
 
