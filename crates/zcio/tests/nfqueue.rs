@@ -409,7 +409,16 @@ fn full_queue_without_fail_open_drops() {
         assert_eq!(udp.got.len(), 8);
         let k = kernel_queue_stats().unwrap();
         let k = k.iter().find(|k| k.queue == 8).unwrap();
-        assert_eq!(k.queue_dropped, 92, "{k:?}");
+        // Every packet was queued (given an id) or dropped by the full queue. How many were
+        // queued depends on whether delivery of the burst was over before the 8 verdicts
+        // made room (92 dropped) or still going (the 6.1 guest under emulation: 84): at most
+        // 8 waiting and 8 decided.
+        assert_eq!(
+            k.queue_dropped + u64::from(k.id_sequence),
+            100,
+            "every packet queued or dropped: {k:?}"
+        );
+        assert!(k.queue_dropped >= 100 - 16, "{k:?}");
     })
     .unwrap();
 }
