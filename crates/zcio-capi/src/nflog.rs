@@ -87,13 +87,14 @@ pub type zcio_nflog_callback =
     Option<extern "C" fn(pkt: *const zcio_nflog_packet, user: *mut c_void) -> c_int>;
 
 fn nflog_errno(e: &NfLogError) -> c_int {
-    match e {
+    let errno = match e {
         NfLogError::Socket { source, .. } | NfLogError::Config { source, .. } => {
             -source.raw_os_error().unwrap_or(libc::EIO)
         }
         NfLogError::Invalid(_) => -libc::EINVAL,
         _ => -libc::EIO,
-    }
+    };
+    crate::fail(errno, e)
 }
 
 /// Binds the `ngroups` groups of `groups` into `*out`, copying `copy_range` bytes of each
