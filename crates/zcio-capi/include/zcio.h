@@ -1057,7 +1057,7 @@ extern "C" {
  act on (e.g. `"queue 3: kernel refused BIND: Operation not permitted (another process
  has bound this queue, or CAP_NET_ADMIN is missing)"`), or NULL when that call recorded no
  reason (the errno alone says it) or none failed. Set by the NFQUEUE, NFLOG and conntrack
- event calls; valid until the next failing call on this thread.
+ event calls; valid until the next zcio call on this thread.
 
  Thread: any (each thread has its own).
  */
@@ -1389,6 +1389,17 @@ int zcio_nfqueue_flush(struct zcio_nfqueue *q);
  Thread: the owner only (`-EPERM` from any other).
  */
 int zcio_nfqueue_readiness_fd(struct zcio_nfqueue *q);
+
+/*
+ Makes a rewritten IPv4/IPv6 packet valid: sets the IP and UDP length fields to `len` and
+ recomputes the IPv4 header checksum and the TCP/UDP/UDP-Lite/ICMP/ICMPv6 checksum with the
+ pseudo-header (the kernel checks them after a rewrite: `docs/design/netlink.md`). Returns 0,
+ or `-EINVAL` with the packet untouched for what cannot be summed here (fragments, ESP, a
+ packet cut by the copy range, …; `zcio_last_error` says which).
+
+ Thread: any. Ownership: `pkt` stays the caller's.
+ */
+int zcio_fix_checksums(void *pkt, uintptr_t len);
 
 /*
  Fills `*out` with the queue's counters. Returns 0 or `-errno`.

@@ -142,7 +142,7 @@ pub(crate) fn fail(errno: c_int, msg: impl std::fmt::Display) -> c_int {
 /// act on (e.g. `"queue 3: kernel refused BIND: Operation not permitted (another process
 /// has bound this queue, or CAP_NET_ADMIN is missing)"`), or NULL when that call recorded no
 /// reason (the errno alone says it) or none failed. Set by the NFQUEUE, NFLOG and conntrack
-/// event calls; valid until the next failing call on this thread.
+/// event calls; valid until the next zcio call on this thread.
 ///
 /// Thread: any (each thread has its own).
 #[no_mangle]
@@ -151,6 +151,11 @@ pub extern "C" fn zcio_last_error() -> *const c_char {
 }
 
 pub(crate) fn guard(f: impl FnOnce() -> c_int) -> c_int {
+    LAST_ERROR.with(|l| {
+        if l.borrow().is_some() {
+            *l.borrow_mut() = None;
+        }
+    });
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(-libc::ENOTRECOVERABLE)
 }
 

@@ -449,11 +449,14 @@ pub extern "C" fn zcio_nfqueue_open_config(
 /// The owner thread's handle, or the errno to return.
 fn owned<'a>(q: *mut zcio_nfqueue) -> Result<&'a mut zcio_nfqueue, c_int> {
     if q.is_null() {
-        return Err(-libc::EINVAL);
+        return Err(crate::fail(-libc::EINVAL, "the queue handle is NULL"));
     }
     // SAFETY: `q` is a live handle; only its (immutable) owner is read first.
     if !unsafe { (*q).owner }.is_here() {
-        return Err(-libc::EPERM);
+        return Err(crate::fail(
+            -libc::EPERM,
+            "called from a thread other than the one that opened the queue",
+        ));
     }
     // SAFETY: the owner thread's exclusive use of its live handle.
     Ok(unsafe { &mut *q })
@@ -709,6 +712,26 @@ pub extern "C" fn zcio_nfqueue_readiness_fd(q: *mut zcio_nfqueue) -> c_int {
             fd.as_raw_fd()
         }
         Err(e) => nfq_errno(&e),
+    })
+}
+
+/// Makes a rewritten IPv4/IPv6 packet valid: sets the IP and UDP length fields to `len` and
+/// recomputes the IPv4 header checksum and the TCP/UDP/UDP-Lite/ICMP/ICMPv6 checksum with the
+/// pseudo-header (the kernel checks them after a rewrite: `docs/design/netlink.md`). Returns 0,
+/// or `-EINVAL` with the packet untouched for what cannot be summed here (fragments, ESP, a
+/// packet cut by the copy range, …; `zcio_last_error` says which).
+///
+/// Thread: any. Ownership: `pkt` stays the caller's.
+#[no_mangle]
+pub extern "C" fn zcio_fix_checksums(pkt: *mut c_void, len: usize) -> c_int {
+    if pkt.is_null() {
+        return crate::fail(-libc::EINVAL, "the packet is NULL");
+    }
+    // SAFETY: `pkt` points to `len` writable bytes the caller owns (its contract).
+    let p = unsafe { std::slice::from_raw_parts_mut(pkt.cast::<u8>(), len) };
+    guard(|| match zcio_core::netlink::packet::fix_checksums(p) {
+        Ok(_) => 0,
+        Err(e) => crate::fail(-libc::EINVAL, e),
     })
 }
 

@@ -7,7 +7,8 @@
  *   iptables -A OUTPUT -o lo -p udp --dport 9999 -j NFQUEUE --queue-num QUEUE
  * it sends 20 one-byte UDP datagrams to 127.0.0.1:9999, holds them all, reads every payload
  * after the last receive, drops the odd ones, accepts the even ones with mark 7 except
- * byte 0, which is rewritten to 100 (UDP checksum 0: none), and checks what arrives.
+ * byte 0, which is rewritten to 100 (checksums fixed by zcio_fix_checksums), and checks
+ * what arrives.
  * Needs CAP_NET_ADMIN (run it in a network namespace).
  * Build: cc nfqueue_held.c $(pkg-config --cflags --libs zcio) */
 #include <arpa/inet.h>
@@ -56,10 +57,6 @@ int main(int argc, char **argv) {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(9999),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (bind(rx, (struct sockaddr *)&a, sizeof a)) return 1;
-    int off = 0; /* no UDP checksum on the sender: a rewritten byte needs no new sum */
-    setsockopt(tx, SOL_SOCKET, SO_NO_CHECK, &off, sizeof off);
-    off = 1;
-    setsockopt(tx, SOL_SOCKET, SO_NO_CHECK, &off, sizeof off);
     struct timeval tv = {0, 200 * 1000};
     setsockopt(rx, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     for (unsigned char i = 0; i < N; i++)
@@ -85,7 +82,8 @@ int main(int argc, char **argv) {
             unsigned char pkt[29];
             memcpy(pkt, p, sizeof pkt);
             pkt[28] = 100;
-            pkt[26] = pkt[27] = 0; /* UDP checksum: none */
+            /* The kernel checks the sums of a rewritten packet: make them valid. */
+            if (zcio_fix_checksums(pkt, sizeof pkt) < 0) return 1;
             rc = zcio_nfqueue_verdict(nfq, held[i].queue, held[i].id, ZCIO_NF_ACCEPT, 0, 0, pkt,
                                       sizeof pkt);
             if (rc < 0) return 1;
