@@ -1355,6 +1355,19 @@ int zcio_nfqueue_receive(struct zcio_nfqueue *q,
 int zcio_nfqueue_decide(struct zcio_nfqueue *q, struct zcio_nfq_decision *d, uintptr_t n);
 
 /*
+ Decides every packet of queue `queue` handed out by `zcio_nfqueue_receive` and not decided
+ yet whose id is `id` or before it (in the
+ kernel's wrapping id order) with `verdict`, as go-nfqueue's `SetVerdictBatch`. Returns how
+ many were decided or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nfqueue_decide_through(struct zcio_nfqueue *q,
+                                uint16_t queue,
+                                uint32_t id,
+                                uint32_t verdict);
+
+/*
  Decides one held packet with a verdict, optionally a new mark (`set_mark` non-zero) and
  optionally a replacement packet (`payload`/`len`, copied; NULL: keep the packet). The
  verdict goes out with the next receive or `zcio_nfqueue_flush`. Returns 0 or `-errno`

@@ -636,6 +636,44 @@ fn decide_one(h: &mut zcio_nfqueue, queue: u16, id: u32, d: Decision) -> c_int {
     }
 }
 
+/// Decides every packet of queue `queue` handed out by `zcio_nfqueue_receive` and not decided
+/// yet whose id is `id` or before it (in the
+/// kernel's wrapping id order) with `verdict`, as go-nfqueue's `SetVerdictBatch`. Returns how
+/// many were decided or `-errno`.
+///
+/// Thread: the owner only (`-EPERM` from any other).
+#[no_mangle]
+pub extern "C" fn zcio_nfqueue_decide_through(
+    q: *mut zcio_nfqueue,
+    queue: u16,
+    id: u32,
+    verdict: u32,
+) -> c_int {
+    let h = match owned(q) {
+        Ok(h) => h,
+        Err(e) => return e,
+    };
+    let Some(v) = Verdict::from_wire(verdict) else {
+        return crate::fail(-libc::EINVAL, format!("unknown verdict {verdict}"));
+    };
+    guard(|| {
+        let mut n = 0;
+        for r in h.q.held() {
+            // `id.wrapping_sub(r.id) as i32 >= 0`: r.id is id or before it (RFC 1982 style,
+            // as the kernel's nfq_id_after).
+            // Packets not handed out yet (`pending`) are not the caller's to decide.
+            let handed_out = !h.pending.iter().any(|p| p.packet == r);
+            if r.queue == queue && (id.wrapping_sub(r.id) as i32) >= 0 && handed_out {
+                match decide_one(h, r.queue, r.id, Decision::Verdict(v)) {
+                    0 => n += 1,
+                    e => return e,
+                }
+            }
+        }
+        n
+    })
+}
+
 /// Decides one held packet with a verdict, optionally a new mark (`set_mark` non-zero) and
 /// optionally a replacement packet (`payload`/`len`, copied; NULL: keep the packet). The
 /// verdict goes out with the next receive or `zcio_nfqueue_flush`. Returns 0 or `-errno`
