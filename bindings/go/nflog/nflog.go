@@ -181,6 +181,16 @@ func (devNull) Errorf(string, ...any) {}
 
 // Open binds the group and starts the reader thread (reading begins with Register*).
 func Open(config *Config) (*Nflog, error) {
+	if config == nil {
+		config = &Config{}
+	}
+	// go-nflog's own checks first, with its errors.
+	if config.Flags > FlagConntrack {
+		return nil, ErrUnknownFlag
+	}
+	if config.Copymode != CopyNone && config.Copymode != CopyMeta && config.Copymode != CopyPacket {
+		return nil, ErrCopyMode
+	}
 	if config.Flags&^FlagSeq != 0 {
 		return nil, &zc.Error{Op: "nflog flags", Errno: syscall.EOPNOTSUPP, Reason: fmt.Sprintf(
 			"flags %#x: zcio numbers every group's messages (FlagSeq) and offers no other flag", config.Flags)}
@@ -193,8 +203,6 @@ func Open(config *Config) (*Nflog, error) {
 		if copyRange == 0 || copyRange > 65531 {
 			copyRange = 65531
 		}
-	default:
-		return nil, ErrCopyMode
 	}
 	n := &Nflog{cfg: *config, regs: make(chan reg), closing: make(chan struct{}), done: make(chan struct{})}
 	n.logger = config.Logger
