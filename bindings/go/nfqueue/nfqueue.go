@@ -196,6 +196,7 @@ func (n *Nfqueue) owner(errc chan<- error) {
 		c.max_len = kernelDefaultMaxQueueLen
 	}
 	c.flags = C.uint32_t(n.cfg.Flags)
+	c.rcvbuf = C.uint32_t(n.cfg.ReadBuffer)
 	var q *C.zcio_nfqueue
 	if rc := C.zcio_nfqueue_open_config(&q, &c); rc < 0 {
 		errc <- zc.Err(fmt.Sprintf("binding queue %d", n.cfg.NfQueue), int(rc))

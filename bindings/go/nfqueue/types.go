@@ -84,6 +84,10 @@ type Config struct {
 	// packet a batch callback left undecided and not held. The zero value is NfDrop: what
 	// nobody judged is not let through.
 	DefaultVerdict int
+
+	// ReadBuffer (zcio): the queue socket's receive buffer in bytes (0: 4 MiB), set with
+	// SO_RCVBUFFORCE where the process may (else SO_RCVBUF, capped by net.core.rmem_max).
+	ReadBuffer int
 }
 
 // Errors, as go-nfqueue's.
