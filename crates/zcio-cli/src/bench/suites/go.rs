@@ -151,9 +151,11 @@ impl Suite for GoSuite {
             );
             run_consumer(&ns, QUEUE, &label, size, count, |cpu| {
                 let mut c = ns.command("taskset");
-                c.args(["-c", &cpu.to_string()])
-                    .arg(bin)
-                    .args([mode, &QUEUE.to_string(), &count.to_string()]);
+                c.args(["-c", &cpu.to_string()]).arg(bin).args([
+                    mode,
+                    &QUEUE.to_string(),
+                    &count.to_string(),
+                ]);
                 c
             })
         };

@@ -189,7 +189,12 @@ impl Env<'_> {
         run_consumer(self.ns, QUEUE, &label, size, count, |cpu| {
             let mut c = self.ns.command(&self.py.to_string_lossy());
             c.arg(self.script)
-                .args([mode, &QUEUE.to_string(), &count.to_string(), &cpu.to_string()])
+                .args([
+                    mode,
+                    &QUEUE.to_string(),
+                    &count.to_string(),
+                    &cpu.to_string(),
+                ])
                 .arg(if scapy { "scapy" } else { "none" });
             c
         })
@@ -260,8 +265,8 @@ pub(super) fn run_consumer(
         }
         bail!("{label}: consumer failed ({status}): {}", err.trim());
     }
-    let r: serde_json::Value = serde_json::from_str(line.trim())
-        .map_err(|e| anyhow!("{label}: result {line:?}: {e}"))?;
+    let r: serde_json::Value =
+        serde_json::from_str(line.trim()).map_err(|e| anyhow!("{label}: result {line:?}: {e}"))?;
     let num = |k: &str| r.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
     let (cpu, wall, handled) = (num("cpu"), num("wall"), num("handled"));
     let end = Instant::now() + Duration::from_secs(2);
