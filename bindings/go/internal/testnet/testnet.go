@@ -122,17 +122,25 @@ func (h *Host) Do(fn func() error) error {
 // UDP listens on addr inside the namespace.
 func (h *Host) UDP(addr string) *net.UDPConn {
 	h.t.Helper()
-	var c *net.UDPConn
-	err := h.Do(func() error {
+	return h.udp("listen", func() (*net.UDPConn, error) {
 		a, err := net.ResolveUDPAddr("udp", addr)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		c, err = net.ListenUDP("udp", a)
+		return net.ListenUDP("udp", a)
+	})
+}
+
+// udp makes a socket with mk inside the namespace, closed when the test ends.
+func (h *Host) udp(what string, mk func() (*net.UDPConn, error)) *net.UDPConn {
+	h.t.Helper()
+	var c *net.UDPConn
+	err := h.Do(func() (err error) {
+		c, err = mk()
 		return err
 	})
 	if err != nil {
-		h.t.Fatalf("listen %s: %v", addr, err)
+		h.t.Fatalf("%s: %v", what, err)
 	}
 	h.t.Cleanup(func() { c.Close() })
 	return c
@@ -147,26 +155,19 @@ func (h *Host) Dial(addr string) *net.UDPConn {
 // DialFrom is Dial from the local address from ("": any).
 func (h *Host) DialFrom(from, addr string) *net.UDPConn {
 	h.t.Helper()
-	var c *net.UDPConn
-	err := h.Do(func() error {
+	return h.udp("dial "+addr, func() (*net.UDPConn, error) {
 		a, err := net.ResolveUDPAddr("udp", addr)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		var l *net.UDPAddr
 		if from != "" {
 			if l, err = net.ResolveUDPAddr("udp", from); err != nil {
-				return err
+				return nil, err
 			}
 		}
-		c, err = net.DialUDP("udp", l, a)
-		return err
+		return net.DialUDP("udp", l, a)
 	})
-	if err != nil {
-		h.t.Fatalf("dial %s: %v", addr, err)
-	}
-	h.t.Cleanup(func() { c.Close() })
-	return c
 }
 
 // Collect reads datagrams from c until want have arrived or quiet passes without one.

@@ -11,8 +11,8 @@
 
 use super::netlink::{self, offer_log, sample, stop, wait_bound, NetlinkSuite, GROUP, LOG_PORT};
 use super::nfq::PORT;
-use super::python::run_consumer;
-use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
+use super::python::{run_consumer, workspace, METRICS};
+use crate::bench::{Ctx, Sample, Suite};
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,20 +25,6 @@ use zcio_testnet::Netns;
 pub struct GoSuite;
 
 const QUEUE: u16 = 19;
-
-const METRICS: &[MetricDef] = &[
-    MetricDef::new("delivered", "pkt/s", Better::Higher),
-    MetricDef::new("consumer_cpu", "us/pkt", Better::Lower),
-    MetricDef::new("copied_fraction", "fraction", Better::Lower),
-];
-
-/// The workspace (for `bindings/go`, `scripts/` and `target/`), where the bench binary was
-/// built.
-fn workspace() -> PathBuf {
-    std::env::var_os("ZCIO_WORKSPACE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-}
 
 fn run_ok(c: &mut Command, what: &str) -> Result<()> {
     let o = c.output().with_context(|| what.to_string())?;

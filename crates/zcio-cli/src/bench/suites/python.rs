@@ -28,14 +28,16 @@ pub struct Python;
 
 const QUEUE: u16 = 17;
 
-const METRICS: &[MetricDef] = &[
+/// The metrics of a consumer run (`run_consumer`; the `go` suite's too).
+pub(super) const METRICS: &[MetricDef] = &[
     MetricDef::new("delivered", "pkt/s", Better::Higher),
     MetricDef::new("consumer_cpu", "us/pkt", Better::Lower),
     MetricDef::new("copied_fraction", "fraction", Better::Lower),
 ];
 
-/// The workspace (for `crates/zcio-py` and `target/`), where the bench binary was built.
-fn workspace() -> PathBuf {
+/// The workspace (for `crates/zcio-py`, `bindings/go`, `scripts/` and `target/`), where the
+/// bench binary was built (`ZCIO_WORKSPACE` overrides it).
+pub(super) fn workspace() -> PathBuf {
     std::env::var_os("ZCIO_WORKSPACE")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
