@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,17 @@
 #include <zcio.h>
 
 #define N 20
+
+/* Another thread's calls are refused with -EPERM and a reason, touching nothing. */
+static void *other_thread(void *q) {
+    zcio_nfq_held h;
+    zcio_nfq_decision d = {0};
+    int rc = zcio_nfqueue_receive(q, 0, &h, 1);
+    const char *why = zcio_last_error();
+    int ok = rc == -EPERM && why && strstr(why, "thread") &&
+             zcio_nfqueue_decide(q, &d, 1) == -EPERM && zcio_nfqueue_flush(q) == -EPERM;
+    return ok ? q : NULL;
+}
 
 int main(int argc, char **argv) {
     if (argc != 2) {
@@ -52,6 +64,14 @@ int main(int argc, char **argv) {
                 zcio_last_error() ? zcio_last_error() : "");
         return 1;
     }
+
+    pthread_t th;
+    void *res = NULL;
+    if (pthread_create(&th, NULL, other_thread, nfq) || pthread_join(th, &res) || res != nfq) {
+        fprintf(stderr, "another thread's calls were not refused with -EPERM\n");
+        return 1;
+    }
+    printf("another thread: refused\n");
 
     int rx = socket(AF_INET, SOCK_DGRAM, 0), tx = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(9999),
