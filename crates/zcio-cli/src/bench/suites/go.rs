@@ -37,10 +37,27 @@ fn run_ok(c: &mut Command, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// The Go toolchain: `go` on PATH, or where the official archive installs it.
+fn go_tool() -> PathBuf {
+    let on_path = Command::new("go")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let archive = Path::new("/usr/local/go/bin/go");
+    if !on_path && archive.exists() {
+        archive.to_path_buf()
+    } else {
+        PathBuf::from("go")
+    }
+}
+
 /// Installs libzcio into `target/go-capi` and builds the two consumers; returns (zcio, peer).
 fn build(ws: &Path) -> Result<(PathBuf, PathBuf)> {
+    let go = go_tool();
     run_ok(
-        Command::new("go").arg("version"),
+        Command::new(&go).arg("version"),
         "go version (the Go toolchain, 1.22 or later)",
     )?;
     let release = ws.join("target/release");
@@ -63,7 +80,7 @@ fn build(ws: &Path) -> Result<(PathBuf, PathBuf)> {
     let (zcio, peer) = (out.join("consumer-zcio"), out.join("consumer-peer"));
     for (bin, tags) in [(&zcio, ""), (&peer, "peer")] {
         run_ok(
-            Command::new("go")
+            Command::new(&go)
                 .args(["build", "-tags", tags, "-o"])
                 .arg(bin)
                 .arg(".")
