@@ -79,6 +79,16 @@ func arrivedKeys(got [][]byte) []int {
 	return ks
 }
 
+// statsEventually waits (up to a second) for the reader's counters to satisfy ok: it
+// refreshes them after each receive, so they may trail what the test already saw arrive.
+func statsEventually(nf *Nfqueue, ok func(Stats) bool) Stats {
+	s := nf.Stats()
+	for end := time.Now().Add(time.Second); !ok(s) && time.Now().Before(end); s = nf.Stats() {
+		time.Sleep(time.Millisecond)
+	}
+	return s
+}
+
 func failOnError(t *testing.T) ErrorFunc {
 	return func(e error) int {
 		t.Errorf("reader error: %v", e)
@@ -155,7 +165,7 @@ func TestVerdictsAcceptDropMarkRepeatAndRewriteReachTheKernel(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	s := nf.Stats()
+	s := statsEventually(nf, func(s Stats) bool { return s.Dropped+s.Accepted == 60 })
 	if s.Dropped != 10 || s.Repeated != 10 || s.Received != 60 {
 		t.Errorf("stats %+v", s)
 	}
@@ -314,6 +324,8 @@ func TestBatchesWithHeldPacketsAndBatchVerdicts(t *testing.T) {
 	var batches atomic.Int32
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// Queued before reading starts, so receives hand over whole batches (up to 64).
+	send(t, tx, seq(100)...)
 	err := nf.RegisterBatch(ctx, func(b *Batch) int {
 		batches.Add(1)
 		for i := range b.Packets {
@@ -332,7 +344,6 @@ func TestBatchesWithHeldPacketsAndBatchVerdicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	send(t, tx, seq(100)...)
 	hp := <-heldc
 	got := testnet.Collect(rx, 49, time.Second)
 	if len(got) != 49 {
@@ -352,9 +363,9 @@ func TestBatchesWithHeldPacketsAndBatchVerdicts(t *testing.T) {
 	if d := time.Since(start); d > 100*time.Millisecond {
 		t.Errorf("held packet arrived %v after its verdict from another goroutine", d)
 	}
-	s := nf.Stats()
-	if s.Batches == 0 || s.Dropped != 50 {
-		t.Errorf("stats %+v: want VERDICT_BATCH messages and 50 drops", s)
+	s := statsEventually(nf, func(s Stats) bool { return s.Held == 0 })
+	if s.Batches == 0 || s.Dropped != 50 || s.Accepted != 50 || s.Held != 0 {
+		t.Errorf("stats %+v: want VERDICT_BATCH messages, 50 drops, 50 accepts", s)
 	}
 	t.Logf("%d batches, stats %+v", batches.Load(), s)
 }

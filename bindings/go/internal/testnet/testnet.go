@@ -127,7 +127,12 @@ func (h *Host) UDP(addr string) *net.UDPConn {
 		if err != nil {
 			return nil, err
 		}
-		return net.ListenUDP("udp", a)
+		c, err := net.ListenUDP("udp", a)
+		if err == nil {
+			// Room for a burst while a slow (-race) reader catches up (capped by rmem_max).
+			_ = c.SetReadBuffer(4 << 20)
+		}
+		return c, err
 	})
 }
 
