@@ -494,6 +494,11 @@ impl EpwaitEvents {
         self.mode
     }
 
+    /// Whether an `EPOLL_WAIT` request is armed (left by a wait that returned without it).
+    pub(super) fn armed(&self) -> bool {
+        self.buf.in_flight()
+    }
+
     /// Before `wait` returns: without DEFER_TASKRUN an armed request could complete while the
     /// loop runs (its report then stale by the time it is read): cancel and reap it.
     fn settle(&mut self, out: &mut [Event], n: usize) -> io::Result<usize> {

@@ -554,6 +554,19 @@ impl EventRing {
         }
     }
 
+    /// Whether the `EPOLL_WAIT` backend has a request armed on its epoll instance (a wait
+    /// returned before it completed: timeout, user-posted event, signal; only with
+    /// DEFER_TASKRUN). Such a request holds a poll on the epoll file and consumes the events it
+    /// collects at the next `wait`, so a caller that stops waiting through the ring (the epoll
+    /// shim handing an instance to `epoll_wait`) does so only while this is false. Always false
+    /// on the other backends.
+    pub fn wait_armed(&self) -> bool {
+        match &self.backend {
+            Backend::Epwait(e) => e.armed(),
+            _ => false,
+        }
+    }
+
     /// Sets the `EPOLL_WAIT` backend's [`WaitChoice`] (no-op elsewhere); a switch takes effect
     /// at the next `wait`, which reaps an armed request first and reports what it collected.
     pub fn set_wait_choice(&mut self, choice: WaitChoice) {
