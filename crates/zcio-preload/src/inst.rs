@@ -125,7 +125,10 @@ pub fn handed_waits() -> u64 {
 
 /// The handed instances with their events per wait on the ring, `-` when none.
 pub fn handed_list() -> String {
-    let l = HANDED_LIST.try_lock().map(|l| l.clone()).unwrap_or_default();
+    let l = HANDED_LIST
+        .try_lock()
+        .map(|l| l.clone())
+        .unwrap_or_default();
     if l.is_empty() {
         "-".into()
     } else {
