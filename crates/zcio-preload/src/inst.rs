@@ -1035,7 +1035,7 @@ pub fn wait(
 
 /// Kernel mode, after one of the owner's ring waits (`k` fd events; `zero`: a zero timeout):
 /// feeds the per-instance choice, and hands the instance to the real epoll once it decides
-/// and the ring has no request armed.
+/// and the ring holds nothing for its next wait (no request armed, no events left over).
 fn choose(inst: &Instance, st: &mut State, zero: bool, k: usize) {
     st.waits += 1;
     st.events += k as u64;
@@ -1053,14 +1053,14 @@ fn choose(inst: &Instance, st: &mut State, zero: bool, k: usize) {
             st.handover = Some(d.reason);
         }
     }
-    if st.handover.is_some() && st.ring.as_ref().is_some_and(|r| !r.wait_armed()) {
+    if st.handover.is_some() && st.ring.as_ref().is_some_and(|r| !r.wait_pending()) {
         let why = st.handover.take().unwrap_or_default();
         hand_over(inst, st, &why);
     }
 }
 
 /// Hands a kernel-mode instance to the real epoll: its epoll fd already is the interest list,
-/// so nothing is replayed; the ring (idle: no request armed) is parked until the epoll fd is
+/// so nothing is replayed; the ring (holding nothing for a next wait) is parked until the epoll fd is
 /// closed, and every later wait on the instance goes straight to libc ([`is_handed`]). One
 /// way: on the kernels measured no pattern makes the ring wait cheaper than `epoll_wait`
 /// (docs/design/capi-preload.md, "memcached under memcaslap").

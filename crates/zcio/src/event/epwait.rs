@@ -494,9 +494,10 @@ impl EpwaitEvents {
         self.mode
     }
 
-    /// Whether an `EPOLL_WAIT` request is armed (left by a wait that returned without it).
-    pub(super) fn armed(&self) -> bool {
-        self.buf.in_flight()
+    /// Whether the next wait has something of this ring's to hand out first: a request armed
+    /// by a wait that returned without it, or events of a completion that did not fit.
+    pub(super) fn pending(&self) -> bool {
+        self.buf.in_flight() || !self.spill.is_empty()
     }
 
     /// Before `wait` returns: without DEFER_TASKRUN an armed request could complete while the

@@ -554,15 +554,15 @@ impl EventRing {
         }
     }
 
-    /// Whether the `EPOLL_WAIT` backend has a request armed on its epoll instance (a wait
-    /// returned before it completed: timeout, user-posted event, signal; only with
-    /// DEFER_TASKRUN). Such a request holds a poll on the epoll file and consumes the events it
-    /// collects at the next `wait`, so a caller that stops waiting through the ring (the epoll
-    /// shim handing an instance to `epoll_wait`) does so only while this is false. Always false
-    /// on the other backends.
-    pub fn wait_armed(&self) -> bool {
+    /// Whether the `EPOLL_WAIT` backend holds something for its next `wait`: a request armed
+    /// on the epoll instance (a wait returned before it completed: timeout, user-posted event,
+    /// signal; only with DEFER_TASKRUN), which consumes the events it collects at that wait, or
+    /// events of a completion that did not fit the caller's array. A caller that stops waiting
+    /// through the ring (the epoll shim handing an instance to `epoll_wait`) does so only while
+    /// this is false, or those events would be lost. Always false on the other backends.
+    pub fn wait_pending(&self) -> bool {
         match &self.backend {
-            Backend::Epwait(e) => e.armed(),
+            Backend::Epwait(e) => e.pending(),
             _ => false,
         }
     }
