@@ -7,19 +7,7 @@
 
 mod common;
 
-use common::{assert_same_output, run_program, shim_path, stats_sum, Preload, TempDir};
-
-fn shimmed(dir: &TempDir) -> (Preload, std::path::PathBuf) {
-    let stats = dir.path().join("stats");
-    (
-        Preload {
-            shim: Some(shim_path()),
-            stats: Some(stats.clone()),
-            log: true,
-        },
-        stats,
-    )
-}
+use common::{assert_same_output, run_program, shimmed, stats_sum, Preload, TempDir};
 
 /// The `handed_instances=` field of the stats line (`-` when none).
 fn handed_instances(stats: &std::path::Path) -> String {

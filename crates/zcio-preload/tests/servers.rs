@@ -5,24 +5,12 @@
 
 mod common;
 
-use common::{free_port, shim_path, stats_sum, tool, Preload, Server, TempDir};
+use common::{free_port, shim_path, shimmed, stats_sum, tool, Preload, Server, TempDir};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-
-fn shimmed(dir: &TempDir) -> (Preload, std::path::PathBuf) {
-    let stats = dir.path().join("stats");
-    (
-        Preload {
-            shim: Some(shim_path()),
-            stats: Some(stats.clone()),
-            log: true,
-        },
-        stats,
-    )
-}
 
 /// Sends `req` on a fresh connection and reads until `done(bytes)` or the peer closes.
 fn exchange(port: u16, req: &[u8], done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
