@@ -17,8 +17,6 @@ use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use zcio_testnet::Netns;
 
 /// The suite.
@@ -203,9 +201,8 @@ impl Suite for GoSuite {
              after each step), every packet counted by its step in the consumer (CPU 1; both \
              sockets 8 MiB, SO_RCVBUFFORCE); loss_free_rate = the highest rate up to which every \
              step arrived whole. On 2 cores the sender (which also pays the kernel's logging) \
-             tops out below what either consumer drains with a core of its own, so the \
-             consumer shares CPU 1 with a busy loop (about half the core, the same for both): \
-             the ladder then finds the consumers' limits, not the sender's",
+             may top out below what either consumer drains: a run whose every step arrived is \
+             sender-bound, and its ratio says nothing about the consumers (consumer_cpu does)",
         );
         let plan = NetlinkSuite::plan(
             ctx,
@@ -222,34 +219,7 @@ impl Suite for GoSuite {
     }
 }
 
-/// A thread spinning on CPU 1 until dropped: the NFLOG consumer's competition.
-struct Spinner(Arc<AtomicBool>, Option<std::thread::JoinHandle<()>>);
-
-impl Spinner {
-    fn on(cpu: usize) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = Arc::clone(&stop);
-        let h = std::thread::spawn(move || {
-            let _ = zcio_testnet::cpu::pin_thread(cpu);
-            while !s.load(Ordering::Relaxed) {
-                std::hint::spin_loop();
-            }
-        });
-        Self(stop, Some(h))
-    }
-}
-
-impl Drop for Spinner {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-        if let Some(h) = self.1.take() {
-            let _ = h.join();
-        }
-    }
-}
-
 fn log_run(ns: &Netns, bin: &Path, plan: &netlink::Plan) -> Result<Sample> {
-    let _spin = Spinner::on(1);
     let mut child = ns
         .command("taskset")
         .args(["-c", "1"])
