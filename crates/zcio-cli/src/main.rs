@@ -3,6 +3,7 @@
 mod bench;
 mod ctevents;
 mod hosts;
+mod metrics;
 mod nflog;
 mod nfq;
 mod nldump;

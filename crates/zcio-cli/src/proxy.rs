@@ -74,6 +74,83 @@ pub struct ProxyArgs {
     /// Exit (draining) after this many seconds (for scripts and tests).
     #[arg(long)]
     pub duration: Option<f64>,
+    /// Serve the counters as Prometheus text on `ADDR:PORT` (`GET /metrics`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
+}
+
+/// What one proxy thread publishes for `--metrics`.
+#[derive(Clone)]
+struct Snapshot {
+    stats: ProxyStats,
+    fallbacks: Vec<String>,
+}
+
+/// `--metrics`, per thread (label `thread`): the receive and send paths, the fallbacks, the
+/// counters, pair ends by kind, and the harvest-to-send histogram.
+fn metrics(snaps: &[Option<Snapshot>], e: &mut crate::metrics::Exposition) {
+    for (i, s) in snaps.iter().enumerate() {
+        let Some(s) = s else { continue };
+        let t = i.to_string();
+        let l = [("thread", t.as_str())];
+        for (side, path) in [("rx", &s.stats.rx_path), ("tx", &s.stats.tx_path)] {
+            e.gauge(
+                "zcio_path_info",
+                "The path in use (label path); always 1",
+                &[("thread", &t), ("side", side), ("path", path)],
+                1.0,
+            );
+        }
+        e.fallback_lines(&l, &s.fallbacks);
+        e.stats(
+            "zcio_proxy",
+            &l,
+            &s.stats,
+            &["active", "held", "peak_held", "turn_chunks_max"],
+        );
+        for k in [
+            EndKind::Done,
+            EndKind::Reset,
+            EndKind::ConnectFailed,
+            EndKind::ConnectTimeout,
+            EndKind::IdleTimeout,
+            EndKind::RecvFailed,
+            EndKind::SendFailed,
+            EndKind::Shutdown,
+        ] {
+            let kind = format!("{k:?}");
+            e.counter(
+                "zcio_proxy_ended",
+                "Pairs ended, by how (label kind)",
+                &[("thread", &t), ("kind", &kind)],
+                s.stats.ended(k),
+            );
+        }
+        // Bucket i counts [2^i, 2^(i+1)) µs (the first also below, the last also above).
+        let n = s.stats.hold_us_log2.len();
+        let buckets: Vec<(f64, u64)> = s
+            .stats
+            .hold_us_log2
+            .iter()
+            .enumerate()
+            .map(|(b, &c)| {
+                let le = if b + 1 == n {
+                    f64::INFINITY
+                } else {
+                    (1u64 << (b + 1)) as f64 * 1e-6
+                };
+                (le, c)
+            })
+            .collect();
+        e.histogram(
+            "zcio_proxy_hold_seconds",
+            "Per routed chunk, the time from the wait that harvested it to the enter that \
+             issues its send",
+            &l,
+            &buckets,
+            None,
+        );
+    }
 }
 
 fn resolve(targets: &[String]) -> Result<Vec<SocketAddr>> {
@@ -126,7 +203,7 @@ fn worker(
     listener: TcpListener,
     targets: Vec<SocketAddr>,
     stop: &AtomicBool,
-    slot: &Mutex<ProxyStats>,
+    (slot, board): (&Mutex<ProxyStats>, Option<&crate::metrics::Board<Snapshot>>),
     ready: std::sync::mpsc::Sender<Result<String>>,
 ) -> Result<usize> {
     let cfg = config(a)?;
@@ -162,6 +239,15 @@ fn worker(
         p.turn(Duration::from_millis(50))
             .context("proxy loop (the ring failed)")?;
         log(&mut p);
+        if let Some(b) = board.filter(|b| b.wanted(idx)) {
+            b.publish(
+                idx,
+                Snapshot {
+                    stats: p.stats(),
+                    fallbacks: p.fallbacks(),
+                },
+            );
+        }
         if publish.elapsed() >= Duration::from_millis(100) {
             publish = Instant::now();
             *slot.lock().expect("stats lock") = p.stats();
@@ -229,6 +315,7 @@ pub fn run(a: ProxyArgs) -> Result<()> {
     let listener =
         TcpListener::bind(a.listen).with_context(|| format!("binding --listen {}", a.listen))?;
     let threads = a.threads.max(1);
+    let board = crate::metrics::start(a.metrics, "proxy", threads, metrics)?;
     let stop = AtomicBool::new(false);
     let slots: Arc<Vec<Mutex<ProxyStats>>> = Arc::new(
         (0..threads)
@@ -255,7 +342,8 @@ pub fn run(a: ProxyArgs) -> Result<()> {
         for i in 0..threads {
             let l = listener.try_clone().context("cloning the listener")?;
             let (a, stop, slots, targets, rtx) = (&a, &stop, &slots, targets.clone(), rtx.clone());
-            handles.push(sc.spawn(move || worker(a, i, l, targets, stop, &slots[i], rtx)));
+            let board = board.as_deref();
+            handles.push(sc.spawn(move || worker(a, i, l, targets, stop, (&slots[i], board), rtx)));
         }
         drop(rtx);
         let mut failed = None;
