@@ -10,6 +10,8 @@ use zcio::netlink::{tcp_state_name, CtEvent, CtEvents, CtEventsConfig, CtStats, 
 
 /// Options of `zcio conntrack events`.
 #[derive(Debug, clap::Args)]
+// A later option overrides an earlier one (a unit's defaults, then ZCIO_ARGS).
+#[command(args_override_self = true)]
 pub struct EventsArgs {
     /// One JSON object per line instead of `conntrack -E`'s text.
     #[arg(long)]
@@ -218,6 +220,15 @@ pub fn run(a: EventsArgs) -> Result<()> {
             other => bail!("unknown output option {other:?} (timestamp, extended)"),
         }
     }
+    crate::privs::check(
+        "conntrack",
+        &[crate::privs::Need {
+            cap: crate::privs::CAP_NET_ADMIN,
+            used_for: "joining the conntrack event groups",
+            without: None,
+        }],
+        (!a.recvmmsg).then_some((crate::privs::RING_CT, "frame-ring+recvmmsg")),
+    )?;
     let board = crate::metrics::start(a.metrics, "conntrack", 1, metrics)?;
     let mut ev = CtEvents::open(CtEventsConfig {
         new,

@@ -8,6 +8,7 @@ mod nflog;
 mod nfq;
 mod nldump;
 mod perf;
+mod privs;
 mod probe;
 mod proxy;
 mod util;

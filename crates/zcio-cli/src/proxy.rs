@@ -12,6 +12,8 @@ use zcio::tx::{SenderConfig, TxMode};
 
 /// Options of `zcio proxy`.
 #[derive(Debug, clap::Args)]
+// A later option overrides an earlier one (a unit's defaults, then ZCIO_ARGS).
+#[command(args_override_self = true)]
 pub struct ProxyArgs {
     /// Address to accept clients on (`ADDR:PORT`).
     #[arg(long)]
@@ -151,6 +153,37 @@ fn metrics(snaps: &[Option<Snapshot>], e: &mut crate::metrics::Exposition) {
             None,
         );
     }
+}
+
+/// The capabilities `zcio proxy` uses with these arguments, and its rings' locked memory.
+fn check_privileges(a: &ProxyArgs, threads: usize) -> Result<()> {
+    use crate::privs::{Need, CAP_NET_ADMIN, CAP_NET_BIND_SERVICE};
+    let mut needs = Vec::new();
+    // Ports below net.ipv4.ip_unprivileged_port_start (1024 unless changed) need the
+    // capability to bind.
+    let first_free: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1024);
+    if a.listen.port() != 0 && a.listen.port() < first_free {
+        needs.push(Need {
+            cap: CAP_NET_BIND_SERVICE,
+            used_for: "listening on a port below ip_unprivileged_port_start",
+            without: None,
+        });
+    }
+    if matches!(a.rx, RxMode::Auto | RxMode::Zcrx) {
+        needs.push(Need {
+            cap: CAP_NET_ADMIN,
+            used_for: "zero-copy receive: registering a zcrx area and refill ring",
+            without: Some("receive falls back from zcrx to bufring (provided buffers)"),
+        });
+    }
+    let rings = (a.rx != RxMode::Plain).then_some((
+        crate::privs::RING_PROXY * threads as u64,
+        "epoll + recv (receive) and syscall sends",
+    ));
+    crate::privs::check("proxy", &needs, rings).map(|_| ())
 }
 
 fn resolve(targets: &[String]) -> Result<Vec<SocketAddr>> {
@@ -306,6 +339,7 @@ fn stats_line(t: &ProxyStats, secs: f64, rate: f64, json: bool) -> String {
 
 /// Runs `zcio proxy` until SIGINT/SIGTERM (or `--duration`), then drains within the bound.
 pub fn run(a: ProxyArgs) -> Result<()> {
+    check_privileges(&a, a.threads.max(1))?;
     let targets = resolve(&a.to)?;
     // Two descriptors per socket (the receiver's and the send ring's): raise the soft limit
     // before the rings size their registered-file tables by it.

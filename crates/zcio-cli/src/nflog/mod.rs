@@ -14,6 +14,8 @@ use zcio::netlink::{link_names, CopyMode, LogPacket, NfLog, NfLogConfig, NfLogSt
 
 /// Options of `zcio nflog`.
 #[derive(Debug, clap::Args)]
+// A later option overrides an earlier one (a unit's defaults, then ZCIO_ARGS).
+#[command(args_override_self = true)]
 pub struct NflogArgs {
     /// NFLOG group (`--nflog-group N` of the rules); repeatable.
     #[arg(long = "group", short = 'g', required = true)]
@@ -355,6 +357,15 @@ pub fn run(a: NflogArgs) -> Result<()> {
     if a.write.is_none() && (rotation.size.is_some() || rotation.every.is_some()) {
         bail!("-C and -G need -w FILE");
     }
+    crate::privs::check(
+        "nflog",
+        &[crate::privs::Need {
+            cap: crate::privs::CAP_NET_ADMIN,
+            used_for: "binding NFLOG groups",
+            without: None,
+        }],
+        (!a.recvmmsg).then_some((crate::privs::RING_NFLOG, "frame-ring+recvmmsg")),
+    )?;
     let board = crate::metrics::start(a.metrics, "nflog", 1, metrics)?;
     let mut log =
         NfLog::open(cfg).with_context(|| format!("binding NFLOG group(s) {:?}", a.groups))?;

@@ -12,6 +12,8 @@ use zcio::netlink::{CopyMode, Decision, NfQueue, NfQueueConfig, NfqStats, Packet
 
 /// Options of `zcio nfq`.
 #[derive(Debug, clap::Args)]
+// A later option overrides an earlier one (a unit's defaults, then ZCIO_ARGS).
+#[command(args_override_self = true)]
 pub struct NfqArgs {
     /// Queue number or range `N-M` (one socket per queue; pair with `--queue-balance N:M`).
     #[arg(long)]
@@ -70,7 +72,8 @@ struct Snapshot {
     queues: String,
     summary: zcio::stats::Summary,
     stats: NfqStats,
-    kernel: Vec<zcio::netlink::KernelQueueStats>,
+    /// `None` when the kernel's table cannot be read (it is root's, mode 0440).
+    kernel: Option<Vec<zcio::netlink::KernelQueueStats>>,
 }
 
 fn snapshot(q: &NfQueue, (first, last): (u16, u16)) -> Snapshot {
@@ -79,7 +82,7 @@ fn snapshot(q: &NfQueue, (first, last): (u16, u16)) -> Snapshot {
         queues: format!("{first}-{last}"),
         summary: q.summary(),
         stats: q.stats(),
-        kernel: q.kernel_stats().unwrap_or_default(),
+        kernel: q.kernel_stats().ok(),
     }
 }
 
@@ -90,7 +93,15 @@ fn metrics(snaps: &[Option<Snapshot>], e: &mut crate::metrics::Exposition) {
         let l = [("queues", s.queues.as_str())];
         e.report(&l, &s.summary);
         e.stats("zcio_nfq", &l, &s.stats, &["held"]);
-        for k in &s.kernel {
+        e.gauge(
+            "zcio_nfq_kernel_counters_readable",
+            "Whether the kernel's per-queue table (/proc/net/netfilter/nfnetlink_queue, \
+             readable by root only) could be read: 0 means the zcio_nfq_kernel_* series are \
+             missing",
+            &l,
+            f64::from(u8::from(s.kernel.is_some())),
+        );
+        for k in s.kernel.iter().flatten() {
             let q = k.queue.to_string();
             let l = [("queue", q.as_str())];
             e.gauge(
@@ -250,6 +261,14 @@ fn worker(
     for f in q.fallbacks() {
         line.push_str(&format!("zcio nfq: fallback {f}\n"));
     }
+    if let Err(e) = q.kernel_stats() {
+        line.push_str(&format!(
+            "zcio nfq: cannot read the kernel's queue table (/proc/net/netfilter/\
+             nfnetlink_queue: {e}; it is root's, mode 0440): packets the kernel drops because \
+             a queue is full or the socket is full are not counted here (the socket's \
+             overruns still are)\n"
+        ));
+    }
     line.push_str(&format!(
         "zcio nfq: bound queue(s) {:?}, path {}, batch {}, copy range {}{}{}",
         q.queues(),
@@ -345,6 +364,18 @@ pub fn run(a: NfqArgs) -> Result<()> {
     let sigfd = zcio::sys::signal::block_to_fd(&[libc::SIGINT, libc::SIGTERM])
         .context("blocking SIGINT/SIGTERM")?;
     let ranges = split_queues(first, last, a.threads);
+    crate::privs::check(
+        "nfq",
+        &[crate::privs::Need {
+            cap: crate::privs::CAP_NET_ADMIN,
+            used_for: "binding NFQUEUE queues",
+            without: None,
+        }],
+        Some((
+            crate::privs::RING_NFQ * ranges.len() as u64,
+            "frame-ring+recvmmsg",
+        )),
+    )?;
     let board = crate::metrics::start(a.metrics, "nfq", ranges.len(), metrics)?;
     let cpus = zcio_testnet::cpu::online_cpus().max(1);
     let stop = AtomicBool::new(false);
