@@ -136,14 +136,20 @@ fn main() {
 
 /// The pages of `cmd` (named `name`) and of its visible subcommands, as (file name, roff).
 fn man_pages(cmd: &clap::Command, name: &str, out: &mut Vec<(String, Vec<u8>)>) -> Result<()> {
-    let cmd = cmd.clone().name(name.to_string()).bin_name(name.replace('-', " "));
+    let cmd = cmd
+        .clone()
+        .name(name.to_string())
+        .bin_name(name.replace('-', " "));
     let mut page = Vec::new();
     clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
     let mut see: Vec<String> = Vec::new();
     if name != "zcio" {
         see.push("zcio(1)".into());
     }
-    for s in cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+    for s in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
         see.push(format!("{name}-{}(1)", s.get_name()));
     }
     see.extend(["zcio-units(7)".into(), "libzcio(3)".into()]);
@@ -161,7 +167,10 @@ fn man_pages(cmd: &clap::Command, name: &str, out: &mut Vec<(String, Vec<u8>)>) 
         .as_bytes(),
     );
     out.push((format!("{name}.1"), page));
-    for s in cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+    for s in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
         man_pages(s, &format!("{name}-{}", s.get_name()), out)?;
     }
     Ok(())

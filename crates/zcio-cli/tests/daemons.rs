@@ -872,72 +872,54 @@ fn proxy_runs_without_capabilities_and_names_what_each_missing_one_costs() {
         return;
     }
     let ns = Netns::new("pxnc").unwrap();
+    let proxy = |memlock: Option<u64>, listen: &str| {
+        let mut c = unprivileged(&ns, dynamic_uid(3), &[], memlock, None);
+        c.arg(bin())
+            .args(["proxy", "--listen", listen, "--to", "127.0.0.1:8411"]);
+        c
+    };
+    // The receive path a proxy took, after the line naming what it lacked.
+    let rx_path = |memlock: Option<u64>, listen: &str, named: &str, without: &str| {
+        let mut c = proxy(memlock, listen);
+        c.args(["--stats-interval", "0", "--metrics", "127.0.0.1:0"]);
+        let mut d = Daemon::spawn(c);
+        let addr = d.metrics_addr();
+        let line = d.wait_line(named);
+        assert!(line.contains(without), "{line}");
+        let m = scrape_until(test, &ns, addr, |m| !m.samples("zcio_path_info").is_empty());
+        let (st, err) = d.stop();
+        assert!(st.success(), "{err}");
+        m.samples("zcio_path_info")
+            .into_iter()
+            .find(|s| s.labels.iter().any(|(k, v)| k == "side" && v == "rx"))
+            .and_then(|s| {
+                s.labels
+                    .iter()
+                    .find(|(k, _)| k == "path")
+                    .map(|x| x.1.clone())
+            })
+            .unwrap()
+    };
     // No capability, the host's locked-memory limit: zcrx is given up (named), the rings
     // stay (bufring receive, io_uring sends).
-    let mut c = unprivileged(&ns, dynamic_uid(3), &[], None, None);
-    c.arg(bin())
-        .args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:8410",
-            "--to",
-            "127.0.0.1:8411",
-        ])
-        .args(["--stats-interval", "0", "--metrics", "127.0.0.1:0"]);
-    let mut d = Daemon::spawn(c);
-    let addr = d.metrics_addr();
-    let line = d.wait_line("missing CAP_NET_ADMIN");
-    assert!(line.contains("falls back from zcrx to bufring"), "{line}");
-    let m = scrape_until(test, &ns, addr, |m| !m.samples("zcio_path_info").is_empty());
-    assert_eq!(
-        v(
-            &m,
-            "zcio_path_info",
-            &[("thread", "0"), ("side", "rx"), ("path", "bufring")]
-        ),
-        1.0
+    let p = rx_path(
+        None,
+        "127.0.0.1:8410",
+        "missing CAP_NET_ADMIN",
+        "falls back from zcrx to bufring",
     );
-    let (st, err) = d.stop();
-    assert!(st.success(), "{err}");
+    assert_eq!(p, "bufring");
+    // Too little locked memory: the rings are refused, named with the path taken instead.
+    let p = rx_path(
+        Some(4 << 10),
+        "127.0.0.1:8412",
+        "RLIMIT_MEMLOCK is 4 KiB",
+        "epoll + recv",
+    );
+    assert_eq!(p, "plain");
     // A port below 1024 needs CAP_NET_BIND_SERVICE: named before anything is bound.
-    let o = unprivileged(&ns, dynamic_uid(3), &[], None, None)
-        .arg(bin())
-        .args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:80",
-            "--to",
-            "127.0.0.1:8411",
-        ])
-        .output()
-        .unwrap();
+    let o = proxy(None, "127.0.0.1:80").output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("missing CAP_NET_BIND_SERVICE"), "{err}");
-    // Too little locked memory: the rings are refused, named with the path taken instead.
-    let mut c = unprivileged(&ns, dynamic_uid(3), &[], Some(4 << 10), None);
-    c.arg(bin())
-        .args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:8412",
-            "--to",
-            "127.0.0.1:8411",
-        ])
-        .args(["--stats-interval", "0", "--metrics", "127.0.0.1:0"]);
-    let mut d = Daemon::spawn(c);
-    let addr = d.metrics_addr();
-    let line = d.wait_line("RLIMIT_MEMLOCK is 4 KiB");
-    assert!(line.contains("epoll + recv"), "{line}");
-    let m = scrape_until(test, &ns, addr, |m| !m.samples("zcio_path_info").is_empty());
-    assert_eq!(
-        v(
-            &m,
-            "zcio_path_info",
-            &[("thread", "0"), ("side", "rx"), ("path", "plain")]
-        ),
-        1.0
-    );
-    let (st, err) = d.stop();
-    assert!(st.success(), "{err}");
 }
