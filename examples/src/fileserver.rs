@@ -23,10 +23,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use zcio::buf::pool::{Pool, PoolBuf};
 use zcio::rx::{Receiver, RxConfig, RxMode};
 use zcio::tokio::{AsyncReceiver, AsyncSender};
 use zcio::tx::{SendError, Sender, SenderConfig, TxMode};
+use zcio::{Pool, PoolBuf};
 
 /// Which socket I/O the server uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -523,7 +523,7 @@ pub extern "C" fn zcio_send_ring_next_completion(
                 // Not sent from C: nothing to hand back.
                 None => (std::ptr::null_mut(), std::ptr::null_mut()),
             },
-            TxBuf::Vec(_) => (std::ptr::null_mut(), std::ptr::null_mut()),
+            TxBuf::Vec(_) | TxBuf::Bytes(_) => (std::ptr::null_mut(), std::ptr::null_mut()),
             // A header + body send from C (`zcio_send_ring_send_hdr`): the body comes back;
             // the header was the library's copy.
             TxBuf::Slices(parts) => match parts.into_iter().filter_map(TxBuf::into_pool).last() {

@@ -64,3 +64,41 @@ pub use tx::{SendRing, SendRingConfig, Sender, SenderConfig};
 
 #[cfg(feature = "unstable-raw")]
 pub use ring::{Ring, RingError};
+
+/// The README's Rust snippets, built as doctests (with the `tokio` feature, as a user builds
+/// them: `tests/public_surface.rs` runs the doctests outside the workspace).
+#[cfg(all(doctest, feature = "tokio"))]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
+/// An error as an `io::Error` for `?`: the kind of the first `io::Error` in its source chain
+/// (`Other` without one), the error itself inside.
+pub(crate) fn to_io_error<E>(e: E) -> std::io::Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let mut kind = std::io::ErrorKind::Other;
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            kind = io.kind();
+            break;
+        }
+        cur = c.source();
+    }
+    std::io::Error::new(kind, e)
+}
+
+/// `From<$t> for io::Error` by [`to_io_error`].
+macro_rules! into_io_error {
+    ($($t:ty),*) => {$(
+        /// For `?` in functions returning `io::Result`: the kind of the kernel error inside
+        /// (`Other` without one), the error itself inside (`get_ref`, `source`).
+        impl From<$t> for std::io::Error {
+            fn from(e: $t) -> Self {
+                crate::to_io_error(e)
+            }
+        }
+    )*};
+}
+into_io_error!(netlink::NfqError, netlink::NfLogError, netlink::CtError);

@@ -18,6 +18,16 @@ pub trait Report {
     fn counters(&self) -> Counters;
     /// Every fallback taken, with its reason, in order.
     fn fallbacks(&self) -> &[Fallback];
+    /// One line for people: the path and each fallback's `from -> to` (the reasons are in
+    /// [`Report::fallbacks`]). Capabilities with more to say (`Sender`, `SendRing`,
+    /// `Receiver`) have their own `describe` too.
+    fn describe(&self) -> String {
+        let mut s = format!("path {}", self.path());
+        for f in self.fallbacks() {
+            s.push_str(&format!("; {} -> {}", f.from, f.to));
+        }
+        s
+    }
     /// The three together, ready to serialize (`{"path", "counters", "fallbacks"}`).
     fn summary(&self) -> Summary {
         Summary {
@@ -37,6 +47,33 @@ pub struct Summary {
     pub counters: Counters,
     /// The fallbacks recorded.
     pub fallbacks: Vec<Fallback>,
+}
+
+/// `path: uring-copy; 1048576 bytes in 16 ops, 3 syscalls, 16 notifications, zero-copy 0 B,
+/// copied 0 B` and one line per fallback (`  fallback: from -> to: reason`).
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.counters;
+        write!(
+            f,
+            "path: {}; {} bytes in {} ops, {} syscalls, {} notifications, zero-copy {} B, \
+             copied {} B",
+            self.path,
+            c.bytes,
+            c.ops,
+            c.syscalls,
+            c.notifications,
+            c.zerocopy_bytes,
+            c.copied_bytes
+        )?;
+        if let Some(x) = c.copied_fraction() {
+            write!(f, " (COPIED {x:.2})")?;
+        }
+        for fb in &self.fallbacks {
+            write!(f, "\n  fallback: {fb}")?;
+        }
+        Ok(())
+    }
 }
 
 /// A path of any capability, or a setting: what a [`Fallback`] goes from and to. Displayed

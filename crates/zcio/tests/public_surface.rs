@@ -93,3 +93,84 @@ fn main() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The doc examples (every `///` and `//!` example, and the README's Rust snippets) built and
+/// run as a user's crate sees zcio: a package outside the workspace whose library is zcio's
+/// own `src/lib.rs`, with zcio's dependencies and only its public features (`tokio`), so
+/// `unstable-raw` (which this crate's tests turn on) cannot make an example compile that a
+/// user's would not. `no_run` examples are compiled, the others run.
+#[test]
+fn doc_examples_and_readme_snippets_build_as_users_see_them() {
+    let zcio = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("zcio-user-doctests-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // zcio's manifest, with the workspace's versions written out and no dev-dependencies
+    // but what the examples use.
+    let manifest = format!(
+        r#"[package]
+name = "zcio"
+version = "0.0.0"
+edition = "2021"
+publish = false
+
+[lib]
+path = {lib:?}
+
+[dependencies]
+io-uring = "0.7.16"
+libc = "0.2.170"
+linux-raw-sys = {{ version = "0.12.1", default-features = false, features = ["std", "general", "io_uring", "net", "netlink"] }}
+thiserror = "2"
+tracing = "0.1"
+serde = {{ version = "1", features = ["derive"] }}
+serde_json = "1"
+tokio = {{ version = "1.54.1", default-features = false, features = ["net", "rt"], optional = true }}
+bytes = "1"
+
+[dev-dependencies]
+tokio = {{ version = "1.54.1", features = ["net", "rt", "macros", "io-util", "sync"] }}
+
+[features]
+tokio = ["dep:tokio"]
+fault-injection = []
+unstable-raw = []
+
+[lints.rust]
+unexpected_cfgs = {{ level = "allow", check-cfg = ['cfg(loom)'] }}
+
+[workspace]
+"#,
+        lib = zcio.join("src/lib.rs").display().to_string()
+    );
+    std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
+    std::fs::copy(zcio.join("../../Cargo.lock"), dir.join("Cargo.lock")).unwrap();
+    let target = zcio.join("../../target/public-surface");
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "test",
+            "--doc",
+            "--offline",
+            "--features",
+            "tokio",
+            "--manifest-path",
+        ])
+        .arg(dir.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("RUSTDOCFLAGS")
+        .output()
+        .expect("run cargo test --doc");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "doc examples that do not build for a user:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ReadmeDoctests"),
+        "the README's snippets were not among the doctests:\n{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -56,6 +56,12 @@ unsafe impl Stable for Vec<u8> {}
 // SAFETY: as for Vec: a boxed slice's allocation stays put when the box moves.
 unsafe impl Stable for Box<[u8]> {}
 
+// SAFETY: `Bytes` is immutable: every handle to its storage (static, a shared heap buffer, an
+// owner's) only reads it, the storage is freed when the last handle drops (the send ring
+// holds one until the kernel is done), and moving a handle moves no bytes. `try_into_mut`
+// succeeds only for the one handle left, which is the ring's.
+unsafe impl Stable for bytes::Bytes {}
+
 /// A pool of equal heap buffers for the plain receive backend: at most `max` out at once,
 /// returned on drop of their [`HeapBuf`].
 #[derive(Debug)]
@@ -155,6 +161,8 @@ pub enum Lent {
     Heap(HeapBuf),
     /// An owned heap vector.
     Vec(Vec<u8>),
+    /// Owned, immutable bytes (`bytes::Bytes`), released when the kernel is done.
+    Bytes(bytes::Bytes),
 }
 
 impl std::ops::Deref for Lent {
@@ -166,6 +174,7 @@ impl std::ops::Deref for Lent {
             Lent::Zcrx(b) => b,
             Lent::Heap(b) => b,
             Lent::Vec(b) => b,
+            Lent::Bytes(b) => b,
         }
     }
 }

@@ -7,7 +7,7 @@
 //! send's completion. Dropping a `PoolBuf` returns the slot to its pool.
 //!
 //! The whole region can be registered with io_uring as one fixed buffer
-//! ([`Pool::iovec`]): the pool keeps the mapping alive for as long as any `PoolBuf` or
+//! (`Pool::iovec`): the pool keeps the mapping alive for as long as any `PoolBuf` or
 //! registration holder keeps a clone of it.
 #![allow(unsafe_code)]
 
@@ -121,7 +121,7 @@ impl Pool {
 
     /// The whole mapping as one `iovec`, for `IORING_REGISTER_BUFFERS`. The returned
     /// `PoolPin` keeps the mapping alive; hold it as long as the registration exists.
-    pub fn iovec(&self) -> (libc::iovec, PoolPin) {
+    pub(crate) fn iovec(&self) -> (libc::iovec, PoolPin) {
         (
             libc::iovec {
                 iov_base: self.inner.region.as_ptr().cast(),

@@ -453,6 +453,32 @@ pub enum RxError {
     Io(#[from] io::Error),
 }
 
+impl RxError {
+    /// The [`io::ErrorKind`] this error is of: the kernel error's kind where there is one.
+    pub fn kind(&self) -> io::ErrorKind {
+        match self {
+            RxError::Ring(RingError::Unavailable { source, .. })
+            | RxError::Ring(RingError::Throttled { source, .. })
+            | RxError::Ring(RingError::Setup(source))
+            | RxError::BufRing(source)
+            | RxError::Io(source) => source.kind(),
+            RxError::Zcrx(e) => e.source.kind(),
+            RxError::NoZcrxTarget => io::ErrorKind::InvalidInput,
+        }
+    }
+}
+
+/// For `?` in functions returning `io::Result`: an [`RxError::Io`] is its own error; the
+/// others keep their kind ([`RxError::kind`]) with the error inside.
+impl From<RxError> for io::Error {
+    fn from(e: RxError) -> Self {
+        match e {
+            RxError::Io(e) => e,
+            e => io::Error::new(e.kind(), e),
+        }
+    }
+}
+
 pub(crate) trait Backend {
     fn path(&self) -> RxPath;
     fn describe(&self) -> String;
@@ -468,6 +494,11 @@ pub(crate) trait Backend {
     fn resume(&mut self, conn: ConnId, c: &mut RxCounters) -> io::Result<()>;
     /// Changes how waits gather completions; false when `batch > 1` cannot be honoured.
     fn set_wait(&mut self, batch: usize, min_wait: Duration) -> bool;
+    /// Connections whose receive waits for buffers to come back (re-armed by a harvest
+    /// once a chunk was dropped).
+    fn starved(&self) -> usize {
+        0
+    }
     /// The backend's readiness descriptor (created on first call).
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>>;
     /// Clears the readiness descriptor after a harvest; true when work came in meanwhile.
@@ -529,6 +560,9 @@ impl Backend for RxBackend {
     }
     fn set_wait(&mut self, batch: usize, min_wait: Duration) -> bool {
         each_backend!(self, b => b.set_wait(batch, min_wait))
+    }
+    fn starved(&self) -> usize {
+        each_backend!(self, b => b.starved())
     }
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
         each_backend!(self, b => b.notify_fd())
@@ -693,6 +727,14 @@ impl Receiver {
     /// backend, or a kernel without `IORING_FEAT_MIN_TIMEOUT` (Linux 6.12).
     pub fn set_wait(&mut self, batch: usize, min_wait: Duration) -> bool {
         self.backend.set_wait(batch, min_wait)
+    }
+
+    /// Connections whose receive stopped because every buffer was lent (ring backends):
+    /// dropping chunks gives buffers back, and the next harvest ([`Receiver::on_ready`],
+    /// [`Receiver::poll`]) arms them again. The readiness descriptor does not fire for that:
+    /// an event loop that dropped chunks while this is non-zero harvests once more.
+    pub fn starved(&self) -> usize {
+        self.backend.starved()
     }
 
     /// Waits up to `timeout` for events and passes each to `f`. Returns the number of events.

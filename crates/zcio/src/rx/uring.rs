@@ -543,6 +543,9 @@ impl<C: Cqe> Backend for RingRx<C> {
             let _ = self.rr.cancel(conn.tag());
         }
     }
+    fn starved(&self) -> usize {
+        self.waiting.len()
+    }
     fn set_wait(&mut self, batch: usize, min_wait: Duration) -> bool {
         let ok = batch <= 1 || min_wait.is_zero() || self.rr.ring().has_min_wait();
         self.batch = batch.max(1);

@@ -452,6 +452,16 @@ pub fn connect_done(fd: &impl AsRawFd) -> io::Result<bool> {
 /// `shutdown(2)` of the sending direction (`SHUT_WR`): the peer reads end of stream after
 /// the bytes already queued.
 pub fn shutdown_write(fd: &impl AsRawFd) -> io::Result<()> {
+    shutdown(fd, std::net::Shutdown::Write)
+}
+
+/// `shutdown(2)` of one direction or both.
+pub fn shutdown(fd: &impl AsRawFd, how: std::net::Shutdown) -> io::Result<()> {
+    let how = match how {
+        std::net::Shutdown::Read => libc::SHUT_RD,
+        std::net::Shutdown::Write => libc::SHUT_WR,
+        std::net::Shutdown::Both => libc::SHUT_RDWR,
+    };
     // SAFETY: no pointers.
-    syscall!(shutdown(fd.as_raw_fd(), libc::SHUT_WR)).map(drop)
+    syscall!(shutdown(fd.as_raw_fd(), how)).map(drop)
 }

@@ -34,7 +34,7 @@
 //! read it:
 //!
 //! ```compile_fail,E0382
-//! use zcio::buf::pool::PoolBuf;
+//! use zcio::PoolBuf;
 //! use zcio::tx::Sender;
 //! fn reuse(sender: &mut Sender, mut buf: PoolBuf) {
 //!     let _ticket = sender.send(buf);
@@ -108,7 +108,7 @@
 //! ```no_run
 //! use std::net::TcpStream;
 //! use std::time::Duration;
-//! use zcio::buf::pool::Pool;
+//! use zcio::Pool;
 //! use zcio::tx::{Sender, SenderConfig, TxMode};
 //! let pool = Pool::new(64 << 10, 32, false)?;
 //! let sock = TcpStream::connect("127.0.0.1:5001")?;
@@ -350,6 +350,10 @@ pub enum TxBuf {
     /// The slices of one vectored send ([`SendRing::send_vectored`]), in order: they went as
     /// one request and come back together, each as it was given.
     Slices(Vec<TxBuf>),
+    /// Owned, immutable bytes (`bytes::Bytes`, e.g. a response body): lent to the kernel
+    /// as they are (zero-copy without a pool; the pages are pinned per send) and dropped
+    /// after the kernel's last reference, when the completion hands them back.
+    Bytes(bytes::Bytes),
 }
 
 impl TxBuf {
@@ -359,6 +363,7 @@ impl TxBuf {
             TxBuf::Pool(b) => b.len(),
             TxBuf::Chunk(c) => c.len(),
             TxBuf::Vec(v) => v.len(),
+            TxBuf::Bytes(b) => b.len(),
             TxBuf::Slices(v) => v.iter().map(TxBuf::len).sum(),
         }
     }
@@ -369,6 +374,7 @@ impl TxBuf {
             TxBuf::Pool(b) => Some(b),
             TxBuf::Chunk(c) => Some(c),
             TxBuf::Vec(v) => Some(v),
+            TxBuf::Bytes(b) => Some(b),
             TxBuf::Slices(_) => None,
         }
     }
@@ -415,6 +421,7 @@ impl TxBuf {
         match self {
             TxBuf::Pool(b) => (Lent::Pool(b), None),
             TxBuf::Vec(v) => (Lent::Vec(v), None),
+            TxBuf::Bytes(b) => (Lent::Bytes(b), None),
             // Never lent whole (send_vectored takes slices apart with into_lent each).
             TxBuf::Slices(v) => (
                 Lent::Vec(
@@ -439,6 +446,7 @@ impl TxBuf {
             (data, Some((conn, path))) => TxBuf::Chunk(RxChunk::from_parts(conn, path, data)),
             (Lent::Pool(b), None) => TxBuf::Pool(b),
             (Lent::Vec(v), None) => TxBuf::Vec(v),
+            (Lent::Bytes(b), None) => TxBuf::Bytes(b),
             // A received buffer without its chunk's metadata cannot be told apart; never made.
             (other, None) => TxBuf::Vec(other.to_vec()),
         }
@@ -460,6 +468,12 @@ impl From<RxChunk> for TxBuf {
 impl From<Vec<u8>> for TxBuf {
     fn from(v: Vec<u8>) -> Self {
         TxBuf::Vec(v)
+    }
+}
+
+impl From<bytes::Bytes> for TxBuf {
+    fn from(b: bytes::Bytes) -> Self {
+        TxBuf::Bytes(b)
     }
 }
 
@@ -735,6 +749,34 @@ impl TxError {
             TxError::Ring(e) => e.raw_os_error().unwrap_or(libc::EIO),
             TxError::Register { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
         }
+    }
+}
+
+impl TxError {
+    /// The [`io::ErrorKind`] this error is of: the kernel error's kind where there is one,
+    /// [`io::ErrorKind::TimedOut`] for a timeout.
+    pub fn kind(&self) -> io::ErrorKind {
+        match self {
+            TxError::Socket { source, .. } | TxError::Register { source, .. } => source.kind(),
+            TxError::Timeout { .. } => io::ErrorKind::TimedOut,
+            TxError::Ring(e) => e.kind(),
+        }
+    }
+}
+
+/// For `?` in functions returning `io::Result`: the kind is kept ([`TxError::kind`]), the
+/// message and the error itself are inside (`get_ref`, `source`).
+impl From<TxError> for io::Error {
+    fn from(e: TxError) -> Self {
+        io::Error::new(e.kind(), e)
+    }
+}
+
+/// A failed send as an `io::Error` of the errno's kind (`ECONNRESET`: `ConnectionReset`,
+/// `EPIPE`: `BrokenPipe`, ...), with the message of the send error.
+impl From<SendError> for io::Error {
+    fn from(e: SendError) -> Self {
+        io::Error::new(io::Error::from_raw_os_error(e.errno()).kind(), e)
     }
 }
 

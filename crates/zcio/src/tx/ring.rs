@@ -1199,6 +1199,22 @@ impl SendRing {
         self.settle_sock(idx);
     }
 
+    /// Shuts `sock`'s connection down (`shutdown(2)`): with `Write` or `Both` the peer reads
+    /// its end of stream after the bytes already in the socket. Sends of `sock` still in
+    /// flight may not be in the socket yet (and fail with `EPIPE` once it is shut): wait
+    /// until [`SendRing::sock_in_flight`] is 0 first, as [`Sender::shutdown`](super::Sender::shutdown)
+    /// and the tokio adapters do. The socket stays on the ring until [`SendRing::close`].
+    pub fn shutdown(&mut self, sock: SockId, how: std::net::Shutdown) -> Result<(), TxError> {
+        let s = self.sock_ref(sock).ok_or_else(|| {
+            super::sock_err(
+                format!("shutdown of {sock}"),
+                io::Error::from_raw_os_error(libc::EBADF),
+            )
+        })?;
+        sys::net::shutdown(&*s.fd, how)
+            .map_err(|e| super::sock_err(format!("shutdown of {sock}"), e))
+    }
+
     /// Closes a socket whose completions the caller no longer wants (its owner has gone):
     /// as [`SendRing::close`], but the buffers of its sends are dropped (returned to their
     /// pools or receivers) once the kernel is done with them, without completions. Ready
@@ -1709,6 +1725,30 @@ impl SendRing {
         st
     }
 
+    /// One line: the ring (io_uring or syscalls), its sockets, and the paths its sends took
+    /// with how many of each (what the bytes took, not what was offered).
+    pub fn describe(&self) -> String {
+        let st = self.stats();
+        let names = ["copy", "msg-zc", "uring-zc", "uring-zc-fixed", "uring-copy"];
+        let mix: Vec<String> = names
+            .iter()
+            .zip(st.sends_by_path)
+            .filter(|(_, n)| *n > 0)
+            .map(|(p, n)| format!("{p} {n}"))
+            .collect();
+        let mix = if mix.is_empty() {
+            "no sends yet".to_string()
+        } else {
+            format!("sends by path: {}", mix.join(", "))
+        };
+        let ring = match &self.uring {
+            Some(_) if self.has_registered_pool() => "io_uring send ring, registered pool",
+            Some(_) => "io_uring send ring",
+            None => "send ring without io_uring",
+        };
+        format!("{ring}, {} sockets; {mix}", self.sockets())
+    }
+
     /// `io_uring_enter` calls made (0 without a ring).
     pub fn enters(&self) -> u64 {
         self.uring.as_ref().map_or(0, |u| u.lr.enters())
@@ -1750,15 +1790,37 @@ pub(super) fn add_counters(a: &mut Counters, b: &Counters) {
     a.copied_bytes += b.copied_bytes;
 }
 
-impl Report for SendRing {
-    type Path = Path;
-    /// The best path the ring offers a new `auto` socket.
-    fn path(&self) -> Path {
+impl SendRing {
+    /// The best path the ring offers a new `auto` socket (what [`Report::path`] says before
+    /// any send).
+    pub fn offered_path(&self) -> Path {
         match &self.uring {
             Some(u) if u.lr.has_any_pool() => Path::UringZcFixed,
             Some(u) if matches!(u.send_zc, Ok(true)) => Path::UringZc,
             Some(_) => Path::UringCopy,
             None => Path::MsgZc,
+        }
+    }
+}
+
+impl Report for SendRing {
+    type Path = Path;
+    /// The path most of the ring's sends took (what its bytes took: loopback sends of an
+    /// `auto` ring go by `uring-copy` although the ring offers `uring-zc-fixed`); the offered
+    /// path before any send. [`SendRing::describe`] lists the mix, [`SendRing::sock_path`]
+    /// says it per socket.
+    fn path(&self) -> Path {
+        let by = self.stats().sends_by_path;
+        let all = [
+            Path::Copy,
+            Path::MsgZc,
+            Path::UringZc,
+            Path::UringZcFixed,
+            Path::UringCopy,
+        ];
+        match all.into_iter().max_by_key(|p| by[p.index()]) {
+            Some(p) if by[p.index()] > 0 => p,
+            _ => self.offered_path(),
         }
     }
     fn counters(&self) -> Counters {

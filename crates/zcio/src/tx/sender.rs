@@ -138,6 +138,12 @@ impl Sender {
         self.segment
     }
 
+    /// One line: the path new sends take, and the paths the sends took so far with how many
+    /// of each.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.path(), self.ring.describe())
+    }
+
     /// Every fallback taken, with its reason.
     pub fn fallbacks(&self) -> &[Fallback] {
         &self.fallbacks
@@ -259,6 +265,38 @@ impl Sender {
     pub fn on_ready(&mut self) -> Result<usize, TxError> {
         let r = self.ring.on_ready();
         self.sync_fallbacks();
+        r
+    }
+
+    /// Ends the connection in direction `how` once the sends in flight are done: with
+    /// `Write` or `Both` it waits (as [`Sender::flush`], at most [`Sender::CLOSE_WAIT`]; call
+    /// `flush` first to choose another bound) until every send has completed, then calls
+    /// `shutdown(2)`, so the peer reads its end of stream right after the last byte. Their
+    /// completions stay to be taken. A flush that times out returns its error and shuts
+    /// nothing down.
+    pub fn shutdown(&mut self, how: std::net::Shutdown) -> Result<(), TxError> {
+        if how != std::net::Shutdown::Read {
+            self.flush(Self::CLOSE_WAIT)?;
+        }
+        self.ring.shutdown(self.sock, how)
+    }
+
+    /// `shutdown(2)` of the socket now, without waiting (the async adapter waits first).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn shutdown_now(&mut self, how: std::net::Shutdown) -> Result<(), TxError> {
+        self.ring.shutdown(self.sock, how)
+    }
+
+    /// How long [`Sender::shutdown`], [`Sender::close`] and drop wait for sends in flight.
+    pub const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+    /// Waits for the sends in flight (at most [`Sender::CLOSE_WAIT`]) and closes the socket:
+    /// the peer reads its end of stream after the last byte, at once. Dropping the sender does
+    /// the same but cannot report a send that did not finish; `close` returns the flush's
+    /// error (the socket is closed either way).
+    pub fn close(mut self) -> Result<(), TxError> {
+        let r = self.flush(Self::CLOSE_WAIT);
+        drop(self);
         r
     }
 

@@ -10,6 +10,7 @@ mod proxy;
 mod python;
 mod rx;
 mod shim;
+mod tokio_streams;
 mod tx;
 mod tx_many;
 mod tx_peers;
@@ -26,6 +27,7 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(rx::Rx),
         Box::new(event::EventSuite),
         Box::new(fileserver::FileServerSuite),
+        Box::new(tokio_streams::TokioSuite),
         Box::new(proxy::ProxySuite),
         Box::new(nfq::Nfq),
         Box::new(netlink::NetlinkSuite),

@@ -1,14 +1,120 @@
-//! Async adapters for tokio, built on the objects' readiness descriptors
-//! ([`Sender::readiness_fd`], [`Receiver::readiness_fd`], [`NfQueue::readiness_fd`],
-//! [`NfLog::readiness_fd`], [`CtEvents::readiness_fd`]) with [`tokio::io::unix::AsyncFd`].
+//! Async I/O for tokio: byte streams on one send ring and one receiver per thread
+//! ([`LocalIo`], [`TcpStream`]: tokio's `AsyncRead` + `AsyncWrite`, so hyper, tonic and the
+//! tokio-util codecs run on them), and adapters for each capability built on its readiness
+//! descriptor ([`AsyncSender`], [`AsyncSendRing`], [`AsyncReceiver`], [`AsyncNfQueue`],
+//! [`AsyncNfLog`], [`AsyncCtEvents`]) with [`tokio::io::unix::AsyncFd`].
 //!
-//! Each adapter owns its object and waits on its descriptor inside the runtime's reactor;
-//! no thread of its own. The objects keep their io_uring rings `SINGLE_ISSUER` (only the
-//! creating thread may enter them), so they are not `Send` and neither are these adapters:
-//! run them where they were created — in the future passed to `Runtime::block_on` (which
-//! works on a multi-thread runtime: the reactor runs on the workers and wakes this task), in
-//! a `LocalSet`, or on a current-thread runtime per core. How readiness is defined for each
-//! backend and task-run mode is in `docs/design/async.md`.
+//! The rings are `SINGLE_ISSUER` (only the creating thread may enter them), so these types
+//! are not `Send`: run them in a `LocalSet` (a task per connection with `spawn_local`), on
+//! one current-thread runtime per core for a server that scales, or in the future given to
+//! `Runtime::block_on`. Readiness per backend and task-run mode: the design note
+//! `docs/design/async.md` in the repository.
+//!
+//! # Quick start: an echo server
+//!
+//! ```no_run
+//! use tokio::io::AsyncWriteExt;
+//! #[tokio::main(flavor = "current_thread")]
+//! async fn main() -> std::io::Result<()> {
+//!     let local = tokio::task::LocalSet::new();
+//!     local.run_until(async {
+//!         let io = zcio::tokio::LocalIo::new()?; // this thread's send ring and receiver
+//!         let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//!         loop {
+//!             let (s, _) = listener.accept().await?;
+//!             let stream = io.from_tokio(s)?; // no ring per connection
+//!             tokio::task::spawn_local(async move {
+//!                 let (mut r, mut w) = stream.into_split();
+//!                 let _ = tokio::io::copy(&mut r, &mut w).await;
+//!                 let _ = w.shutdown().await; // the peer reads its end of stream at once
+//!             });
+//!         }
+//!     }).await
+//! }
+//! ```
+//!
+//! # A server that scales: one runtime, one `LocalIo` per core
+//!
+//! Each thread runs a current-thread runtime with a `LocalSet`, its own [`LocalIo`] (one
+//! send ring, one receiver, one send pool) and its own listener on the same port
+//! (`SO_REUSEPORT`, so the kernel spreads the connections); a task per connection; a watch
+//! channel asks every thread to stop accepting, and each waits for its connections to end.
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! use tokio::sync::watch;
+//!
+//! fn serve_thread(addr: SocketAddr, mut stop: watch::Receiver<bool>) -> std::io::Result<()> {
+//!     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//!     let local = tokio::task::LocalSet::new();
+//!     local.block_on(&rt, async move {
+//!         let io = zcio::tokio::LocalIo::new()?;
+//!         let sock = tokio::net::TcpSocket::new_v4()?;
+//!         sock.set_reuseport(true)?;
+//!         sock.bind(addr)?;
+//!         let listener = sock.listen(1024)?;
+//!         let mut conns = Vec::new();
+//!         loop {
+//!             tokio::select! {
+//!                 _ = stop.changed() => break,
+//!                 accepted = listener.accept() => {
+//!                     let (s, _) = accepted?;
+//!                     let mut stream = io.from_tokio(s)?;
+//!                     conns.push(tokio::task::spawn_local(async move {
+//!                         let mut req = [0u8; 4096];
+//!                         while let Ok(n) = stream.read(&mut req).await {
+//!                             if n == 0 {
+//!                                 break;
+//!                             }
+//!                             let body = bytes::Bytes::from_static(b"hello\n");
+//!                             if stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\n").await.is_err()
+//!                                 || stream.send_bytes(body).await.is_err()
+//!                             {
+//!                                 break;
+//!                             }
+//!                         }
+//!                         let _ = stream.shutdown().await;
+//!                     }));
+//!                 }
+//!             }
+//!         }
+//!         // Graceful: no new connections; the open ones finish.
+//!         for c in conns {
+//!             let _ = c.await;
+//!         }
+//!         Ok(())
+//!     })
+//! }
+//!
+//! fn main() -> std::io::Result<()> {
+//!     let addr: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+//!     let (stop_tx, stop_rx) = watch::channel(false);
+//!     let threads: Vec<_> = (0..std::thread::available_parallelism()?.get())
+//!         .map(|_| {
+//!             let stop = stop_rx.clone();
+//!             std::thread::spawn(move || serve_thread(addr, stop))
+//!         })
+//!         .collect();
+//!     std::thread::sleep(std::time::Duration::from_secs(60)); // or wait for a signal
+//!     let _ = stop_tx.send(true);
+//!     for t in threads {
+//!         t.join().unwrap()?;
+//!     }
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Why no `Send` handle: a stream's every call (copying into a pool buffer, queueing the
+//! send, taking received chunks) touches the thread's rings, which only that thread may
+//! enter. A `Send` handle would forward each call to the owning thread through a channel and
+//! a wake-up of that thread: two cross-thread hand-offs per read or write, more than the
+//! syscall it saves. Per-thread runtimes are how tokio-uring, monoio and glommio scale too.
+//!
+//! # The capability adapters
+//!
+//! One socket, one [`Sender`] with its own ring ([`AsyncSender`]; `stream` is a connected
+//! `std::net::TcpStream`: a tokio stream gives its with `into_std()?`):
 //!
 //! ```no_run
 //! # async fn demo(stream: std::net::TcpStream) -> Result<(), Box<dyn std::error::Error>> {
@@ -23,8 +129,9 @@
 //! let mut buf = pool.try_get().expect("a free buffer");
 //! buf.set_len(5);
 //! buf.copy_from_slice(b"hello");
-//! let (done, buf) = tx.send(buf).await?;
+//! let (done, buf) = tx.send(buf).await?; // a failed send is an Err, with the buffer
 //! assert_eq!(done.result().ok(), Some(5));
+//! tx.shutdown().await?; // after the last completion; the peer reads end of stream at once
 //! # drop(buf); Ok(()) }
 //! ```
 //!
@@ -54,12 +161,16 @@
 //! # Ok(()) }
 //! ```
 
+mod stream;
+
+pub use stream::{LocalIo, LocalIoConfig, OwnedReadHalf, OwnedWriteHalf, TcpStream};
+
 use crate::buf::pool::PoolBuf;
 use crate::netlink::nfqmsg::Packet;
 use crate::netlink::{
     CtError, CtEvent, CtEvents, Decision, LogPacket, NfLog, NfLogError, NfQueue, NfqError,
 };
-use crate::rx::{Receiver, RxEvent};
+use crate::rx::{Receiver, RxError, RxEvent};
 use crate::tx::{Completion, Dest, SendRing, Sender, SockId, Ticket, TxBuf, TxError};
 use ::tokio::io::unix::AsyncFd;
 use std::collections::VecDeque;
@@ -69,8 +180,69 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 /// The reactor's own duplicate of an object's readiness descriptor.
 type Borrowed = OwnedFd;
 
+/// Registers a duplicate of `fd` with the current runtime's reactor; an error (not tokio's
+/// panic) outside a runtime.
 fn register(fd: BorrowedFd<'_>) -> io::Result<AsyncFd<OwnedFd>> {
+    in_runtime()?;
     crate::sys::ready::tokio_register(fd)
+}
+
+/// `Ok` inside a tokio runtime; the error a constructor returns outside one.
+pub(crate) fn in_runtime() -> io::Result<()> {
+    ::tokio::runtime::Handle::try_current()
+        .map(drop)
+        .map_err(|e| {
+            io::Error::other(format!(
+                "zcio::tokio needs a tokio runtime with I/O enabled (#[tokio::main], \
+             Runtime::block_on, a LocalSet): {e}"
+            ))
+        })
+}
+
+/// A send the kernel failed, or a failure of the ring that carried it.
+#[derive(Debug, thiserror::Error)]
+pub enum SendFailure<B: std::fmt::Debug> {
+    /// The send failed (a reset connection, a broken pipe, ...): its completion, whose
+    /// [`Completion::error`] says why, and the buffer back.
+    #[error("{}", .completion.error.as_ref().map_or_else(|| "send failed".to_string(), |e| e.to_string()))]
+    Failed {
+        /// The completion, with its error.
+        completion: Completion,
+        /// The buffer, back from the kernel.
+        buf: B,
+    },
+    /// Driving the ring or waiting on its readiness failed.
+    #[error(transparent)]
+    Tx(#[from] TxError),
+}
+
+impl<B: std::fmt::Debug> SendFailure<B> {
+    /// The buffer, if the kernel handed it back.
+    pub fn into_buf(self) -> Option<B> {
+        match self {
+            SendFailure::Failed { buf, .. } => Some(buf),
+            SendFailure::Tx(_) => None,
+        }
+    }
+
+    /// The [`io::ErrorKind`]: the send error's errno's kind, or the ring error's.
+    pub fn kind(&self) -> io::ErrorKind {
+        match self {
+            SendFailure::Failed { completion, .. } => {
+                completion.error.as_ref().map_or(io::ErrorKind::Other, |e| {
+                    io::Error::from_raw_os_error(e.errno()).kind()
+                })
+            }
+            SendFailure::Tx(e) => e.kind(),
+        }
+    }
+}
+
+/// For `?` in functions returning `io::Result`; the kind is kept ([`SendFailure::kind`]).
+impl<B: std::fmt::Debug + Send + Sync + 'static> From<SendFailure<B>> for io::Error {
+    fn from(e: SendFailure<B>) -> Self {
+        io::Error::new(e.kind(), e)
+    }
 }
 
 fn tx_io(e: io::Error) -> TxError {
@@ -92,7 +264,7 @@ pub struct AsyncSender {
 
 impl AsyncSender {
     /// Registers the sender's readiness descriptor with the current runtime's reactor
-    /// (call from inside a runtime).
+    /// (call from inside a runtime; outside one this is an error, not a panic).
     pub fn new(mut tx: Sender) -> Result<Self, TxError> {
         let fd = register(tx.readiness_fd()?).map_err(tx_io)?;
         Ok(Self {
@@ -166,21 +338,42 @@ impl AsyncSender {
     }
 
     /// Sends `buf` and waits for its own completion; completions of other sends met on the
-    /// way stay for [`AsyncSender::next_completion`].
-    pub async fn send(&mut self, buf: PoolBuf) -> Result<(Completion, PoolBuf), TxError> {
+    /// way stay for [`AsyncSender::next_completion`]. A send the kernel failed (a reset, a
+    /// broken pipe) is an `Err` ([`SendFailure::Failed`]) with its completion and the buffer.
+    pub async fn send(
+        &mut self,
+        buf: PoolBuf,
+    ) -> Result<(Completion, PoolBuf), SendFailure<PoolBuf>> {
         let t = self.start(buf).await?;
-        loop {
+        let (completion, buf) = loop {
             if let Some(i) = self.stash.iter().position(|(c, _)| c.ticket == t) {
-                return Ok(self.stash.remove(i).expect("stashed"));
+                break self.stash.remove(i).expect("stashed");
             }
+            let mut mine = None;
             while let Some(c) = self.tx.next_completion() {
                 if c.0.ticket == t {
-                    return Ok(c);
+                    mine = Some(c);
+                    break;
                 }
                 self.stash.push_back(c);
             }
+            if let Some(c) = mine {
+                break c;
+            }
             self.wait_ready().await?;
+        };
+        if completion.error.is_some() {
+            return Err(SendFailure::Failed { completion, buf });
         }
+        Ok((completion, buf))
+    }
+
+    /// Waits for every send in flight ([`AsyncSender::flush`]), then shuts the sending
+    /// direction down (`shutdown(2)`, `SHUT_WR`): the peer reads its end of stream right
+    /// after the last byte. The completions stay to be taken.
+    pub async fn shutdown(&mut self) -> Result<(), TxError> {
+        self.flush().await?;
+        self.tx.shutdown_now(std::net::Shutdown::Write)
     }
 
     /// Waits until every send has completed; their completions stay to be taken.
@@ -206,7 +399,7 @@ pub struct AsyncSendRing {
 
 impl AsyncSendRing {
     /// Registers the ring's readiness descriptor with the current runtime's reactor (call
-    /// from inside a runtime).
+    /// from inside a runtime; outside one this is an error, not a panic).
     pub fn new(mut ring: SendRing) -> Result<Self, TxError> {
         let fd = register(ring.readiness_fd()?).map_err(tx_io)?;
         Ok(Self { fd, ring })
@@ -312,6 +505,17 @@ impl AsyncSendRing {
         }
         Ok(())
     }
+
+    /// Waits until every send of `sock` has completed, then shuts its sending direction down
+    /// (`shutdown(2)`, `SHUT_WR`): the peer reads its end of stream right after the last
+    /// byte. The socket stays on the ring (for its completions) until
+    /// [`SendRing::close`]; completions of every socket met on the way stay to be taken.
+    pub async fn shutdown(&mut self, sock: SockId) -> Result<(), TxError> {
+        while self.ring.sock_in_flight(sock) > 0 {
+            self.wait_ready().await?;
+        }
+        self.ring.shutdown(sock, std::net::Shutdown::Write)
+    }
 }
 
 /// A [`Receiver`] for async code: [`AsyncReceiver::next_event`] awaits accepted
@@ -324,8 +528,9 @@ pub struct AsyncReceiver {
 }
 
 impl AsyncReceiver {
-    /// Registers the receiver's readiness descriptor with the current runtime's reactor.
-    pub fn new(mut rx: Receiver) -> io::Result<Self> {
+    /// Registers the receiver's readiness descriptor with the current runtime's reactor
+    /// (call from inside a runtime; outside one this is an error).
+    pub fn new(mut rx: Receiver) -> Result<Self, RxError> {
         let fd = register(rx.readiness_fd()?)?;
         Ok(Self {
             fd,

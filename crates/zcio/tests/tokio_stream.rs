@@ -1,0 +1,315 @@
+//! `zcio::tokio::TcpStream` on `LocalIo` (one send ring and one receiver per thread, shared by
+//! its tasks): tokio's `AsyncRead`/`AsyncWrite` carry every byte in order both ways, hyper's
+//! HTTP/1 server and a tokio-util codec run on it, `send_bytes` lends `Bytes` to the kernel,
+//! halves and shutdown behave as tokio's, a reset is an error. Real loopback sockets; clients
+//! are plain `std` threads that check every byte.
+
+mod common;
+
+use bytes::Bytes;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use zcio::tokio::{LocalIo, LocalIoConfig};
+
+/// Runs `serve(io, listener)` on a current-thread runtime in a `LocalSet` on its own thread.
+fn server<F, Fut>(serve: F) -> (std::net::SocketAddr, std::thread::JoinHandle<()>)
+where
+    F: FnOnce(LocalIo, tokio::net::TcpListener) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let h = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, async move {
+            l.set_nonblocking(true).unwrap();
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            let io = LocalIo::new().unwrap();
+            serve(io, l).await;
+        });
+    });
+    (addr, h)
+}
+
+fn read_to_end_checked(s: &mut TcpStream, off0: u64, want: u64) -> u64 {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = off0;
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        assert_eq!(common::check_pattern(&buf[..n], off), Ok(()), "at {off}");
+        off += n as u64;
+    }
+    assert_eq!(off - off0, want, "every byte, then end of stream");
+    off - off0
+}
+
+#[test]
+fn streams_echo_every_byte_in_order_through_split_halves_and_shut_down() {
+    const CONNS: usize = 8;
+    const LEN: usize = 3 << 20;
+    let (addr, h) = server(|io, l| async move {
+        let mut tasks = Vec::new();
+        for _ in 0..CONNS {
+            let (s, _) = l.accept().await.unwrap();
+            let s = io.from_tokio(s).unwrap();
+            tasks.push(tokio::task::spawn_local(async move {
+                let (mut r, mut w) = s.into_split();
+                let n = tokio::io::copy(&mut r, &mut w).await.unwrap();
+                w.shutdown().await.unwrap();
+                n
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), LEN as u64);
+        }
+        assert_eq!(io.streams(), 0, "every stream closed");
+        eprintln!("{}", io.describe());
+    });
+    let clients: Vec<_> = (0..CONNS)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                let mut r = s.try_clone().unwrap();
+                let reader = std::thread::spawn(move || read_to_end_checked(&mut r, 0, LEN as u64));
+                let mut data = vec![0u8; LEN];
+                common::fill_pattern(&mut data, 0);
+                // Odd-sized writes, so the server's reads and pool buffers never line up.
+                for part in data.chunks(12_345) {
+                    s.write_all(part).unwrap();
+                }
+                s.shutdown(Shutdown::Write).unwrap();
+                reader.join().unwrap()
+            })
+        })
+        .collect();
+    for c in clients {
+        assert_eq!(c.join().unwrap(), LEN as u64);
+    }
+    h.join().unwrap();
+}
+
+#[test]
+fn send_bytes_lends_bytes_in_order_after_written_bytes_and_the_peer_sees_end_of_stream_at_once() {
+    const BODY: usize = 16 << 20;
+    let mut pattern = vec![0u8; 4096 + BODY];
+    common::fill_pattern(&mut pattern, 0);
+    let pattern = Bytes::from(pattern);
+    let p2 = pattern.clone();
+    let (addr, h) = server(move |io, l| async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut s = io.from_tokio(s).unwrap();
+        s.write_all(&p2[..4096]).await.unwrap();
+        s.send_bytes(p2.slice(4096..)).await.unwrap();
+        s.shutdown().await.unwrap();
+        // The stream is still alive: the peer's end of stream must not wait for its drop.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(s);
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0usize;
+    let mut last = Instant::now();
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        assert_eq!(&buf[..n], &pattern[off..off + n], "at {off}");
+        off += n;
+        last = Instant::now();
+    }
+    let eof = last.elapsed();
+    assert_eq!(off, pattern.len());
+    assert!(
+        eof < Duration::from_millis(200),
+        "end of stream {eof:?} after the last byte: shutdown must not wait for the drop"
+    );
+    h.join().unwrap();
+}
+
+#[test]
+fn hyper_http1_server_answers_every_request_on_zcio_streams() {
+    use http_body_util::Full;
+    use hyper::service::service_fn;
+    const CONNS: usize = 4;
+    const REQS: usize = 50;
+    let (addr, h) = server(|io, l| async move {
+        let mut tasks = Vec::new();
+        for _ in 0..CONNS {
+            let (s, _) = l.accept().await.unwrap();
+            let s = io.from_tokio(s).unwrap();
+            tasks.push(tokio::task::spawn_local(async move {
+                let svc = service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+                    // /N answers N bytes of the pattern.
+                    let n: usize = req.uri().path()[1..].parse().unwrap_or(0);
+                    let mut body = vec![0u8; n];
+                    common::fill_pattern(&mut body, 0);
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from(
+                        body,
+                    ))))
+                });
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                    .await
+                    .unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let clients: Vec<_> = (0..CONNS)
+        .map(|c| {
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+                for i in 0..REQS {
+                    let n = [1024, 1, 0, 300_000][(i + c) % 4];
+                    write!(s, "GET /{n} HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+                    let mut len = None;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        std::io::BufRead::read_line(&mut r, &mut line).unwrap();
+                        if i == 0 && line.starts_with("HTTP/") {
+                            assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            len = Some(v.trim().parse::<usize>().unwrap());
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    assert_eq!(len, Some(n), "content-length of /{n}");
+                    let mut body = vec![0u8; n];
+                    r.read_exact(&mut body).unwrap();
+                    assert_eq!(common::check_pattern(&body, 0), Ok(()), "body of /{n}");
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    h.join().unwrap();
+}
+
+#[test]
+fn a_tokio_codec_frames_every_message_on_a_zcio_stream() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_util::codec::{Framed, LengthDelimitedCodec};
+    const FRAMES: u32 = 2000;
+    let (addr, h) = server(|io, l| async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut framed = Framed::new(io.from_tokio(s).unwrap(), LengthDelimitedCodec::new());
+        let mut n = 0;
+        while let Some(frame) = framed.next().await {
+            let mut f = frame.unwrap().to_vec();
+            f.reverse();
+            framed.send(Bytes::from(f)).await.unwrap();
+            n += 1;
+        }
+        assert_eq!(n, FRAMES);
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut r = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        for i in 0..FRAMES {
+            let len = (i as usize * 7919) % 70_000;
+            let mut f = vec![0u8; len];
+            common::fill_pattern(&mut f, u64::from(i));
+            s.write_all(&(len as u32).to_be_bytes()).unwrap();
+            s.write_all(&f).unwrap();
+        }
+        s.shutdown(Shutdown::Write).unwrap();
+    });
+    for i in 0..FRAMES {
+        let mut hdr = [0u8; 4];
+        r.read_exact(&mut hdr).unwrap();
+        let len = u32::from_be_bytes(hdr) as usize;
+        assert_eq!(len, (i as usize * 7919) % 70_000, "frame {i}");
+        let mut f = vec![0u8; len];
+        r.read_exact(&mut f).unwrap();
+        f.reverse();
+        assert_eq!(common::check_pattern(&f, u64::from(i)), Ok(()), "frame {i}");
+    }
+    writer.join().unwrap();
+    h.join().unwrap();
+}
+
+#[test]
+fn a_reset_connection_fails_the_writes_with_the_kind_of_the_error() {
+    let (addr, h) = server(|io, l| async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut s = io.from_tokio(s).unwrap();
+        let chunk = vec![7u8; 256 << 10];
+        let t0 = Instant::now();
+        let err = loop {
+            if let Err(e) = s.write_all(&chunk).await {
+                break e;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "writes never failed"
+            );
+        };
+        assert!(
+            matches!(
+                err.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            ),
+            "{err:?}"
+        );
+    });
+    let s = TcpStream::connect(addr).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    // SO_LINGER 0: close resets.
+    let sock = socket2_linger_zero(s);
+    drop(sock);
+    h.join().unwrap();
+}
+
+/// Sets `SO_LINGER` to 0 (close sends a reset) through the std API's descriptor.
+fn socket2_linger_zero(s: TcpStream) -> TcpStream {
+    use std::os::fd::AsRawFd;
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a linger struct of the size given.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0);
+    s
+}
+
+#[test]
+fn constructors_outside_a_runtime_return_an_error_instead_of_panicking() {
+    let e = LocalIo::with_config(LocalIoConfig::default()).unwrap_err();
+    assert!(e.to_string().contains("tokio runtime"), "{e}");
+    let pool = zcio::Pool::new(4096, 4, false).unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let tx = zcio::Sender::new(c, &pool, zcio::SenderConfig::default()).unwrap();
+    let e = zcio::tokio::AsyncSender::new(tx).unwrap_err();
+    assert!(e.to_string().contains("tokio runtime"), "{e}");
+    let e: std::io::Error = e.into();
+    assert_eq!(e.kind(), std::io::ErrorKind::Other);
+}
