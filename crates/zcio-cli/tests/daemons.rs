@@ -729,9 +729,10 @@ fn unit_case(
     );
 }
 
-/// A uid from systemd's DynamicUser range (61184-65519), distinct per test and run.
+/// A uid from systemd's DynamicUser range (61184-65519), distinct per test (`k` < 8) and run:
+/// the kernel charges io_uring rings to the user, so tests that run at once must not share one.
 fn dynamic_uid(k: u32) -> u32 {
-    61184 + (std::process::id() % 1000) * 4 + k
+    61184 + (std::process::id() % 500) * 8 + k
 }
 
 #[test]
@@ -797,7 +798,7 @@ fn without_cap_net_admin_the_netlink_daemons_name_it_and_stop() {
     .into_iter()
     .enumerate()
     {
-        let o = unprivileged(&ns, dynamic_uid(k as u32), &[], None, None)
+        let o = unprivileged(&ns, dynamic_uid(4 + k as u32), &[], None, None)
             .arg(bin())
             .args(args)
             .args(["--duration", "1"])
@@ -830,7 +831,7 @@ fn short_locked_memory_is_named_and_each_netlink_daemon_runs_on_recvmmsg() {
     {
         let mut c = unprivileged(
             &ns,
-            dynamic_uid(k as u32),
+            dynamic_uid(4 + k as u32),
             &["net_admin".into()],
             Some(4 << 10),
             None,
@@ -873,7 +874,7 @@ fn proxy_runs_without_capabilities_and_names_what_each_missing_one_costs() {
     }
     let ns = Netns::new("pxnc").unwrap();
     let proxy = |memlock: Option<u64>, listen: &str| {
-        let mut c = unprivileged(&ns, dynamic_uid(3), &[], memlock, None);
+        let mut c = unprivileged(&ns, dynamic_uid(7), &[], memlock, None);
         c.arg(bin())
             .args(["proxy", "--listen", listen, "--to", "127.0.0.1:8411"]);
         c
