@@ -74,6 +74,37 @@
 #define ZCIO_NF_REPEAT 4
 
 /*
+ `zcio_nfqueue_config.copy_mode`: metadata only.
+ */
+#define ZCIO_NFQ_COPY_META 1
+
+/*
+ `zcio_nfqueue_config.copy_mode`: metadata and up to `copy_range` bytes of the packet.
+ */
+#define ZCIO_NFQ_COPY_PACKET 2
+
+/*
+ `zcio_nfqueue_config.flags`: accept instead of drop when the kernel queue is full
+ (`NFQA_CFG_F_FAIL_OPEN`).
+ */
+#define ZCIO_NFQ_F_FAIL_OPEN 1
+
+/*
+ `zcio_nfqueue_config.flags`: attach the connection's conntrack entry (`NFQA_CFG_F_CONNTRACK`).
+ */
+#define ZCIO_NFQ_F_CONNTRACK 2
+
+/*
+ `zcio_nfqueue_config.flags`: queue GSO packets whole (`NFQA_CFG_F_GSO`).
+ */
+#define ZCIO_NFQ_F_GSO 4
+
+/*
+ `zcio_nfqueue_config.flags`: attach the socket owner's uid and gid (`NFQA_CFG_F_UID_GID`).
+ */
+#define ZCIO_NFQ_F_UID_GID 8
+
+/*
  epoll + `recv(2)`.
  */
 #define ZCIO_RX_PLAIN 0
@@ -644,6 +675,236 @@ typedef int (*zcio_nfq_callback)(const struct zcio_nfq_packet *pkt,
                                  void *user);
 
 /*
+ How `zcio_nfqueue_open_config` binds. Zero fields take zcio's defaults.
+ */
+typedef struct zcio_nfqueue_config {
+  /*
+   First queue number.
+   */
+  uint16_t first;
+  /*
+   Last queue number (inclusive; one socket and frame ring per queue).
+   */
+  uint16_t last;
+  /*
+   `ZCIO_NFQ_COPY_META` or `ZCIO_NFQ_COPY_PACKET` (0: packet).
+   */
+  uint8_t copy_mode;
+  /*
+   Bytes of each packet copied with `ZCIO_NFQ_COPY_PACKET` (0: 65535).
+   */
+  uint32_t copy_range;
+  /*
+   The kernel queue's length (`NFQA_CFG_QUEUE_MAXLEN`; 0: the kernel's 1024).
+   */
+  uint32_t max_len;
+  /*
+   `ZCIO_NFQ_F_*` (other bits: `-EINVAL`).
+   */
+  uint32_t flags;
+  /*
+   Frames per queue (0: 256, or `max_len + 64` when that is more, so packets held up to
+   the kernel's limit never use up the ring).
+   */
+  uint32_t frames;
+  /*
+   Receive buffer bytes (0: 4 MiB, with `SO_RCVBUFFORCE` where allowed).
+   */
+  uint32_t rcvbuf;
+  /*
+   Verdict for a packet whose message cannot be parsed (`ZCIO_NF_*`; 0: drop).
+   */
+  uint32_t on_error;
+} zcio_nfqueue_config;
+
+/*
+ A packet handed over by `zcio_nfqueue_receive`: held until its verdict
+ (`zcio_nfqueue_decide` / `zcio_nfqueue_verdict`), its payload readable until then.
+ */
+typedef struct zcio_nfq_held {
+  /*
+   Packet id (per queue).
+   */
+  uint32_t id;
+  /*
+   The queue it came from.
+   */
+  uint16_t queue;
+  /*
+   Link-layer protocol (`ETH_P_IP`, ...), host order.
+   */
+  uint16_t hw_protocol;
+  /*
+   Netfilter hook.
+   */
+  uint8_t hook;
+  /*
+   Address family.
+   */
+  uint8_t family;
+  /*
+   Bit set of the optional fields present: `1 << 0` mark, `1` indev, `2` outdev, `3`
+   physindev, `4` physoutdev, `5` timestamp, `6` cap_len, `7` skb_info, `8` uid, `9` gid,
+   `10` ct_info, `11` hwaddr.
+   */
+  uint16_t present;
+  /*
+   The packet's mark.
+   */
+  uint32_t mark;
+  /*
+   Input interface index.
+   */
+  uint32_t indev;
+  /*
+   Output interface index.
+   */
+  uint32_t outdev;
+  /*
+   Physical input interface index (bridges).
+   */
+  uint32_t physindev;
+  /*
+   Physical output interface index (bridges).
+   */
+  uint32_t physoutdev;
+  /*
+   Full length of a packet cut to the copy range (`NFQA_CAP_LEN`).
+   */
+  uint32_t cap_len;
+  /*
+   `NFQA_SKB_INFO` flags.
+   */
+  uint32_t skb_info;
+  /*
+   Owner of the local socket.
+   */
+  uint32_t uid;
+  /*
+   Group of that owner.
+   */
+  uint32_t gid;
+  /*
+   `enum ip_conntrack_info`.
+   */
+  uint32_t ct_info;
+  /*
+   Timestamp, seconds.
+   */
+  uint64_t ts_sec;
+  /*
+   Timestamp, microseconds.
+   */
+  uint64_t ts_usec;
+  /*
+   Hardware address (`hwaddr_len` bytes).
+   */
+  uint8_t hwaddr[8];
+  /*
+   Its length.
+   */
+  uint8_t hwaddr_len;
+  /*
+   The packet (network header onwards, up to the copy range), or NULL; readable until
+   the packet's verdict, then gone (the frame is reused).
+   */
+  const void *payload;
+  /*
+   Its length.
+   */
+  uintptr_t payload_len;
+} zcio_nfq_held;
+
+/*
+ One verdict for `zcio_nfqueue_decide`.
+ */
+typedef struct zcio_nfq_decision {
+  /*
+   The packet's queue.
+   */
+  uint16_t queue;
+  /*
+   Non-zero: also set the packet's mark to `mark`.
+   */
+  uint16_t set_mark;
+  /*
+   The packet's id.
+   */
+  uint32_t id;
+  /*
+   `ZCIO_NF_*` (for `ZCIO_NF_QUEUE`, the target queue in bits 16..31).
+   */
+  uint32_t verdict;
+  /*
+   The new mark.
+   */
+  uint32_t mark;
+  /*
+   Out: 0, or `-errno` for this entry (`-ENOENT`: not held here, e.g. decided already;
+   `-EINVAL`: an unknown verdict).
+   */
+  int32_t result;
+} zcio_nfq_decision;
+
+/*
+ Counters of an NFQUEUE consumer (`zcio::netlink::NfqStats`).
+ */
+typedef struct zcio_nfq_stats {
+  /*
+   Packets received.
+   */
+  uint64_t received;
+  /*
+   Verdicts: accept.
+   */
+  uint64_t accepted;
+  /*
+   Verdicts: drop.
+   */
+  uint64_t dropped;
+  /*
+   Verdicts: repeat.
+   */
+  uint64_t repeated;
+  /*
+   Verdicts: to another queue.
+   */
+  uint64_t requeued;
+  /*
+   `VERDICT_BATCH` messages sent.
+   */
+  uint64_t batches;
+  /*
+   Packets those covered.
+   */
+  uint64_t batched;
+  /*
+   Single `VERDICT` messages sent.
+   */
+  uint64_t singles;
+  /*
+   Packets held now.
+   */
+  uint64_t held;
+  /*
+   Overruns (ENOBUFS) seen on receive.
+   */
+  uint64_t overruns;
+  /*
+   Verdict sends (`sendto` calls, or ring `SEND`s submitted with a receive).
+   */
+  uint64_t send_syscalls;
+  /*
+   Receive syscalls (`recvmmsg`, `poll`, `io_uring_enter`).
+   */
+  uint64_t recv_syscalls;
+  /*
+   Messages that did not parse.
+   */
+  uint64_t parse_errors;
+} zcio_nfq_stats;
+
+/*
  The common counters of a handle (`zcio::stats::Counters`).
  */
 typedef struct zcio_counters {
@@ -793,6 +1054,17 @@ typedef struct zcio_tx_completion {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/*
+ Why the last call on this thread that returned a negative value failed, in words a user can
+ act on (e.g. `"queue 3: kernel refused BIND: Operation not permitted (another process
+ has bound this queue, or CAP_NET_ADMIN is missing)"`), or NULL when that call recorded no
+ reason (the errno alone says it) or none failed. Set by the NFQUEUE, NFLOG and conntrack
+ event calls; valid until the next zcio call on this thread.
+
+ Thread: any (each thread has its own).
+ */
+const char *zcio_last_error(void);
 
 /*
  The library version, e.g. `"0.1.0"` (static string).
@@ -969,7 +1241,9 @@ int zcio_ctevents_report(struct zcio_ctevents *c,
 /*
  Binds the `ngroups` groups of `groups` into `*out`, copying `copy_range` bytes of each
  packet (0: metadata only; at most 65531). Needs CAP_NET_ADMIN. Returns 0 or `-errno`
- (`-EBUSY`: a group is bound by another socket; `-EINVAL`: a bad argument).
+ (`-EPERM`: a group is bound by another socket — the kernel answers EPERM for that too, on
+ 6.18 — or CAP_NET_ADMIN is missing; `-EINVAL`: a bad argument; `zcio_last_error` says
+ which).
 
  Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_nflog_free`.
  */
@@ -1046,6 +1320,111 @@ int zcio_nfqueue_process(struct zcio_nfqueue *q,
                          int timeout_ms,
                          zcio_nfq_callback cb,
                          void *user);
+
+/*
+ Binds the queues of `cfg` into `*out` (`zcio_nfqueue_open` with the copy mode, kernel queue
+ length, flags and frame ring chosen). Needs CAP_NET_ADMIN. Returns 0 or `-errno`
+ (`-EINVAL`: a bad field; `-EPERM`: no CAP_NET_ADMIN or the queue is bound by another
+ socket); `zcio_last_error` says which.
+
+ Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_nfqueue_free`.
+ */
+int zcio_nfqueue_open_config(struct zcio_nfqueue **out, const struct zcio_nfqueue_config *cfg);
+
+/*
+ Receives up to `max` packets into `out` (waiting up to `timeout_ms` when none is ready,
+ -1: forever), each **held**: its verdict is the caller's, given with `zcio_nfqueue_decide`
+ or `zcio_nfqueue_verdict`, and its `payload` points into the frame ring, readable until
+ that verdict. Verdicts given since the last call go out first (on the io_uring path, in
+ the same kernel entry as the receive). With `timeout_ms` 0 after
+ `zcio_nfqueue_readiness_fd`, it also clears the descriptor (it stays readable only for
+ packets that arrived after). Returns the number of packets written or `-errno`
+ (`-ENOSPC`: every frame holds an undecided packet; decide some).
+
+ Thread: the owner only (`-EPERM` from any other). Ownership: `out` is the caller's array of `max` entries.
+ */
+int zcio_nfqueue_receive(struct zcio_nfqueue *q,
+                         int timeout_ms,
+                         struct zcio_nfq_held *out,
+                         uintptr_t max);
+
+/*
+ Decides `n` held packets (`zcio_nfqueue_receive`): each entry's verdict (and mark) is
+ recorded, its payload is gone, and the verdicts go out with the next receive or
+ `zcio_nfqueue_flush` — as one `VERDICT_BATCH` for a run of equal verdicts. Each entry's
+ `result` says whether it was taken. Returns how many were taken, or `-errno` for the whole
+ call.
+
+ Thread: the owner only (`-EPERM` from any other). Ownership: `d` stays the caller's.
+ */
+int zcio_nfqueue_decide(struct zcio_nfqueue *q, struct zcio_nfq_decision *d, uintptr_t n);
+
+/*
+ Decides every packet of queue `queue` handed out by `zcio_nfqueue_receive` and not decided
+ yet whose id is `id` or before it (in the
+ kernel's wrapping id order) with `verdict`, as go-nfqueue's `SetVerdictBatch`. Returns how
+ many were decided or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nfqueue_decide_through(struct zcio_nfqueue *q,
+                                uint16_t queue,
+                                uint32_t id,
+                                uint32_t verdict);
+
+/*
+ Decides one held packet with a verdict, optionally a new mark (`set_mark` non-zero) and
+ optionally a replacement packet (`payload`/`len`, copied; NULL: keep the packet). The
+ verdict goes out with the next receive or `zcio_nfqueue_flush`. Returns 0 or `-errno`
+ (`-ENOENT`: not held; `-EMSGSIZE`: a replacement over 65 531 bytes; `-EOPNOTSUPP`: a
+ replacement for a non-TCP GSO packet, which the kernel would drop — the packet stays held).
+
+ Thread: the owner only (`-EPERM` from any other). Ownership: `payload` stays the caller's (copied).
+ */
+int zcio_nfqueue_verdict(struct zcio_nfqueue *q,
+                         uint16_t queue,
+                         uint32_t id,
+                         uint32_t verdict,
+                         int set_mark,
+                         uint32_t mark,
+                         const void *payload,
+                         uintptr_t len);
+
+/*
+ Sends every verdict given so far now (on the io_uring path: submits them). Returns 0 or
+ `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nfqueue_flush(struct zcio_nfqueue *q);
+
+/*
+ The queue's readiness descriptor (created on first call, owned by the queue): it polls
+ readable when `zcio_nfqueue_receive` with a zero timeout would find packets, and that
+ receive clears it (rules in `docs/design/async.md`). For a caller that waits on several
+ descriptors itself. Returns the descriptor or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nfqueue_readiness_fd(struct zcio_nfqueue *q);
+
+/*
+ Makes a rewritten IPv4/IPv6 packet valid: sets the IP and UDP length fields to `len` and
+ recomputes the IPv4 header checksum and the TCP/UDP/UDP-Lite/ICMP/ICMPv6 checksum with the
+ pseudo-header (the kernel checks them after a rewrite: `docs/design/netlink.md`). Returns 0,
+ or `-EINVAL` with the packet untouched for what cannot be summed here (fragments, ESP, a
+ packet cut by the copy range, …; `zcio_last_error` says which).
+
+ Thread: any. Ownership: `pkt` stays the caller's.
+ */
+int zcio_fix_checksums(void *pkt, uintptr_t len);
+
+/*
+ Fills `*out` with the queue's counters. Returns 0 or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nfqueue_get_stats(struct zcio_nfqueue *q, struct zcio_nfq_stats *out);
 
 /*
  A snapshot of what the queue reports into `*out`: its path, counters, every fallback with

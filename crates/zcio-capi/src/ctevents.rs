@@ -118,11 +118,12 @@ pub type zcio_ct_callback =
     Option<extern "C" fn(ev: *const zcio_ct_event, user: *mut c_void) -> c_int>;
 
 fn ct_errno(e: &CtError) -> c_int {
-    match e {
+    let errno = match e {
         CtError::Socket { source, .. } => -source.raw_os_error().unwrap_or(libc::EIO),
         CtError::NothingSelected => -libc::EINVAL,
         CtError::Frames(_) => -libc::EIO,
-    }
+    };
+    crate::fail(errno, e)
 }
 
 /// Subscribes into `*out` to the event kinds in `flags` (`ZCIO_CT_NEW | ZCIO_CT_UPDATE |

@@ -2,6 +2,7 @@
 
 mod event;
 mod fileserver;
+mod go;
 mod loopback;
 mod netlink;
 mod nfq;
@@ -32,6 +33,7 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(nfq::Nfq),
         Box::new(netlink::NetlinkSuite),
         Box::new(python::Python),
+        Box::new(go::GoSuite),
         Box::new(shim::Shim),
     ]
 }

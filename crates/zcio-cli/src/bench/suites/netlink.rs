@@ -29,12 +29,12 @@ use zcio_testnet::Netns;
 /// The suite.
 pub struct NetlinkSuite;
 
-const GROUP: u16 = 50;
-const LOG_PORT: u16 = 9400;
+pub(super) const GROUP: u16 = 50;
+pub(super) const LOG_PORT: u16 = 9400;
 const CT_PORT: u16 = 9500;
 const TCP_PORT: u16 = 9501;
 
-const METRICS: &[MetricDef] = &[
+pub(super) const METRICS: &[MetricDef] = &[
     MetricDef::new("loss_free_rate", "pkt/s", Better::Higher),
     MetricDef::new("consumer_cpu", "us/pkt", Better::Lower),
     MetricDef::new("saturated_rate", "pkt/s", Better::Higher),
@@ -63,7 +63,7 @@ enum Watcher {
 
 /// How a run offers load.
 #[derive(Debug, Clone)]
-struct Plan {
+pub(super) struct Plan {
     /// Offered rates of the ladder (per second).
     rates: Vec<u64>,
     /// Duration of each step.
@@ -72,10 +72,14 @@ struct Plan {
     flat: Duration,
     /// Pause after each step for the consumer to drain.
     pause: Duration,
+    /// Ends the ladder at the first step the sender could not offer at its rate (every
+    /// higher step would offer the same): the default run's shortened search. `--full` climbs
+    /// every step.
+    stop_when_sender_bound: bool,
 }
 
 impl NetlinkSuite {
-    fn plan(ctx: &Ctx, rates: &[u64]) -> Plan {
+    pub(super) fn plan(ctx: &Ctx, rates: &[u64]) -> Plan {
         Plan {
             rates: match ctx.mode {
                 crate::bench::Mode::Quick => rates.iter().step_by(2).copied().collect(),
@@ -84,6 +88,7 @@ impl NetlinkSuite {
             step: ctx.pick(Duration::from_millis(150), Duration::from_secs(1)),
             flat: ctx.pick(Duration::from_millis(300), Duration::from_secs(2)),
             pause: Duration::from_millis(150),
+            stop_when_sender_bound: ctx.mode != crate::bench::Mode::Full,
         }
     }
 }
@@ -292,7 +297,7 @@ fn cpu_ns(pid: u32) -> u64 {
 }
 
 /// Stops a consumer (`sig`) and waits for it.
-fn stop(mut child: Child, sig: &str) -> Result<String> {
+pub(super) fn stop(mut child: Child, sig: &str) -> Result<String> {
     let _ = Command::new("kill")
         .args([sig, &child.id().to_string()])
         .status();
@@ -313,7 +318,7 @@ fn stop(mut child: Child, sig: &str) -> Result<String> {
 }
 
 /// Waits until NFLOG group `GROUP` is bound in the namespace.
-fn wait_bound(ns: &Netns) -> Result<()> {
+pub(super) fn wait_bound(ns: &Netns) -> Result<()> {
     let ok = ns.run(|| {
         let end = Instant::now() + Duration::from_secs(10);
         while Instant::now() < end {
@@ -339,7 +344,7 @@ fn wait_bound(ns: &Netns) -> Result<()> {
 
 /// What the sender did in one step.
 #[derive(Debug, Clone, Copy, Default)]
-struct Step {
+pub(super) struct Step {
     sent: u64,
     secs: f64,
 }
@@ -377,11 +382,13 @@ fn offer(
                 }
                 sent += send(i as u8 + 1, BATCH.min(total - sent))?;
             }
-            steps.push(Step {
-                sent,
-                secs: start.elapsed().as_secs_f64(),
-            });
+            let secs = start.elapsed().as_secs_f64();
+            steps.push(Step { sent, secs });
             std::thread::sleep(plan.pause);
+            // Below 80 % of the target: the sender, not the consumer, set this step's pace.
+            if plan.stop_when_sender_bound && (sent as f64 / secs.max(1e-9)) < 0.8 * rate as f64 {
+                break;
+            }
         }
         let cpu0 = cpu_ns(pid);
         let start = Instant::now();
@@ -399,7 +406,7 @@ fn offer(
 
 /// The metrics of a run from what was sent and what arrived per step (`got[step]`, step ids
 /// 1.. for the ladder, 255 flat out).
-fn sample(
+pub(super) fn sample(
     plan: &Plan,
     steps: &[Step],
     got: &std::collections::HashMap<u8, u64>,
@@ -408,12 +415,16 @@ fn sample(
     let mut s = Sample::default();
     let mut loss_free = 0.0;
     let mut top = true;
-    for (i, st) in steps[..steps.len() - 1].iter().enumerate() {
+    let ladder = &steps[..steps.len() - 1];
+    for (i, st) in ladder.iter().enumerate() {
         let n = got.get(&(i as u8 + 1)).copied().unwrap_or(0);
         if n != st.sent {
             s.note(format!(
-                "first lossy step offered {} /s: {} of {} arrived",
-                plan.rates[i], n, st.sent
+                "first lossy step offered {:.0} /s (target {} /s): {} of {} arrived",
+                st.sent as f64 / st.secs.max(1e-9),
+                plan.rates[i],
+                n,
+                st.sent
             ));
             top = false;
             break;
@@ -421,7 +432,14 @@ fn sample(
         // The rate actually offered (the sender may fall short of its target).
         loss_free = st.sent as f64 / st.secs.max(1e-9);
     }
-    if top {
+    if top && ladder.len() < plan.rates.len() {
+        s.note(format!(
+            "the ladder ended after {} of {} steps: the sender could not offer the next rate \
+             (loss-free up to what it could send)",
+            ladder.len(),
+            plan.rates.len()
+        ));
+    } else if top {
         s.note("every step of the ladder arrived whole: the top rate is sender-bound");
     }
     let flat = steps.last().expect("the flat-out step");
@@ -498,33 +516,7 @@ fn nflog_run(env: &Env<'_>, who: Logger, size: usize, plan: &Plan) -> Result<Sam
         let err = stop(child, "-KILL").unwrap_or_default();
         bail!("{e}: {err}");
     }
-    let sock = {
-        let s = env.ns.run(|| {
-            UdpSocket::bind("127.0.0.1:0").and_then(|s| {
-                s.connect(("127.0.0.1", LOG_PORT))?;
-                Ok(s)
-            })
-        })??;
-        Arc::new(s)
-    };
-    let s2 = Arc::clone(&sock);
-    let mut bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0u8; size]).collect();
-    let mut seq = 0u32;
-    let (steps, cpu) = offer(env.ns, plan, pid, move |step, n| {
-        let n = n as usize;
-        for b in bufs.iter_mut().take(n) {
-            b[0] = step;
-            b[1..5].copy_from_slice(&seq.to_be_bytes());
-            seq = seq.wrapping_add(1);
-        }
-        let mut refs: [&[u8]; 64] = [&[]; 64];
-        for (r, b) in refs.iter_mut().zip(&bufs[..n]) {
-            *r = b;
-        }
-        let k = zcio::sys::net::send_batch(&*s2, &refs[..n], &[])?;
-        Ok(k as u64)
-    })?;
-    drop(sock);
+    let (steps, cpu) = offer_log(env.ns, plan, size, pid)?;
     let err = stop(child, sig)?;
     let got = count_capture(&file).with_context(|| format!("{who:?}: {err}"))?;
     let mut s = sample(plan, &steps, &got, cpu);
@@ -541,6 +533,40 @@ fn nflog_run(env: &Env<'_>, who: Logger, size: usize, plan: &Plan) -> Result<Sam
         }
     }
     Ok(s)
+}
+
+/// Offers the NFLOG ladder of `plan` (UDP datagrams of `size` bytes to `LOG_PORT` in `ns`,
+/// each carrying its step in its first byte) to the consumer `pid`, which has bound `GROUP`.
+/// Returns the steps and the consumer's CPU over the flat-out step.
+pub(super) fn offer_log(
+    ns: &Netns,
+    plan: &Plan,
+    size: usize,
+    pid: u32,
+) -> Result<(Vec<Step>, u64)> {
+    let sock = Arc::new(ns.run(|| {
+        UdpSocket::bind("127.0.0.1:0").and_then(|s| {
+            s.connect(("127.0.0.1", LOG_PORT))?;
+            Ok(s)
+        })
+    })??);
+    let s2 = Arc::clone(&sock);
+    let mut bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0u8; size]).collect();
+    let mut seq = 0u32;
+    offer(ns, plan, pid, move |step, n| {
+        let n = n as usize;
+        for b in bufs.iter_mut().take(n) {
+            b[0] = step;
+            b[1..5].copy_from_slice(&seq.to_be_bytes());
+            seq = seq.wrapping_add(1);
+        }
+        let mut refs: [&[u8]; 64] = [&[]; 64];
+        for (r, b) in refs.iter_mut().zip(&bufs[..n]) {
+            *r = b;
+        }
+        let k = zcio::sys::net::send_batch(&*s2, &refs[..n], &[])?;
+        Ok(k as u64)
+    })
 }
 
 /// Packets per step in a capture file (pcap: raw IP, Ethernet or NFLOG link types; pcapng),
