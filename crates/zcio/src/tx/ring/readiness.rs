@@ -1,0 +1,157 @@
+//! The readiness descriptor of a [`SendRing`]: an epoll set with the ring's eventfd and the
+//! syscall-path sockets that wait for their socket.
+
+use super::SendRing;
+use crate::sys;
+use crate::tx::TxError;
+use std::os::fd::{AsFd, BorrowedFd};
+
+/// The readiness set and which sources are in it.
+#[derive(Debug)]
+pub(in crate::tx) struct Readiness {
+    pub(in crate::tx) set: sys::ready::ReadySet,
+    pub(in crate::tx) ring: bool,
+}
+
+/// Token of the ring's eventfd in the readiness set (sockets use their index).
+pub(in crate::tx) const RING_TOKEN: u64 = u64::MAX;
+
+impl SendRing {
+    // ---- readiness ----
+
+    pub(super) fn sync_readiness_set(&mut self) -> Result<(), TxError> {
+        if self.readiness.is_none() {
+            let set = sys::ready::ReadySet::new()
+                .map_err(|e| crate::tx::sock_err("readiness descriptor", e))?;
+            self.readiness = Some(Readiness { set, ring: false });
+            // Sockets that wait on their error queue join now.
+            let n = self.socks.len() as u32;
+            for idx in 0..n {
+                let Some(mut s) = self.socks[idx as usize].take() else {
+                    continue;
+                };
+                if s.msg.is_some() && !s.in_epoll {
+                    self.watch_socket(idx, &mut s, false);
+                }
+                self.socks[idx as usize] = Some(s);
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates the readiness set (on first call) and puts the ring's eventfd in it.
+    pub(super) fn sync_readiness(&mut self) -> Result<(), TxError> {
+        self.sync_readiness_set()?;
+        let has_ring = self.readiness.as_ref().is_some_and(|r| r.ring);
+        if !has_ring {
+            if let Some(u) = self.uring.as_mut().filter(|u| !u.lr.is_dead()) {
+                let err = |e| crate::tx::sock_err("readiness descriptor", e);
+                let fd = u.lr.notify_fd().map_err(err)?;
+                let rd = self.readiness.as_mut().expect("created");
+                rd.set
+                    .add_level_token(fd, libc::EPOLLIN as u32, RING_TOKEN)
+                    .map_err(err)?;
+                rd.ring = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// The readiness descriptor, created on first call: it polls readable when
+    /// [`SendRing::on_ready`] would find something to do — a completion or notification on
+    /// the ring (its registered eventfd; under `DEFER_TASKRUN` the kernel signals it when it
+    /// queues the task work that posts them), a `MSG_ZEROCOPY` notification on a socket's
+    /// error queue, or a socket that a stalled copy or zero-copy send waits for becoming
+    /// writable. Sends that complete inside [`SendRing::send`] (copy) do not signal it:
+    /// check [`SendRing::ready`] before waiting. Rules per task-run mode:
+    /// `docs/design/async.md`.
+    pub fn readiness_fd(&mut self) -> Result<BorrowedFd<'_>, TxError> {
+        self.sync_readiness()?;
+        Ok(self.readiness.as_ref().expect("readiness").set.as_fd())
+    }
+
+    /// Whether the readiness descriptor polls readable now.
+    pub fn readiness_is_set(&self) -> bool {
+        self.readiness.as_ref().is_some_and(|r| r.set.is_ready())
+    }
+
+    /// Harvests after the readiness descriptor fired (or at any time): takes the socket
+    /// events off the descriptor, runs deferred task work if the kernel flagged some, reaps
+    /// error queues, continues stalled sends, submits queued requests, and collects
+    /// completions. Leaves the descriptor set only if something arrived after the harvest.
+    /// Returns the number of completions ready.
+    pub fn on_ready(&mut self) -> Result<usize, TxError> {
+        self.sync_readiness()?;
+        // Edges first: an event that lands after this makes a new one.
+        let mut socks = Vec::new();
+        if let Some(rd) = &self.readiness {
+            rd.set.drain(|token, _ev| {
+                if token != RING_TOKEN {
+                    socks.push(token as u32);
+                }
+            });
+        }
+        self.own.0.syscalls += 1;
+        self.own.1.notify_syscalls += 1;
+        for idx in socks {
+            if !self.stalled.contains(&idx) {
+                self.stalled.push(idx);
+            }
+        }
+        for _ in 0..4 {
+            if let Err(e) = self.ring_progress(true) {
+                self.ring_failed(e);
+            }
+            self.reap_syscall_paths();
+            if !self.clear_readiness() {
+                break;
+            }
+        }
+        Ok(self.ready.len())
+    }
+
+    /// Clears the ring's eventfd after an enter of ours (which may have signalled it), then
+    /// looks again: work queued in between is seen here (true: harvest again), work queued
+    /// later signals anew.
+    pub(super) fn clear_readiness(&mut self) -> bool {
+        if !self.readiness.as_ref().is_some_and(|r| r.ring) {
+            return false;
+        }
+        let Some(u) = self.uring.as_mut().filter(|u| !u.lr.is_dead()) else {
+            return false;
+        };
+        u.lr.clear_notify();
+        u.lr.has_work()
+    }
+
+    /// After a call that may have entered the ring outside [`SendRing::on_ready`]: leaves
+    /// the descriptor set only for work that is really there.
+    pub(super) fn settle_readiness(&mut self) {
+        for _ in 0..4 {
+            if !self.clear_readiness() {
+                return;
+            }
+            if let Err(e) = self.ring_progress(true) {
+                self.ring_failed(e);
+            }
+        }
+    }
+
+    /// Submits what is queued (that enter also runs deferred task work), else collects what
+    /// the kernel posted (`reap`: entering when it flagged deferred task work while buffers
+    /// are out; else reading the CQ only); then submits what that let go: a chain's results
+    /// let the socket's next requests go, which nothing else would submit.
+    pub(super) fn ring_progress(&mut self, reap: bool) -> std::io::Result<()> {
+        if self.uring.as_mut().is_some_and(|u| u.has_staged()) {
+            self.ring_submit()?;
+        } else if reap {
+            self.ring_reap()?;
+        } else {
+            self.ring_harvest_only(true)?;
+        }
+        if self.uring.as_mut().is_some_and(|u| u.has_staged()) {
+            self.ring_submit()?;
+        }
+        Ok(())
+    }
+}
