@@ -1,7 +1,7 @@
 //! The `tx` suite's scale case: one `tx::SendRing` carrying `conns` loopback TCP connections,
-//! 16 KiB sends, driven as an event loop is: send to every socket that can take one, `submit`,
-//! then sleep in `poll(2)` on the ring's readiness descriptor and call `on_ready` when it polls
-//! readable. What it measures is the ring's own cost as the number of sockets grows: the
+//! 16 KiB sends, driven as an event loop is: each turn sends to the sockets that can take one,
+//! `submit`s, and looks at the ring's readiness descriptor (`poll(2)`, without sleeping while
+//! there is more to send), calling `on_ready` when it polls readable. What it measures is the ring's own cost as the number of sockets grows: the
 //! sending thread's CPU per send, the time of each `on_ready` call, and how many wake-ups of
 //! the readiness descriptor found nothing to do.
 //!
@@ -165,7 +165,12 @@ fn send_all(addr: SocketAddr, o: &ScaleOpts) -> Result<(ScaleReport, u64)> {
         ..SendRingConfig::default()
     })?;
     let registered = ring.register_pool(&pool).is_ok();
-    let mut cfg = SenderConfig::new(TxMode::Auto);
+    // `ZCIO_BENCH_SCALE_MODE=uring-zc-fixed` etc. for profiling a path (the row: auto).
+    let mode = std::env::var("ZCIO_BENCH_SCALE_MODE")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(TxMode::Auto);
+    let mut cfg = SenderConfig::new(mode);
     cfg.depth = depth;
     let ids = socks
         .into_iter()
@@ -221,9 +226,11 @@ fn send_all(addr: SocketAddr, o: &ScaleOpts) -> Result<(ScaleReport, u64)> {
         if clock.over() {
             break;
         }
-        // Sends to the sockets that can take one (a burst, as an event loop's turn).
+        // One turn of the event loop: sends to the sockets that can take one (a burst),
+        // submit, then the readiness descriptor: looked at without sleeping while there is
+        // more to send, slept on when there is not.
         let mut burst = 0;
-        while burst < 1024 {
+        while burst < 256 {
             let (Some(i), false) = (readyq.front().copied(), free.is_empty()) else {
                 break;
             };
@@ -240,11 +247,8 @@ fn send_all(addr: SocketAddr, o: &ScaleOpts) -> Result<(ScaleReport, u64)> {
         }
         ring.submit()?;
         reap(&mut ring, &mut free, &mut readyq, &mut blocked, &mut t);
-        if !readyq.is_empty() && !free.is_empty() {
-            continue;
-        }
-        // Nothing to send: sleep until the ring says there is something to do.
-        let ev = zcio::sys::net::poll_one(&rfd, libc::POLLIN, 10)?;
+        let more = !readyq.is_empty() && !free.is_empty();
+        let ev = zcio::sys::net::poll_one(&rfd, libc::POLLIN, if more { 0 } else { 10 })?;
         if ev & libc::POLLIN == 0 {
             continue;
         }
