@@ -565,15 +565,17 @@ pub extern "C" fn zcio_send_ring_next_writable(r: *mut zcio_send_ring, sock: *mu
 
 /// Closes a socket: later sends get `-EBADF`; its sends not yet in the kernel complete with
 /// `-ECANCELED`, those in the kernel are cancelled (a started one may complete partly); every
-/// buffer still comes back with its completion. The connection is reset when data was still
-/// queued. For a graceful end, wait until `zcio_send_ring_sock_in_flight` is 0 first.
+/// buffer still comes back with its completion. A TCP connection with zero-copy sends in the
+/// kernel is reset; the bytes the reset purged are counted as not sent. Never waits. For a
+/// graceful end, wait until `zcio_send_ring_sock_in_flight` is 0 first. `-ENOENT` for a
+/// socket that is not open (unknown, or closed already).
 ///
 /// Thread: the owner only (`-EPERM` from any other).
 #[no_mangle]
 pub extern "C" fn zcio_send_ring_close(r: *mut zcio_send_ring, sock: u64) -> c_int {
-    with_ring(r, |r| {
-        r.ring.close(SockId::from_raw(sock));
-        0
+    with_ring(r, |r| match r.ring.close(SockId::from_raw(sock)) {
+        Ok(()) => 0,
+        Err(e) => tx_errno(&e),
     })
 }
 
@@ -613,7 +615,8 @@ pub extern "C" fn zcio_send_ring_on_ready(r: *mut zcio_send_ring) -> c_int {
     })
 }
 
-/// The path `sock`'s new sends take now, as a static string; NULL for an unknown socket.
+/// The path `sock`'s new sends take now, as a static string; `"closed"` for a socket closed
+/// (while its last sends complete and after), NULL for an id the ring never gave.
 ///
 /// Thread: the owner only (NULL from any other).
 #[no_mangle]
@@ -626,8 +629,11 @@ pub extern "C" fn zcio_send_ring_sock_path(r: *const zcio_send_ring, sock: u64) 
         return std::ptr::null();
     }
     // SAFETY: the owner thread's use of its live handle.
-    match unsafe { (*r).ring.sock_path(SockId::from_raw(sock)) } {
+    let ring = unsafe { &(*r).ring };
+    let id = SockId::from_raw(sock);
+    match ring.sock_path(id) {
         Some(p) => path_cstr(p),
+        None if ring.sock_closed(id) => c"closed".as_ptr(),
         None => std::ptr::null(),
     }
 }
@@ -656,8 +662,9 @@ pub extern "C" fn zcio_send_ring_report(
 
 /// A snapshot of what one socket reports into `*out`: its path, its counters (without the
 /// ring's shared kernel entries), every fallback it took with its reason (registered file,
-/// fixed buffers, zero-copy refused, COPIED, memlock) and its path counters. `-EBADF` for an
-/// unknown socket.
+/// fixed buffers, zero-copy refused, COPIED, memlock) and its path counters; path `closed`
+/// for a socket closed whose last sends are still completing. `-EBADF` for an unknown socket
+/// or one that is gone.
 ///
 /// Thread: the owner only (`-EPERM` from any other).
 #[no_mangle]
@@ -668,11 +675,12 @@ pub extern "C" fn zcio_send_ring_sock_report(
 ) -> c_int {
     with_ring(r, |r| {
         let id = SockId::from_raw(sock);
-        let Some(path) = r.ring.sock_path(id) else {
+        if r.ring.sock_mode(id).is_none() {
             return -libc::EBADF;
-        };
+        }
+        let path = r.ring.sock_path(id).map_or("closed", |p| p.name());
         let rep = crate::report::snapshot(
-            path.name(),
+            path,
             &r.ring.sock_counters(id),
             r.ring.sock_fallbacks(id),
             serde_json::to_value(r.ring.sock_stats(id)).unwrap_or_default(),

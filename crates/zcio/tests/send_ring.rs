@@ -183,7 +183,7 @@ fn many_sockets_of_every_path_share_one_ring_and_every_stream_arrives_whole() {
     assert_eq!(rs.unregistered_files, 0, "{rs:?}");
     assert_eq!(rs.returned_late, 0, "{rs:?}");
     for &s in &socks {
-        ring.close(s);
+        ring.close(s).unwrap();
     }
     drop(ring);
     let got = server.join().unwrap();
@@ -290,7 +290,7 @@ fn auto_keeps_the_copied_verdict_per_route_so_later_sockets_to_that_peer_make_no
     // The verdict goes with the route's last socket: a socket to 127.0.0.1 after all others
     // closed learns again.
     for id in [first, later[0], later[1]] {
-        ring.close(id);
+        ring.close(id).unwrap();
     }
     let again = ring.add(last, &c).unwrap();
     send_completed(&mut ring, &pool, &mut book, again, 8, base(4), &mut sent[4]);
@@ -298,7 +298,7 @@ fn auto_keeps_the_copied_verdict_per_route_so_later_sockets_to_that_peer_make_no
     assert!(zero_copy_sends(&st) >= 4, "{st:?}");
     assert_eq!(st.auto_route_verdicts, 0, "{st:?}");
     for id in [again, other] {
-        ring.close(id);
+        ring.close(id).unwrap();
     }
     drop(ring);
     assert_eq!(pool.available(), pool.count(), "a buffer was not returned");
@@ -346,7 +346,7 @@ fn auto_re_probes_a_route_once_per_interval_whichever_socket_sends() {
         .count();
     assert!(probing < conns, "{probing} sockets probed");
     for &id in &socks {
-        ring.close(id);
+        ring.close(id).unwrap();
     }
     drop(ring);
     assert_eq!(pool.available(), pool.count(), "a buffer was not returned");
@@ -422,7 +422,7 @@ fn sockets_closed_with_sends_in_flight_return_every_buffer_once_and_leave_the_ot
         // Close half of them with their sends in flight.
         let closed: Vec<SockId> = socks.drain(..4).collect();
         for &s in &closed {
-            ring.close(s);
+            ring.close(s).unwrap();
         }
         // Sockets added now may take the freed slots; the closed ids stay refused.
         for i in 8..12 {
@@ -488,20 +488,42 @@ fn sockets_closed_with_sends_in_flight_return_every_buffer_once_and_leave_the_ot
             pool.count(),
             "{mode}: a buffer was not returned"
         );
-        for &s in &socks {
-            ring.close(s);
+        // What each stream's completions say went, and the ring's counters.
+        let mut said = [0u64; 12];
+        for (t, c) in &book.done {
+            said[owner[t]] += c.bytes as u64;
         }
+        for &s in &socks {
+            ring.close(s).unwrap();
+        }
+        let total = ring.counters_total();
+        let st = ring.stats();
         drop(ring);
         let got = server.join().unwrap();
         for (k, (b, n)) in got.iter().enumerate() {
             assert_eq!(*b, base(k));
             if k < 4 {
-                // A prefix of the stream (checked in order by the server), then a reset.
+                // A prefix of the stream (checked in order by the server), then a reset: the
+                // completions say exactly what the peer got (the reset's purge is not sent).
                 assert!(*n <= sent[k], "{mode}: stream {k}");
+                assert_eq!(
+                    said[k], *n,
+                    "{mode}: stream {k} closed with sends in flight: the completions say \
+                     {} bytes went, the peer received {n} ({st:?})",
+                    said[k]
+                );
             } else {
                 assert_eq!(*n, sent[k], "{mode}: stream {k}");
             }
         }
+        let received: u64 = got.iter().map(|(_, n)| n).sum();
+        assert_eq!(total.bytes, received, "{mode}: the ring's bytes ({st:?})");
+        // Loopback copies every byte it delivers: nothing was sent without a copy.
+        assert_eq!(
+            total.zerocopy_bytes, 0,
+            "{mode}: zero-copy bytes on loopback"
+        );
+        assert!(total.copied_bytes <= received, "{mode}: copied bytes");
     }
 }
 
@@ -618,8 +640,8 @@ fn a_peer_that_stops_reading_is_backpressure_never_a_wait_and_loses_nothing() {
             "{mode}"
         );
         assert_eq!(pool.available(), pool.count(), "{mode}");
-        ring.close(slow);
-        ring.close(fast);
+        ring.close(slow).unwrap();
+        ring.close(fast).unwrap();
         drop(ring);
         assert_eq!(
             slow_srv.join().unwrap()[0].1,
@@ -679,7 +701,7 @@ fn abandoned_sockets_give_their_buffers_back_once_the_kernel_is_done_without_com
     let rs = ring.ring_stats().unwrap();
     assert!(rs.ignored > 0, "{rs:?}");
     pause.store(false, Ordering::Relaxed);
-    ring.close(b);
+    ring.close(b).unwrap();
     drop(ring);
     let got = server.join().unwrap();
     // What reached the peer before the reset is a prefix of the stream (checked in order).
@@ -726,7 +748,7 @@ fn memlock_limit_reached_by_the_pool_is_a_recorded_fallback_and_sends_go_on() {
         }
         ring.flush(common::scaled(Duration::from_secs(20))).unwrap();
         let ok = ring.completions().all(|(c, _)| c.result() == Ok(64 << 10));
-        ring.close(s);
+        ring.close(s).unwrap();
         (err, path, fb, ring_fb, ok, sent)
     })
     .join()
@@ -766,7 +788,7 @@ fn a_buffer_outside_the_registered_pools_reports_the_path_it_took() {
     if ring.sock_path(s) != Some(Path::UringZcFixed) {
         let why = format!("no fixed-buffer path: {:?}", ring.sock_fallbacks(s));
         common::skip(test, &why);
-        ring.close(s);
+        ring.close(s).unwrap();
         return;
     }
     let mut b = pool.try_get().unwrap();
@@ -783,7 +805,7 @@ fn a_buffer_outside_the_registered_pools_reports_the_path_it_took() {
         paths.insert(c.ticket, c.path);
     }
     let by = ring.sock_stats(s).sends_by_path;
-    ring.close(s);
+    ring.close(s).unwrap();
     drop(ring);
     assert_eq!(paths.get(&fixed), Some(&Path::UringZcFixed), "{paths:?}");
     assert_eq!(paths.get(&pinned), Some(&Path::UringZc), "{paths:?}");
@@ -943,7 +965,7 @@ fn scale_child() {
         })
     );
     for id in ids {
-        ring.close(id);
+        ring.close(id).unwrap();
     }
 }
 
@@ -1129,7 +1151,7 @@ fn a_proxy_receives_and_forwards_chunks_in_place_on_one_ring_per_thread() {
         "send ring entered {tx_enters} times for {chunks} chunks"
     );
     for id in up.values() {
-        tx.close(*id);
+        tx.close(*id).unwrap();
     }
     drop(tx);
     drop(rx);
@@ -1186,7 +1208,7 @@ fn sends_staged_behind_a_chain_go_when_only_the_readiness_descriptor_drives_the_
             done += 1;
         }
     }
-    ring.close(s);
+    ring.close(s).unwrap();
     drop(ring);
     assert_eq!(server.join().unwrap()[0].1, sent);
 }
@@ -1245,7 +1267,85 @@ fn a_loop_that_only_polls_sees_every_zero_copy_completion() {
         }
     }
     assert!(refused > 0, "the depth never refused a send");
-    ring.close(s);
+    ring.close(s).unwrap();
     drop(ring);
     assert_eq!(server.join().unwrap()[0].1, sent);
+}
+
+#[test]
+fn closing_an_unknown_or_closed_socket_is_an_error_and_a_closed_socket_has_no_path() {
+    let (l, addr) = small_buffers_listener();
+    let pause = Arc::new(AtomicBool::new(true));
+    let server = serve_checked(l, 1, pause.clone());
+    let pool = Pool::new(64 << 10, 16, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    ring.register_pool(&pool).unwrap();
+    let s = ring
+        .add(stalled_socket(addr, 0), &cfg(TxMode::UringZcFixed, 8))
+        .unwrap();
+    assert!(ring.sock_path(s).is_some());
+    assert!(!ring.sock_closed(s));
+    // Sends the peer does not read: they are in flight when the socket is closed.
+    for k in 0..8 {
+        let mut b = pool.try_get().unwrap();
+        common::fill_pattern(&mut b, base(0) + k * (64 << 10));
+        if ring.send(s, b).is_err() {
+            break;
+        }
+    }
+    ring.submit().unwrap();
+    ring.wait(Duration::from_millis(50)).unwrap();
+    assert!(
+        ring.sock_in_flight(s) > 0,
+        "nothing in flight to close over"
+    );
+    ring.close(s).unwrap();
+    // Closed, its last sends still completing: no path, and a second close is an error.
+    assert_eq!(ring.sock_path(s), None, "a closed socket answers sock_path");
+    assert!(ring.sock_closed(s));
+    let e = ring.close(s).unwrap_err();
+    assert!(
+        matches!(&e, TxError::Socket { source, .. } if source.raw_os_error() == Some(libc::ENOENT)),
+        "{e:?}"
+    );
+    // An id this ring never gave.
+    let unknown = zcio::tx::SockId::from_raw(u64::from(u32::MAX) << 32 | 7);
+    assert!(ring.close(unknown).is_err());
+    assert!(!ring.sock_closed(unknown));
+    ring.flush(common::scaled(Duration::from_secs(10))).unwrap();
+    let n = ring.completions().count();
+    assert!(n > 0);
+    // Gone now: still closed, still an error to close.
+    assert!(ring.sock_closed(s));
+    assert!(ring.close(s).is_err());
+    pause.store(false, Ordering::Relaxed);
+    drop(ring);
+    server.join().unwrap();
+}
+
+#[test]
+fn a_listening_or_unconnected_tcp_socket_is_refused_when_added() {
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    let (l, addr) = listener();
+    let e = ring
+        .add(l.try_clone().unwrap(), &cfg(TxMode::Auto, 8))
+        .unwrap_err();
+    assert!(
+        matches!(&e, TxError::Socket { source, .. } if source.raw_os_error() == Some(libc::EINVAL)),
+        "a listening socket: {e:?}"
+    );
+    let fresh = zcio::sys::socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    let e = ring.add(fresh, &cfg(TxMode::Auto, 8)).unwrap_err();
+    assert!(
+        matches!(&e, TxError::Socket { source, .. } if source.raw_os_error() == Some(libc::ENOTCONN)),
+        "an unconnected socket: {e:?}"
+    );
+    let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+    ring.add(a, &cfg(TxMode::Auto, 8)).unwrap();
+    let unix = zcio::sys::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0).unwrap();
+    assert!(ring.add(unix, &cfg(TxMode::Auto, 8)).is_err());
+    // A connected one is taken, and so is one whose connect is in progress.
+    let c = std::net::TcpStream::connect(addr).unwrap();
+    ring.add(c, &cfg(TxMode::Auto, 8)).unwrap();
+    assert_eq!(ring.sockets(), 2);
 }

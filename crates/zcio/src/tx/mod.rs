@@ -832,6 +832,16 @@ pub struct TxStats {
     pub unmatched_notifications: u64,
     /// Non-zero-copy records read from the error queue (ICMP, local errors).
     pub queued_errors: u64,
+    /// Bytes a close's reset purged from a TCP socket's send queue before they were sent
+    /// (`SIOCOUTQNSD`, read just before the reset): the kernel accepted them, the peer never
+    /// got them, and they are not in `bytes` (nor `zerocopy_bytes`) of the sends they were in.
+    pub reset_purged_bytes: u64,
+    /// Of those, bytes of sends that had completed before the close (copy sends complete when
+    /// the socket took the bytes): their completions counted them.
+    pub reset_purged_reported: u64,
+    /// Bytes sent and not yet acknowledged when a close reset the connection: counted as
+    /// sent. On loopback and veth they had reached the peer; over a network some may not have.
+    pub reset_unacked_bytes: u64,
 }
 
 impl TxStats {
@@ -859,6 +869,9 @@ impl TxStats {
         }
         self.unmatched_notifications += o.unmatched_notifications;
         self.queued_errors += o.queued_errors;
+        self.reset_purged_bytes += o.reset_purged_bytes;
+        self.reset_purged_reported += o.reset_purged_reported;
+        self.reset_unacked_bytes += o.reset_unacked_bytes;
     }
 }
 

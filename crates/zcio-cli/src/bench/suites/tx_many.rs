@@ -444,7 +444,7 @@ fn shared_ring(socks: Vec<TcpStream>, o: &ManyOpts) -> Result<(ManyReport, u64)>
     anyhow::ensure!(errors == 0, "{errors} sends failed");
     let total = ring.counters_total().bytes;
     for id in ids {
-        ring.close(id);
+        ring.close(id)?;
     }
     drop(ring);
     Ok((

@@ -303,7 +303,7 @@ fn send_all(addr: SocketAddr, o: &ScaleOpts) -> Result<(ScaleReport, u64)> {
     anyhow::ensure!(t[2] == 0, "{} sends failed", t[2]);
     let total = ring.counters_total().bytes;
     for id in ids {
-        ring.close(id);
+        ring.close(id)?;
     }
     drop(ring);
     Ok((r, total))

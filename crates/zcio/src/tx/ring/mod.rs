@@ -23,7 +23,7 @@ pub(super) use routes::Routes;
 
 use super::msgzc::MsgZc;
 use super::policy::{AutoPolicy, CopiedWatch};
-use super::sock::{self, Auto, Sock};
+use super::sock::{self, Auto, Purge, Sock};
 use super::uring::Uring;
 use super::{
     explain_register, Completion, Path, SendError, SenderConfig, SockId, TxBuf, TxError, TxMode,
@@ -101,8 +101,19 @@ pub struct SendRing {
     pub(super) gone: (Counters, TxStats),
     pub(super) own: (Counters, TxStats),
     pub(super) readiness: Option<Readiness>,
-    /// Syscall-path sockets waiting for their socket (writable, error queue).
+    /// Syscall-path sockets waiting for their socket (writable, error queue); each once
+    /// (`Sock::stalled`).
     pub(super) stalled: Vec<u32>,
+    /// Syscall-path sockets with sends in flight (`MSG_ZEROCOPY` notifications owed, a copy
+    /// being continued); each once (`Sock::sys_listed`). Poll, harvest and the waits look at
+    /// these and no other socket for the syscall paths: their work per call does not grow
+    /// with the number of sockets.
+    pub(super) sys_busy: Vec<u32>,
+    /// Sends handed over and not yet completed (or dropped by `abandon`), all sockets:
+    /// [`SendRing::in_flight`] without a walk over the sockets.
+    pub(super) in_flight_n: usize,
+    /// Sockets open (closing ones included).
+    pub(super) open_n: usize,
     pub(super) _one_thread: std::marker::PhantomData<*const ()>,
 }
 
@@ -193,6 +204,9 @@ impl SendRing {
             own: Default::default(),
             readiness: None,
             stalled: Vec::new(),
+            sys_busy: Vec::new(),
+            in_flight_n: 0,
+            open_n: 0,
             _one_thread: std::marker::PhantomData,
         }
     }
@@ -320,6 +334,7 @@ impl SendRing {
             self.watch_socket(idx, &mut s, false);
         }
         self.socks[idx as usize] = Some(s);
+        self.open_n += 1;
         Ok(SockId { idx, gen })
     }
 
@@ -445,6 +460,7 @@ impl SendRing {
         let Some(s) = self.sock_at(idx) else { return };
         if s.closing {
             if s.in_flight() == 0 {
+                self.release_purged(idx);
                 self.free_sock(idx);
             }
             return;
@@ -458,6 +474,65 @@ impl SendRing {
             self.writable_events += 1;
             if queue {
                 self.writable.push_back(id);
+            }
+        }
+    }
+
+    /// A closing TCP socket is reset (`SO_LINGER` 0, then a disconnect: the kernel purges its
+    /// send queue now, so zero-copy pages come back while the descriptor is ours). What the
+    /// reset purges is read just before it: those bytes never reach the peer, so they come
+    /// off the socket's last sends (see [`crate::tx::sock::Purge`]).
+    pub(in crate::tx) fn reset_closing(&mut self, idx: u32) {
+        let Some(s) = self.sock_at(idx) else { return };
+        let _ = sys::net::set_linger_zero(&*s.fd);
+        let queue = sys::net::tcp_send_queue(&*s.fd).ok();
+        let _ = sys::net::disconnect(&*s.fd);
+        let Some((outq, unsent)) = queue else { return };
+        s.stats.reset_unacked_bytes += u64::from(outq - unsent);
+        if unsent > 0 {
+            let p = s.purge.get_or_insert_with(Default::default);
+            p.left += u64::from(unsent);
+        }
+    }
+
+    /// The last completion of a socket whose reset purged bytes came: the purged bytes come
+    /// off its last sends (and its counters), and the completions go to the ready list.
+    fn release_purged(&mut self, idx: u32) {
+        let Some(s) = self.sock_at(idx) else { return };
+        let Some(p) = s.purge.take() else { return };
+        let Purge { mut left, mut held } = *p;
+        s.stats.reset_purged_bytes += left;
+        for (c, _) in held.iter_mut().rev() {
+            let d = left.min(c.bytes as u64);
+            if d == 0 {
+                continue;
+            }
+            left -= d;
+            c.bytes -= d as usize;
+            s.counters.bytes -= d;
+            let c0 = &mut s.counters;
+            match c.zerocopy {
+                ZcStatus::ZeroCopy => c0.zerocopy_bytes = c0.zerocopy_bytes.saturating_sub(d),
+                ZcStatus::Copied | ZcStatus::Mixed => {
+                    c0.copied_bytes = c0.copied_bytes.saturating_sub(d)
+                }
+                ZcStatus::NotAttempted | ZcStatus::Unknown => {}
+            }
+            if c.bytes == 0 {
+                // Nothing of it was sent: nothing was zero-copied or copied.
+                c.zerocopy = ZcStatus::NotAttempted;
+            }
+        }
+        // Bytes of sends completed before the close (copy sends): already reported.
+        s.stats.reset_purged_reported += left;
+        for (c, b) in held {
+            let mut c = c;
+            if c.bytes == c.len && c.error == Some(SendError::Closed) {
+                // Every byte of it was sent before the reset: it was not cancelled.
+                c.error = None;
+            }
+            if let Some(b) = b {
+                self.ready.push_back((c, b));
             }
         }
     }
@@ -479,10 +554,15 @@ impl SendRing {
         if let (Some(u), Some(f)) = (self.uring.as_mut(), s.file) {
             u.lr.remove_file(f);
         }
-        self.stalled.retain(|&i| i != idx);
-        if s.queued_writable {
-            self.writable.retain(|w| w.idx != idx);
+        if s.stalled {
+            self.stalled.retain(|&i| i != idx);
         }
+        if s.sys_listed {
+            self.sys_busy.retain(|&i| i != idx);
+        }
+        // A `writable` entry of this socket stays: `next_writable` skips it (its generation
+        // is gone), so a close costs nothing per queued socket.
+        self.open_n -= 1;
         self.free.push(idx);
     }
 
@@ -491,21 +571,36 @@ impl SendRing {
     /// send the kernel already started may complete partly). Every buffer still comes back
     /// with its completion. The descriptor is closed once no request names it. For a graceful
     /// end, wait until [`SendRing::sock_in_flight`] is 0 first.
-    pub fn close(&mut self, id: SockId) {
+    ///
+    /// A TCP socket with zero-copy sends in the kernel is reset (its queued pages come back
+    /// now instead of when a peer that may have stopped reading acknowledges them): bytes the
+    /// kernel had accepted and not sent are purged and counted as not sent (the completions
+    /// of its last sends say what reached the peer; [`TxStats::reset_purged_bytes`]). A
+    /// socket with only copies in flight is closed gracefully: what the socket took still
+    /// goes out.
+    ///
+    /// Never waits: one `io_uring_enter` submits the cancellation (it runs the ring's
+    /// deferred task work, as every enter does), the reset is two socket calls, and the
+    /// descriptor is closed later, by the call that reaps the socket's last completion.
+    ///
+    /// Fails with `ENOENT` for an id that is not open here: unknown, or closed already.
+    pub fn close(&mut self, id: SockId) -> Result<(), TxError> {
         let idx = id.idx;
-        let Some(s) = self.sock_mut(id) else { return };
-        if s.closing {
-            return;
-        }
+        let Some(s) = self.sock_mut(id).filter(|s| !s.closing) else {
+            return Err(super::sock_err(
+                format!("close of {id}"),
+                io::Error::from_raw_os_error(libc::ENOENT),
+            ));
+        };
         s.closing = true;
         s.refused = false;
+        if s.msg.as_ref().is_some_and(|m| m.in_flight() > 0) && s.stream {
+            // The kernel holds our pages in the socket's write queue: reset the connection
+            // now so it frees them (and notifies) while the descriptor is ours.
+            self.reset_closing(idx);
+        }
+        let s = self.sock_at(idx).expect("live");
         if let Some(m) = s.msg.as_mut() {
-            if m.in_flight() > 0 && s.stream {
-                // The kernel holds our pages in the socket's write queue: reset the
-                // connection now so it frees them (and notifies) while the descriptor is ours.
-                let _ = sys::net::set_linger_zero(&*s.fd);
-                let _ = sys::net::disconnect(&*s.fd);
-            }
             m.fail(libc::ECANCELED);
         }
         if s.tracker.is_some() {
@@ -517,6 +612,19 @@ impl SendRing {
         }
         self.collect_msg(idx);
         self.settle_sock(idx);
+        Ok(())
+    }
+
+    /// Whether `sock` was closed here ([`SendRing::close`] or [`SendRing::abandon`]): its
+    /// last sends may still be completing, or it is gone. False for an open socket and for
+    /// an id this ring never gave.
+    pub fn sock_closed(&self, sock: SockId) -> bool {
+        match self.socks.get(sock.idx as usize) {
+            Some(Some(s)) if s.gen == sock.gen => s.closing,
+            // The slot has had a socket of this generation or a later one: this one is gone.
+            Some(_) => sock.gen != 0 && sock.gen <= self.gens[sock.idx as usize],
+            None => false,
+        }
     }
 
     /// Shuts `sock`'s connection down (`shutdown(2)`): with `Write` or `Both` the peer reads
@@ -555,7 +663,8 @@ impl SendRing {
             // Whatever is left (MSG_ZEROCOPY waits for its error queue) is dropped on arrival.
             s.discard = true;
         }
-        self.close(id);
+        // Closed already: the completions left are dropped all the same.
+        let _ = self.close(id);
         self.ready.retain(|(c, _)| c.sock != id);
     }
 }

@@ -105,16 +105,17 @@ impl SendRing {
         let timeout = timeout.min(Duration::from_millis(100));
         let ring_out = self.ring_in_flight() + self.ignored_in_kernel();
         let dead = self.uring.as_ref().is_some_and(|u| u.lr.is_dead());
-        let mut sys_socks = Vec::new();
-        for (i, s) in self.socks.iter().enumerate() {
-            if let Some(s) = s {
-                let n =
-                    s.msg.as_ref().map_or(0, |m| m.in_flight()) + usize::from(s.pending.is_some());
-                if n > 0 {
-                    sys_socks.push(i as u32);
-                }
-            }
-        }
+        // Only the listed syscall-path sockets can have sends of their own out.
+        let sys_socks: Vec<u32> = self
+            .sys_busy
+            .iter()
+            .copied()
+            .filter(|&i| {
+                self.socks[i as usize]
+                    .as_ref()
+                    .is_some_and(|s| s.sys_in_flight() > 0)
+            })
+            .collect();
         if ring_out > 0 && dead && sys_socks.is_empty() {
             // Nothing can come back from an abandoned ring: say so instead of spinning.
             return Err(self.dead_ring_error());

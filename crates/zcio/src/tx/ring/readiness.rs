@@ -94,9 +94,7 @@ impl SendRing {
         self.own.0.syscalls += 1;
         self.own.1.notify_syscalls += 1;
         for idx in socks {
-            if !self.stalled.contains(&idx) {
-                self.stalled.push(idx);
-            }
+            self.list_stalled(idx);
         }
         for _ in 0..4 {
             if let Err(e) = self.ring_progress(true) {

@@ -13,12 +13,25 @@ impl SendRing {
 
     /// Sockets open (closing ones included).
     pub fn sockets(&self) -> usize {
-        self.socks.iter().filter(|s| s.is_some()).count()
+        self.open_n
     }
 
-    /// Sends handed over whose completion has not been produced yet (all sockets).
+    /// Sends handed over whose completion has not been produced yet (all sockets). No walk
+    /// over the sockets: a count kept as sends are handed over and complete.
     pub fn in_flight(&self) -> usize {
-        self.socks.iter().flatten().map(Sock::in_flight).sum()
+        debug_assert!(
+            self.socks.len() > 64
+                || self.in_flight_n
+                    == self
+                        .socks
+                        .iter()
+                        .flatten()
+                        .map(Sock::in_flight)
+                        .sum::<usize>(),
+            "in-flight count {} differs from the sockets' sum",
+            self.in_flight_n
+        );
+        self.in_flight_n
     }
 
     /// Sends of `sock` in flight (0 for a socket that is gone).
@@ -26,9 +39,10 @@ impl SendRing {
         self.sock_ref(sock).map_or(0, Sock::in_flight)
     }
 
-    /// The path `sock`'s new sends take now.
+    /// The path `sock`'s new sends take now; `None` for a socket closed ([`SendRing::close`]
+    /// and [`SendRing::sock_closed`], even while its last sends complete) or unknown.
     pub fn sock_path(&self, sock: SockId) -> Option<Path> {
-        self.sock_ref(sock).map(|s| s.path)
+        self.sock_ref(sock).filter(|s| !s.closing).map(|s| s.path)
     }
 
     /// The mode `sock` was added with.

@@ -169,6 +169,8 @@ impl SendRing {
         let seq = s.seq;
         s.seq += 1;
         s.counters.ops += 1;
+        self.in_flight_n += 1;
+        let s = self.sock_at(idx).expect("checked");
         let len = buf.len();
         let (mut lent, mut more, chunk, mut parts, bad_slices) = split_slices(buf);
         let opts = dest.map(|d| d.opts());
@@ -289,6 +291,7 @@ impl SendRing {
                     self.stall(idx);
                 }
                 self.collect_msg(idx);
+                self.list_sys(idx);
             }
             Path::UringZc | Path::UringZcFixed | Path::UringCopy => {
                 self.ring_stage(idx, seq, lent, more, len, path, opts);
@@ -383,6 +386,7 @@ impl SendRing {
         error: Option<SendError>,
         status: ZcStatus,
     ) {
+        self.in_flight_n -= 1;
         let s = self.socks[idx as usize].as_mut().expect("live");
         let meta = s.meta.remove(seq).unwrap_or(Meta {
             ticket: u64::MAX,
@@ -417,12 +421,15 @@ impl SendRing {
         if meta.path.is_zero_copy() {
             self.observe(idx, seq, status);
         }
-        let discard = self.socks[idx as usize].as_ref().is_some_and(|s| s.discard);
-        if discard {
+        let s = self.socks[idx as usize].as_mut().expect("live");
+        if s.discard {
             // Its owner has gone: the buffer goes back to its pool or receiver now.
             drop(lent);
             drop(more);
             drop(meta.parts);
+            if let Some(p) = s.purge.as_mut() {
+                p.held.push((done, None));
+            }
             return;
         }
         let buf = match meta.parts {
@@ -448,6 +455,10 @@ impl SendRing {
                 )
             }
         };
+        if let Some(p) = self.sock_at(idx).and_then(|s| s.purge.as_mut()) {
+            p.held.push((done, Some(buf)));
+            return;
+        }
         self.ready.push_back((done, buf));
     }
 

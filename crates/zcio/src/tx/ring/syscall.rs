@@ -59,9 +59,8 @@ impl SendRing {
 
     /// A syscall-path socket waits for its socket: into the readiness set (writable).
     pub(super) fn stall(&mut self, idx: u32) {
-        if !self.stalled.contains(&idx) {
-            self.stalled.push(idx);
-        }
+        self.list_stalled(idx);
+        self.list_sys(idx);
         let Some(mut s) = self.socks[idx as usize].take() else {
             return;
         };
@@ -98,8 +97,9 @@ impl SendRing {
     /// copy sends, reaps error queues, makes the calls that may go.
     pub(super) fn pump_stalled(&mut self) {
         let list = std::mem::take(&mut self.stalled);
-        for idx in list {
+        for &idx in &list {
             let Some(s) = self.sock_at(idx) else { continue };
+            s.stalled = false;
             if s.pending.is_some() {
                 self.continue_copy(idx);
             }
@@ -114,7 +114,7 @@ impl SendRing {
             let Some(s) = self.sock_at(idx) else { continue };
             let still = s.pending.is_some() || s.msg.as_ref().is_some_and(|m| m.stall().is_some());
             if still {
-                self.stalled.push(idx);
+                self.list_stalled(idx);
             } else if s.in_epoll && s.msg.is_none() {
                 // Writable again: stop asking for EPOLLOUT edges.
                 let fd = s.fd.as_raw_fd();
@@ -156,13 +156,39 @@ impl SendRing {
         }
         self.settle_sock(idx);
     }
-    /// Error-queue reaps and stalled copy sends of the syscall paths.
+
+    /// `idx` waits for its socket (listed once).
+    pub(super) fn list_stalled(&mut self, idx: u32) {
+        if let Some(s) = self.sock_at(idx) {
+            if !s.stalled {
+                s.stalled = true;
+                self.stalled.push(idx);
+            }
+        }
+    }
+
+    /// `idx` has syscall-path sends in flight (listed once, until they are all done).
+    pub(in crate::tx) fn list_sys(&mut self, idx: u32) {
+        if let Some(s) = self.sock_at(idx) {
+            if !s.sys_listed && s.sys_in_flight() > 0 {
+                s.sys_listed = true;
+                self.sys_busy.push(idx);
+            }
+        }
+    }
+
+    /// Error-queue reaps and stalled copy sends of the syscall paths: only the sockets
+    /// listed as waiting or with sends in flight, each once; a socket leaves the list when
+    /// its last syscall-path send is done.
     pub(super) fn reap_syscall_paths(&mut self) {
-        let n = self.socks.len() as u32;
         if !self.stalled.is_empty() {
             self.pump_stalled();
         }
-        for idx in 0..n {
+        if self.sys_busy.is_empty() {
+            return;
+        }
+        let list = std::mem::take(&mut self.sys_busy);
+        for &idx in &list {
             let Some(s) = self.sock_at(idx) else { continue };
             if let Some(m) = s.msg.as_mut() {
                 if m.in_flight() > 0 {
@@ -170,6 +196,22 @@ impl SendRing {
                 }
                 self.collect_msg(idx);
             }
+            if let Some(s) = self.sock_at(idx) {
+                if s.sys_in_flight() > 0 {
+                    self.sys_busy.push(idx);
+                } else {
+                    s.sys_listed = false;
+                }
+            }
         }
+    }
+
+    /// Sends of the syscall paths in flight (all sockets): those of the listed sockets.
+    pub(in crate::tx) fn sys_in_flight(&self) -> usize {
+        self.sys_busy
+            .iter()
+            .filter_map(|&i| self.socks.get(i as usize).and_then(Option::as_ref))
+            .map(Sock::sys_in_flight)
+            .sum()
     }
 }
