@@ -1282,8 +1282,10 @@ int zcio_send_ring_next_writable(struct zcio_send_ring *r, uint64_t *sock);
 /*
  Closes a socket: later sends get `-EBADF`; its sends not yet in the kernel complete with
  `-ECANCELED`, those in the kernel are cancelled (a started one may complete partly); every
- buffer still comes back with its completion. The connection is reset when data was still
- queued. For a graceful end, wait until `zcio_send_ring_sock_in_flight` is 0 first.
+ buffer still comes back with its completion. A TCP connection with zero-copy sends in the
+ kernel is reset; the bytes the reset purged are counted as not sent. Never waits. For a
+ graceful end, wait until `zcio_send_ring_sock_in_flight` is 0 first. `-ENOENT` for a
+ socket that is not open (unknown, or closed already).
 
  Thread: the owner only (`-EPERM` from any other).
  */
@@ -1313,7 +1315,8 @@ int zcio_send_ring_readiness_fd(struct zcio_send_ring *r);
 int zcio_send_ring_on_ready(struct zcio_send_ring *r);
 
 /*
- The path `sock`'s new sends take now, as a static string; NULL for an unknown socket.
+ The path `sock`'s new sends take now, as a static string; `"closed"` for a socket closed
+ (while its last sends complete and after), NULL for an id the ring never gave.
 
  Thread: the owner only (NULL from any other).
  */
@@ -1332,8 +1335,9 @@ int zcio_send_ring_report(struct zcio_send_ring *r, struct zcio_report **out);
 /*
  A snapshot of what one socket reports into `*out`: its path, its counters (without the
  ring's shared kernel entries), every fallback it took with its reason (registered file,
- fixed buffers, zero-copy refused, COPIED, memlock) and its path counters. `-EBADF` for an
- unknown socket.
+ fixed buffers, zero-copy refused, COPIED, memlock) and its path counters; path `closed`
+ for a socket closed whose last sends are still completing. `-EBADF` for an unknown socket
+ or one that is gone.
 
  Thread: the owner only (`-EPERM` from any other).
  */

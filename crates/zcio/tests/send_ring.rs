@@ -1349,3 +1349,95 @@ fn a_listening_or_unconnected_tcp_socket_is_refused_when_added() {
     ring.add(c, &cfg(TxMode::Auto, 8)).unwrap();
     assert_eq!(ring.sockets(), 2);
 }
+
+#[test]
+fn the_readiness_descriptor_wakes_only_when_on_ready_finds_something() {
+    // An event loop: send to every socket that takes one, submit, then look at the
+    // readiness descriptor (sleep on it when nothing can be sent). Before, the ring's own
+    // enters signalled its eventfd, so nearly every wake-up found nothing.
+    let conns = 64;
+    // Small socket buffers: sends wait in the kernel for room, and complete later.
+    let (l, addr) = small_buffers_listener();
+    let server = serve_checked(l, conns, Arc::new(AtomicBool::new(false)));
+    let pool = Pool::new(16 << 10, 4 * conns, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    ring.register_pool(&pool).unwrap();
+    let ids: Vec<SockId> = (0..conns)
+        .map(|i| {
+            ring.add(stalled_socket(addr, i), &cfg(TxMode::Auto, 4))
+                .unwrap()
+        })
+        .collect();
+    let fd = ring.readiness_fd().unwrap().as_raw_fd();
+    let mut sent = vec![0u64; conns];
+    let mut owner: HashMap<Ticket, usize> = HashMap::new();
+    let mut blocked = vec![false; conns];
+    let (mut wakes, mut empty, mut done) = (0u32, 0u32, 0usize);
+    let want = 8 * 1024;
+    let mut i = 0;
+    let end = Instant::now() + common::scaled(Duration::from_secs(60));
+    let take = |ring: &mut SendRing, blocked: &mut Vec<bool>, done: &mut usize| -> usize {
+        let mut got = 0;
+        for (c, _) in ring.completions() {
+            assert_eq!(c.result(), Ok(c.len), "{c:?}");
+            *done += 1;
+            got += 1;
+        }
+        while let Some(id) = ring.next_writable() {
+            blocked[ids.iter().position(|&x| x == id).unwrap()] = false;
+            got += 1;
+        }
+        got
+    };
+    while done < want {
+        assert!(Instant::now() < end, "{done} of {want} sends completed");
+        let mut more = false;
+        for _ in 0..conns {
+            i = (i + 1) % conns;
+            if blocked[i] || owner.len() >= want {
+                continue;
+            }
+            let Some(mut b) = pool.try_get() else { break };
+            common::fill_pattern(&mut b, base(i) + sent[i]);
+            match ring.send(ids[i], b) {
+                Ok(t) => {
+                    owner.insert(t, i);
+                    sent[i] += 16 << 10;
+                    more = true;
+                }
+                Err(r) => {
+                    assert!(r.reason.is_backpressure(), "{r}");
+                    blocked[i] = true;
+                }
+            }
+        }
+        ring.submit().unwrap();
+        take(&mut ring, &mut blocked, &mut done);
+        let wait_ms = if more { 0 } else { 100 };
+        let ev = zcio::sys::net::poll_one(&fd, libc::POLLIN, wait_ms).unwrap();
+        if ev & libc::POLLIN == 0 {
+            continue;
+        }
+        wakes += 1;
+        ring.on_ready().unwrap();
+        if take(&mut ring, &mut blocked, &mut done) == 0 {
+            empty += 1;
+        }
+    }
+    ring.flush(common::scaled(Duration::from_secs(30))).unwrap();
+    take(&mut ring, &mut blocked, &mut done);
+    eprintln!("{wakes} wake-ups, {empty} found nothing, {done} sends");
+    assert!(wakes > 0, "the descriptor never woke the loop");
+    assert!(
+        f64::from(empty) < 0.05 * f64::from(wakes),
+        "{empty} of {wakes} wake-ups of the readiness descriptor found nothing to do"
+    );
+    for id in ids {
+        ring.close(id).unwrap();
+    }
+    drop(ring);
+    let got = server.join().unwrap();
+    for (k, (b, n)) in got.iter().enumerate() {
+        assert_eq!((*b, *n), (base(k), sent[k]), "stream {k}");
+    }
+}

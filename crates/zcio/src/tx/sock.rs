@@ -142,6 +142,14 @@ fn check_can_send(sock: &OwnedFd, ip: bool) -> Result<(), TxError> {
         !net::is_connected(sock).map_err(|e| sock_err("getpeername", e))?
     };
     if unconnected {
+        // A connect that failed left its error on the socket: that is the reason.
+        let err = sys::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_ERROR).unwrap_or(0);
+        if err != 0 {
+            return Err(sock_err(
+                "adding a socket whose connect failed",
+                io::Error::from_raw_os_error(err),
+            ));
+        }
         return refuse(
             libc::ENOTCONN,
             "it is not connected (connect it first, or add a connecting one)",

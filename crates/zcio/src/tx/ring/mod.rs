@@ -604,7 +604,9 @@ impl SendRing {
             m.fail(libc::ECANCELED);
         }
         if s.tracker.is_some() {
+            self.quiet(false);
             self.ring_close(idx);
+            self.unquiet();
         }
         if let Some(p) = self.sock_at(idx).and_then(|s| s.pending.take()) {
             let err = Some(SendError::Closed);
@@ -657,7 +659,9 @@ impl SendRing {
             .sock_ref(id)
             .is_some_and(|s| s.tracker.is_some() && !s.closing)
         {
+            self.quiet(false);
             self.ring_abandon(idx);
+            self.unquiet();
         }
         if let Some(s) = self.sock_mut(id) {
             // Whatever is left (MSG_ZEROCOPY waits for its error queue) is dropped on arrival.

@@ -14,9 +14,11 @@ impl SendRing {
     /// what the kernel has posted: zero-copy notifications waiting as deferred task work need
     /// [`SendRing::poll`], [`SendRing::wait`] or [`SendRing::on_ready`].
     pub fn submit(&mut self) -> Result<(), TxError> {
+        self.quiet(false);
         if let Err(e) = self.ring_submit() {
             self.ring_failed(e);
         }
+        self.unquiet();
         Ok(())
     }
 
@@ -27,14 +29,13 @@ impl SendRing {
     /// `DEFER_TASKRUN` a zero-copy notification is posted only by an enter of the ring's
     /// thread): a loop that only polls sees every completion.
     pub fn poll(&mut self) -> Result<usize, TxError> {
+        self.quiet(false);
         let res = self.ring_progress(true);
         if let Err(e) = res {
             self.ring_failed(e);
         }
         self.reap_syscall_paths();
-        if self.readiness.is_some() {
-            self.settle_readiness();
-        }
+        self.unquiet();
         Ok(self.ready.len())
     }
 
@@ -43,10 +44,12 @@ impl SendRing {
     /// notifications the kernel has already posted (no syscall). Returns the number of
     /// completions ready.
     pub fn harvest(&mut self) -> Result<usize, TxError> {
+        self.quiet(false);
         if let Err(e) = self.ring_harvest_only(false) {
             self.ring_failed(e);
         }
         self.reap_syscall_paths();
+        self.unquiet();
         Ok(self.ready.len())
     }
 
@@ -72,9 +75,6 @@ impl SendRing {
             }
             self.wait_inner(end - now)?;
         }
-        if self.readiness.is_some() {
-            self.settle_readiness();
-        }
         Ok(self.ready.len())
     }
 
@@ -92,9 +92,6 @@ impl SendRing {
                 });
             }
             self.wait_inner((end - now).min(Duration::from_millis(100)))?;
-        }
-        if self.readiness.is_some() {
-            self.settle_readiness();
         }
         Ok(())
     }
@@ -122,9 +119,11 @@ impl SendRing {
         }
         if sys_socks.is_empty() {
             if ring_out > 0 && !dead {
+                self.quiet(false);
                 if let Err(e) = self.ring_wait(timeout) {
                     self.ring_failed(e);
                 }
+                self.unquiet();
             }
             return Ok(());
         }

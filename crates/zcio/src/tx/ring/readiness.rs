@@ -96,42 +96,46 @@ impl SendRing {
         for idx in socks {
             self.list_stalled(idx);
         }
+        // Woken by the descriptor: the eventfd may be readable; unless work is left when
+        // this ends, it is taken back (a wake-up is for work, not for work already done).
+        self.quiet(true);
+        // At most four rounds: one call's work is bounded (each enter runs a bounded batch
+        // of deferred task work, Linux 6.13+: 20 items), and what is left keeps the
+        // descriptor readable for the next call.
         for _ in 0..4 {
             if let Err(e) = self.ring_progress(true) {
                 self.ring_failed(e);
             }
             self.reap_syscall_paths();
-            if !self.clear_readiness() {
+            if !self.ring_has_work() {
                 break;
             }
         }
+        self.unquiet();
         Ok(self.ready.len())
     }
 
-    /// Clears the ring's eventfd after an enter of ours (which may have signalled it), then
-    /// looks again: work queued in between is seen here (true: harvest again), work queued
-    /// later signals anew.
-    pub(super) fn clear_readiness(&mut self) -> bool {
-        if !self.readiness.as_ref().is_some_and(|r| r.ring) {
-            return false;
-        }
-        let Some(u) = self.uring.as_mut().filter(|u| !u.lr.is_dead()) else {
-            return false;
-        };
-        u.lr.clear_notify();
-        u.lr.has_work()
+    /// Whether the ring has completions or flagged task work waiting (no syscall).
+    fn ring_has_work(&mut self) -> bool {
+        self.uring
+            .as_mut()
+            .filter(|u| !u.lr.is_dead())
+            .is_some_and(|u| u.lr.has_work())
     }
 
-    /// After a call that may have entered the ring outside [`SendRing::on_ready`]: leaves
-    /// the descriptor set only for work that is really there.
-    pub(super) fn settle_readiness(&mut self) {
-        for _ in 0..4 {
-            if !self.clear_readiness() {
-                return;
-            }
-            if let Err(e) = self.ring_progress(true) {
-                self.ring_failed(e);
-            }
+    /// A call that may enter the ring begins: the ring's eventfd stays quiet until the
+    /// outermost such call ends, so its own enters' completions, which it harvests itself, do
+    /// not leave the readiness descriptor readable (see `ring::SharedRing::begin_quiet`).
+    pub(in crate::tx) fn quiet(&self, signalled: bool) {
+        if let Some(u) = &self.uring {
+            u.lr.begin_quiet(signalled);
+        }
+    }
+
+    /// The call ends: the descriptor is readable now exactly when work waits.
+    pub(in crate::tx) fn unquiet(&self) {
+        if let Some(u) = &self.uring {
+            u.lr.end_quiet();
         }
     }
 

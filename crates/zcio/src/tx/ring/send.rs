@@ -296,10 +296,12 @@ impl SendRing {
             Path::UringZc | Path::UringZcFixed | Path::UringCopy => {
                 self.ring_stage(idx, seq, lent, more, len, path, opts);
                 if self.uring.as_ref().is_some_and(|u| u.due(&self.cfg)) {
+                    self.quiet(false);
                     let res = self.ring_submit();
                     if let Err(e) = res {
                         self.ring_failed(e);
                     }
+                    self.unquiet();
                 }
             }
         }
