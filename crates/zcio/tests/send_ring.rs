@@ -1441,3 +1441,73 @@ fn the_readiness_descriptor_wakes_only_when_on_ready_finds_something() {
         assert_eq!((*b, *n), (base(k), sent[k]), "stream {k}");
     }
 }
+
+#[test]
+fn auto_sends_by_copy_while_zero_copy_buffers_waiting_for_acks_drain_the_pool() {
+    // A path that does not copy (a NIC) is stood in for by loopback with auto's COPIED watch
+    // off: zero-copy buffers then come back only when the peer ACKs (delayed ACKs: up to
+    // 40 ms), and a pool smaller than what the connections keep out runs dry.
+    let conns = 32;
+    let (l, addr) = listener();
+    let server = serve_checked(l, conns, Arc::new(AtomicBool::new(false)));
+    let pool = Pool::new(16 << 10, 48, false).unwrap();
+    let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
+    ring.register_pool(&pool).unwrap();
+    let mut c = cfg(TxMode::Auto, 4);
+    c.copied_streak = u32::MAX;
+    c.auto_by_size = false;
+    let ids: Vec<SockId> = (0..conns)
+        .map(|i| ring.add(connect_with_base(addr, base(i)), &c).unwrap())
+        .collect();
+    let mut sent = vec![0u64; conns];
+    let mut by_path: HashMap<String, usize> = HashMap::new();
+    let mut book = Book::default();
+    for round in 0..16 {
+        for (i, &id) in ids.iter().enumerate() {
+            let mut b = get(&pool, &mut ring, &mut book);
+            common::fill_pattern(&mut b, base(i) + sent[i]);
+            match ring.send(id, b) {
+                Ok(_) => sent[i] += 16 << 10,
+                Err(r) => assert!(r.reason.is_backpressure(), "round {round}: {r}"),
+            }
+        }
+        ring.submit().unwrap();
+    }
+    ring.flush(common::scaled(Duration::from_secs(30))).unwrap();
+    book.take(&mut ring);
+    for c in book.done.values() {
+        assert_eq!(c.result(), Ok(c.len), "{c:?}");
+        *by_path.entry(c.path.to_string()).or_default() += 1;
+    }
+    let st = ring.stats();
+    let copies = by_path
+        .get(&Path::UringCopy.to_string())
+        .copied()
+        .unwrap_or(0);
+    eprintln!("paths {by_path:?}, pool copies {}", st.auto_pool_copies);
+    assert!(
+        copies > 0 && st.auto_pool_copies as usize == copies,
+        "no send went by copy while the pool was dry: {by_path:?} {st:?}"
+    );
+    let why = ids
+        .iter()
+        .flat_map(|&id| ring.sock_fallbacks(id).to_vec())
+        .find(|f| f.reason.contains("pool ran dry"))
+        .expect("the dry pool recorded as a fallback");
+    assert!(why.reason.contains("ACK"), "{why:?}");
+    assert!(
+        by_path
+            .get(&Path::UringZcFixed.to_string())
+            .copied()
+            .unwrap_or(0)
+            > 0
+    );
+    for id in ids {
+        ring.close(id).unwrap();
+    }
+    drop(ring);
+    let got = server.join().unwrap();
+    for (k, (b, n)) in got.iter().enumerate() {
+        assert_eq!((*b, *n), (base(k), sent[k]), "stream {k}");
+    }
+}

@@ -818,6 +818,9 @@ pub struct TxStats {
     /// `auto`: switches to copy that followed the route's COPIED verdict, found by the
     /// completions of other sockets to the same peer (no probe of this socket's own).
     pub auto_route_verdicts: u64,
+    /// `auto`: sends that went by copy because their pool was running dry while the ring's
+    /// zero-copy sends held its buffers (their notifications wait for the peer's ACKs).
+    pub auto_pool_copies: u64,
     /// `auto`: measurement windows counted (runs of sends of one size class on one path).
     pub auto_windows: u64,
     /// `auto`: windows spent re-measuring the path not chosen.
@@ -861,6 +864,7 @@ impl TxStats {
         self.auto_switches_back += o.auto_switches_back;
         self.auto_size_copies += o.auto_size_copies;
         self.auto_route_verdicts += o.auto_route_verdicts;
+        self.auto_pool_copies += o.auto_pool_copies;
         self.auto_windows += o.auto_windows;
         self.auto_explores += o.auto_explores;
         self.auto_drift_explores += o.auto_drift_explores;

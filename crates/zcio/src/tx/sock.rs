@@ -259,6 +259,8 @@ pub(super) struct Auto {
     pub(super) in_copy: bool,
     /// Whether the socket recorded the COPIED fallback (once).
     pub(super) noted: bool,
+    /// Whether the socket recorded the dry-pool fallback (once).
+    pub(super) pool_noted: bool,
 }
 
 /// One socket.

@@ -114,6 +114,10 @@ pub struct SendRing {
     pub(super) in_flight_n: usize,
     /// Sockets open (closing ones included).
     pub(super) open_n: usize,
+    /// `auto`: the pool of the last send was running dry with its buffers in the ring's
+    /// sends (zero-copy buffers come back at the peer's ACK): sends go by copy until a
+    /// quarter of it is free again.
+    pub(super) pool_dry: bool,
     pub(super) _one_thread: std::marker::PhantomData<*const ()>,
 }
 
@@ -207,6 +211,7 @@ impl SendRing {
             sys_busy: Vec::new(),
             in_flight_n: 0,
             open_n: 0,
+            pool_dry: false,
             _one_thread: std::marker::PhantomData,
         }
     }
@@ -324,6 +329,7 @@ impl SendRing {
                 probe: None,
                 in_copy: false,
                 noted: false,
+                pool_noted: false,
             }));
         }
         if s.path.is_uring() {

@@ -7,7 +7,7 @@ use crate::buf::lent::Lent;
 use crate::stats::{self, Fallback};
 use crate::sys;
 use crate::tx::copy;
-use crate::tx::policy::{Choice, Event};
+use crate::tx::policy::{Choice, Decision, Event};
 use crate::tx::sock::{Meta, Parts, Sock};
 use crate::tx::{
     Completion, Dest, Path, Refusal, Refused, SendError, SockId, Ticket, TxBuf, ZcStatus,
@@ -250,7 +250,8 @@ impl SendRing {
             self.finish_parts(idx, seq, lent, more, 0, Some(e), ZcStatus::NotAttempted);
             return Ok(Ticket(ticket));
         }
-        let path = self.route(idx, seq, len);
+        let dry = self.pool_dry(&lent);
+        let path = self.route(idx, seq, len, dry);
         let no_uring = self.no_uring.clone();
         let s = self.sock_at(idx).expect("checked");
         if vectored && !path.is_uring() {
@@ -309,7 +310,26 @@ impl SendRing {
     }
 
     /// The path of one send (`auto` decides per send).
-    pub(super) fn route(&mut self, idx: u32, seq: u64, len: usize) -> Path {
+    /// Whether `lent`'s pool is running dry with its buffers held by this ring's sends: fewer
+    /// than an eighth of its buffers free and at least half of them in the ring (back to
+    /// normal once a quarter is free). A zero-copy buffer comes back with its notification,
+    /// which on TCP waits for the peer's ACK (a round trip, plus the peer's delayed ACK): a
+    /// pool sized below connections × RTT × rate runs dry, and `auto` then sends by copy,
+    /// whose buffer comes back as soon as the socket took the bytes.
+    fn pool_dry(&mut self, lent: &Lent) -> bool {
+        let Some((free, n)) = lent.pool_free() else {
+            return false;
+        };
+        let held = self.in_flight_n * 2 >= n;
+        self.pool_dry = if self.pool_dry {
+            free * 4 < n
+        } else {
+            free * 8 < n && held
+        };
+        self.pool_dry
+    }
+
+    pub(super) fn route(&mut self, idx: u32, seq: u64, len: usize, dry: bool) -> Path {
         let Self {
             policy,
             socks,
@@ -321,6 +341,7 @@ impl SendRing {
             return s.path;
         }
         let copy = s.copy_path();
+        let by_size = s.cfg.auto_by_size;
         let Some(a) = s.auto.as_mut() else {
             return copy;
         };
@@ -330,6 +351,12 @@ impl SendRing {
         let (watch, peer) = watch_of(routes, a.route, &mut a.watch);
         let d = match watch.decide() {
             Some(d) => d,
+            // The socket asked for no choice by size (`SenderConfig::auto_by_size`).
+            None if !by_size => Decision {
+                choice: Choice::ZeroCopy,
+                clock: false,
+                probe: false,
+            },
             None => {
                 let d = policy.decide_size(len);
                 if d.clock {
@@ -356,6 +383,26 @@ impl SendRing {
             Choice::Copy => {
                 if !in_copy {
                     s.stats.auto_size_copies += 1;
+                }
+                copy
+            }
+            Choice::ZeroCopy if dry && zc.is_uring() => {
+                s.stats.auto_pool_copies += 1;
+                let noted = s
+                    .auto
+                    .as_mut()
+                    .is_none_or(|a| std::mem::replace(&mut a.pool_noted, true));
+                if !noted {
+                    s.fallbacks.push(Fallback::new(
+                        zc,
+                        copy,
+                        "the send pool ran dry (fewer than 1/8 of its buffers free) while the \
+                         ring's zero-copy sends held them: a zero-copy buffer comes back when \
+                         the peer ACKs its bytes (a round trip, and up to the peer's delayed \
+                         ACK, 40 ms on Linux), a copy's as soon as the socket took them; \
+                         sending by copy until a quarter of the pool is free (a larger pool: \
+                         connections x round trip x rate per connection)",
+                    ));
                 }
                 copy
             }
