@@ -391,7 +391,7 @@ impl SendRing {
                 let noted = s
                     .auto
                     .as_mut()
-                    .is_none_or(|a| std::mem::replace(&mut a.pool_noted, true));
+                    .map_or(true, |a| std::mem::replace(&mut a.pool_noted, true));
                 if !noted {
                     s.fallbacks.push(Fallback::new(
                         zc,
