@@ -915,6 +915,7 @@ fn scale_child() {
         .into_iter()
         .map(|s| ring.add(s, &cfg(TxMode::UringZcFixed, 2)).unwrap())
         .collect();
+    let rss_added = status_kib("VmRSS:");
     let fds_added = open_fds();
     let mut done = 0;
     let mut paths: HashMap<String, usize> = HashMap::new();
@@ -958,6 +959,7 @@ fn scale_child() {
             "fallbacks": fallbacks,
             "unregistered_files": rs.unregistered_files,
             "rss_kib_per_conn": (rss1.saturating_sub(rss0)) as f64 / conns as f64,
+            "rss_kib_per_conn_added": (rss_added.saturating_sub(rss0)) as f64 / conns as f64,
             "fds_before": fds0,
             "fds_after_add": fds_added,
             "fds_after": fds1,

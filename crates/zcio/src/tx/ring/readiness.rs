@@ -62,9 +62,13 @@ impl SendRing {
     /// the ring (its registered eventfd; under `DEFER_TASKRUN` the kernel signals it when it
     /// queues the task work that posts them), a `MSG_ZEROCOPY` notification on a socket's
     /// error queue, or a socket that a stalled copy or zero-copy send waits for becoming
-    /// writable. Sends that complete inside [`SendRing::send`] (copy) do not signal it:
-    /// check [`SendRing::ready`] before waiting. Rules per task-run mode:
-    /// `docs/design/async.md`.
+    /// writable. The ring's own calls never leave it readable for work they did themselves
+    /// (the eventfd is quiet while they run, `IORING_CQ_EVENTFD_DISABLED`). It may wake
+    /// without a completion to take in two cases: the result of a zero-copy send came before
+    /// its notification (`on_ready` lets the socket's next requests go), and a ring shared
+    /// with a receiver is woken by the receiver's completions too. Sends that complete inside
+    /// [`SendRing::send`] (copy) do not signal it: check [`SendRing::ready`] before waiting.
+    /// Rules per task-run mode: `docs/design/async.md`.
     pub fn readiness_fd(&mut self) -> Result<BorrowedFd<'_>, TxError> {
         self.sync_readiness()?;
         Ok(self.readiness.as_ref().expect("readiness").set.as_fd())
@@ -78,7 +82,9 @@ impl SendRing {
     /// Harvests after the readiness descriptor fired (or at any time): takes the socket
     /// events off the descriptor, runs deferred task work if the kernel flagged some, reaps
     /// error queues, continues stalled sends, submits queued requests, and collects
-    /// completions. Leaves the descriptor set only if something arrived after the harvest.
+    /// completions. Leaves the descriptor set only if work is left. Its work is
+    /// O(completions + sockets with work), whatever the number of sockets, and bounded (at
+    /// most four rounds of submit-or-reap; what is left keeps the descriptor readable).
     /// Returns the number of completions ready.
     pub fn on_ready(&mut self) -> Result<usize, TxError> {
         self.sync_readiness()?;
