@@ -1513,3 +1513,72 @@ fn auto_sends_by_copy_while_zero_copy_buffers_waiting_for_acks_drain_the_pool() 
         assert_eq!((*b, *n), (base(k), sent[k]), "stream {k}");
     }
 }
+
+/// Datagrams this thread's network namespace handed to IP (`OutRequests`, v4).
+fn ip_out_requests() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
+    let mut ip = snmp.lines().filter(|l| l.starts_with("Ip: "));
+    let (names, values) = (ip.next().unwrap(), ip.next().unwrap());
+    let col = names
+        .split_whitespace()
+        .position(|n| n == "OutRequests")
+        .unwrap();
+    values.split_whitespace().nth(col).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_udp_socket_closed_with_sends_in_flight_to_the_sink_counts_the_datagrams_that_left() {
+    let test =
+        "a_udp_socket_closed_with_sends_in_flight_to_the_sink_counts_the_datagrams_that_left";
+    if !common::can_make_hosts(test) {
+        return;
+    }
+    let sink = zcio_testnet::Sink::new("closecount").unwrap();
+    let (src, dst) = (sink.src4, sink.dst4);
+    let (done, total, out) = sink
+        .host
+        .run(move || {
+            let pool = Pool::new(2048, 512, false).unwrap();
+            // Submitted 100 at a time: at the close, 12 are still staged.
+            let mut ring = SendRing::new(&SendRingConfig {
+                submit_batch: 100,
+                ..SendRingConfig::default()
+            })
+            .unwrap();
+            ring.register_pool(&pool).unwrap();
+            let s = std::net::UdpSocket::bind((src, 0)).unwrap();
+            s.connect((dst, 9)).unwrap();
+            let mut c = cfg(TxMode::UringZcFixed, 512);
+            c.udp_gso = false;
+            let id = ring.add(s, &c).unwrap();
+            let before = ip_out_requests();
+            for _ in 0..512 {
+                let mut b = pool.try_get().unwrap();
+                b.set_len(1472);
+                ring.send(id, b).unwrap();
+            }
+            // Closed at once: some datagrams are in the kernel, the rest staged.
+            ring.close(id).unwrap();
+            ring.flush(common::scaled(Duration::from_secs(10))).unwrap();
+            let done: Vec<Completion> = ring.completions().map(|(c, _)| c).collect();
+            let out = ip_out_requests() - before;
+            (done, ring.counters_total(), out)
+        })
+        .unwrap();
+    assert_eq!(done.len(), 512, "every buffer came back");
+    let mut went = 0u64;
+    for c in &done {
+        match c.bytes {
+            1472 => went += 1,
+            0 => assert_eq!(c.error, Some(SendError::Closed), "{c:?}"),
+            n => panic!("a datagram of {n} bytes: {c:?}"),
+        }
+    }
+    assert_eq!(
+        went, out,
+        "datagrams the completions say went vs IP's count"
+    );
+    assert_eq!(total.bytes, out * 1472, "the ring's bytes");
+    assert!(total.zerocopy_bytes <= total.bytes);
+    eprintln!("{went} of 512 datagrams left before the close, {out} counted by IP");
+}
