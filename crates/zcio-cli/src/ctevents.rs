@@ -10,6 +10,8 @@ use zcio::netlink::{tcp_state_name, CtEvent, CtEvents, CtEventsConfig, CtStats, 
 
 /// Options of `zcio conntrack events`.
 #[derive(Debug, clap::Args)]
+// A later option overrides an earlier one (a unit's defaults, then ZCIO_ARGS).
+#[command(args_override_self = true)]
 pub struct EventsArgs {
     /// One JSON object per line instead of `conntrack -E`'s text.
     #[arg(long)]
@@ -45,6 +47,38 @@ pub struct EventsArgs {
     /// Seconds between stats lines on stderr (0: none).
     #[arg(long, default_value_t = 0.0)]
     pub stats_interval: f64,
+    /// Serve the counters as Prometheus text on `ADDR:PORT` (`GET /metrics`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// What the receive loop publishes for `--metrics`.
+#[derive(Clone)]
+struct Snapshot {
+    summary: zcio::stats::Summary,
+    stats: CtStats,
+    shown: u64,
+}
+
+/// `--metrics`: the report, the counters (events by kind; the loss counters: the events the
+/// kernel dropped at the socket, overruns) and the events shown.
+fn metrics(snaps: &[Option<Snapshot>], e: &mut crate::metrics::Exposition) {
+    for s in snaps.iter().flatten() {
+        e.report(&[], &s.summary);
+        e.stats("zcio_conntrack", &[], &s.stats, &[]);
+        e.counter(
+            "zcio_conntrack_lost",
+            "Events the kernel dropped at the socket (exact: its drop counter)",
+            &[],
+            s.stats.lost(),
+        );
+        e.counter(
+            "zcio_conntrack_shown",
+            "Events printed (the ones -e and -c let through)",
+            &[],
+            s.shown,
+        );
+    }
 }
 
 fn now() -> Duration {
@@ -186,6 +220,16 @@ pub fn run(a: EventsArgs) -> Result<()> {
             other => bail!("unknown output option {other:?} (timestamp, extended)"),
         }
     }
+    crate::privs::check(
+        "conntrack",
+        &[crate::privs::Need {
+            cap: crate::privs::CAP_NET_ADMIN,
+            used_for: "joining the conntrack event groups",
+            without: None,
+        }],
+        (!a.recvmmsg).then_some((crate::privs::RING_CT, "frame-ring+recvmmsg")),
+    )?;
+    let board = crate::metrics::start(a.metrics, "conntrack", 1, metrics)?;
     let mut ev = CtEvents::open(CtEventsConfig {
         new,
         update,
@@ -239,6 +283,17 @@ pub fn run(a: EventsArgs) -> Result<()> {
             out.write_all(buf.as_bytes())?;
             out.flush()?;
             buf.clear();
+        }
+        if let Some(b) = board.as_deref().filter(|b| b.wanted(0)) {
+            use zcio::stats::Report;
+            b.publish(
+                0,
+                Snapshot {
+                    summary: ev.summary(),
+                    stats: ev.stats(),
+                    shown: shown.get(),
+                },
+            );
         }
         if let Some(s) = zcio::sys::signal::read_signal(&sigfd)? {
             break Some(s);

@@ -3,10 +3,12 @@
 mod bench;
 mod ctevents;
 mod hosts;
+mod metrics;
 mod nflog;
 mod nfq;
 mod nldump;
 mod perf;
+mod privs;
 mod probe;
 mod proxy;
 mod util;
@@ -84,6 +86,19 @@ enum Cmd {
         #[command(subcommand)]
         cmd: NetlinkCmd,
     },
+    /// Shell completions for zcio, on stdout (the Debian package installs bash, zsh and fish
+    /// ones).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Writes the man pages, zcio(1) and one per subcommand (zcio-nfq(1), ...), generated from
+    /// these definitions, into DIR (scripts/package runs it).
+    #[command(hide = true)]
+    Man {
+        /// Output directory.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -123,8 +138,70 @@ fn main() {
     }
 }
 
+/// The pages of `cmd` (named `name`) and of its visible subcommands, as (file name, roff).
+fn man_pages(cmd: &clap::Command, name: &str, out: &mut Vec<(String, Vec<u8>)>) -> Result<()> {
+    let cmd = cmd
+        .clone()
+        .name(name.to_string())
+        .bin_name(name.replace('-', " "));
+    let mut page = Vec::new();
+    clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
+    let mut see: Vec<String> = Vec::new();
+    if name != "zcio" {
+        see.push("zcio(1)".into());
+    }
+    for s in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
+        see.push(format!("{name}-{}(1)", s.get_name()));
+    }
+    see.extend(["zcio-units(7)".into(), "libzcio(3)".into()]);
+    page.extend_from_slice(
+        format!(
+            ".SH \"SEE ALSO\"\n{}\n",
+            see.iter()
+                .map(|s| {
+                    let (n, sec) = s.trim_end_matches(')').split_once('(').unwrap_or((s, "1"));
+                    format!(".BR {n} ({sec})")
+                })
+                .collect::<Vec<_>>()
+                .join(",\n")
+        )
+        .as_bytes(),
+    );
+    out.push((format!("{name}.1"), page));
+    for s in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
+        man_pages(s, &format!("{name}-{}", s.get_name()), out)?;
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "zcio", &mut std::io::stdout());
+            Ok(())
+        }
+        Cmd::Man { dir } => {
+            use anyhow::Context;
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            cmd.build();
+            let mut pages = Vec::new();
+            man_pages(&cmd, "zcio", &mut pages)?;
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            for (name, page) in pages {
+                let p = dir.join(&name);
+                std::fs::write(&p, page).with_context(|| format!("writing {}", p.display()))?;
+                println!("{}", p.display());
+            }
+            Ok(())
+        }
         Cmd::Probe { json, ifaces } => probe::run(&ifaces, json),
         Cmd::Hosts {
             cmd: HostsCmd::Up { seconds },

@@ -12,6 +12,8 @@ use zcio::tx::{SenderConfig, TxMode};
 
 /// Options of `zcio proxy`.
 #[derive(Debug, clap::Args)]
+// A later option overrides an earlier one (a unit's defaults, then ZCIO_ARGS).
+#[command(args_override_self = true)]
 pub struct ProxyArgs {
     /// Address to accept clients on (`ADDR:PORT`).
     #[arg(long)]
@@ -74,6 +76,114 @@ pub struct ProxyArgs {
     /// Exit (draining) after this many seconds (for scripts and tests).
     #[arg(long)]
     pub duration: Option<f64>,
+    /// Serve the counters as Prometheus text on `ADDR:PORT` (`GET /metrics`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
+}
+
+/// What one proxy thread publishes for `--metrics`.
+#[derive(Clone)]
+struct Snapshot {
+    stats: ProxyStats,
+    fallbacks: Vec<String>,
+}
+
+/// `--metrics`, per thread (label `thread`): the receive and send paths, the fallbacks, the
+/// counters, pair ends by kind, and the harvest-to-send histogram.
+fn metrics(snaps: &[Option<Snapshot>], e: &mut crate::metrics::Exposition) {
+    for (i, s) in snaps.iter().enumerate() {
+        let Some(s) = s else { continue };
+        let t = i.to_string();
+        let l = [("thread", t.as_str())];
+        for (side, path) in [("rx", &s.stats.rx_path), ("tx", &s.stats.tx_path)] {
+            e.gauge(
+                "zcio_path_info",
+                "The path in use (label path); always 1",
+                &[("thread", &t), ("side", side), ("path", path)],
+                1.0,
+            );
+        }
+        e.fallback_lines(&l, &s.fallbacks);
+        e.stats(
+            "zcio_proxy",
+            &l,
+            &s.stats,
+            &["active", "held", "peak_held", "turn_chunks_max"],
+        );
+        for k in [
+            EndKind::Done,
+            EndKind::Reset,
+            EndKind::ConnectFailed,
+            EndKind::ConnectTimeout,
+            EndKind::IdleTimeout,
+            EndKind::RecvFailed,
+            EndKind::SendFailed,
+            EndKind::Shutdown,
+        ] {
+            let kind = format!("{k:?}");
+            e.counter(
+                "zcio_proxy_ended",
+                "Pairs ended, by how (label kind)",
+                &[("thread", &t), ("kind", &kind)],
+                s.stats.ended(k),
+            );
+        }
+        // Bucket i counts [2^i, 2^(i+1)) µs (the first also below, the last also above).
+        let n = s.stats.hold_us_log2.len();
+        let buckets: Vec<(f64, u64)> = s
+            .stats
+            .hold_us_log2
+            .iter()
+            .enumerate()
+            .map(|(b, &c)| {
+                let le = if b + 1 == n {
+                    f64::INFINITY
+                } else {
+                    (1u64 << (b + 1)) as f64 * 1e-6
+                };
+                (le, c)
+            })
+            .collect();
+        e.histogram(
+            "zcio_proxy_hold_seconds",
+            "Per routed chunk, the time from the wait that harvested it to the enter that \
+             issues its send",
+            &l,
+            &buckets,
+            None,
+        );
+    }
+}
+
+/// The capabilities `zcio proxy` uses with these arguments, and its rings' locked memory.
+fn check_privileges(a: &ProxyArgs, threads: usize) -> Result<()> {
+    use crate::privs::{Need, CAP_NET_ADMIN, CAP_NET_BIND_SERVICE};
+    let mut needs = Vec::new();
+    // Ports below net.ipv4.ip_unprivileged_port_start (1024 unless changed) need the
+    // capability to bind.
+    let first_free: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1024);
+    if a.listen.port() != 0 && a.listen.port() < first_free {
+        needs.push(Need {
+            cap: CAP_NET_BIND_SERVICE,
+            used_for: "listening on a port below ip_unprivileged_port_start",
+            without: None,
+        });
+    }
+    if matches!(a.rx, RxMode::Auto | RxMode::Zcrx) {
+        needs.push(Need {
+            cap: CAP_NET_ADMIN,
+            used_for: "zero-copy receive: registering a zcrx area and refill ring",
+            without: Some("receive falls back from zcrx to bufring (provided buffers)"),
+        });
+    }
+    let rings = (a.rx != RxMode::Plain).then_some((
+        crate::privs::RING_PROXY * threads as u64,
+        "epoll + recv (receive) and syscall sends",
+    ));
+    crate::privs::check("proxy", &needs, rings).map(|_| ())
 }
 
 fn resolve(targets: &[String]) -> Result<Vec<SocketAddr>> {
@@ -126,7 +236,7 @@ fn worker(
     listener: TcpListener,
     targets: Vec<SocketAddr>,
     stop: &AtomicBool,
-    slot: &Mutex<ProxyStats>,
+    (slot, board): (&Mutex<ProxyStats>, Option<&crate::metrics::Board<Snapshot>>),
     ready: std::sync::mpsc::Sender<Result<String>>,
 ) -> Result<usize> {
     let cfg = config(a)?;
@@ -162,6 +272,15 @@ fn worker(
         p.turn(Duration::from_millis(50))
             .context("proxy loop (the ring failed)")?;
         log(&mut p);
+        if let Some(b) = board.filter(|b| b.wanted(idx)) {
+            b.publish(
+                idx,
+                Snapshot {
+                    stats: p.stats(),
+                    fallbacks: p.fallbacks(),
+                },
+            );
+        }
         if publish.elapsed() >= Duration::from_millis(100) {
             publish = Instant::now();
             *slot.lock().expect("stats lock") = p.stats();
@@ -220,6 +339,7 @@ fn stats_line(t: &ProxyStats, secs: f64, rate: f64, json: bool) -> String {
 
 /// Runs `zcio proxy` until SIGINT/SIGTERM (or `--duration`), then drains within the bound.
 pub fn run(a: ProxyArgs) -> Result<()> {
+    check_privileges(&a, a.threads.max(1))?;
     let targets = resolve(&a.to)?;
     // Two descriptors per socket (the receiver's and the send ring's): raise the soft limit
     // before the rings size their registered-file tables by it.
@@ -229,6 +349,7 @@ pub fn run(a: ProxyArgs) -> Result<()> {
     let listener =
         TcpListener::bind(a.listen).with_context(|| format!("binding --listen {}", a.listen))?;
     let threads = a.threads.max(1);
+    let board = crate::metrics::start(a.metrics, "proxy", threads, metrics)?;
     let stop = AtomicBool::new(false);
     let slots: Arc<Vec<Mutex<ProxyStats>>> = Arc::new(
         (0..threads)
@@ -255,7 +376,8 @@ pub fn run(a: ProxyArgs) -> Result<()> {
         for i in 0..threads {
             let l = listener.try_clone().context("cloning the listener")?;
             let (a, stop, slots, targets, rtx) = (&a, &stop, &slots, targets.clone(), rtx.clone());
-            handles.push(sc.spawn(move || worker(a, i, l, targets, stop, &slots[i], rtx)));
+            let board = board.as_deref();
+            handles.push(sc.spawn(move || worker(a, i, l, targets, stop, (&slots[i], board), rtx)));
         }
         drop(rtx);
         let mut failed = None;

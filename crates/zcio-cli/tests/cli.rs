@@ -605,3 +605,68 @@ fn proxy_sigterm_drains_within_the_bound() {
         "{rest}"
     );
 }
+
+#[test]
+fn man_pages_cover_every_subcommand_and_render_without_warnings() {
+    let dir = zcio_testnet::tempdir::TempDir::new("man").unwrap();
+    let o = zcio(&["man", dir.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{o:?}");
+    // Every subcommand --help lists (and every one below it) has its page.
+    let help = String::from_utf8_lossy(&zcio(&["--help"]).stdout).to_string();
+    let subs: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(
+        subs.contains(&"nfq") && subs.contains(&"conntrack"),
+        "{help}"
+    );
+    for c in subs {
+        assert!(dir.join(format!("zcio-{c}.1")).exists(), "no zcio-{c}.1");
+    }
+    for p in ["zcio.1", "zcio-conntrack-events.1", "zcio-perf-client.1"] {
+        let page = std::fs::read_to_string(dir.join(p)).unwrap();
+        assert!(page.contains(".SH \"SEE ALSO\""), "{p}");
+    }
+    assert!(!dir.join("zcio-man.1").exists() && !dir.join("zcio-help.1").exists());
+    // groff's warnings, where man-db is installed.
+    if Command::new("man").arg("--version").output().is_ok() {
+        for e in std::fs::read_dir(dir.path()).unwrap() {
+            let p = e.unwrap().path();
+            let o = Command::new("man")
+                .args(["--warnings", "-l"])
+                .arg(&p)
+                .env("MANWIDTH", "80")
+                .output()
+                .unwrap();
+            let w = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                o.status.success() && w.trim().is_empty(),
+                "{}: {w}",
+                p.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn completions_are_generated_for_each_shell() {
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef zcio"),
+        ("fish", "complete -c zcio"),
+    ] {
+        let o = zcio(&["completions", shell]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success() && out.contains(marker), "{shell}: {out}");
+        assert!(
+            out.contains("conntrack") && out.contains("metrics"),
+            "{shell}"
+        );
+    }
+    assert!(!zcio(&["completions", "tcsh"]).status.success());
+}

@@ -19,9 +19,11 @@
 use crate::real;
 use crate::report::{bump, log, STATS};
 use std::cell::{Cell, UnsafeCell};
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
+use zcio::event::choice::{Chooser, Costs, WaitMode, WaitObs};
 use zcio::event::{CtlError, Event, EventConfig, EventRing, Interest, Poster, Prefer, WaitChoice};
 
 /// Fds tracked in [`FDS`]; an instance or registration beyond it uses the real epoll.
@@ -31,6 +33,10 @@ const F_EPOLL: u32 = 1 << 31;
 /// [`FDS`] bit: the fd is one of the shim's own (an event ring's io_uring fd or eventfd):
 /// the program's `close`/`dup2`/`dup`/`fcntl` on it fail with `EBADF`.
 const F_PRIVATE: u32 = 1 << 30;
+/// [`FDS`] bit: the fd is a kernel-mode instance handed to the real epoll by the per-instance
+/// choice (its waits cost more on the ring than in `epoll_wait`): every wait on it goes to libc
+/// at once, without the instance table, the lock or the fork check.
+const F_HANDED: u32 = 1 << 29;
 /// [`FDS`] mask: in how many ring-mode instances the fd is registered.
 const F_REGS: u32 = 0xffff;
 
@@ -48,6 +54,15 @@ pub static PID: AtomicU64 = AtomicU64::new(0);
 static PENDING: [AtomicU64; MAXFD / 64] = [const { AtomicU64::new(0) }; MAXFD / 64];
 /// Bits set in [`PENDING`] (lets every call skip the scan when zero).
 static PENDING_N: AtomicU64 = AtomicU64::new(0);
+/// Waits passed straight to the real epoll on handed instances, one counter per epoll fd number
+/// (the last one shared by every number above), each on its own cache line: the instances of
+/// different threads (memcached's workers) never write the same line.
+static HANDED_WAITS: [Padded; HANDED_SLOTS] = [const { Padded(AtomicU64::new(0)) }; HANDED_SLOTS];
+const HANDED_SLOTS: usize = 4096;
+#[repr(align(64))]
+struct Padded(AtomicU64);
+/// The handed instances, as `fd<N>:<events per wait>ev/wait` (for the stats line).
+static HANDED_LIST: Mutex<String> = Mutex::new(String::new());
 /// Ring-mode instances alive (lets `poll`/`select` skip their scan when zero).
 pub static RING_LIVE: AtomicU64 = AtomicU64::new(0);
 /// The process that last logged "served by the event ring" (once per process).
@@ -87,6 +102,38 @@ pub fn is_instance(fd: libc::c_int) -> bool {
 /// Whether `fd` is registered in a ring-mode instance.
 pub fn is_registered(fd: libc::c_int) -> bool {
     fd_slot(fd).is_some_and(|s| s.load(Ordering::Relaxed) & F_REGS != 0)
+}
+
+/// Whether `fd` is an instance handed to the real epoll (its waits go straight to libc).
+pub fn is_handed(fd: libc::c_int) -> bool {
+    fd_slot(fd).is_some_and(|s| s.load(Ordering::Relaxed) & F_HANDED != 0)
+}
+
+/// Counts a wait on handed instance `epfd` (one relaxed add on the instance's own line).
+pub fn count_handed_wait(epfd: libc::c_int) {
+    let i = (epfd.max(0) as usize).min(HANDED_SLOTS - 1);
+    HANDED_WAITS[i].0.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Waits passed straight to the real epoll on handed instances (for the stats line).
+pub fn handed_waits() -> u64 {
+    HANDED_WAITS
+        .iter()
+        .map(|c| c.0.load(Ordering::Relaxed))
+        .sum()
+}
+
+/// The handed instances with their events per wait on the ring, `-` when none.
+pub fn handed_list() -> String {
+    let l = HANDED_LIST
+        .try_lock()
+        .map(|l| l.clone())
+        .unwrap_or_default();
+    if l.is_empty() {
+        "-".into()
+    } else {
+        l
+    }
 }
 
 /// Whether `fd` is one of the shim's own descriptors.
@@ -261,6 +308,25 @@ pub struct State {
     dormant: Option<EventRing>,
     regs: Vec<Option<Reg>>,
     buf: Vec<Event>,
+    /// Kernel mode (`ZCIO_EPOLL_WAIT_MODE=auto`): whether the owner's ring waits cost more than
+    /// `epoll_wait` would for this instance's pattern; a switch hands the instance to the real
+    /// epoll (`hand_over`). `None`: the wait mode is pinned, or the poll ring.
+    choice: Option<Chooser>,
+    /// A hand-over decided while a request was armed (a wait that returned without its
+    /// completion): carried out by the next wait that finds the ring idle.
+    handover: Option<String>,
+    /// The owner's ring waits and the fd events they returned (events per wait in the log).
+    waits: u64,
+    events: u64,
+}
+
+/// The per-instance choice for a kernel-mode instance: the ring's `EPOLL_WAIT` against the
+/// real `epoll_wait`, priced with the costs measured for a ring with DEFER_TASKRUN. The real
+/// epoll's sleep needs no poster (a handed instance sleeps in `epoll_wait` itself, outside the
+/// lock), so the observations never credit the ring for one.
+fn kernel_choice(kernel: bool) -> Option<Chooser> {
+    (kernel && crate::report::WAIT_MODE.load(Ordering::Relaxed) == 0)
+        .then(|| Chooser::new(WaitMode::Ring, Costs::measured(true)))
 }
 
 /// One epoll instance.
@@ -363,6 +429,10 @@ pub fn create(epfd: libc::c_int) -> Option<()> {
             dormant: None,
             regs: Vec::new(),
             buf: Vec::new(),
+            choice: kernel_choice(kernel),
+            handover: None,
+            waits: 0,
+            events: 0,
         }),
     });
     bump(&STATS.ring_instances, 1);
@@ -394,11 +464,12 @@ fn new_ring(epfd: libc::c_int) -> std::io::Result<EventRing> {
         // Always DEFER_TASKRUN here: the armed EPOLL_WAIT then only ever runs inside this
         // thread's own ring waits, never on a syscall return of code that uses the real epoll.
         cfg.ring.defer_taskrun = true;
+        // `auto`: the shim chooses per instance between this ring's EPOLL_WAIT and the real
+        // epoll (`kernel_choice`), so the ring itself stays on its ring wait.
         cfg.wait_choice = match crate::report::WAIT_MODE.load(Ordering::Relaxed) {
-            1 => WaitChoice::Ring,
             2 => WaitChoice::Plain,
             3 => WaitChoice::Alternate,
-            _ => WaitChoice::Auto,
+            _ => WaitChoice::Ring,
         };
         match EventRing::with_config(&cfg) {
             Ok(r) => return Ok(r),
@@ -428,7 +499,7 @@ fn new_ring(epfd: libc::c_int) -> std::io::Result<EventRing> {
 /// reused by a new instance (which retires it) or the process ends.
 pub fn forget_instance_fd(epfd: libc::c_int) {
     if let Some(slot) = fd_slot(epfd) {
-        slot.fetch_and(!F_EPOLL, Ordering::Relaxed);
+        slot.fetch_and(!(F_EPOLL | F_HANDED), Ordering::Relaxed);
     }
 }
 
@@ -436,7 +507,7 @@ pub fn forget_instance_fd(epfd: libc::c_int) {
 pub fn remove(epfd: libc::c_int) {
     let Some(slot) = fd_slot(epfd) else { return };
     let inst = with_table(|t| {
-        slot.fetch_and(!F_EPOLL, Ordering::Relaxed);
+        slot.fetch_and(!(F_EPOLL | F_HANDED), Ordering::Relaxed);
         t.get_mut(epfd as usize).and_then(Option::take)
     });
     if let Some(inst) = inst {
@@ -743,7 +814,9 @@ pub fn ctl(
     }
     if inst.kernel {
         // The interest list is the program's epoll itself: the kernel answers.
-        bump(&STATS.ring_ctls, 1);
+        if !is_handed(inst.epfd) {
+            bump(&STATS.ring_ctls, 1);
+        }
         return real::epoll_ctl(inst.epfd, op, fd, ev);
     }
     let mut st = match access(inst) {
@@ -930,6 +1003,9 @@ pub fn wait(
         }
         bump(&STATS.ring_waits, 1);
         bump(&STATS.ring_events, k as u64);
+        if inst.kernel && !woken {
+            choose(inst, st, timeout == Some(Duration::ZERO), k);
+        }
         if behind {
             // The program's epoll became readable: something registered there behind the
             // shim's back is ready. From now on the real epoll serves the instance (the ring's
@@ -955,6 +1031,60 @@ pub fn wait(
             return 0;
         }
     }
+}
+
+/// Kernel mode, after one of the owner's ring waits (`k` fd events; `zero`: a zero timeout):
+/// feeds the per-instance choice, and hands the instance to the real epoll once it decides
+/// and the ring holds nothing for its next wait (no request armed, no events left over).
+fn choose(inst: &Instance, st: &mut State, zero: bool, k: usize) {
+    st.waits += 1;
+    st.events += k as u64;
+    let Some(choice) = st.choice.as_mut() else {
+        return;
+    };
+    if st.handover.is_none() {
+        let obs = WaitObs {
+            fd_events: k as u32,
+            empty_poll: zero && k == 0,
+            slept: !zero && k == 0,
+            ..WaitObs::default()
+        };
+        if let Some(d) = choice.observe(obs) {
+            st.handover = Some(d.reason);
+        }
+    }
+    if st.handover.is_some() && st.ring.as_ref().is_some_and(|r| !r.wait_pending()) {
+        let why = st.handover.take().unwrap_or_default();
+        hand_over(inst, st, &why);
+    }
+}
+
+/// Hands a kernel-mode instance to the real epoll: its epoll fd already is the interest list,
+/// so nothing is replayed; the ring (holding nothing for a next wait) is parked until the epoll fd is
+/// closed, and every later wait on the instance goes straight to libc ([`is_handed`]). One
+/// way: on the kernels measured no pattern makes the ring wait cheaper than `epoll_wait`
+/// (docs/design/capi-preload.md, "memcached under memcaslap").
+fn hand_over(inst: &Instance, st: &mut State, why: &str) {
+    let Some(ring) = st.ring.take() else { return };
+    park_ring(inst, st, ring);
+    st.choice = None;
+    if let Some(slot) = fd_slot(inst.epfd) {
+        slot.fetch_or(F_HANDED, Ordering::Release);
+    }
+    bump(&STATS.handed, 1);
+    let per_wait = st.events as f64 / st.waits.max(1) as f64;
+    if let Ok(mut l) = HANDED_LIST.lock() {
+        if !l.is_empty() {
+            l.push(',');
+        }
+        let _ = write!(l, "fd{}:{per_wait:.1}ev/wait", inst.epfd);
+    }
+    log(format_args!(
+        "epoll fd {}: handed to the real epoll (fallback: a ring wait costs more than \
+         epoll_wait for this instance's waits: {why}); {per_wait:.1} events per ring wait \
+         over {} waits",
+        inst.epfd, st.waits
+    ));
 }
 
 /// Kernel mode: makes `me` the instance's owner when no thread has waited on it yet. A ring

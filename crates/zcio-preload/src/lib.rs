@@ -53,7 +53,16 @@ fn guarded<R>(shim: impl FnOnce() -> R, pass: impl FnOnce() -> R) -> R {
 }
 
 extern "C" fn on_exit() {
-    guarded(|| report::write_stats(inst::live_enters()), || ());
+    guarded(
+        || {
+            report::write_stats(&report::Live {
+                enters: inst::live_enters(),
+                handed_waits: inst::handed_waits(),
+                handed_list: inst::handed_list(),
+            })
+        },
+        || (),
+    );
 }
 
 extern "C" fn atfork_prepare() {
@@ -200,6 +209,11 @@ fn wait_common(
     sigmask: *const sigset_t,
     pass: impl Fn() -> c_int,
 ) -> c_int {
+    if inst::is_handed(epfd) {
+        // Handed to the real epoll: libc at once (the instance's epoll fd is the interest list).
+        inst::count_handed_wait(epfd);
+        return pass();
+    }
     guarded(
         || {
             let Some(i) = inst::lookup(epfd) else {

@@ -56,6 +56,9 @@ pub struct Stats {
     /// Switches of the `EPOLL_WAIT` rings between the ring wait and plain `epoll_wait` (the
     /// per-workload choice; each logged with its reason under `ZCIO_EPOLL_LOG=1`).
     pub mode_switches: AtomicU64,
+    /// Kernel-mode instances handed to the real epoll by the per-instance choice (a fallback
+    /// with its reason, logged under `ZCIO_EPOLL_LOG=1`; listed in `handed_instances`).
+    pub handed: AtomicU64,
 }
 
 /// The counters.
@@ -71,6 +74,7 @@ pub static STATS: Stats = Stats {
     deferred_closes: AtomicU64::new(0),
     refused: AtomicU64::new(0),
     mode_switches: AtomicU64::new(0),
+    handed: AtomicU64::new(0),
 };
 
 pub fn bump(c: &AtomicU64, n: u64) {
@@ -153,8 +157,17 @@ pub fn read_env() {
     }
 }
 
+/// What the instances report at exit: the live rings' kernel entries, the waits passed straight
+/// to the real epoll on handed instances, and the handed instances (`fd<N>:<events per
+/// wait>ev/wait`, `-` for none).
+pub struct Live {
+    pub enters: u64,
+    pub handed_waits: u64,
+    pub handed_list: String,
+}
+
 /// The stats line: `pid=.. ring_instances=.. ...`.
-pub fn line(live_enters: u64) -> String {
+pub fn line(live: &Live) -> String {
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
@@ -164,12 +177,12 @@ pub fn line(live_enters: u64) -> String {
         "pid={pid} ring_instances={} fallbacks={} ring_waits={} ring_events={} ring_enters={} \
          ring_ctls={} ring_closes={} real_waits={} deferred_closes={} refused={} \
          mode_switches={} ring_setups={} setups_refused={} setups_throttled={} \
-         setups_delayed={}\n",
+         setups_delayed={} handed={} handed_waits={} handed_instances={}\n",
         g(&STATS.ring_instances),
         g(&STATS.fallbacks),
         g(&STATS.ring_waits),
         g(&STATS.ring_events),
-        g(&STATS.ring_enters) + live_enters,
+        g(&STATS.ring_enters) + live.enters,
         g(&STATS.ring_ctls),
         g(&STATS.ring_closes),
         g(&STATS.real_waits),
@@ -180,15 +193,18 @@ pub fn line(live_enters: u64) -> String {
         pace.refused,
         pace.throttled,
         pace.delayed,
+        g(&STATS.handed),
+        live.handed_waits,
+        live.handed_list,
     )
 }
 
 /// Appends the stats line to `ZCIO_EPOLL_STATS` (called at exit). The file is opened with
 /// `O_NOFOLLOW` (a symlink planted at the path is refused, not followed) and created `0600`
 /// when missing; only a regular file is written.
-pub fn write_stats(live_enters: u64) {
+pub fn write_stats(live: &Live) {
     let Some(path) = STATS_PATH.get() else { return };
-    let l = line(live_enters);
+    let l = line(live);
     // SAFETY: `path` is NUL-terminated; flags and mode are plain integers.
     let fd = unsafe {
         libc::open(

@@ -5,24 +5,12 @@
 
 mod common;
 
-use common::{free_port, shim_path, stats_sum, tool, Preload, Server, TempDir};
+use common::{free_port, shim_path, shimmed, stats_sum, tool, Preload, Server, TempDir};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-
-fn shimmed(dir: &TempDir) -> (Preload, std::path::PathBuf) {
-    let stats = dir.path().join("stats");
-    (
-        Preload {
-            shim: Some(shim_path()),
-            stats: Some(stats.clone()),
-            log: true,
-        },
-        stats,
-    )
-}
 
 /// Sends `req` on a fresh connection and reads until `done(bytes)` or the peer closes.
 fn exchange(port: u16, req: &[u8], done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
@@ -134,6 +122,71 @@ fn memcached_answers_byte_identically_from_the_event_ring() {
         "worker waits went to the real epoll: {}",
         std::fs::read_to_string(&stats).unwrap_or_default()
     );
+}
+
+/// One connection, one request in flight (a `set` and a `get` of each key, each awaited):
+/// every wait of the worker that serves it returns about one event.
+fn memcached_one_at_a_time(port: u16, n: usize) -> Vec<u8> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut transcript = Vec::new();
+    let mut b = [0u8; 4096];
+    for i in 0..n {
+        let v = format!("v{i}-{}", "y".repeat(i % 50));
+        for (req, end) in [
+            (
+                format!("set k{i} {i} 0 {}\r\n{v}\r\n", v.len()),
+                &b"STORED\r\n"[..],
+            ),
+            (format!("get k{i}\r\n"), &b"END\r\n"[..]),
+        ] {
+            s.write_all(req.as_bytes()).expect("send");
+            let start = transcript.len();
+            while !transcript[start..].ends_with(end) {
+                match s.read(&mut b) {
+                    Ok(0) => panic!("memcached closed the connection"),
+                    Ok(k) => transcript.extend_from_slice(&b[..k]),
+                    Err(e) => panic!("read: {e}"),
+                }
+            }
+        }
+    }
+    transcript
+}
+
+#[test]
+fn memcached_worker_serving_one_request_at_a_time_is_handed_to_the_real_epoll() {
+    let test = "memcached_worker_serving_one_request_at_a_time_is_handed_to_the_real_epoll";
+    let Some(bin) = tool(test, "memcached") else {
+        return;
+    };
+    let mut native = memcached(&bin, &Preload::default());
+    let want = memcached_one_at_a_time(native.port, 600);
+    native.stop();
+    let dir = TempDir::new("memcached-handed");
+    let (pre, stats) = shimmed(&dir);
+    let mut server = memcached(&bin, &pre);
+    let got = memcached_one_at_a_time(server.port, 600);
+    let log = server.output();
+    assert!(server.stop(), "memcached did not stop: {log}");
+    assert!(
+        got == want,
+        "replies differ:\n{}",
+        String::from_utf8_lossy(&got)
+    );
+    let log = server.output();
+    let text = std::fs::read_to_string(&stats).unwrap_or_default();
+    // The worker's instance (made by the main thread, waited on by the worker) went to the
+    // real epoll after two windows of ring waits with one event each, with its reason; the
+    // idle worker and the listener's loop stayed on the ring.
+    assert_eq!(stats_sum(&stats, "handed"), 1, "{text}\n{log}");
+    assert!(
+        log.contains("handed to the real epoll"),
+        "hand-over not logged:\n{log}"
+    );
+    assert!(stats_sum(&stats, "handed_waits") > 600, "{text}");
+    assert!(stats_sum(&stats, "ring_waits") >= 256, "{text}");
+    assert_eq!(stats_sum(&stats, "real_waits"), 0, "{text}");
 }
 
 // --- lighttpd (own loop) ----------------------------------------------------------------

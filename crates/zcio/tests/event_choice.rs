@@ -191,6 +191,48 @@ fn an_armed_request_is_reaped_at_the_switch_and_its_events_reported_once() {
 }
 
 #[test]
+fn wait_pending_reports_an_armed_request_and_left_over_events_until_a_wait_hands_them_out() {
+    if !epoll_wait_or_skip(
+        "wait_pending_reports_an_armed_request_and_left_over_events_until_a_wait_hands_them_out",
+    ) {
+        return;
+    }
+    // What the epoll shim checks before it hands an instance to the real epoll: whatever the
+    // ring still holds for its next wait would be lost to a plain epoll_wait.
+    let mut r = ring(true, WaitChoice::Ring);
+    let pairs: Vec<(UnixStream, UnixStream)> =
+        (0..3).map(|_| UnixStream::pair().unwrap()).collect();
+    for (i, (a, _)) in pairs.iter().enumerate() {
+        r.add(a.as_raw_fd(), Interest::IN | Interest::ET, i as u64)
+            .unwrap();
+    }
+    assert!(!r.wait_pending());
+    // A zero-timeout wait that finds nothing leaves its request armed (DEFER_TASKRUN).
+    assert!(wait(&mut r, ZERO).is_empty());
+    assert!(r.wait_pending());
+    for (_, b) in &pairs {
+        (&*b).write_all(b"x").unwrap();
+    }
+    // The armed request (64 events) completes with 3; a wait with room for 1 hands out one
+    // and keeps two.
+    let mut one = [Event::default(); 1];
+    assert_eq!(r.wait(&mut one, ZERO).unwrap(), 1);
+    assert!(r.wait_pending(), "two events left over");
+    let mut rest = vec![one[0].token];
+    for _ in 0..2 {
+        assert_eq!(r.wait(&mut one, ZERO).unwrap(), 1);
+        rest.push(one[0].token);
+    }
+    rest.sort();
+    assert_eq!(rest, vec![0, 1, 2]);
+    assert!(!r.wait_pending());
+    // A wait that returns events from its own request leaves nothing behind.
+    (&pairs[0].1).write_all(b"y").unwrap();
+    assert_eq!(wait(&mut r, ZERO), vec![(0, IN)]);
+    assert!(!r.wait_pending());
+}
+
+#[test]
 fn a_oneshot_fires_once_across_switches_and_again_after_modify() {
     if !epoll_wait_or_skip("a_oneshot_fires_once_across_switches_and_again_after_modify") {
         return;

@@ -14,6 +14,8 @@ use zcio::netlink::{link_names, CopyMode, LogPacket, NfLog, NfLogConfig, NfLogSt
 
 /// Options of `zcio nflog`.
 #[derive(Debug, clap::Args)]
+// A later option overrides an earlier one (a unit's defaults, then ZCIO_ARGS).
+#[command(args_override_self = true)]
 pub struct NflogArgs {
     /// NFLOG group (`--nflog-group N` of the rules); repeatable.
     #[arg(long = "group", short = 'g', required = true)]
@@ -62,6 +64,74 @@ pub struct NflogArgs {
     /// Fill frames with recvmmsg instead of io_uring.
     #[arg(long)]
     pub recvmmsg: bool,
+    /// Serve the counters as Prometheus text on `ADDR:PORT` (`GET /metrics`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// What the receive loop publishes for `--metrics`.
+#[derive(Clone)]
+struct Snapshot {
+    summary: zcio::stats::Summary,
+    stats: NfLogStats,
+    written: u64,
+    skipped: u64,
+    files: u64,
+    writes: u64,
+}
+
+/// `--metrics`: the report, the counters (with every loss counter: sequence gaps and the
+/// messages missing in them, overruns, the socket's drops), per group (label `group`), and
+/// what was written.
+fn metrics(snaps: &[Option<Snapshot>], e: &mut crate::metrics::Exposition) {
+    for s in snaps.iter().flatten() {
+        e.report(&[], &s.summary);
+        e.stats("zcio_nflog", &[], &s.stats, &[]);
+        for g in &s.stats.groups {
+            let n = g.group.to_string();
+            let l = [("group", n.as_str())];
+            e.counter(
+                "zcio_nflog_group_packets",
+                "Packets received in the group",
+                &l,
+                g.packets,
+            );
+            e.counter(
+                "zcio_nflog_group_seq_gaps",
+                "Gaps in the group's sequence numbers",
+                &l,
+                g.seq_gaps,
+            );
+            e.counter(
+                "zcio_nflog_group_lost",
+                "Messages missing in the group's sequence gaps (lost in the kernel or at the \
+                 socket)",
+                &l,
+                g.lost,
+            );
+        }
+        for (name, help, v) in [
+            (
+                "zcio_nflog_written",
+                "Packets written (file or text line)",
+                s.written,
+            ),
+            (
+                "zcio_nflog_not_written",
+                "Packets not written: no link-layer header for their protocol, or a second \
+                 link type in a classic pcap file",
+                s.skipped,
+            ),
+            ("zcio_nflog_files", "Capture files opened", s.files),
+            (
+                "zcio_nflog_writes",
+                "Write calls to capture files",
+                s.writes,
+            ),
+        ] {
+            e.counter(name, help, &[], v);
+        }
+    }
 }
 
 /// `-C`'s size: a plain number is millions of bytes (tcpdump); K/M/G suffixes are binary.
@@ -287,6 +357,16 @@ pub fn run(a: NflogArgs) -> Result<()> {
     if a.write.is_none() && (rotation.size.is_some() || rotation.every.is_some()) {
         bail!("-C and -G need -w FILE");
     }
+    crate::privs::check(
+        "nflog",
+        &[crate::privs::Need {
+            cap: crate::privs::CAP_NET_ADMIN,
+            used_for: "binding NFLOG groups",
+            without: None,
+        }],
+        (!a.recvmmsg).then_some((crate::privs::RING_NFLOG, "frame-ring+recvmmsg")),
+    )?;
+    let board = crate::metrics::start(a.metrics, "nflog", 1, metrics)?;
     let mut log =
         NfLog::open(cfg).with_context(|| format!("binding NFLOG group(s) {:?}", a.groups))?;
     for f in log.fallbacks() {
@@ -350,6 +430,9 @@ pub fn run(a: NflogArgs) -> Result<()> {
             })
             .context("receiving")?;
         sink.after_batch(n == 0)?;
+        if let Some(b) = board.as_deref().filter(|b| b.wanted(0)) {
+            b.publish(0, sink.snapshot(&log));
+        }
         if let Some(s) = zcio::sys::signal::read_signal(&sigfd)? {
             break Some(s);
         }
@@ -430,6 +513,22 @@ struct Sink {
 }
 
 impl Sink {
+    fn snapshot(&self, log: &NfLog) -> Snapshot {
+        use zcio::stats::Report;
+        let (files, writes, skipped) = match &self.out {
+            Out::Capture(w) => (w.files(), w.writes, self.skipped + w.skipped),
+            Out::Text(..) => (0, 0, self.skipped),
+        };
+        Snapshot {
+            summary: log.summary(),
+            stats: log.stats(),
+            written: self.written,
+            skipped,
+            files: files as u64,
+            writes,
+        }
+    }
+
     fn full(&self) -> bool {
         self.limit.is_some_and(|c| self.written + self.skipped >= c)
     }

@@ -12,6 +12,8 @@ use zcio::netlink::{CopyMode, Decision, NfQueue, NfQueueConfig, NfqStats, Packet
 
 /// Options of `zcio nfq`.
 #[derive(Debug, clap::Args)]
+// A later option overrides an earlier one (a unit's defaults, then ZCIO_ARGS).
+#[command(args_override_self = true)]
 pub struct NfqArgs {
     /// Queue number or range `N-M` (one socket per queue; pair with `--queue-balance N:M`).
     #[arg(long)]
@@ -59,6 +61,70 @@ pub struct NfqArgs {
     /// Exit after this many seconds (for scripts and tests).
     #[arg(long)]
     pub duration: Option<f64>,
+    /// Serve the counters as Prometheus text on `ADDR:PORT` (`GET /metrics`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// What one consumer thread publishes for `--metrics`.
+#[derive(Clone)]
+struct Snapshot {
+    queues: String,
+    summary: zcio::stats::Summary,
+    stats: NfqStats,
+    /// `None` when the kernel's table cannot be read (it is root's, mode 0440).
+    kernel: Option<Vec<zcio::netlink::KernelQueueStats>>,
+}
+
+fn snapshot(q: &NfQueue, (first, last): (u16, u16)) -> Snapshot {
+    use zcio::stats::Report;
+    Snapshot {
+        queues: format!("{first}-{last}"),
+        summary: q.summary(),
+        stats: q.stats(),
+        kernel: q.kernel_stats().ok(),
+    }
+}
+
+/// `--metrics`: each consumer's report and counters (label `queues`), and the kernel's
+/// per-queue counters (label `queue`): packets waiting, and the two kernel-side losses.
+fn metrics(snaps: &[Option<Snapshot>], e: &mut crate::metrics::Exposition) {
+    for s in snaps.iter().flatten() {
+        let l = [("queues", s.queues.as_str())];
+        e.report(&l, &s.summary);
+        e.stats("zcio_nfq", &l, &s.stats, &["held"]);
+        e.gauge(
+            "zcio_nfq_kernel_counters_readable",
+            "Whether the kernel's per-queue table (/proc/net/netfilter/nfnetlink_queue, \
+             readable by root only) could be read: 0 means the zcio_nfq_kernel_* series are \
+             missing",
+            &l,
+            f64::from(u8::from(s.kernel.is_some())),
+        );
+        for k in s.kernel.iter().flatten() {
+            let q = k.queue.to_string();
+            let l = [("queue", q.as_str())];
+            e.gauge(
+                "zcio_nfq_kernel_waiting",
+                "Packets waiting for a verdict in the kernel's queue",
+                &l,
+                k.waiting as f64,
+            );
+            e.counter(
+                "zcio_nfq_kernel_queue_dropped",
+                "Packets the kernel dropped because the queue was full (lost; accepted \
+                 instead with --fail-open)",
+                &l,
+                k.queue_dropped,
+            );
+            e.counter(
+                "zcio_nfq_kernel_user_dropped",
+                "Packets the kernel dropped because the netlink socket was full (lost)",
+                &l,
+                k.user_dropped,
+            );
+        }
+    }
 }
 
 fn parse_range(s: &str) -> Result<(u16, u16)> {
@@ -167,6 +233,7 @@ fn worker(
     cpu: Option<usize>,
     stop: &AtomicBool,
     ready: std::sync::mpsc::Sender<Result<String>>,
+    board: Option<(&crate::metrics::Board<Snapshot>, usize)>,
 ) -> Result<Done> {
     if let Some(cpu) = cpu {
         // Best effort: a consumer on the CPU its queue is fed from keeps the packet there.
@@ -193,6 +260,14 @@ fn worker(
     let mut line = String::new();
     for f in q.fallbacks() {
         line.push_str(&format!("zcio nfq: fallback {f}\n"));
+    }
+    if let Err(e) = q.kernel_stats() {
+        line.push_str(&format!(
+            "zcio nfq: cannot read the kernel's queue table (/proc/net/netfilter/\
+             nfnetlink_queue: {e}; it is root's, mode 0440): packets the kernel drops because \
+             a queue is full or the socket is full are not counted here (the socket's \
+             overruns still are)\n"
+        ));
     }
     line.push_str(&format!(
         "zcio nfq: bound queue(s) {:?}, path {}, batch {}, copy range {}{}{}",
@@ -230,6 +305,11 @@ fn worker(
             }
             Decision::Verdict(v)
         })?;
+        if let Some((b, i)) = board {
+            if b.wanted(i) {
+                b.publish(i, snapshot(&q, (first, last)));
+            }
+        }
         let now = Instant::now();
         if let (Some(t), Some(i)) = (next_stats, interval) {
             if now >= t {
@@ -284,6 +364,19 @@ pub fn run(a: NfqArgs) -> Result<()> {
     let sigfd = zcio::sys::signal::block_to_fd(&[libc::SIGINT, libc::SIGTERM])
         .context("blocking SIGINT/SIGTERM")?;
     let ranges = split_queues(first, last, a.threads);
+    crate::privs::check(
+        "nfq",
+        &[crate::privs::Need {
+            cap: crate::privs::CAP_NET_ADMIN,
+            used_for: "binding NFQUEUE queues",
+            without: None,
+        }],
+        Some((
+            crate::privs::RING_NFQ * ranges.len() as u64,
+            "frame-ring+recvmmsg",
+        )),
+    )?;
+    let board = crate::metrics::start(a.metrics, "nfq", ranges.len(), metrics)?;
     let cpus = zcio_testnet::cpu::online_cpus().max(1);
     let stop = AtomicBool::new(false);
     let start = Instant::now();
@@ -295,7 +388,8 @@ pub fn run(a: NfqArgs) -> Result<()> {
             let tx = tx.clone();
             let (a, stop) = (&a, &stop);
             let cpu = (ranges.len() > 1).then_some(t % cpus);
-            handles.push(sc.spawn(move || worker(a, range, cpu, stop, tx)));
+            let board = board.as_deref().map(|b| (b, t));
+            handles.push(sc.spawn(move || worker(a, range, cpu, stop, tx, board)));
         }
         drop(tx);
         let mut bind_err = None;

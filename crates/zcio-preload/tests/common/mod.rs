@@ -308,6 +308,19 @@ pub fn redis_ping(port: u16) -> bool {
     matches!(s.read(&mut b), Ok(n) if b[..n].starts_with(b"+PONG"))
 }
 
+/// The shim with its log on and its stats file in `dir`; returns the file's path too.
+pub fn shimmed(dir: &TempDir) -> (Preload, PathBuf) {
+    let stats = dir.path().join("stats");
+    (
+        Preload {
+            shim: Some(shim_path()),
+            stats: Some(stats.clone()),
+            log: true,
+        },
+        stats,
+    )
+}
+
 /// Sums `key=value` fields over the lines of a `ZCIO_EPOLL_STATS` file.
 pub fn stats_sum(path: &Path, key: &str) -> u64 {
     let text = std::fs::read_to_string(path).unwrap_or_default();

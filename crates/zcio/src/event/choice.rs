@@ -313,6 +313,30 @@ mod tests {
     }
 
     #[test]
+    fn the_epoll_shims_request_response_instance_goes_to_epoll_wait_after_two_windows() {
+        // What the shim feeds for an owner's ring waits (DEFER_TASKRUN, no poster credit: a
+        // handed instance sleeps in epoll_wait itself): one event per wait, waits that only
+        // time out count as sleeps.
+        let one = WaitObs {
+            fd_events: 1,
+            ..WaitObs::default()
+        };
+        let mut c = Chooser::new(WaitMode::Ring, Costs::measured(true));
+        assert!(feed(&mut c, &[one], Chooser::CONFIRM - 1).is_empty());
+        let d = feed(&mut c, &[one], 1);
+        assert_eq!(d.len(), 1, "decided at the second window: {d:?}");
+        assert!(d[0].reason.contains("+550 ns"), "{}", d[0].reason);
+        assert!(
+            d[0].reason.contains("1.0 events per wait"),
+            "{}",
+            d[0].reason
+        );
+        // An idle loop (its timer's timeouts) stays on the ring.
+        let mut c = Chooser::new(WaitMode::Ring, Costs::measured(true));
+        assert!(feed(&mut c, &[SLEEP_ALONE], 50).is_empty());
+    }
+
+    #[test]
     fn with_defer_taskrun_an_empty_poll_weighs_less() {
         let defer = Costs::measured(true);
         // One empty poll (+250) against two poster sleeps (−900): ring.

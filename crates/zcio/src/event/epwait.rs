@@ -494,6 +494,12 @@ impl EpwaitEvents {
         self.mode
     }
 
+    /// Whether the next wait has something of this ring's to hand out first: a request armed
+    /// by a wait that returned without it, or events of a completion that did not fit.
+    pub(super) fn pending(&self) -> bool {
+        self.buf.in_flight() || !self.spill.is_empty()
+    }
+
     /// Before `wait` returns: without DEFER_TASKRUN an armed request could complete while the
     /// loop runs (its report then stale by the time it is read): cancel and reap it.
     fn settle(&mut self, out: &mut [Event], n: usize) -> io::Result<usize> {

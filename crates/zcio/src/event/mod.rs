@@ -554,6 +554,19 @@ impl EventRing {
         }
     }
 
+    /// Whether the `EPOLL_WAIT` backend holds something for its next `wait`: a request armed
+    /// on the epoll instance (a wait returned before it completed: timeout, user-posted event,
+    /// signal; only with DEFER_TASKRUN), which consumes the events it collects at that wait, or
+    /// events of a completion that did not fit the caller's array. A caller that stops waiting
+    /// through the ring (the epoll shim handing an instance to `epoll_wait`) does so only while
+    /// this is false, or those events would be lost. Always false on the other backends.
+    pub fn wait_pending(&self) -> bool {
+        match &self.backend {
+            Backend::Epwait(e) => e.pending(),
+            _ => false,
+        }
+    }
+
     /// Sets the `EPOLL_WAIT` backend's [`WaitChoice`] (no-op elsewhere); a switch takes effect
     /// at the next `wait`, which reaps an armed request first and reports what it collected.
     pub fn set_wait_choice(&mut self, choice: WaitChoice) {

@@ -604,7 +604,16 @@ impl FrameRecv {
                 unsafe { sub.register_buf_ring_with_flags(a, n, g, f) }
             },
         )
-        .map_err(|e| format!("IORING_REGISTER_PBUF_RING: {e} (needs Linux 5.19)"))?;
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ENOMEM) {
+                format!(
+                    "IORING_REGISTER_PBUF_RING: {e} (the ring's memory counts against \
+                     RLIMIT_MEMLOCK for a process without CAP_IPC_LOCK)"
+                )
+            } else {
+                format!("IORING_REGISTER_PBUF_RING: {e} (needs Linux 5.19)")
+            }
+        })?;
         Ok(Self {
             ring,
             bufs,

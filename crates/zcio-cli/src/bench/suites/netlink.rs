@@ -72,6 +72,10 @@ struct Plan {
     flat: Duration,
     /// Pause after each step for the consumer to drain.
     pause: Duration,
+    /// Ends the ladder at the first step the sender could not offer at its rate (every
+    /// higher step would offer the same): the default run's shortened search. `--full` climbs
+    /// every step.
+    stop_when_sender_bound: bool,
 }
 
 impl NetlinkSuite {
@@ -84,6 +88,7 @@ impl NetlinkSuite {
             step: ctx.pick(Duration::from_millis(150), Duration::from_secs(1)),
             flat: ctx.pick(Duration::from_millis(300), Duration::from_secs(2)),
             pause: Duration::from_millis(150),
+            stop_when_sender_bound: ctx.mode != crate::bench::Mode::Full,
         }
     }
 }
@@ -377,11 +382,13 @@ fn offer(
                 }
                 sent += send(i as u8 + 1, BATCH.min(total - sent))?;
             }
-            steps.push(Step {
-                sent,
-                secs: start.elapsed().as_secs_f64(),
-            });
+            let secs = start.elapsed().as_secs_f64();
+            steps.push(Step { sent, secs });
             std::thread::sleep(plan.pause);
+            // Below 80 % of the target: the sender, not the consumer, set this step's pace.
+            if plan.stop_when_sender_bound && (sent as f64 / secs.max(1e-9)) < 0.8 * rate as f64 {
+                break;
+            }
         }
         let cpu0 = cpu_ns(pid);
         let start = Instant::now();
@@ -408,12 +415,16 @@ fn sample(
     let mut s = Sample::default();
     let mut loss_free = 0.0;
     let mut top = true;
-    for (i, st) in steps[..steps.len() - 1].iter().enumerate() {
+    let ladder = &steps[..steps.len() - 1];
+    for (i, st) in ladder.iter().enumerate() {
         let n = got.get(&(i as u8 + 1)).copied().unwrap_or(0);
         if n != st.sent {
             s.note(format!(
-                "first lossy step offered {} /s: {} of {} arrived",
-                plan.rates[i], n, st.sent
+                "first lossy step offered {:.0} /s (target {} /s): {} of {} arrived",
+                st.sent as f64 / st.secs.max(1e-9),
+                plan.rates[i],
+                n,
+                st.sent
             ));
             top = false;
             break;
@@ -421,7 +432,14 @@ fn sample(
         // The rate actually offered (the sender may fall short of its target).
         loss_free = st.sent as f64 / st.secs.max(1e-9);
     }
-    if top {
+    if top && ladder.len() < plan.rates.len() {
+        s.note(format!(
+            "the ladder ended after {} of {} steps: the sender could not offer the next rate \
+             (loss-free up to what it could send)",
+            ladder.len(),
+            plan.rates.len()
+        ));
+    } else if top {
         s.note("every step of the ladder arrived whole: the top rate is sender-bound");
     }
     let flat = steps.last().expect("the flat-out step");

@@ -3,7 +3,8 @@
 //! servers started side by side: req/s, p99 latency, server CPU per request. nginx, lighttpd
 //! and haproxy under wrk, redis-server under redis-benchmark, memcached under our own client
 //! (`bench::mcload`: pipelined get/set, every reply verified, p50/p99; memslap has no
-//! percentiles).
+//! percentiles) and under Debian's `memcaslap` (libmemcached-tools; its default 90 % get /
+//! 10 % set mix, 50 connections, one request in flight per connection), with 1 and 4 workers.
 //!
 //! The shim is found next to the `zcio` binary (`target/release/libzcio_epoll.so`; built by
 //! `scripts/bench`). Loopback request rates drift run to run: the rounds alternate.
@@ -46,6 +47,13 @@ const SERVERS: &[(&str, Option<&str>)] = &[
     ("lighttpd", Some("wrk")),
     ("haproxy", Some("wrk")),
     ("memcached", None),
+    ("memcached", Some("memcaslap")),
+];
+
+/// memcaslap reports throughput only.
+const MEMCASLAP_METRICS: &[MetricDef] = &[
+    MetricDef::new("req_per_s", "req/s", Better::Higher),
+    MetricDef::new("server_cpu_per_req", "us", Better::Lower),
 ];
 
 impl Suite for Shim {
@@ -53,7 +61,7 @@ impl Suite for Shim {
         "shim"
     }
     fn about(&self) -> &'static str {
-        "unmodified nginx, lighttpd, haproxy (wrk), redis-server (redis-benchmark) and memcached (own pipelined get/set client) on loopback: native epoll vs LD_PRELOAD libzcio_epoll.so (event ring)"
+        "unmodified nginx, lighttpd, haproxy (wrk), redis-server (redis-benchmark) and memcached (own pipelined get/set client; memcaslap) on loopback: native epoll vs LD_PRELOAD libzcio_epoll.so (event ring)"
     }
     fn chart_metric(&self) -> &'static str {
         "req_per_s"
@@ -196,6 +204,36 @@ impl Suite for Shim {
             ran = true;
         } else {
             ctx.note("memcached missing (scripts/deps): memcached case skipped");
+        }
+        // memcached as a user would load it: Debian's memcaslap, one thread, 50 connections
+        // with one request in flight each, its default mix (90 % get / 10 % set, values of
+        // up to ~1 KiB); 1 and 4 workers. With few events per wait (each worker sleeps for
+        // about every request) the ring's waits cost more than epoll_wait: the shim hands
+        // such instances to the real epoll (the note shows `handed_instances`).
+        if let (Some(mc), Some(slap)) = (which("memcached"), which("memcaslap")) {
+            for threads in [1, 4] {
+                let native = Server::memcached_with(&mc, threads, None)?;
+                let shimmed = Server::memcached_with(&mc, threads, Some(&Shimmed(&shim, &[])))?;
+                ctx.compare(
+                    &format!(
+                        "memcached -t {threads}, memcaslap -T1 -c50 default get/set mix \
+                         ({secs} s runs)"
+                    ),
+                    ("native epoll", "libzcio_epoll.so"),
+                    MEMCASLAP_METRICS,
+                    || memcaslap_run(&slap, &native, secs),
+                    || memcaslap_run(&slap, &shimmed, secs),
+                )?;
+                drop(native);
+                if let Some(st) = shimmed.finish()? {
+                    ctx.note(format!(
+                        "memcached -t {threads} under memcaslap, under the shim: {st}"
+                    ));
+                }
+            }
+            ran = true;
+        } else {
+            ctx.note("memcached or memcaslap missing (scripts/deps): memcaslap cases skipped");
         }
         if !ran {
             return Err(ctx.skip(
@@ -396,6 +434,16 @@ impl Server {
     }
 
     fn memcached(bin: &Path, shim: Option<&Shimmed>) -> Result<Self> {
+        Self::memcached_args(bin, &["-t", "1", "-m", "64", "-c", "1024"], shim)
+    }
+
+    /// memcached as the issue's user ran it: `-t threads -m 256 -c 4096`.
+    fn memcached_with(bin: &Path, threads: usize, shim: Option<&Shimmed>) -> Result<Self> {
+        let t = threads.to_string();
+        Self::memcached_args(bin, &["-t", &t, "-m", "256", "-c", "4096"], shim)
+    }
+
+    fn memcached_args(bin: &Path, args: &[&str], shim: Option<&Shimmed>) -> Result<Self> {
         let dir = TempDir::new("bench-memcached")?;
         // As root memcached must drop to an account (-u): the directory becomes traversable
         // and the stats file (written at exit, after the drop) belongs to that account.
@@ -407,7 +455,7 @@ impl Server {
         let port = free_port()?;
         let mut cmd = Command::new(bin);
         cmd.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
-            .args(["-t", "1", "-m", "64", "-c", "1024"]);
+            .args(args);
         if let Some(w) = &worker {
             cmd.args(["-u", &w.0]);
         }
@@ -600,6 +648,51 @@ fn memcached_run(s: &Server, depth: usize, secs: u64) -> Result<Sample> {
     Ok(sm)
 }
 
+/// One memcaslap run: req/s as it reports them (`Ops: N TPS: T`), server CPU per operation.
+fn memcaslap_run(slap: &Path, s: &Server, secs: u64) -> Result<Sample> {
+    let cpu0 = s.cpu_secs();
+    let out = Command::new(slap)
+        .arg("-s")
+        .arg(format!("127.0.0.1:{}", s.port))
+        .args(["-T1", "-c50"])
+        .arg(format!("-t{secs}s"))
+        .output()
+        .context("running memcaslap")?;
+    let cpu = s.cpu_secs() - cpu0;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "memcaslap failed: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (ops, tps) = parse_memcaslap(&text)?;
+    let mut sm = Sample::default();
+    sm.set("req_per_s", tps)
+        .set("server_cpu_per_req", cpu / ops.max(1.0) * 1e6);
+    Ok(sm)
+}
+
+/// memcaslap's summary line: `Run time: 5.0s Ops: 344717 TPS: 68926 Net_rate: 77.1M/s`.
+fn parse_memcaslap(text: &str) -> Result<(f64, f64)> {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Run time:"))
+        .ok_or_else(|| anyhow!("memcaslap printed no summary: {text}"))?;
+    let field = |key: &str| -> Result<f64> {
+        let mut it = line.split_whitespace();
+        it.find(|w| *w == key)
+            .and_then(|_| it.next())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow!("memcaslap summary without {key} {line:?}"))
+    };
+    let ops = field("Ops:")?;
+    if ops == 0.0 {
+        bail!("memcaslap completed no operation: {text}");
+    }
+    Ok((ops, field("TPS:")?))
+}
+
 fn redis_run(rb: &Path, s: &Server, n: u64) -> Result<Sample> {
     let cpu0 = s.cpu_secs();
     let out = Command::new(rb)
@@ -637,6 +730,15 @@ fn redis_run(rb: &Path, s: &Server, n: u64) -> Result<Sample> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memcaslap_summary_is_parsed_and_an_empty_run_refused() {
+        let out = "servers: 127.0.0.1:1\ncmd_get: 260211\n\n\
+                   Run time: 3.0s Ops: 289148 TPS: 96357 Net_rate: 107.8M/s\n";
+        assert_eq!(parse_memcaslap(out).unwrap(), (289148.0, 96357.0));
+        assert!(parse_memcaslap("Run time: 3.0s Ops: 0 TPS: 0 Net_rate: 0M/s\n").is_err());
+        assert!(parse_memcaslap("connection refused\n").is_err());
+    }
 
     /// `scripts/deps` installs every server the suite runs and every load tool it drives.
     #[test]
