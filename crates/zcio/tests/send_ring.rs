@@ -1514,18 +1514,6 @@ fn auto_sends_by_copy_while_zero_copy_buffers_waiting_for_acks_drain_the_pool() 
     }
 }
 
-/// Datagrams this thread's network namespace handed to IP (`OutRequests`, v4).
-fn ip_out_requests() -> u64 {
-    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
-    let mut ip = snmp.lines().filter(|l| l.starts_with("Ip: "));
-    let (names, values) = (ip.next().unwrap(), ip.next().unwrap());
-    let col = names
-        .split_whitespace()
-        .position(|n| n == "OutRequests")
-        .unwrap();
-    values.split_whitespace().nth(col).unwrap().parse().unwrap()
-}
-
 #[test]
 fn a_udp_socket_closed_with_sends_in_flight_to_the_sink_counts_the_datagrams_that_left() {
     let test =
@@ -1551,7 +1539,7 @@ fn a_udp_socket_closed_with_sends_in_flight_to_the_sink_counts_the_datagrams_tha
             let mut c = cfg(TxMode::UringZcFixed, 512);
             c.udp_gso = false;
             let id = ring.add(s, &c).unwrap();
-            let before = ip_out_requests();
+            let before = common::ip_out_requests();
             for _ in 0..512 {
                 let mut b = pool.try_get().unwrap();
                 b.set_len(1472);
@@ -1561,7 +1549,7 @@ fn a_udp_socket_closed_with_sends_in_flight_to_the_sink_counts_the_datagrams_tha
             ring.close(id).unwrap();
             ring.flush(common::scaled(Duration::from_secs(10))).unwrap();
             let done: Vec<Completion> = ring.completions().map(|(c, _)| c).collect();
-            let out = ip_out_requests() - before;
+            let out = common::ip_out_requests() - before;
             (done, ring.counters_total(), out)
         })
         .unwrap();

@@ -404,7 +404,8 @@ fn scale_sample(r: &super::tx_scale::ScaleReport) -> Sample {
 /// whether the ring's work per call grows with its socket count; `empty_wakeups` is the
 /// fraction of wake-ups after which `on_ready` found no completion and no writable socket.
 fn scale(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()> {
-    use super::tx_scale::{run, ScaleOpts};
+    use super::tx_many::ManyOpts;
+    use super::tx_scale::run;
     let (small, big) = ctx.pick((200, 2000), (1000, 10_000));
     let size = 16 << 10;
     let case = format!("scale {big}x{} vs {small}", size_label(size));
@@ -415,12 +416,13 @@ fn scale(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()
         "scale: one SendRing (auto, depth 4, pool registered) over {small} and over {big} loopback TCP connections, 16 KiB sends, an event loop (send to every socket that takes one, submit, poll(2) on the readiness descriptor, on_ready); the receiver is a separate process (a connection is two descriptors on loopback); warm-up {warmup:?}, then {:?} measured. Loopback copies every byte (COPIED 1.0): auto sends by io_uring SEND",
         dur * 2
     ));
-    let mk = |conns| ScaleOpts {
+    let mk = |conns| ManyOpts {
         conns,
         size,
         warmup,
         dur: dur * 2,
         ws,
+        batch: 32,
     };
     ctx.compare(
         &case,

@@ -8,7 +8,7 @@
 //! The receiver is a process of its own (this binary, `ZCIO_BENCH_DRAIN` set): 10,000
 //! connections are 20,000 descriptors on loopback, the hard `RLIMIT_NOFILE` of many hosts.
 
-use super::tx_many::{buffers, Clock};
+use super::tx_many::{buffers, Clock, ManyOpts};
 use anyhow::{bail, Context, Result};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -22,16 +22,6 @@ use zcio::tx::{SendRing, SendRingConfig, SenderConfig, TxBuf, TxMode};
 /// Environment variable that makes this binary the receiver of the scale case:
 /// `<connections>,<cpu>`.
 pub const DRAIN_ENV: &str = "ZCIO_BENCH_DRAIN";
-
-/// One run's settings.
-#[derive(Debug, Clone)]
-pub(super) struct ScaleOpts {
-    pub(super) conns: usize,
-    pub(super) size: usize,
-    pub(super) warmup: Duration,
-    pub(super) dur: Duration,
-    pub(super) ws: usize,
-}
 
 /// What one run measured (after the warm-up).
 #[derive(Debug, Clone, Default)]
@@ -117,7 +107,7 @@ fn spawn_drain(
 }
 
 /// One measured run: the receiver process on one core, this thread sending on the other.
-pub(super) fn run(o: &ScaleOpts) -> Result<ScaleReport> {
+pub(super) fn run(o: &ManyOpts) -> Result<ScaleReport> {
     let (score, rcore) = crate::bench::measure::core_plan(true);
     let (mut child, mut out, addr) = spawn_drain(o.conns, rcore)?;
     let o2 = o.clone();
@@ -151,7 +141,7 @@ pub(super) fn run(o: &ScaleOpts) -> Result<ScaleReport> {
     Ok(rep)
 }
 
-fn send_all(addr: SocketAddr, o: &ScaleOpts) -> Result<(ScaleReport, u64)> {
+fn send_all(addr: SocketAddr, o: &ManyOpts) -> Result<(ScaleReport, u64)> {
     let _ = zcio::sys::raise_rlimit(libc::RLIMIT_NOFILE);
     let socks: Vec<TcpStream> = (0..o.conns)
         .map(|_| TcpStream::connect(addr))
@@ -162,6 +152,7 @@ fn send_all(addr: SocketAddr, o: &ScaleOpts) -> Result<(ScaleReport, u64)> {
     let (pool, mut free) = buffers(o.size, o.ws, o.conns + 1024)?;
     let mut ring = SendRing::new(&SendRingConfig {
         files: o.conns as u32 + 64,
+        submit_batch: o.batch,
         ..SendRingConfig::default()
     })?;
     let registered = ring.register_pool(&pool).is_ok();
