@@ -413,7 +413,7 @@ fn scale(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()
         return Ok(());
     }
     ctx.note(format!(
-        "scale: one SendRing (auto, depth 4, pool registered) over {small} and over {big} loopback TCP connections, 16 KiB sends, an event loop (send to every socket that takes one, submit, poll(2) on the readiness descriptor, on_ready); the receiver is a separate process (a connection is two descriptors on loopback); warm-up {warmup:?}, then {:?} measured. Loopback copies every byte (COPIED 1.0): auto sends by io_uring SEND",
+        "scale: one SendRing (uring-zc-fixed, depth 4, pool registered) over {small} and over {big} loopback TCP connections, 16 KiB sends, an event loop (send to every socket that takes one, submit, poll(2) on the readiness descriptor, on_ready); a buffer comes back with its notification, after the peer's ACK; the receiver is a separate process (a connection is two descriptors on loopback); warm-up {warmup:?}, then {:?} measured. Loopback copies every byte at delivery (COPIED 1.0)",
         dur * 2
     ));
     let mk = |conns| ManyOpts {
