@@ -725,29 +725,35 @@ impl SendRing {
         self.finish_parts(idx, f.tag, buf, more, bytes, error, status);
     }
 
-    /// Whether a request or a notification of a listed socket is in the kernel; sockets
-    /// with no ring send left leave the list.
+    /// Whether a request or a notification of a listed socket is in the kernel. Stops at
+    /// the first such socket; sockets with no ring send left that it meets on the way leave
+    /// the list (so a wait costs O(1) while sends are out, and the list only holds sockets
+    /// with work).
     fn ring_busy_in_kernel(&mut self) -> bool {
         let Some(u) = self.uring.as_mut() else {
             return false;
         };
-        let socks = &mut self.socks;
-        let mut any = false;
-        u.busy.retain(|&idx| {
-            let Some(s) = socks.get_mut(idx as usize).and_then(Option::as_mut) else {
-                return false;
+        let mut i = 0;
+        while i < u.busy.len() {
+            let idx = u.busy[i];
+            let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
+                u.busy.swap_remove(i);
+                continue;
             };
             let (live, k) = s.tracker.as_ref().map_or((0, false), |t| {
                 (t.live(), t.in_kernel() > 0 || t.notifs_pending() > 0)
             });
-            any |= k;
+            if k {
+                return true;
+            }
             if live == 0 && s.held.is_empty() {
                 s.ring_listed = false;
-                return false;
+                u.busy.swap_remove(i);
+                continue;
             }
-            true
-        });
-        any
+            i += 1;
+        }
+        false
     }
 
     /// Sends of the ring still owned by it (all sockets): all sends in flight but those of
