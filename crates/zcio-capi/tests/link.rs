@@ -286,7 +286,7 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
     assert!(
         out.contains("unconnected socket refused (-ENOTCONN)")
             && out.contains("their path is \"closed\"")
-            && out.contains("0 zero-copy")
+            && out.contains("counters after close")
             && out.ends_with("ok\n"),
         "{out}"
     );

@@ -504,10 +504,11 @@ fn sockets_closed_with_sends_in_flight_return_every_buffer_once_and_leave_the_ot
             assert_eq!(*b, base(k));
             if k < 4 {
                 // A prefix of the stream (checked in order by the server), then a reset: the
-                // completions say exactly what the peer got (the reset's purge is not sent).
+                // completions claim no byte the peer did not get, and miss at most what was
+                // sent unacknowledged when the reset came.
                 assert!(*n <= sent[k], "{mode}: stream {k}");
-                assert_eq!(
-                    said[k], *n,
+                assert!(
+                    said[k] <= *n && *n <= said[k] + st.reset_unacked_bytes,
                     "{mode}: stream {k} closed with sends in flight: the completions say \
                      {} bytes went, the peer received {n} ({st:?})",
                     said[k]
@@ -517,7 +518,11 @@ fn sockets_closed_with_sends_in_flight_return_every_buffer_once_and_leave_the_ot
             }
         }
         let received: u64 = got.iter().map(|(_, n)| n).sum();
-        assert_eq!(total.bytes, received, "{mode}: the ring's bytes ({st:?})");
+        assert!(
+            total.bytes <= received && received <= total.bytes + st.reset_unacked_bytes,
+            "{mode}: the ring's bytes {}, received {received} ({st:?})",
+            total.bytes
+        );
         // No purged byte counts as sent, with or without a copy. Loopback copies every byte
         // it delivers, and 6.12+ reports it so; Debian's 6.1 reports some as zero-copy.
         assert!(

@@ -835,15 +835,17 @@ pub struct TxStats {
     pub unmatched_notifications: u64,
     /// Non-zero-copy records read from the error queue (ICMP, local errors).
     pub queued_errors: u64,
-    /// Bytes a close's reset purged from a TCP socket's send queue before they were sent
-    /// (`SIOCOUTQNSD`, read just before the reset): the kernel accepted them, the peer never
-    /// got them, and they are not in `bytes` (nor `zerocopy_bytes`) of the sends they were in.
+    /// Bytes the peer had not acknowledged when a close reset the TCP connection (`SIOCOUTQ`,
+    /// read just before the reset): the kernel accepted them, the reset purged them, and they
+    /// are not in `bytes` (nor `zerocopy_bytes`/`copied_bytes`) of the sends they were in.
     pub reset_purged_bytes: u64,
     /// Of those, bytes of sends that had completed before the close (copy sends complete when
-    /// the socket took the bytes): their completions counted them.
+    /// the socket took the bytes): their completions had counted them.
     pub reset_purged_reported: u64,
-    /// Bytes sent and not yet acknowledged when a close reset the connection: counted as
-    /// sent. On loopback and veth they had reached the peer; over a network some may not have.
+    /// Of the purged bytes, those already sent (`SIOCOUTQ - SIOCOUTQNSD`): the peer may have
+    /// received them (on loopback it usually has; a peer whose receive buffer was full, or a
+    /// network, may have dropped them). What a peer received lies between the completions'
+    /// bytes and that much more.
     pub reset_unacked_bytes: u64,
 }
 

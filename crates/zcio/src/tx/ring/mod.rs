@@ -485,19 +485,21 @@ impl SendRing {
     }
 
     /// A closing TCP socket is reset (`SO_LINGER` 0, then a disconnect: the kernel purges its
-    /// send queue now, so zero-copy pages come back while the descriptor is ours). What the
-    /// reset purges is read just before it: those bytes never reach the peer, so they come
-    /// off the socket's last sends (see [`crate::tx::sock::Purge`]).
+    /// send queue now, so zero-copy pages come back while the descriptor is ours). Its send
+    /// queue is read just before: bytes the peer has not acknowledged come off the socket's
+    /// last sends (see [`crate::tx::sock::Purge`]), so a completion never claims a byte the
+    /// peer may not have; those of them already sent (the peer may have them) are counted in
+    /// `reset_unacked_bytes`.
     pub(in crate::tx) fn reset_closing(&mut self, idx: u32) {
         let Some(s) = self.sock_at(idx) else { return };
         let _ = sys::net::set_linger_zero(&*s.fd);
         let queue = sys::net::tcp_send_queue(&*s.fd).ok();
         let _ = sys::net::disconnect(&*s.fd);
         let Some((outq, unsent)) = queue else { return };
-        s.stats.reset_unacked_bytes += u64::from(outq - unsent);
-        if unsent > 0 {
+        s.stats.reset_unacked_bytes += u64::from(outq.saturating_sub(unsent));
+        if outq > 0 {
             let p = s.purge.get_or_insert_with(Default::default);
-            p.left += u64::from(unsent);
+            p.left += u64::from(outq);
         }
     }
 
