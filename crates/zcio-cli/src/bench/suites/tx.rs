@@ -406,7 +406,14 @@ fn scale_sample(r: &super::tx_scale::ScaleReport) -> Sample {
 fn scale(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()> {
     use super::tx_many::ManyOpts;
     use super::tx_scale::run;
-    let (small, big) = ctx.pick((200, 2000), (1000, 10_000));
+    // `ZCIO_BENCH_SCALE=1000,10000`: other sizes (for profiling one mode's run).
+    let (small, big) = std::env::var("ZCIO_BENCH_SCALE")
+        .ok()
+        .and_then(|v| {
+            let (a, b) = v.split_once(',')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .unwrap_or(ctx.pick((200, 2000), (1000, 10_000)));
     let size = 16 << 10;
     let case = format!("scale {big}x{} vs {small}", size_label(size));
     if !wanted(&case) {

@@ -115,6 +115,11 @@ pub(super) fn run(o: &ManyOpts) -> Result<ScaleReport> {
     let o2 = o.clone();
     let sender = std::thread::spawn(move || -> Result<(ScaleReport, u64)> {
         let _ = zcio_testnet::cpu::pin_thread(score);
+        // Named by its size, so a profile (`perf report --comm`) tells the sides apart.
+        if let Ok(name) = std::ffi::CString::new(format!("tx-scale-{}", o2.conns)) {
+            // SAFETY: PR_SET_NAME reads a NUL-terminated string (cut at 16 bytes).
+            unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+        }
         send_all(addr, &o2)
     });
     let res = sender
