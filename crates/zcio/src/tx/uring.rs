@@ -58,6 +58,10 @@ pub(super) struct Uring {
     cqes: Vec<SendCqe>,
     /// The ring's enters at the last accounting.
     enters_seen: u64,
+    /// Nesting of the ring's calls that keep its eventfd quiet, and the ring's enters when
+    /// the outermost began.
+    pub(super) quiet_depth: u32,
+    pub(super) quiet_enters: u64,
 }
 
 impl Uring {
@@ -122,6 +126,8 @@ impl Uring {
                 pumped: Vec::new(),
                 cqes: Vec::new(),
                 enters_seen: 0,
+                quiet_depth: 0,
+                quiet_enters: 0,
             },
             notes,
         )
