@@ -315,7 +315,11 @@ fn a_sleeping_loop_is_woken_by_a_post_from_another_thread() {
                 break;
             }
         }
-        assert!(woken, "{}: the loop was never asleep when the post came", r.path());
+        assert!(
+            woken,
+            "{}: the loop was never asleep when the post came",
+            r.path()
+        );
     }
 }
 

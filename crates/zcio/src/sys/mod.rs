@@ -220,6 +220,35 @@ pub fn dup_private(fd: RawFd) -> Option<RawFd> {
     Some(high)
 }
 
+/// Name of an errno value.
+pub fn errno_name(e: i32) -> String {
+    let n = match e {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::EINTR => "EINTR",
+        libc::EBADF => "EBADF",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EFAULT => "EFAULT",
+        libc::EBUSY => "EBUSY",
+        libc::EEXIST => "EEXIST",
+        libc::ENODEV => "ENODEV",
+        libc::EINVAL => "EINVAL",
+        libc::ERANGE => "ERANGE",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOPROTOOPT => "ENOPROTOOPT",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::EAFNOSUPPORT => "EAFNOSUPPORT",
+        libc::EPROTONOSUPPORT => "EPROTONOSUPPORT",
+        libc::ENOBUFS => "ENOBUFS",
+        libc::EMFILE => "EMFILE",
+        libc::ENFILE => "ENFILE",
+        libc::EAGAIN => "EAGAIN",
+        _ => return format!("errno {e}"),
+    };
+    n.to_string()
+}
+
 /// `setsockopt` with an `int` value.
 pub fn setsockopt_int(fd: &impl AsRawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
     let ptr = &value as *const i32 as *const libc::c_void;

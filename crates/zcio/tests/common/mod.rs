@@ -127,3 +127,22 @@ pub fn refused_for_a_missing_capability(
     );
     assert!(!text.contains("in use"), "{text}");
 }
+
+/// IPv4 + IPv6 datagrams this thread's network namespace handed down for sending
+/// (`Ip: OutRequests` in `snmp`, `Ip6OutRequests` in `snmp6`).
+pub fn ip_out_requests() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
+    let mut ip = snmp.lines().filter(|l| l.starts_with("Ip: "));
+    let (names, values) = (ip.next().unwrap(), ip.next().unwrap());
+    let col = names
+        .split_whitespace()
+        .position(|n| n == "OutRequests")
+        .unwrap();
+    let v4: u64 = values.split_whitespace().nth(col).unwrap().parse().unwrap();
+    let snmp6 = std::fs::read_to_string("/proc/thread-self/net/snmp6").unwrap();
+    let v6: u64 = snmp6
+        .lines()
+        .find_map(|l| l.strip_prefix("Ip6OutRequests"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    v4 + v6
+}
