@@ -260,7 +260,12 @@ impl NlSocket {
             let mut ack = None;
             let mut other = false;
             for m in messages(&buf[..n]) {
-                let m = m.map_err(RequestError::Parse)?;
+                let Ok(m) = m else {
+                    // Not this request's answer (audit records carry a length that leaves
+                    // their own header out): the stream's parser counts what it is.
+                    other = true;
+                    break;
+                };
                 if m.ty == nl::NLMSG_ERROR && m.seq == seq {
                     ack = Some(m.error_code().map_err(RequestError::Parse)?);
                 } else {
@@ -379,6 +384,37 @@ pub(crate) trait Family {
     fn gaps(_t: &Self::Tally) -> u64 {
         0
     }
+    /// Every datagram is one message whose `nlmsg_len` may not count its own header (audit:
+    /// `audit_log_end` sets it to the payload's length on unicast, the multicast copy to the
+    /// whole): the payload is then the rest of the datagram.
+    const ONE_PER_DATAGRAM: bool = false;
+}
+
+/// The one message of a datagram of a [`Family::ONE_PER_DATAGRAM`] family: its header, and
+/// the rest of the datagram as its payload, whatever `nlmsg_len` says. Well-formed messages
+/// (`NLMSG_ERROR` ACKs) keep their own length.
+pub(crate) fn whole_datagram(d: &[u8]) -> Result<NlMsg<'_>, ParseError> {
+    if let Ok((m, _)) = NlMsg::parse(d) {
+        if m.ty == nl::NLMSG_ERROR || m.payload.len() + nl::NLMSG_HDRLEN == d.len() {
+            return Ok(m);
+        }
+    }
+    let hdr: &[u8; nl::NLMSG_HDRLEN] = d
+        .get(..nl::NLMSG_HDRLEN)
+        .and_then(|h| h.try_into().ok())
+        .ok_or(ParseError::Truncated {
+            what: "nlmsghdr",
+            need: nl::NLMSG_HDRLEN,
+            have: d.len(),
+        })?;
+    let u32_at = |i: usize| u32::from_ne_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
+    Ok(NlMsg {
+        ty: u16::from_ne_bytes([hdr[4], hdr[5]]),
+        flags: u16::from_ne_bytes([hdr[6], hdr[7]]),
+        seq: u32_at(8),
+        pid: u32_at(12),
+        payload: &d[nl::NLMSG_HDRLEN..],
+    })
 }
 
 /// Counters of a read-only netlink stream (`NfLogStats::stream`, `CtStats::stream`).
@@ -456,6 +492,21 @@ impl<'d, F: Family> Iterator for Items<'d, '_, F> {
 
     fn next(&mut self) -> Option<F::Item<'d>> {
         loop {
+            if F::ONE_PER_DATAGRAM {
+                let d = self.datas.next()?;
+                match whole_datagram(d) {
+                    Ok(m) => {
+                        if let Some(item) = self.item(&m) {
+                            return Some(item);
+                        }
+                    }
+                    Err(e) => {
+                        self.stats.parse_errors += 1;
+                        tracing::warn!(error = %e, "malformed netlink datagram");
+                    }
+                }
+                continue;
+            }
             let Some(msgs) = &mut self.msgs else {
                 self.msgs = Some(messages(self.datas.next()?));
                 continue;
@@ -474,24 +525,35 @@ impl<'d, F: Family> Iterator for Items<'d, '_, F> {
                     continue;
                 }
             };
-            if m.ty == nl::NLMSG_ERROR {
-                if m.error_code().is_ok_and(|c| c != 0) {
-                    self.stats.kernel_errors += 1;
-                }
-                continue;
+            if let Some(item) = self.item(&m) {
+                return Some(item);
             }
-            match F::parse(&m) {
-                Ok(Some(item)) => {
-                    F::tally(self.tally, &item);
-                    self.stats.items += 1;
-                    self.count += 1;
-                    return Some(item);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    self.stats.parse_errors += 1;
-                    tracing::warn!(error = %e, ty = m.ty, "malformed netlink message");
-                }
+        }
+    }
+}
+
+impl<'d, F: Family> Items<'d, '_, F> {
+    /// The item of one message, counted; `None` for an error message, one that carries no
+    /// item, or one that does not parse (counted).
+    fn item(&mut self, m: &NlMsg<'d>) -> Option<F::Item<'d>> {
+        if m.ty == nl::NLMSG_ERROR {
+            if m.error_code().is_ok_and(|c| c != 0) {
+                self.stats.kernel_errors += 1;
+            }
+            return None;
+        }
+        match F::parse(m) {
+            Ok(Some(item)) => {
+                F::tally(self.tally, &item);
+                self.stats.items += 1;
+                self.count += 1;
+                Some(item)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                self.stats.parse_errors += 1;
+                tracing::warn!(error = %e, ty = m.ty, "malformed netlink message");
+                None
             }
         }
     }

@@ -18,6 +18,8 @@
 //! `netlink::source`; their counters are [`FrameStats`], their errors [`FrameError`]. NFLOG and
 //! conntrack events are a parser and a thin type on the core's read-only stream.
 
+mod audit;
+mod auditrec;
 mod conntrack;
 mod core;
 mod ctevents;
@@ -34,6 +36,11 @@ pub mod tracker;
 pub use crate::buf::frames::FramePin;
 pub use conntrack::{
     tcp_state_name, Conntrack, CtCounters, CtEvent, CtEventKind, CtTimestamp, TcpInfo, Tuple,
+};
+pub use audit::{Audit, AuditConfig, AuditError, AuditMode, AuditStats, AuditStatus};
+pub use auditrec::{
+    decode_hex, type_name as audit_type_name, AuditEvent, AuditRecord, EventEnd, Field, Fields,
+    GroupStats as AuditGroupStats,
 };
 pub use core::{Loss, StreamStats};
 pub use ctevents::{CtError, CtEvents, CtEventsConfig, CtStats};

@@ -250,3 +250,71 @@ const fn size_of_val_aligned<T>() -> usize {
     let a = super::netlink::NLMSG_ALIGNTO;
     (std::mem::size_of::<T>() + a - 1) & !(a - 1)
 }
+
+// The audit netlink ABI (`sys::audit`, `linux/audit.h`; linux-raw-sys's `ptrace` module).
+same_value!(super::audit::NETLINK_AUDIT, lrs::netlink::NETLINK_AUDIT);
+same_value!(
+    super::audit::AUDIT_NLGRP_READLOG,
+    lrs::ptrace::audit_nlgrps::AUDIT_NLGRP_READLOG
+);
+same_value!(super::audit::AUDIT_GET, lrs::ptrace::AUDIT_GET);
+same_value!(super::audit::AUDIT_SET, lrs::ptrace::AUDIT_SET);
+same_value!(super::audit::AUDIT_SYSCALL, lrs::ptrace::AUDIT_SYSCALL);
+same_value!(super::audit::AUDIT_EOE, lrs::ptrace::AUDIT_EOE);
+same_value!(super::audit::AUDIT_KERNEL, lrs::ptrace::AUDIT_KERNEL);
+same_value!(
+    super::audit::AUDIT_FIRST_USER_MSG,
+    lrs::ptrace::AUDIT_FIRST_USER_MSG
+);
+same_value!(
+    super::audit::AUDIT_LAST_USER_MSG,
+    lrs::ptrace::AUDIT_LAST_USER_MSG
+);
+same_value!(
+    super::audit::AUDIT_FIRST_USER_MSG2,
+    lrs::ptrace::AUDIT_FIRST_USER_MSG2
+);
+same_value!(
+    super::audit::AUDIT_LAST_USER_MSG2,
+    lrs::ptrace::AUDIT_LAST_USER_MSG2
+);
+same_value!(
+    super::audit::AUDIT_STATUS_ENABLED,
+    lrs::ptrace::AUDIT_STATUS_ENABLED
+);
+same_value!(
+    super::audit::AUDIT_STATUS_FAILURE,
+    lrs::ptrace::AUDIT_STATUS_FAILURE
+);
+same_value!(super::audit::AUDIT_STATUS_PID, lrs::ptrace::AUDIT_STATUS_PID);
+same_value!(
+    super::audit::AUDIT_STATUS_RATE_LIMIT,
+    lrs::ptrace::AUDIT_STATUS_RATE_LIMIT
+);
+same_value!(
+    super::audit::AUDIT_STATUS_BACKLOG_LIMIT,
+    lrs::ptrace::AUDIT_STATUS_BACKLOG_LIMIT
+);
+same_value!(
+    super::audit::AUDIT_STATUS_BACKLOG_WAIT_TIME,
+    lrs::ptrace::AUDIT_STATUS_BACKLOG_WAIT_TIME
+);
+same_value!(
+    super::audit::AUDIT_STATUS_LOST,
+    lrs::ptrace::AUDIT_STATUS_LOST
+);
+same_layout!(
+    super::audit::AuditStatus,
+    lrs::ptrace::audit_status,
+    mask => mask,
+    enabled => enabled,
+    failure => failure,
+    pid => pid,
+    rate_limit => rate_limit,
+    backlog_limit => backlog_limit,
+    lost => lost,
+    backlog => backlog,
+    feature_bitmap => __bindgen_anon_1,
+    backlog_wait_time => backlog_wait_time,
+    backlog_wait_time_actual => backlog_wait_time_actual,
+);

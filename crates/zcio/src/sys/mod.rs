@@ -38,6 +38,7 @@
 // the feature's surface (used by the C ABI, the preload shim and the CLI), not dead code.
 #![cfg_attr(not(feature = "unstable-raw"), allow(unreachable_pub, dead_code))]
 
+pub mod audit;
 pub mod ctnetlink;
 pub mod epoll;
 pub mod errqueue;
