@@ -286,7 +286,13 @@ impl Control {
 
     /// Sends one request and waits for the message answering it: `want` (a reply of that
     /// type, returned) or the ACK/error (with `ack`).
-    fn ask(&mut self, ty: u16, ack: bool, payload: &[u8], want: Option<u16>) -> Result<Vec<u8>, AuditError> {
+    fn ask(
+        &mut self,
+        ty: u16,
+        ack: bool,
+        payload: &[u8],
+        want: Option<u16>,
+    ) -> Result<Vec<u8>, AuditError> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let mut req = Vec::with_capacity(64);
@@ -297,7 +303,11 @@ impl Control {
             Ok(())
         })
         .expect("a small request");
-        let what = if ty == AUDIT_GET { "AUDIT_GET" } else { "AUDIT_SET" };
+        let what = if ty == AUDIT_GET {
+            "AUDIT_GET"
+        } else {
+            "AUDIT_SET"
+        };
         nl::send_to_kernel(&self.fd, &req).map_err(|source| AuditError::Socket {
             what: format!("sending {what}"),
             source,
@@ -352,6 +362,16 @@ impl Control {
     fn set(&mut self, s: &crate::sys::audit::AuditStatus) -> Result<(), AuditError> {
         self.ask(AUDIT_SET, true, &status_bytes(s), None).map(drop)
     }
+}
+
+/// The kernel's audit status now (`AUDIT_GET` on a socket of its own; `CAP_AUDIT_CONTROL`).
+pub fn audit_status() -> Result<AuditStatus, AuditError> {
+    Control::open()
+        .map_err(|source| AuditError::Socket {
+            what: "socket(AF_NETLINK, NETLINK_AUDIT) (audit compiled out?)".into(),
+            source,
+        })?
+        .get()
 }
 
 /// The audit record family for [`Stream`].
@@ -510,7 +530,10 @@ impl Audit {
                 fallbacks.push(Fallback::new(
                     mode_path(AuditMode::Primary),
                     mode_path(AuditMode::Observer),
-                    format!("pid {} is registered as the audit daemon; reading beside it", s.pid),
+                    format!(
+                        "pid {} is registered as the audit daemon; reading beside it",
+                        s.pid
+                    ),
                 ));
                 mode = AuditMode::Observer;
             }
@@ -633,7 +656,9 @@ impl Audit {
                 return Ok(me);
             }
         }
-        Ok(Self::assemble(sock, control, mode, &cfg, status, None, fallbacks))
+        Ok(Self::assemble(
+            sock, control, mode, &cfg, status, None, fallbacks,
+        ))
     }
 
     fn assemble(
@@ -875,7 +900,16 @@ mod tests {
             backlog_wait_time_actual: 0,
         };
         let p = parse_status(&status_bytes(&s)).unwrap();
-        assert_eq!((p.enabled, p.pid, p.backlog_limit, p.lost, p.backlog_wait_time), (1, 42, 64, 9, 15000));
+        assert_eq!(
+            (
+                p.enabled,
+                p.pid,
+                p.backlog_limit,
+                p.lost,
+                p.backlog_wait_time
+            ),
+            (1, 42, 64, 9, 15000)
+        );
         assert!(parse_status(&[0u8; 20]).is_err());
     }
 }

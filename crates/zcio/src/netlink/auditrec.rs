@@ -55,9 +55,8 @@ impl<'a> AuditRecord<'a> {
             .rposition(|&c| c != 0 && c != b'\n')
             .map_or(0, |i| i + 1);
         let text = &text[..end];
-        let (sec, msec, serial, body) = header(text).ok_or(ParseError::Missing(
-            "audit(sec.msec:serial) record header",
-        ))?;
+        let (sec, msec, serial, body) =
+            header(text).ok_or(ParseError::Missing("audit(sec.msec:serial) record header"))?;
         Ok(Self {
             ty,
             sec,
@@ -87,7 +86,9 @@ impl<'a> AuditRecord<'a> {
 
     /// The first field named `key`, decoded.
     pub fn field(&self, key: &str) -> Option<Cow<'a, [u8]>> {
-        self.fields().find(|f| f.key == key.as_bytes()).map(|f| f.value())
+        self.fields()
+            .find(|f| f.key == key.as_bytes())
+            .map(|f| f.value())
     }
 }
 
@@ -670,15 +671,15 @@ mod tests {
             "audit(1700000000.042:77): proctitle=636174002F746D702F6120622E747874\n\0",
         );
         assert_eq!((r.sec, r.msec, r.serial), (1700000000, 42, 77));
-        assert_eq!(
-            r.field("proctitle").unwrap().as_ref(),
-            b"cat\0/tmp/a b.txt"
-        );
+        assert_eq!(r.field("proctitle").unwrap().as_ref(), b"cat\0/tmp/a b.txt");
         let r = rec(
             1302,
             "audit(1.001:2): item=0 name=\"/tmp/x\" inode=5 nametype=NORMAL",
         );
-        let f: Vec<_> = r.fields().map(|f| (f.key, f.value().into_owned())).collect();
+        let f: Vec<_> = r
+            .fields()
+            .map(|f| (f.key, f.value().into_owned()))
+            .collect();
         assert_eq!(f[1], (&b"name"[..], b"/tmp/x".to_vec()));
         assert_eq!(f[3], (&b"nametype"[..], b"NORMAL".to_vec()));
         // A bare hex-looking value of a trusted key stays as written.
@@ -689,7 +690,10 @@ mod tests {
         let r = rec(1309, "audit(1.001:2): argc=2 a0=\"ls\" a1=2F746D702F612062");
         assert_eq!(r.field("a1").unwrap().as_ref(), b"/tmp/a b");
         // User messages: msg='...' with spaces and '=' inside is one field.
-        let r = rec(1112, "audit(1.001:3): pid=1 uid=0 msg='op=login acct=\"x\" res=success'");
+        let r = rec(
+            1112,
+            "audit(1.001:3): pid=1 uid=0 msg='op=login acct=\"x\" res=success'",
+        );
         let f: Vec<_> = r.fields().collect();
         assert_eq!(f.len(), 3);
         assert_eq!(f[2].value().as_ref(), b"op=login acct=\"x\" res=success");
@@ -710,7 +714,10 @@ mod tests {
         assert_eq!(out[0].end, EventEnd::Single);
         g.push(&rec(1320, "audit(1.000:10): "), t0, &mut out);
         assert_eq!(out.len(), 2);
-        assert_eq!((out[1].serial, out[1].len(), out[1].end), (10, 2, EventEnd::Eoe));
+        assert_eq!(
+            (out[1].serial, out[1].len(), out[1].end),
+            (10, 2, EventEnd::Eoe)
+        );
         assert!(!out[1].incomplete());
         let types: Vec<u16> = out[1].records().map(|r| r.ty).collect();
         assert_eq!(types, [1300, 1307]);
@@ -726,7 +733,13 @@ mod tests {
         g.push(&rec(1320, "audit(1.000:13): "), t0, &mut out);
         assert!(out[3].incomplete());
         assert_eq!(
-            (g.stats.events, g.stats.eoe, g.stats.single, g.stats.waited, g.stats.incomplete),
+            (
+                g.stats.events,
+                g.stats.eoe,
+                g.stats.single,
+                g.stats.waited,
+                g.stats.incomplete
+            ),
             (4, 2, 1, 1, 2)
         );
         let mut log = Vec::new();

@@ -34,13 +34,13 @@ mod source;
 pub mod tracker;
 
 pub use crate::buf::frames::FramePin;
-pub use conntrack::{
-    tcp_state_name, Conntrack, CtCounters, CtEvent, CtEventKind, CtTimestamp, TcpInfo, Tuple,
-};
-pub use audit::{Audit, AuditConfig, AuditError, AuditMode, AuditStats, AuditStatus};
+pub use audit::{audit_status, Audit, AuditConfig, AuditError, AuditMode, AuditStats, AuditStatus};
 pub use auditrec::{
     decode_hex, type_name as audit_type_name, AuditEvent, AuditRecord, EventEnd, Field, Fields,
     GroupStats as AuditGroupStats,
+};
+pub use conntrack::{
+    tcp_state_name, Conntrack, CtCounters, CtEvent, CtEventKind, CtTimestamp, TcpInfo, Tuple,
 };
 pub use core::{Loss, StreamStats};
 pub use ctevents::{CtError, CtEvents, CtEventsConfig, CtStats};

@@ -286,7 +286,10 @@ same_value!(
     super::audit::AUDIT_STATUS_FAILURE,
     lrs::ptrace::AUDIT_STATUS_FAILURE
 );
-same_value!(super::audit::AUDIT_STATUS_PID, lrs::ptrace::AUDIT_STATUS_PID);
+same_value!(
+    super::audit::AUDIT_STATUS_PID,
+    lrs::ptrace::AUDIT_STATUS_PID
+);
 same_value!(
     super::audit::AUDIT_STATUS_RATE_LIMIT,
     lrs::ptrace::AUDIT_STATUS_RATE_LIMIT

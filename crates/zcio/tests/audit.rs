@@ -1,0 +1,487 @@
+//! Audit against the host's kernel: a storm of `openat` calls of a file named by the test, each
+//! audited by a watch rule tagged with the test's key, arrives once and whole (counted by
+//! serial); a consumer stopped mid-storm reports the kernel's own `lost` count; an observer
+//! beside a registered auditd 3.0.9 captures the same records auditd logs, compared by
+//! `ausearch` byte for byte.
+//!
+//! Audit is global: every test here takes a lock (one at a time across test binaries), refuses
+//! to run where another daemon is registered (unless it only observes), and sets back what it
+//! changed — the enabled flag, the limits, the registered pid, its own rules (by key).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use zcio::netlink::{
+    audit_status, Audit, AuditConfig, AuditEvent, AuditMode, AuditStatus, EventEnd,
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The host's audit state while a test runs: locked, saved, and set back on drop.
+struct AuditHost {
+    _guard: std::sync::MutexGuard<'static, ()>,
+    _lock: std::fs::File,
+    saved: AuditStatus,
+    keys: Vec<String>,
+    dir: PathBuf,
+}
+
+fn auditctl(args: &[&str]) -> std::process::Output {
+    Command::new("auditctl")
+        .args(args)
+        .output()
+        .expect("auditctl runs")
+}
+
+impl AuditHost {
+    /// `None` (skipped) without root, audit or auditctl; with `observer`, another registered
+    /// daemon is allowed.
+    fn take(test: &str, observer: bool) -> Option<Self> {
+        let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        if !zcio_testnet::is_root() {
+            common::skip(test, "needs root (CAP_AUDIT_CONTROL)");
+            return None;
+        }
+        if Command::new("auditctl").arg("-v").output().is_err() {
+            common::skip(test, "auditctl missing (scripts/deps installs auditd)");
+            return None;
+        }
+        let lock = std::fs::File::create("/tmp/zcio-audit.lock").expect("lock file");
+        lock.lock().expect("flock /tmp/zcio-audit.lock");
+        let saved = match audit_status() {
+            Ok(s) => s,
+            Err(e) => {
+                common::skip(
+                    test,
+                    &format!("AUDIT_GET: {e} (not the initial namespaces?)"),
+                );
+                return None;
+            }
+        };
+        if saved.enabled == 2 {
+            common::skip(test, "audit is locked (enabled 2)");
+            return None;
+        }
+        if saved.pid != 0 && !observer {
+            panic!(
+                "{test}: pid {} is registered as the audit daemon: refusing to change the \
+                 host's audit state beside it",
+                saved.pid
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("zcio-audit-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Some(Self {
+            _guard: guard,
+            _lock: lock,
+            saved,
+            keys: Vec::new(),
+            dir,
+        })
+    }
+
+    /// Adds a read watch on a fresh file, tagged with a key of its own; returns the file.
+    fn watch(&mut self, name: &str) -> (PathBuf, String) {
+        let file = self.dir.join(name);
+        std::fs::write(&file, b"x").unwrap();
+        let key = format!("zcio-{name}-{}", std::process::id());
+        let f = file.to_str().unwrap();
+        let o = auditctl(&["-w", f, "-p", "r", "-k", &key]);
+        assert!(
+            o.status.success(),
+            "auditctl -w: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        self.keys.push(format!("{f}\0{key}"));
+        (file, key)
+    }
+}
+
+impl Drop for AuditHost {
+    fn drop(&mut self) {
+        for k in &self.keys {
+            let (f, key) = k.split_once('\0').unwrap();
+            let o = auditctl(&["-W", f, "-p", "r", "-k", key]);
+            if !o.status.success() {
+                eprintln!("auditctl -W {f}: {}", String::from_utf8_lossy(&o.stderr));
+            }
+        }
+        let s = self.saved;
+        let now = audit_status().ok();
+        if now.is_some_and(|n| n.pid != 0 && s.pid == 0) {
+            eprintln!(
+                "audit: pid {} still registered after the test",
+                now.unwrap().pid
+            );
+        }
+        let o = auditctl(&[
+            "-e",
+            &s.enabled.to_string(),
+            "-b",
+            &s.backlog_limit.to_string(),
+            "--backlog_wait_time",
+            &s.backlog_wait_time.to_string(),
+            "-r",
+            &s.rate_limit.to_string(),
+        ]);
+        if !o.status.success() {
+            eprintln!("auditctl restore: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        let after = audit_status().expect("AUDIT_GET");
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if !std::thread::panicking() {
+            assert_eq!(
+                (
+                    after.enabled,
+                    after.backlog_limit,
+                    after.backlog_wait_time,
+                    after.rate_limit
+                ),
+                (
+                    s.enabled,
+                    s.backlog_limit,
+                    s.backlog_wait_time,
+                    s.rate_limit
+                ),
+                "audit state set back"
+            );
+            if s.pid == 0 {
+                assert_eq!(after.pid, 0, "no daemon left registered");
+            }
+        }
+    }
+}
+
+/// A process that opens `file` `n` times (one `openat` each).
+fn storm(file: &Path, n: usize) -> Child {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "i=0; while [ $i -lt {n} ]; do : < '{}'; i=$((i+1)); done",
+            file.display()
+        ))
+        .spawn()
+        .expect("sh")
+}
+
+fn key_of(ev: &AuditEvent) -> Option<String> {
+    ev.records()
+        .find(|r| r.ty == 1300)
+        .and_then(|r| r.field("key"))
+        .map(|k| String::from_utf8_lossy(&k).into_owned())
+}
+
+/// Reads until `done` says so or `limit` passes; returns the events by serial.
+fn collect(
+    a: &mut Audit,
+    limit: Duration,
+    done: impl FnMut(&BTreeMap<u64, AuditEvent>) -> bool,
+    key: &str,
+) -> (BTreeMap<u64, AuditEvent>, usize) {
+    collect_all(a, limit, done, key, &mut BTreeMap::new())
+}
+
+/// As [`collect`], keeping every event (any key) in `all` too.
+fn collect_all(
+    a: &mut Audit,
+    limit: Duration,
+    mut done: impl FnMut(&BTreeMap<u64, AuditEvent>) -> bool,
+    key: &str,
+    all: &mut BTreeMap<u64, AuditEvent>,
+) -> (BTreeMap<u64, AuditEvent>, usize) {
+    let mut evs = BTreeMap::new();
+    let mut dup = 0;
+    let t0 = Instant::now();
+    while t0.elapsed() < limit && !done(&evs) {
+        a.process(Some(Duration::from_millis(50)), |ev| {
+            all.insert(ev.serial, ev.clone());
+            if key_of(ev).as_deref() == Some(key) && evs.insert(ev.serial, ev.clone()).is_some() {
+                dup += 1;
+            }
+        })
+        .expect("process");
+    }
+    (evs, dup)
+}
+
+fn whole(ev: &AuditEvent, file: &Path) -> bool {
+    let types: Vec<u16> = ev.records().map(|r| r.ty).collect();
+    let name = file.to_str().unwrap().as_bytes().to_vec();
+    ev.end == EventEnd::Eoe
+        && !ev.incomplete()
+        && types.first() == Some(&1300)
+        && types.contains(&1302)
+        && types.contains(&1327)
+        && ev
+            .records()
+            .any(|r| r.ty == 1302 && r.field("name").is_some_and(|n| *n == name[..]))
+}
+
+#[test]
+fn every_event_of_a_storm_arrives_once_and_whole() {
+    let t = "every_event_of_a_storm_arrives_once_and_whole";
+    let Some(mut host) = AuditHost::take(t, false) else {
+        return;
+    };
+    let mut a = Audit::open(AuditConfig {
+        mode: AuditMode::Primary,
+        fallback: false,
+        ..AuditConfig::default()
+    })
+    .expect("open primary");
+    assert_eq!(a.mode(), AuditMode::Primary);
+    assert_eq!(audit_status().unwrap().pid, std::process::id());
+    assert_eq!(audit_status().unwrap().enabled, 1);
+    let (file, key) = host.watch("storm");
+    let lost0 = audit_status().unwrap().lost;
+    const N: usize = 2000;
+    let mut child = storm(&file, N);
+    let (evs, dup) = collect(&mut a, Duration::from_secs(60), |e| e.len() >= N, &key);
+    assert!(child.wait().unwrap().success());
+    // Anything late or doubled would show now.
+    let (more, dup2) = collect(&mut a, Duration::from_millis(700), |_| false, &key);
+    let st = a.stats();
+    eprintln!("{t}: {st:?}\n{}", st.loss_summary());
+    assert_eq!(dup + dup2, 0, "an event arrived twice");
+    assert!(more.is_empty(), "{} events after the storm's", more.len());
+    assert_eq!(evs.len(), N, "every openat is one event");
+    let broken: Vec<_> = evs.values().filter(|e| !whole(e, &file)).collect();
+    assert!(
+        broken.is_empty(),
+        "events not whole: {:?}",
+        &broken[..broken.len().min(2)]
+    );
+    assert_eq!(
+        audit_status().unwrap().lost,
+        lost0,
+        "the kernel lost records"
+    );
+    assert!(
+        st.loss.exact && st.loss.at_least == 0,
+        "{}",
+        st.loss_summary()
+    );
+    assert_eq!(st.stream.parse_errors, 0);
+    drop(a);
+    assert_eq!(audit_status().unwrap().pid, 0, "unregistered at close");
+}
+
+#[test]
+fn a_consumer_stopped_mid_storm_reports_the_kernels_lost_count() {
+    let t = "a_consumer_stopped_mid_storm_reports_the_kernels_lost_count";
+    let Some(mut host) = AuditHost::take(t, false) else {
+        return;
+    };
+    let mut a = Audit::open(AuditConfig {
+        mode: AuditMode::Primary,
+        fallback: false,
+        backlog_limit: Some(64),
+        backlog_wait_time: Some(0),
+        rcvbuf: Some((64 << 10, true)),
+        ..AuditConfig::default()
+    })
+    .expect("open primary");
+    let s = audit_status().unwrap();
+    assert_eq!((s.backlog_limit, s.backlog_wait_time), (64, 0));
+    let (file, key) = host.watch("stopped");
+    const N: usize = 3000;
+    let before = audit_status().unwrap().lost;
+    // Not reading: the socket fills, then the kernel's backlog, then it drops.
+    let mut child = storm(&file, N);
+    assert!(child.wait().unwrap().success());
+    let (evs, _) = collect(&mut a, Duration::from_secs(3), |_| false, &key);
+    a.flush(|_| {});
+    let after = audit_status().unwrap().lost;
+    let st = a.stats();
+    eprintln!(
+        "{t}: {} events of {N} whole; {st:?}\n{}",
+        evs.len(),
+        st.loss_summary()
+    );
+    assert!(
+        after > before,
+        "the kernel lost nothing: the storm was too small"
+    );
+    assert_eq!(
+        st.kernel_lost_now.unwrap() - st.kernel_lost_at_open.unwrap(),
+        after - before
+    );
+    assert!(st.loss.exact);
+    assert_eq!(st.loss.at_least, u64::from(after - before));
+    assert!(
+        st.loss_summary().starts_with("LOSS: lost"),
+        "{}",
+        st.loss_summary()
+    );
+    let whole_n = evs.values().filter(|e| whole(e, &file)).count();
+    assert!(
+        whole_n < N,
+        "every event arrived though the kernel dropped records"
+    );
+    drop(a);
+    let s = audit_status().unwrap();
+    assert_eq!(s.pid, 0);
+}
+
+const AUDITD_CONF: &str = "local_events = yes
+write_logs = yes
+log_file = DIR/audit.log
+log_group = root
+log_format = RAW
+flush = NONE
+freq = 50
+max_log_file = 100
+num_logs = 5
+priority_boost = 0
+name_format = NONE
+max_log_file_action = IGNORE
+space_left = 75
+space_left_action = IGNORE
+verify_email = no
+action_mail_acct = root
+admin_space_left = 50
+admin_space_left_action = IGNORE
+disk_full_action = IGNORE
+disk_error_action = IGNORE
+tcp_listen_queue = 5
+tcp_max_per_addr = 1
+tcp_client_max_idle = 0
+transport = TCP
+distribute_network = no
+q_depth = 2000
+overflow_action = IGNORE
+max_restarts = 10
+plugin_dir = DIR/plugins
+end_of_event_timeout = 2
+";
+
+/// auditd 3.0.9 in the foreground with a configuration of its own (log in `dir`, RAW format,
+/// no flush); the enabled flag left as it is.
+fn start_auditd(dir: &Path) -> Option<Child> {
+    std::fs::create_dir_all(dir.join("plugins")).unwrap();
+    let conf = AUDITD_CONF.replace("DIR", dir.to_str().unwrap());
+    std::fs::write(dir.join("auditd.conf"), conf).unwrap();
+    let child = Command::new("auditd")
+        .args(["-n", "-s", "nochange", "-c"])
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        if audit_status().is_ok_and(|s| s.pid == child.id()) {
+            return Some(child);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut child = child;
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    panic!(
+        "auditd did not register: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn stop(child: &mut Child) {
+    // SAFETY: signalling a child we started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+}
+
+fn ausearch_raw(file: &Path, key: &str) -> String {
+    let o = Command::new("ausearch")
+        .arg("-if")
+        .arg(file)
+        .args(["--raw", "-k", key])
+        .output()
+        .expect("ausearch");
+    assert!(
+        o.status.success(),
+        "ausearch -if {}: {}",
+        file.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+#[test]
+fn an_observer_beside_auditd_captures_what_auditd_logs_byte_for_byte() {
+    let t = "an_observer_beside_auditd_captures_what_auditd_logs_byte_for_byte";
+    let Some(mut host) = AuditHost::take(t, true) else {
+        return;
+    };
+    if host.saved.pid != 0 {
+        common::skip(
+            t,
+            "another audit daemon runs: this test starts its own auditd",
+        );
+        return;
+    }
+    if Command::new("auditd").arg("-v").output().is_err() {
+        common::skip(t, "auditd missing (scripts/deps installs it)");
+        return;
+    }
+    let _ = auditctl(&["-e", "1"]);
+    let dir = host.dir.clone();
+    let mut auditd = start_auditd(&dir).expect("auditd");
+    let mut a = Audit::open(AuditConfig {
+        mode: AuditMode::Primary,
+        ..AuditConfig::default()
+    })
+    .expect("open");
+    assert_eq!(a.mode(), AuditMode::Observer, "fell back beside auditd");
+    assert!(a
+        .fallbacks()
+        .iter()
+        .any(|f| f.reason.contains("registered")));
+    let (file, key) = host.watch("observed");
+    const N: usize = 500;
+    let mut child = storm(&file, N);
+    let mut all = BTreeMap::new();
+    let (evs, dup) = collect_all(
+        &mut a,
+        Duration::from_secs(60),
+        |e| e.len() >= N,
+        &key,
+        &mut all,
+    );
+    assert!(child.wait().unwrap().success());
+    // The rule's own CONFIG_CHANGE event closes after the wait (no end-of-event record).
+    a.flush(|ev| {
+        all.insert(ev.serial, ev.clone());
+    });
+    assert_eq!(dup, 0);
+    assert_eq!(evs.len(), N);
+    assert!(evs.values().all(|e| whole(e, &file)));
+    let st = a.stats();
+    assert_eq!(st.stream.kernel_drops, 0, "{}", st.loss_summary());
+    drop(a);
+    // auditd writes what it has at exit.
+    stop(&mut auditd);
+    let mut ours = Vec::new();
+    for ev in all.values() {
+        ev.write_auditd(&mut ours);
+    }
+    let ours_file = dir.join("zcio.log");
+    std::fs::write(&ours_file, &ours).unwrap();
+    let theirs = ausearch_raw(&dir.join("audit.log"), &key);
+    let mine = ausearch_raw(&ours_file, &key);
+    assert!(
+        theirs.lines().count() >= 3 * N,
+        "auditd logged {} lines",
+        theirs.lines().count()
+    );
+    assert!(
+        mine == theirs,
+        "ausearch differs:\nauditd: {}\nzcio:   {}",
+        theirs.lines().next().unwrap_or(""),
+        mine.lines().next().unwrap_or("")
+    );
+}
