@@ -1,5 +1,6 @@
-//! The `zcio` command: probe, perf, bench, proxy, nfq, nflog, conntrack events, netlink dump, hosts.
+//! The `zcio` command: probe, perf, bench, proxy, nfq, nflog, audit, conntrack events, netlink dump, hosts.
 
+mod audit;
 mod bench;
 mod ctevents;
 mod hosts;
@@ -76,6 +77,9 @@ enum Cmd {
     /// NFLOG packets to pcapng/pcap (file, rotated, or stdout) or text lines, with loss
     /// accounting.
     Nflog(nflog::NflogArgs),
+    /// Audit events as the audit daemon (or beside one): JSON lines or auditd's log format,
+    /// the kernel's audit status at start and a loss summary at exit.
+    Audit(audit::AuditArgs),
     /// Conntrack tools.
     Conntrack {
         #[command(subcommand)]
@@ -213,6 +217,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Nfq(a) => nfq::run(a),
         Cmd::Proxy(a) => proxy::run(a),
         Cmd::Nflog(a) => nflog::run(a),
+        Cmd::Audit(a) => audit::run(a),
         Cmd::Conntrack {
             cmd: ConntrackCmd::Events(a),
         } => ctevents::run(a),

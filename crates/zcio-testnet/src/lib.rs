@@ -23,6 +23,7 @@ use std::os::fd::AsRawFd;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+pub mod audit;
 pub mod caps;
 pub mod cpu;
 pub mod routes;

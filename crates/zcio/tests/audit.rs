@@ -11,151 +11,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use zcio::netlink::{
-    audit_status, Audit, AuditConfig, AuditEvent, AuditMode, AuditStatus, EventEnd,
-};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// The host's audit state while a test runs: locked, saved, and set back on drop.
-struct AuditHost {
-    _guard: std::sync::MutexGuard<'static, ()>,
-    _lock: std::fs::File,
-    saved: AuditStatus,
-    keys: Vec<String>,
-    dir: PathBuf,
-}
-
-fn auditctl(args: &[&str]) -> std::process::Output {
-    Command::new("auditctl")
-        .args(args)
-        .output()
-        .expect("auditctl runs")
-}
-
-impl AuditHost {
-    /// `None` (skipped) without root, audit or auditctl; with `observer`, another registered
-    /// daemon is allowed.
-    fn take(test: &str, observer: bool) -> Option<Self> {
-        let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        if !zcio_testnet::is_root() {
-            common::skip(test, "needs root (CAP_AUDIT_CONTROL)");
-            return None;
-        }
-        if Command::new("auditctl").arg("-v").output().is_err() {
-            common::skip(test, "auditctl missing (scripts/deps installs auditd)");
-            return None;
-        }
-        let lock = std::fs::File::create("/tmp/zcio-audit.lock").expect("lock file");
-        lock.lock().expect("flock /tmp/zcio-audit.lock");
-        let saved = match audit_status() {
-            Ok(s) => s,
-            Err(e) => {
-                common::skip(
-                    test,
-                    &format!("AUDIT_GET: {e} (not the initial namespaces?)"),
-                );
-                return None;
-            }
-        };
-        if saved.enabled == 2 {
-            common::skip(test, "audit is locked (enabled 2)");
-            return None;
-        }
-        if saved.pid != 0 && !observer {
-            panic!(
-                "{test}: pid {} is registered as the audit daemon: refusing to change the \
-                 host's audit state beside it",
-                saved.pid
-            );
-        }
-        let dir = std::env::temp_dir().join(format!("zcio-audit-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Some(Self {
-            _guard: guard,
-            _lock: lock,
-            saved,
-            keys: Vec::new(),
-            dir,
-        })
-    }
-
-    /// Adds a read watch on a fresh file, tagged with a key of its own; returns the file.
-    fn watch(&mut self, name: &str) -> (PathBuf, String) {
-        let file = self.dir.join(name);
-        std::fs::write(&file, b"x").unwrap();
-        let key = format!("zcio-{name}-{}", std::process::id());
-        let f = file.to_str().unwrap();
-        let o = auditctl(&["-w", f, "-p", "r", "-k", &key]);
-        assert!(
-            o.status.success(),
-            "auditctl -w: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        self.keys.push(format!("{f}\0{key}"));
-        (file, key)
-    }
-}
-
-impl Drop for AuditHost {
-    fn drop(&mut self) {
-        for k in &self.keys {
-            let (f, key) = k.split_once('\0').unwrap();
-            let o = auditctl(&["-W", f, "-p", "r", "-k", key]);
-            if !o.status.success() {
-                eprintln!("auditctl -W {f}: {}", String::from_utf8_lossy(&o.stderr));
-            }
-        }
-        let s = self.saved;
-        let now = audit_status().ok();
-        if now.is_some_and(|n| n.pid != 0 && s.pid == 0) {
-            eprintln!(
-                "audit: pid {} still registered after the test",
-                now.unwrap().pid
-            );
-        }
-        let o = auditctl(&[
-            "-e",
-            &s.enabled.to_string(),
-            "-b",
-            &s.backlog_limit.to_string(),
-            "--backlog_wait_time",
-            &s.backlog_wait_time.to_string(),
-            "-r",
-            &s.rate_limit.to_string(),
-        ]);
-        if !o.status.success() {
-            eprintln!("auditctl restore: {}", String::from_utf8_lossy(&o.stderr));
-        }
-        let after = audit_status().expect("AUDIT_GET");
-        let _ = std::fs::remove_dir_all(&self.dir);
-        if !std::thread::panicking() {
-            assert_eq!(
-                (
-                    after.enabled,
-                    after.backlog_limit,
-                    after.backlog_wait_time,
-                    after.rate_limit
-                ),
-                (
-                    s.enabled,
-                    s.backlog_limit,
-                    s.backlog_wait_time,
-                    s.rate_limit
-                ),
-                "audit state set back"
-            );
-            if s.pid == 0 {
-                assert_eq!(after.pid, 0, "no daemon left registered");
-            }
-        }
-    }
-}
+use zcio::netlink::{audit_status, Audit, AuditConfig, AuditEvent, AuditMode, EventEnd};
+use zcio_testnet::audit::{auditctl, AuditHost};
 
 /// A process that opens `file` `n` times (one `openat` each).
 fn storm(file: &Path, n: usize) -> Child {
@@ -417,7 +277,7 @@ fn an_observer_beside_auditd_captures_what_auditd_logs_byte_for_byte() {
     let Some(mut host) = AuditHost::take(t, true) else {
         return;
     };
-    if host.saved.pid != 0 {
+    if host.saved().pid != 0 {
         common::skip(
             t,
             "another audit daemon runs: this test starts its own auditd",
@@ -429,7 +289,7 @@ fn an_observer_beside_auditd_captures_what_auditd_logs_byte_for_byte() {
         return;
     }
     let _ = auditctl(&["-e", "1"]);
-    let dir = host.dir.clone();
+    let dir = host.dir().to_path_buf();
     let mut auditd = start_auditd(&dir).expect("auditd");
     let mut a = Audit::open(AuditConfig {
         mode: AuditMode::Primary,

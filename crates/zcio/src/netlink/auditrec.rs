@@ -70,7 +70,8 @@ impl<'a> AuditRecord<'a> {
     /// Parses a record from its netlink message: `Ok(None)` for a message that is not a record
     /// (a reply to a request, `NLMSG_DONE`).
     pub fn parse(m: &NlMsg<'a>) -> Result<Option<Self>, ParseError> {
-        if m.ty < AUDIT_FIRST_USER_MSG {
+        if m.ty < AUDIT_FIRST_USER_MSG || m.ty == AUDIT_REPLACE {
+            // Replies to requests; the kernel's liveness probe (a pid, no text).
             return Ok(None);
         }
         Self::parse_text(m.ty, m.payload).map(Some)
@@ -698,6 +699,14 @@ mod tests {
         assert_eq!(f.len(), 3);
         assert_eq!(f[2].value().as_ref(), b"op=login acct=\"x\" res=success");
         assert!(AuditRecord::parse_text(1300, b"no header").is_err());
+        let probe = NlMsg {
+            ty: AUDIT_REPLACE,
+            flags: 0,
+            seq: 0,
+            pid: 0,
+            payload: &[0x5f, 0x2a, 0, 0],
+        };
+        assert_eq!(AuditRecord::parse(&probe), Ok(None));
         assert!(AuditRecord::parse_text(1300, b"audit(1.2:x): a=b").is_err());
     }
 

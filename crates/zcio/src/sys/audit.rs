@@ -20,6 +20,9 @@ pub const AUDIT_SET: u16 = 1001;
 pub const AUDIT_SYSCALL: u16 = 1300;
 /// End-of-event record: the last record of a multi-record (syscall) event.
 pub const AUDIT_EOE: u16 = 1320;
+/// The kernel asks the registered daemon whether it is alive (a binary pid, not a record;
+/// 4.10), e.g. when another process sets the pid.
+pub const AUDIT_REPLACE: u16 = 1329;
 /// User-space message range, first and last (single-record events).
 pub const AUDIT_FIRST_USER_MSG: u16 = 1100;
 /// See [`AUDIT_FIRST_USER_MSG`].

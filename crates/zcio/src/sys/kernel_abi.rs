@@ -261,6 +261,7 @@ same_value!(super::audit::AUDIT_GET, lrs::ptrace::AUDIT_GET);
 same_value!(super::audit::AUDIT_SET, lrs::ptrace::AUDIT_SET);
 same_value!(super::audit::AUDIT_SYSCALL, lrs::ptrace::AUDIT_SYSCALL);
 same_value!(super::audit::AUDIT_EOE, lrs::ptrace::AUDIT_EOE);
+same_value!(super::audit::AUDIT_REPLACE, lrs::ptrace::AUDIT_REPLACE);
 same_value!(super::audit::AUDIT_KERNEL, lrs::ptrace::AUDIT_KERNEL);
 same_value!(
     super::audit::AUDIT_FIRST_USER_MSG,
