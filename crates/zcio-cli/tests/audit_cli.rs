@@ -27,7 +27,7 @@ fn storm(file: &std::path::Path, n: usize) {
 
 /// Starts `zcio audit` with `args`, waits until it is the registered daemon.
 fn start(args: &[&str]) -> std::process::Child {
-    let child = Command::new(bin())
+    let mut child = Command::new(bin())
         .arg("audit")
         .args(args)
         .stdout(Stdio::piped())
@@ -40,7 +40,12 @@ fn start(args: &[&str]) -> std::process::Child {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    panic!("zcio audit did not register");
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    panic!(
+        "zcio audit did not register: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -42,7 +42,12 @@ impl AuditHost {
             return None;
         }
         let lock = std::fs::File::create("/tmp/zcio-audit.lock").expect("lock file");
-        lock.lock().expect("flock /tmp/zcio-audit.lock");
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: flock on a descriptor this function owns; held until `lock` closes.
+            let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+            assert_eq!(rc, 0, "flock /tmp/zcio-audit.lock");
+        }
         let saved = match audit_status() {
             Ok(s) => s,
             Err(e) => {

@@ -345,3 +345,20 @@ fn an_observer_beside_auditd_captures_what_auditd_logs_byte_for_byte() {
         mine.lines().next().unwrap_or("")
     );
 }
+
+#[test]
+fn audit_parser_survives_fuzz_corpus_and_mutations() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/parse_audit");
+    let mut seeds: Vec<Vec<u8>> = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        seeds.push(std::fs::read(e.unwrap().path()).unwrap());
+    }
+    assert!(seeds.len() >= 10, "no audit seeds");
+    for s in &seeds {
+        zcio::netlink::fuzz_parse_audit(s).unwrap();
+    }
+    let errors = common::mutate(&seeds, 20_000, |b| {
+        zcio::netlink::fuzz_parse_audit(b).is_err()
+    });
+    assert!(errors > 0, "mutations never produced a malformed record");
+}

@@ -484,7 +484,7 @@ impl AuditEvent {
     }
 
     /// Writes the event as auditd's log (`log_format = RAW`): one line per record,
-    /// `type=NAME msg=audit(...): fields`.
+    /// `type=NAME msg=audit(...): fields` (`type=UNKNOWN[n]` for a type without a name).
     pub fn write_auditd(&self, out: &mut Vec<u8>) {
         for r in self.records() {
             out.extend_from_slice(b"type=");
@@ -493,7 +493,15 @@ impl AuditEvent {
                 None => out.extend_from_slice(format!("UNKNOWN[{}]", r.ty).as_bytes()),
             }
             out.extend_from_slice(b" msg=");
+            // One line per record: a newline inside one (only a user-space message can carry
+            // one; the kernel hex-encodes its own untrusted strings) is written as a space.
+            let start = out.len();
             out.extend_from_slice(r.text);
+            for c in &mut out[start..] {
+                if *c == b'\n' {
+                    *c = b' ';
+                }
+            }
             out.push(b'\n');
         }
     }
