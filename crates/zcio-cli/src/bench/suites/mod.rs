@@ -1,5 +1,6 @@
 //! The registered suites, in the order `zcio bench` runs them.
 
+mod audit;
 mod event;
 mod fileserver;
 mod go;
@@ -33,6 +34,7 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(proxy::ProxySuite),
         Box::new(nfq::Nfq),
         Box::new(netlink::NetlinkSuite),
+        Box::new(audit::AuditSuite),
         Box::new(python::Python),
         Box::new(go::GoSuite),
         Box::new(shim::Shim),

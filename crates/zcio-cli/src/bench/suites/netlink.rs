@@ -286,7 +286,7 @@ impl Drop for TmpDir {
 }
 
 /// CPU time of every thread of `pid` so far (`/proc/PID/task/*/schedstat`, ns).
-fn cpu_ns(pid: u32) -> u64 {
+pub(super) fn cpu_ns(pid: u32) -> u64 {
     let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
     };
