@@ -7,7 +7,9 @@
 //! a ladder of audited-syscall rates from CPU 0: `openat` + `close` of a file watched by a
 //! rule tagged with the suite's key, one file per step, so the log says how many events of
 //! each step arrived (their PATH record's name). `loss_free_rate` is the highest offered rate
-//! up to which every step arrived whole; a last step opens flat out: the consumer's CPU time
+//! up to which every step arrived whole (the rate the opener reached, which falls short of
+//! the target where the kernel formats every record rather than dropping some); a last step
+//! opens flat out: the consumer's CPU time
 //! (all threads, `/proc/PID/task/*/schedstat`) over the events it wrote is `consumer_cpu`, and
 //! the kernel's `lost` counter's growth during that step is `lost_flat` (records). The kernel
 //! side (kauditd, the syscalls' own record building) is the same for both and not counted.
@@ -212,9 +214,6 @@ fn run_one(
         let (sent, secs) = offer(&files[i], rate, ctx_step)?;
         steps.push((sent, secs));
         std::thread::sleep(Duration::from_millis(300));
-        if (sent as f64 / secs.max(1e-9)) < 0.8 * rate as f64 {
-            break;
-        }
     }
     let lost0 = audit_status().map(|s| s.lost).unwrap_or(0);
     let cpu0 = super::netlink::cpu_ns(pid);
@@ -253,7 +252,10 @@ fn run_one(
             ));
             break;
         }
-        loss_free = sent as f64 / secs.max(1e-9);
+        // The rate actually offered: the opener slows down when the kernel formats every
+        // record instead of dropping some (and on a loaded machine), so a step may offer less
+        // than its target.
+        loss_free = f64::max(loss_free, sent as f64 / secs.max(1e-9));
     }
     let delivered = got[rates.len()];
     s.set("loss_free_rate", loss_free);
