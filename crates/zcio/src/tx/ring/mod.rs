@@ -574,8 +574,9 @@ impl SendRing {
         self.free.push(idx);
     }
 
-    /// Closes a socket: new sends are refused ([`Refusal::Closed`]); sends not yet handed to
-    /// the kernel complete with [`SendError::Closed`], those in the kernel are cancelled (a
+    /// Closes a socket: new sends are refused ([`Refusal::Closed`](super::Refusal::Closed));
+    /// sends not yet handed to the kernel complete with [`SendError::Closed`], those in the
+    /// kernel are cancelled (a
     /// send the kernel already started may complete partly). Every buffer still comes back
     /// with its completion. The descriptor is closed once no request names it. For a graceful
     /// end, wait until [`SendRing::sock_in_flight`] is 0 first.
