@@ -577,6 +577,9 @@ const SWEEP: &[usize] = &[
     1 << 20,
 ];
 
+/// The default run's sweep: one size below auto's usual crossover, one near it, one above.
+const DEFAULT_SWEEP: &[usize] = &[1 << 10, 16 << 10, 256 << 10];
+
 /// The better of two samples, metric by metric (`throughput` higher, `sender_cpu` lower),
 /// with a note naming which side won each.
 fn best_of(copy: &Sample, zc: &Sample) -> Sample {
@@ -621,8 +624,9 @@ fn sweep(
     ctx.note(format!(
         "sweep: each row's baseline is the better of copy and uring-zc-fixed in the same round (metric by metric), its zcio value auto; every side sends {warmup:?} before {dur:?} measured; auto learns the size below which copy is cheaper in that warm-up"
     ));
+    let sizes = ctx.pick(DEFAULT_SWEEP, SWEEP);
     for (route, tag) in routes {
-        for &size in SWEEP {
+        for &size in sizes {
             let case = format!("sweep {tag} {} auto vs best", size_label(size));
             if !wanted(&case) {
                 continue;
