@@ -125,16 +125,7 @@ impl Drop for AuditHost {
                 now.unwrap().pid
             );
         }
-        let o = auditctl(&[
-            "-e",
-            &s.enabled.to_string(),
-            "-b",
-            &s.backlog_limit.to_string(),
-            "--backlog_wait_time",
-            &s.backlog_wait_time.to_string(),
-            "-r",
-            &s.rate_limit.to_string(),
-        ]);
+        let o = set_back(&s);
         if !o.status.success() {
             eprintln!("auditctl restore: {}", String::from_utf8_lossy(&o.stderr));
         }
@@ -162,3 +153,61 @@ impl Drop for AuditHost {
         }
     }
 }
+
+/// Sets the enabled flag, the backlog limit, the backlog wait time and the rate limit back to
+/// `s`'s (`auditctl`).
+pub fn set_back(s: &AuditStatus) -> std::process::Output {
+    auditctl(&[
+        "-e",
+        &s.enabled.to_string(),
+        "-b",
+        &s.backlog_limit.to_string(),
+        "--backlog_wait_time",
+        &s.backlog_wait_time.to_string(),
+        "-r",
+        &s.rate_limit.to_string(),
+    ])
+}
+
+/// auditd 3.0.9's configuration for a daemon of the tests' or benchmarks' own: `auditd -n -s
+/// nochange -c DIR` logs to `DIR/audit.log` in the RAW format without flushing (`flush =
+/// NONE`), with no plugin, no network and no disk-space action.
+pub fn write_auditd_conf(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir.join("plugins"))?;
+    let d = dir
+        .to_str()
+        .ok_or_else(|| std::io::Error::other("a non-UTF-8 directory"))?;
+    std::fs::write(dir.join("auditd.conf"), AUDITD_CONF.replace("DIR", d))
+}
+
+const AUDITD_CONF: &str = "local_events = yes
+write_logs = yes
+log_file = DIR/audit.log
+log_group = root
+log_format = RAW
+flush = NONE
+freq = 0
+max_log_file = 4096
+num_logs = 2
+priority_boost = 0
+name_format = NONE
+max_log_file_action = IGNORE
+space_left = 75
+space_left_action = IGNORE
+verify_email = no
+action_mail_acct = root
+admin_space_left = 50
+admin_space_left_action = IGNORE
+disk_full_action = IGNORE
+disk_error_action = IGNORE
+tcp_listen_queue = 5
+tcp_max_per_addr = 1
+tcp_client_max_idle = 0
+transport = TCP
+distribute_network = no
+q_depth = 2000
+overflow_action = IGNORE
+max_restarts = 10
+plugin_dir = DIR/plugins
+end_of_event_timeout = 2
+";

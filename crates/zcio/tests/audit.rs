@@ -188,44 +188,10 @@ fn a_consumer_stopped_mid_storm_reports_the_kernels_lost_count() {
     assert_eq!(s.pid, 0);
 }
 
-const AUDITD_CONF: &str = "local_events = yes
-write_logs = yes
-log_file = DIR/audit.log
-log_group = root
-log_format = RAW
-flush = NONE
-freq = 50
-max_log_file = 100
-num_logs = 5
-priority_boost = 0
-name_format = NONE
-max_log_file_action = IGNORE
-space_left = 75
-space_left_action = IGNORE
-verify_email = no
-action_mail_acct = root
-admin_space_left = 50
-admin_space_left_action = IGNORE
-disk_full_action = IGNORE
-disk_error_action = IGNORE
-tcp_listen_queue = 5
-tcp_max_per_addr = 1
-tcp_client_max_idle = 0
-transport = TCP
-distribute_network = no
-q_depth = 2000
-overflow_action = IGNORE
-max_restarts = 10
-plugin_dir = DIR/plugins
-end_of_event_timeout = 2
-";
-
 /// auditd 3.0.9 in the foreground with a configuration of its own (log in `dir`, RAW format,
 /// no flush); the enabled flag left as it is.
 fn start_auditd(dir: &Path) -> Option<Child> {
-    std::fs::create_dir_all(dir.join("plugins")).unwrap();
-    let conf = AUDITD_CONF.replace("DIR", dir.to_str().unwrap());
-    std::fs::write(dir.join("auditd.conf"), conf).unwrap();
+    zcio_testnet::audit::write_auditd_conf(dir).unwrap();
     let child = Command::new("auditd")
         .args(["-n", "-s", "nochange", "-c"])
         .arg(dir)

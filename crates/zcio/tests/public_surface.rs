@@ -120,7 +120,7 @@ path = {lib:?}
 [dependencies]
 io-uring = "0.7.16"
 libc = "0.2.170"
-linux-raw-sys = {{ version = "0.12.1", default-features = false, features = ["std", "general", "io_uring", "net", "netlink"] }}
+linux-raw-sys = {{ version = "0.12.1", default-features = false, features = ["std", "general", "io_uring", "net", "netlink", "ptrace"] }}
 thiserror = "2"
 tracing = "0.1"
 serde = {{ version = "1", features = ["derive"] }}

@@ -62,16 +62,7 @@ impl Drop for Saved {
     fn drop(&mut self) {
         let s = self.0;
         let _ = auditctl(&["-D", "-k", KEY]);
-        let _ = auditctl(&[
-            "-e",
-            &s.enabled.to_string(),
-            "-b",
-            &s.backlog_limit.to_string(),
-            "--backlog_wait_time",
-            &s.backlog_wait_time.to_string(),
-            "-r",
-            &s.rate_limit.to_string(),
-        ]);
+        let _ = zcio_testnet::audit::set_back(&s);
     }
 }
 
@@ -84,48 +75,12 @@ impl Drop for Dir {
     }
 }
 
-const AUDITD_CONF: &str = "local_events = yes
-write_logs = yes
-log_file = DIR/audit.log
-log_group = root
-log_format = RAW
-flush = NONE
-freq = 0
-max_log_file = 4096
-num_logs = 2
-priority_boost = 0
-name_format = NONE
-max_log_file_action = IGNORE
-space_left = 75
-space_left_action = IGNORE
-verify_email = no
-action_mail_acct = root
-admin_space_left = 50
-admin_space_left_action = IGNORE
-disk_full_action = IGNORE
-disk_error_action = IGNORE
-tcp_listen_queue = 5
-tcp_max_per_addr = 1
-tcp_client_max_idle = 0
-transport = TCP
-distribute_network = no
-q_depth = 2000
-overflow_action = IGNORE
-max_restarts = 10
-plugin_dir = DIR/plugins
-end_of_event_timeout = 2
-";
-
 fn start(who: Daemon, dir: &Path) -> Result<Child> {
     let log = dir.join("audit.log");
     let _ = std::fs::remove_file(&log);
     let mut cmd = match who {
         Daemon::Auditd => {
-            std::fs::create_dir_all(dir.join("plugins"))?;
-            std::fs::write(
-                dir.join("auditd.conf"),
-                AUDITD_CONF.replace("DIR", dir.to_str().context("utf-8 path")?),
-            )?;
+            zcio_testnet::audit::write_auditd_conf(dir)?;
             let mut c = Command::new("taskset");
             c.args(["-c", "1", "auditd", "-n", "-s", "nochange", "-c"])
                 .arg(dir);
