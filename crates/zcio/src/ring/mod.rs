@@ -444,14 +444,20 @@ impl<C: cqueue::EntryMarker> Ring<C> {
     /// as at least one is ready (`min_wait_usec`, `IORING_FEAT_MIN_TIMEOUT`, Linux 6.12): this
     /// lets completions accumulate into batches without holding back a lone one for long.
     /// `timeout` bounds the whole wait. On kernels without the feature, behaves like
-    /// [`Ring::submit_and_wait`] with `want` = 1.
+    /// [`Ring::submit_and_wait`] with `want` = 1, and so does a `timeout` no longer than
+    /// `min_wait`: the kernel (6.18) arms its first timer at `min_wait` whatever the timeout,
+    /// so a zero-timeout poll would sleep the whole `min_wait` when nothing is ready.
     pub fn submit_and_wait_batch(
         &mut self,
         want: usize,
         min_wait: Duration,
         timeout: Duration,
     ) -> io::Result<usize> {
-        if !self.ring.params().is_feature_min_timeout() || want <= 1 || min_wait.is_zero() {
+        if !self.ring.params().is_feature_min_timeout()
+            || want <= 1
+            || min_wait.is_zero()
+            || timeout <= min_wait
+        {
             return self.enter(1, Some(timeout));
         }
         self.enters += 1;
