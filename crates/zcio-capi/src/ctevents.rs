@@ -104,7 +104,8 @@ pub struct zcio_ctevents_stats {
     pub update_events: u64,
     /// DESTROY events.
     pub destroy_events: u64,
-    /// Events the kernel dropped at the socket (exact).
+    /// Events the kernel dropped at the socket (exact). The report's JSON adds what overruns
+    /// say beyond it (`stats.loss`: `at_least`, `at_most`, `exact`).
     pub lost: u64,
     /// Overruns reported by the socket (ENOBUFS).
     pub overruns: u64,

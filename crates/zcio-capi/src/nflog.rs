@@ -66,7 +66,9 @@ pub struct zcio_nflog_packet {
 pub struct zcio_nflog_stats {
     /// Packets received.
     pub packets: u64,
-    /// Messages missing in the groups' sequence numbers (exact).
+    /// Messages missing in the groups' sequence numbers (exact). A loss after the last message
+    /// that arrived shows in no gap: the report's JSON gives what is known (`stats.loss`:
+    /// `at_least`, `at_most`, `exact`; `stats.tail_batches`).
     pub lost: u64,
     /// Sequence gaps.
     pub seq_gaps: u64,

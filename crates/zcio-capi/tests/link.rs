@@ -288,6 +288,25 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
         "{out}"
     );
 
+    // The send ring's API edges (adding sockets that cannot send, closing an unknown or a
+    // closed id, the path of a closed socket) and its counters after closes with sends in
+    // flight: each closed socket's completions add up to what its peer received.
+    let edges_exe = p.join("send_ring_edges");
+    cc_example(
+        &edges_exe,
+        root.join("crates/zcio-capi/tests/c/send_ring_edges.c"),
+        &flags,
+        &rpath,
+    );
+    let out = run(&mut Command::new(&edges_exe));
+    assert!(
+        out.contains("unconnected socket refused (-ENOTCONN)")
+            && out.contains("their path is \"closed\"")
+            && out.contains("counters after close")
+            && out.ends_with("ok\n"),
+        "{out}"
+    );
+
     // The header's thread and ownership rules: chunks freed on another thread (and after
     // the receiver), pool buffers empty and zeroed, a poster on another thread.
     let rules_exe = p.join("thread_rules");

@@ -15,6 +15,7 @@ mod tokio_streams;
 mod tx;
 mod tx_many;
 mod tx_peers;
+pub(crate) mod tx_scale;
 mod wrk;
 
 use super::Suite;
