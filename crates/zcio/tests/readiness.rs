@@ -264,6 +264,102 @@ fn receiver_readiness_fires_per_message_on_plain_epoll() {
     );
 }
 
+/// A receiver whose ring runs dry again and again (4 buffers of 4 KiB in rotation against
+/// 1 MiB written at once): each time a receive bundle takes the last buffers the kernel ends
+/// the multishot receive, and the harvest that sees it re-arms the connection. The caller
+/// only ever waits on the readiness descriptor and harvests with `on_ready`, dropping each
+/// chunk at once (and harvesting again while a connection is starved, as documented), so
+/// every byte must come through the descriptor: a re-arm left queued in
+/// the submission ring after `on_ready` (never entered, so never announced) leaves the
+/// connection silent for ever.
+fn receiver_fires_after_each_rearm(test: &str, cfg: RxConfig) {
+    const LEN: usize = 1 << 20;
+    let (c, s) = pair();
+    let mut rx = Receiver::new(&cfg).unwrap();
+    if skip_unless(
+        test,
+        rx.path() == RxPath::BufRing,
+        &format!("path {:?}: {:?}", rx.path(), rx.fallbacks()),
+    ) {
+        return;
+    }
+    rx.add(s).unwrap();
+    let writer = std::thread::spawn(move || {
+        let mut c = c;
+        let mut data = vec![0u8; LEN];
+        common::fill_pattern(&mut data, 0);
+        c.write_all(&data).unwrap();
+        c
+    });
+    let mut got = 0usize;
+    let mut harvests = 0;
+    let end = Instant::now() + common::scaled(Duration::from_secs(20));
+    while got < LEN {
+        assert!(Instant::now() < end, "{got} of {LEN} bytes in time");
+        let fd = rx.readiness_fd().unwrap().as_raw_fd();
+        // SAFETY: the receiver's descriptor, alive while `rx` is.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        assert!(
+            readable_within(b, common::scaled(Duration::from_secs(5))),
+            "{got} of {LEN} bytes after {harvests} harvests ({} re-arms): the descriptor \
+             never fired again ({:?})",
+            rx.stats().rearms,
+            rx.stats(),
+        );
+        // As documented: a harvest after which connections wait for buffers that were
+        // dropped meanwhile (here: inside the harvest) is followed by one more.
+        loop {
+            harvests += 1;
+            rx.on_ready(&mut |ev| {
+                if let RxEvent::Data(d) = ev {
+                    assert_eq!(common::check_pattern(&d, got as u64), Ok(()), "at {got}");
+                    got += d.len();
+                }
+            })
+            .unwrap();
+            if rx.starved() == 0 {
+                break;
+            }
+        }
+    }
+    assert_eq!(got, LEN);
+    assert!(
+        rx.stats().rearms > 0,
+        "the ring never ran dry: {:?}",
+        rx.stats()
+    );
+    drop(writer.join().unwrap());
+}
+
+#[test]
+fn receiver_readiness_fires_after_each_rearm_under_defer_taskrun() {
+    let cfg = RxConfig {
+        buf_size: 4096,
+        buffers: 4,
+        hot_bytes: 0,
+        ..RxConfig::with_mode(RxMode::BufRing)
+    };
+    receiver_fires_after_each_rearm(
+        "receiver_readiness_fires_after_each_rearm_under_defer_taskrun",
+        cfg,
+    );
+}
+
+#[test]
+fn receiver_readiness_fires_after_each_rearm_with_coop_taskrun_only() {
+    let cfg = RxConfig {
+        buf_size: 4096,
+        buffers: 4,
+        hot_bytes: 0,
+        defer_taskrun: false,
+        ..RxConfig::with_mode(RxMode::BufRing)
+    };
+    receiver_fires_after_each_rearm(
+        "receiver_readiness_fires_after_each_rearm_with_coop_taskrun_only",
+        cfg,
+    );
+}
+
 /// NFQUEUE in a namespace: the descriptor fires for each queued datagram and is quiet once
 /// the packet was decided.
 fn nfqueue_fires_per_packet(test: &str, queue: u16, uring: bool) {

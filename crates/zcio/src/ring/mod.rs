@@ -757,8 +757,9 @@ impl<C: cqueue::EntryMarker> SharedRing<C> {
         }
     }
 
-    /// Makes the eventfd readable: completions were moved into an inbox.
-    fn signal(&self) {
+    /// Makes the eventfd readable: completions were moved into an inbox, or a harvest left
+    /// work that the kernel will not signal again.
+    pub(crate) fn signal(&self) {
         if let Some(fd) = self.evfd.get() {
             let _ = crate::sys::epoll::eventfd_write(fd.as_raw_fd(), 1);
         }
