@@ -13,14 +13,26 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use zcio::tokio::{LocalIo, LocalIoConfig};
 
+/// A test's time limit: a hang fails the test within it, with the server's `LocalIo` state
+/// printed (`common::Watchdog`), instead of holding CI until its own limit.
+fn watchdog() -> common::Watchdog {
+    common::Watchdog::new(common::scaled(Duration::from_secs(60)))
+}
+
 /// Runs `serve(io, listener)` on a current-thread runtime in a `LocalSet` on its own thread.
-fn server<F, Fut>(serve: F) -> (std::net::SocketAddr, std::thread::JoinHandle<()>)
+/// Shortly before `dog` fires, the `LocalIo`'s state (every stream, the driver, both rings)
+/// is left for it to print.
+fn server<F, Fut>(
+    dog: &common::Watchdog,
+    serve: F,
+) -> (std::net::SocketAddr, std::thread::JoinHandle<()>)
 where
     F: FnOnce(LocalIo, tokio::net::TcpListener) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
+    let (state, limit) = (dog.state(), dog.limit());
     let h = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -31,6 +43,11 @@ where
             l.set_nonblocking(true).unwrap();
             let l = tokio::net::TcpListener::from_std(l).unwrap();
             let io = LocalIo::new().unwrap();
+            let snap = io.clone();
+            tokio::task::spawn_local(async move {
+                tokio::time::sleep(limit - limit / 12).await;
+                *state.lock().unwrap() = format!("server: {snap:#?}");
+            });
             serve(io, l).await;
         });
     });
@@ -56,7 +73,8 @@ fn read_to_end_checked(s: &mut TcpStream, off0: u64, want: u64) -> u64 {
 fn streams_echo_every_byte_in_order_through_split_halves_and_shut_down() {
     const CONNS: usize = 8;
     const LEN: usize = 3 << 20;
-    let (addr, h) = server(|io, l| async move {
+    let dog = watchdog();
+    let (addr, h) = server(&dog, |io, l| async move {
         let mut tasks = Vec::new();
         for _ in 0..CONNS {
             let (s, _) = l.accept().await.unwrap();
@@ -104,7 +122,8 @@ fn send_bytes_lends_bytes_in_order_after_written_bytes_and_the_peer_sees_end_of_
     common::fill_pattern(&mut pattern, 0);
     let pattern = Bytes::from(pattern);
     let p2 = pattern.clone();
-    let (addr, h) = server(move |io, l| async move {
+    let dog = watchdog();
+    let (addr, h) = server(&dog, move |io, l| async move {
         let (s, _) = l.accept().await.unwrap();
         let mut s = io.from_tokio(s).unwrap();
         s.write_all(&p2[..4096]).await.unwrap();
@@ -142,7 +161,8 @@ fn hyper_http1_server_answers_every_request_on_zcio_streams() {
     use hyper::service::service_fn;
     const CONNS: usize = 4;
     const REQS: usize = 50;
-    let (addr, h) = server(|io, l| async move {
+    let dog = watchdog();
+    let (addr, h) = server(&dog, |io, l| async move {
         let mut tasks = Vec::new();
         for _ in 0..CONNS {
             let (s, _) = l.accept().await.unwrap();
@@ -209,7 +229,8 @@ fn a_tokio_codec_frames_every_message_on_a_zcio_stream() {
     use futures_util::{SinkExt, StreamExt};
     use tokio_util::codec::{Framed, LengthDelimitedCodec};
     const FRAMES: u32 = 2000;
-    let (addr, h) = server(|io, l| async move {
+    let dog = watchdog();
+    let (addr, h) = server(&dog, |io, l| async move {
         let (s, _) = l.accept().await.unwrap();
         let mut framed = Framed::new(io.from_tokio(s).unwrap(), LengthDelimitedCodec::new());
         let mut n = 0;
@@ -249,7 +270,8 @@ fn a_tokio_codec_frames_every_message_on_a_zcio_stream() {
 
 #[test]
 fn a_reset_connection_fails_the_writes_with_the_kind_of_the_error() {
-    let (addr, h) = server(|io, l| async move {
+    let dog = watchdog();
+    let (addr, h) = server(&dog, |io, l| async move {
         let (s, _) = l.accept().await.unwrap();
         let mut s = io.from_tokio(s).unwrap();
         let chunk = vec![7u8; 256 << 10];
