@@ -450,7 +450,14 @@ fn http(kind: Server, zcio: bool, conns: usize, secs: u32) -> Result<Sample> {
         local_block_on(serve(kind, zcio, l, stop_rx))?
     });
     let out = Command::new("wrk")
-        .args(["-t", "1", "-c", &conns.to_string(), "-d", &format!("{secs}s")])
+        .args([
+            "-t",
+            "1",
+            "-c",
+            &conns.to_string(),
+            "-d",
+            &format!("{secs}s"),
+        ])
         .args(["--timeout", "10s", "--latency"])
         .arg(format!("http://{addr}/"))
         .output()
