@@ -271,9 +271,12 @@ fn a_tokio_codec_frames_every_message_on_a_zcio_stream() {
 #[test]
 fn a_reset_connection_fails_the_writes_with_the_kind_of_the_error() {
     let dog = watchdog();
-    let (addr, h) = server(&dog, |io, l| async move {
+    let (added_tx, added) = std::sync::mpsc::channel();
+    let (addr, h) = server(&dog, move |io, l| async move {
         let (s, _) = l.accept().await.unwrap();
         let mut s = io.from_tokio(s).unwrap();
+        // The reset comes after the stream was added (adding a reset socket fails, rightly).
+        added_tx.send(()).unwrap();
         let chunk = vec![7u8; 256 << 10];
         let t0 = Instant::now();
         let err = loop {
@@ -294,7 +297,7 @@ fn a_reset_connection_fails_the_writes_with_the_kind_of_the_error() {
         );
     });
     let s = TcpStream::connect(addr).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    added.recv().unwrap();
     // SO_LINGER 0: close resets.
     let sock = socket2_linger_zero(s);
     drop(sock);
