@@ -30,6 +30,19 @@ where
     F: FnOnce(LocalIo, tokio::net::TcpListener) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
+    server_with(dog, LocalIoConfig::default(), serve)
+}
+
+/// [`server`] with the `LocalIo` built from `cfg`.
+fn server_with<F, Fut>(
+    dog: &common::Watchdog,
+    cfg: LocalIoConfig,
+    serve: F,
+) -> (std::net::SocketAddr, std::thread::JoinHandle<()>)
+where
+    F: FnOnce(LocalIo, tokio::net::TcpListener) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let (state, limit) = (dog.state(), dog.limit());
@@ -42,7 +55,7 @@ where
         local.block_on(&rt, async move {
             l.set_nonblocking(true).unwrap();
             let l = tokio::net::TcpListener::from_std(l).unwrap();
-            let io = LocalIo::new().unwrap();
+            let io = LocalIo::with_config(cfg).unwrap();
             let snap = io.clone();
             tokio::task::spawn_local(async move {
                 tokio::time::sleep(limit - limit / 12).await;
@@ -265,6 +278,48 @@ fn a_tokio_codec_frames_every_message_on_a_zcio_stream() {
         assert_eq!(common::check_pattern(&f, u64::from(i)), Ok(()), "frame {i}");
     }
     writer.join().unwrap();
+    h.join().unwrap();
+}
+
+#[test]
+fn a_stream_whose_receiver_runs_dry_at_every_harvest_still_reads_every_byte() {
+    use tokio::io::AsyncReadExt;
+    // 4 receive buffers of 4 KiB in rotation against 8 MiB: the kernel ends the connection's
+    // multishot receive each time a bundle takes the last buffers, and the driver's harvest
+    // re-arms it. A re-arm left unsubmitted after that harvest is never announced by the
+    // receiver's descriptor, and the stream stalls for good.
+    const LEN: usize = 8 << 20;
+    let dog = watchdog();
+    let mut cfg = LocalIoConfig::default();
+    cfg.rx.buf_size = 4096;
+    cfg.rx.buffers = 4;
+    cfg.rx.hot_bytes = 0;
+    let (addr, h) = server_with(&dog, cfg, |io, l| async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut s = io.from_tokio(s).unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut off = 0u64;
+        let limit = common::scaled(Duration::from_secs(20));
+        loop {
+            let n = match tokio::time::timeout(limit, s.read(&mut buf)).await {
+                Ok(r) => r.unwrap(),
+                Err(_) => panic!("stalled at {off} of {LEN} bytes: {io:#?}"),
+            };
+            if n == 0 {
+                break;
+            }
+            assert_eq!(common::check_pattern(&buf[..n], off), Ok(()), "at {off}");
+            off += n as u64;
+        }
+        assert_eq!(off, LEN as u64, "every byte, then end of stream");
+        assert!(io.rx_counters().ops > 0);
+        eprintln!("{}", io.describe());
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut data = vec![0u8; LEN];
+    common::fill_pattern(&mut data, 0);
+    s.write_all(&data).unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
     h.join().unwrap();
 }
 
