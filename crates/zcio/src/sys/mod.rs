@@ -15,8 +15,8 @@
 //! `&mut`, never through a live `&`; mmap'ed ring words shared with the kernel (SQ/CQ and
 //! refill heads and tails, the buffer ring tail) are atomics. A write through a shared
 //! reference is undefined behaviour: the compiler may keep the values it knows were stored
-//! before the call. This is not theoretical: it made every release build read back zeroed
-//! zcrx offsets and refuse zero-copy receive (issue 21).
+//! before the call. This is not theoretical: through a shared reference, every release build
+//! reads back zeroed zcrx offsets and refuses zero-copy receive.
 //!
 //! ## Dependency APIs that must not be used
 //!

@@ -574,11 +574,11 @@ impl SendRing {
         self.free.push(idx);
     }
 
-    /// Closes a socket: new sends are refused ([`Refusal::Closed`]); sends not yet handed to
-    /// the kernel complete with [`SendError::Closed`], those in the kernel are cancelled (a
-    /// send the kernel already started may complete partly). Every buffer still comes back
-    /// with its completion. The descriptor is closed once no request names it. For a graceful
-    /// end, wait until [`SendRing::sock_in_flight`] is 0 first.
+    /// Closes a socket: new sends are refused ([`Refusal::Closed`](super::Refusal::Closed));
+    /// sends not yet handed to the kernel complete with [`SendError::Closed`], those in the
+    /// kernel are cancelled (a send the kernel already started may complete partly). Every
+    /// buffer still comes back with its completion. The descriptor is closed once no request
+    /// names it. For a graceful end, wait until [`SendRing::sock_in_flight`] is 0 first.
     ///
     /// A TCP socket with zero-copy sends in the kernel is reset (its queued pages come back
     /// now instead of when a peer that may have stopped reading acknowledges them): bytes the
