@@ -801,12 +801,18 @@ impl<C: cqueue::EntryMarker> SharedRing<C> {
         }
         self.quiet.set((0, false));
         self.ring.borrow_mut().eventfd_quiet(false);
-        // After the flag is cleared: work posted from here on signals by itself.
+        // After the flag is cleared: work posted from here on signals by itself. A signal to
+        // take back is read *before* the look, never after: work that comes between a look
+        // that found nothing and the read signals the eventfd (its task-work list went from
+        // empty to non-empty), and a read after the look would swallow that signal while the
+        // list stays non-empty, so the kernel would never signal it again (a stream whose
+        // last sends completed in that window waited for ever).
+        if flagged {
+            self.clear_notify();
+        }
         let work = self.has_work();
         if work {
             self.signal();
-        } else if flagged {
-            self.clear_notify();
         }
         work
     }

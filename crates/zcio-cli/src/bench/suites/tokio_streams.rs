@@ -296,25 +296,12 @@ fn eof(side: Side, end: End) -> Result<Sample> {
             let done = match side {
                 Side::Tokio => {
                     s.set_nonblocking(true)?;
-                    let mut t = tokio::net::TcpStream::from_std(s)?;
-                    t.write_all(&vec![7u8; LEN]).await?;
-                    let done = Instant::now();
-                    if let End::Shutdown = end {
-                        t.shutdown().await?;
-                        hold = Some(Box::new(t));
-                    }
-                    done
+                    let t = tokio::net::TcpStream::from_std(s)?;
+                    write_then_end(t, LEN, end, &mut hold).await?
                 }
                 Side::Stream => {
                     let io = io.as_ref().expect("a LocalIo");
-                    let mut t = io.from_std(s)?;
-                    t.write_all(&vec![7u8; LEN]).await?;
-                    let done = Instant::now();
-                    if let End::Shutdown = end {
-                        t.shutdown().await?;
-                        hold = Some(Box::new(t));
-                    }
-                    done
+                    write_then_end(io.from_std(s)?, LEN, end, &mut hold).await?
                 }
                 Side::Sender => {
                     let cfg = zcio::SenderConfig::default();
@@ -595,4 +582,21 @@ where
             s.send_body(body.clone()).await?;
         }
     }
+}
+
+/// Writes `len` bytes with `write_all`; returns when that returned, after shutting the
+/// stream down (kept in `hold`, so the peer's end of stream is the shutdown's) or dropping it.
+async fn write_then_end<W: tokio::io::AsyncWrite + Unpin + 'static>(
+    mut t: W,
+    len: usize,
+    end: End,
+    hold: &mut Option<Box<dyn std::any::Any>>,
+) -> Result<Instant> {
+    t.write_all(&vec![7u8; len]).await?;
+    let done = Instant::now();
+    if let End::Shutdown = end {
+        t.shutdown().await?;
+        *hold = Some(Box::new(t));
+    }
+    Ok(done)
 }
