@@ -740,3 +740,82 @@ fn event_ring_readiness_fires_per_event_on_epoll() {
         false,
     );
 }
+
+#[test]
+fn nfqueue_receive_ready_leaves_the_descriptor_readable_while_packets_remain() {
+    // receive_ready(max) stops at `max` packets with more waiting: the descriptor must stay
+    // readable for them. Cleared, the kernel (which signals when it posts, not while work
+    // waits) would not fire again, and a loop waiting on it would wait for ever.
+    use zcio::netlink::{Decision, NfQueue, NfQueueConfig, Verdict};
+    let test = "nfqueue_receive_ready_leaves_the_descriptor_readable_while_packets_remain";
+    if !common::can_make_hosts(test) {
+        return;
+    }
+    let queue = 45;
+    let ns = zcio_testnet::Netns::new("rnfm").expect("namespace");
+    let out = ns
+        .command("iptables")
+        .args(["-A", "INPUT", "-p", "udp", "--dport", "9996"])
+        .args(["-j", "NFQUEUE", "--queue-num", &queue.to_string()])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {}
+        other => {
+            common::skip(test, &format!("iptables NFQUEUE rule refused: {other:?}"));
+            return;
+        }
+    }
+    ns.run(move || {
+        let rx = std::net::UdpSocket::bind("127.0.0.1:9996").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.connect("127.0.0.1:9996").unwrap();
+        let mut q = NfQueue::open(NfQueueConfig {
+            first: queue,
+            last: queue,
+            uring: true,
+            copy: zcio::netlink::CopyMode::Packet(512),
+            ..NfQueueConfig::default()
+        })
+        .unwrap();
+        assert_eq!(
+            q.path().as_str(),
+            "frame-ring+io_uring",
+            "{:?}",
+            q.fallbacks()
+        );
+        let fd = q.readiness_fd().unwrap().as_raw_fd();
+        // SAFETY: the queue's descriptor, alive while `q` is.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        let mut got = Vec::new();
+        // Arm (the io_uring frame ring submits its receive on the first harvest).
+        q.receive_ready(8, &mut got).unwrap();
+        const N: usize = 64;
+        for i in 0..N as u32 {
+            tx.send(&i.to_be_bytes()).unwrap();
+        }
+        let mut received = 0;
+        let mut calls = 0;
+        while received < N {
+            assert!(
+                readable_within(b, Duration::from_secs(2)),
+                "{received} of {N} packets received, the rest wait, and the descriptor is quiet \
+                 ({calls} calls of receive_ready(8))"
+            );
+            got.clear();
+            received += q.receive_ready(8, &mut got).unwrap();
+            calls += 1;
+            for r in &got {
+                q.verdict(r.packet, Decision::Verdict(Verdict::Accept))
+                    .unwrap();
+            }
+            q.flush().unwrap();
+            assert!(calls <= 4 * N, "no progress: {received} of {N}");
+        }
+        let mut buf = [0u8; 16];
+        for _ in 0..N {
+            assert_eq!(rx.recv(&mut buf).unwrap(), 4);
+        }
+    })
+    .unwrap();
+}

@@ -575,6 +575,15 @@ impl<C: cqueue::EntryMarker> Ring<C> {
         }
     }
 
+    /// Makes the registered eventfd readable: a harvest stopped with work left, which the
+    /// kernel (it signals when it posts, not while work waits) would not announce again.
+    pub fn keep_notify(&self) {
+        use std::os::fd::AsRawFd;
+        if let Some(fd) = &self.evfd {
+            let _ = crate::sys::epoll::eventfd_write(fd.as_raw_fd(), 1);
+        }
+    }
+
     /// Turns the registered eventfd's notifications off (`quiet`) or on again: the
     /// `IORING_CQ_EVENTFD_DISABLED` flag of the CQ ring (Linux 5.8), a shared word the kernel
     /// reads before each signal (atomic access). No syscall.
