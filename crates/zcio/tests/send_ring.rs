@@ -1460,7 +1460,15 @@ fn the_readiness_descriptor_wakes_only_when_on_ready_finds_something() {
     let conns = 64;
     // Small socket buffers: sends wait in the kernel for room, and complete later.
     let (l, addr) = small_buffers_listener();
-    let server = serve_checked(l, conns, Arc::new(AtomicBool::new(false)));
+    // The peers read only after a pause: the first sends fill the sockets and wait in the
+    // kernel, so the loop sleeps on the descriptor at least then (a fast reader on an idle
+    // host let every send complete inside `submit`: no wake-up to count).
+    let pause = Arc::new(AtomicBool::new(true));
+    let server = serve_checked(l, conns, pause.clone());
+    let unpause = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        pause.store(false, Ordering::Relaxed);
+    });
     let pool = Pool::new(16 << 10, 4 * conns, false).unwrap();
     let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
     ring.register_pool(&pool).unwrap();
@@ -1528,6 +1536,7 @@ fn the_readiness_descriptor_wakes_only_when_on_ready_finds_something() {
     }
     ring.flush(common::scaled(Duration::from_secs(30))).unwrap();
     take(&mut ring, &mut blocked, &mut done);
+    unpause.join().unwrap();
     eprintln!("{wakes} wake-ups, {empty} found nothing, {done} sends");
     assert!(wakes > 0, "the descriptor never woke the loop");
     // Linux 7.x flags task work (IORING_SQ_TASKRUN, the eventfd) for completions that the
