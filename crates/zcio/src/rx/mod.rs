@@ -586,6 +586,8 @@ pub struct Receiver {
     counters: RxCounters,
     fallbacks: Vec<Fallback>,
     queue: VecDeque<RxEvent>,
+    /// A listener was given (one per receiver).
+    listening: bool,
 }
 
 impl std::fmt::Debug for Receiver {
@@ -610,7 +612,29 @@ impl Receiver {
         let local = listener.local_addr()?.ip();
         let mut r = Self::build(cfg, Some(local))?;
         r.backend.listen(listener)?;
+        r.listening = true;
         Ok(r)
+    }
+
+    /// A receiver that will accept from a listener on `local` ([`Receiver::accept_from`]),
+    /// built before that listener exists: its backend is chosen as [`Receiver::listen`] would
+    /// choose it for that address.
+    pub(crate) fn for_listener_at(local: IpAddr, cfg: &RxConfig) -> Result<Self, RxError> {
+        Self::build(cfg, Some(local))
+    }
+
+    /// Accepts connections from `listener` from now on (a receiver accepts from one
+    /// listener).
+    pub(crate) fn accept_from(&mut self, listener: TcpListener) -> io::Result<()> {
+        if self.listening {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the receiver already accepts from a listener",
+            ));
+        }
+        self.backend.listen(listener)?;
+        self.listening = true;
+        Ok(())
     }
 
     fn build(cfg: &RxConfig, local: Option<IpAddr>) -> Result<Self, RxError> {
@@ -673,6 +697,7 @@ impl Receiver {
             counters: RxCounters::default(),
             fallbacks,
             queue: VecDeque::new(),
+            listening: false,
         })
     }
 
