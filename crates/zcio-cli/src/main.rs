@@ -3,6 +3,7 @@
 mod bench;
 mod ctevents;
 mod hosts;
+mod logline;
 mod metrics;
 mod nflog;
 mod nfq;
