@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use zcio::proxy::{EndKind, Limits, Proxy, ProxyConfig, ProxyStats};
 use zcio::rx::{RxConfig, RxMode, ZcrxTarget};
