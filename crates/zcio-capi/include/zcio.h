@@ -74,6 +74,37 @@
 #define ZCIO_NF_REPEAT 4
 
 /*
+ `zcio_nfqueue_config.copy_mode`: metadata only.
+ */
+#define ZCIO_NFQ_COPY_META 1
+
+/*
+ `zcio_nfqueue_config.copy_mode`: metadata and up to `copy_range` bytes of the packet.
+ */
+#define ZCIO_NFQ_COPY_PACKET 2
+
+/*
+ `zcio_nfqueue_config.flags`: accept instead of drop when the kernel queue is full
+ (`NFQA_CFG_F_FAIL_OPEN`).
+ */
+#define ZCIO_NFQ_F_FAIL_OPEN 1
+
+/*
+ `zcio_nfqueue_config.flags`: attach the connection's conntrack entry (`NFQA_CFG_F_CONNTRACK`).
+ */
+#define ZCIO_NFQ_F_CONNTRACK 2
+
+/*
+ `zcio_nfqueue_config.flags`: queue GSO packets whole (`NFQA_CFG_F_GSO`).
+ */
+#define ZCIO_NFQ_F_GSO 4
+
+/*
+ `zcio_nfqueue_config.flags`: attach the socket owner's uid and gid (`NFQA_CFG_F_UID_GID`).
+ */
+#define ZCIO_NFQ_F_UID_GID 8
+
+/*
  epoll + `recv(2)`.
  */
 #define ZCIO_RX_PLAIN 0
@@ -430,7 +461,8 @@ typedef struct zcio_ctevents_stats {
    */
   uint64_t destroy_events;
   /*
-   Events the kernel dropped at the socket (exact).
+   Events the kernel dropped at the socket (exact). The report's JSON adds what overruns
+   say beyond it (`stats.loss`: `at_least`, `at_most`, `exact`).
    */
   uint64_t lost;
   /*
@@ -544,7 +576,9 @@ typedef struct zcio_nflog_stats {
    */
   uint64_t packets;
   /*
-   Messages missing in the groups' sequence numbers (exact).
+   Messages missing in the groups' sequence numbers (exact). A loss after the last message
+   that arrived shows in no gap: the report's JSON gives what is known (`stats.loss`:
+   `at_least`, `at_most`, `exact`; `stats.tail_batches`).
    */
   uint64_t lost;
   /*
@@ -639,6 +673,236 @@ typedef struct zcio_nfq_verdict {
 typedef int (*zcio_nfq_callback)(const struct zcio_nfq_packet *pkt,
                                  struct zcio_nfq_verdict *verdict,
                                  void *user);
+
+/*
+ How `zcio_nfqueue_open_config` binds. Zero fields take zcio's defaults.
+ */
+typedef struct zcio_nfqueue_config {
+  /*
+   First queue number.
+   */
+  uint16_t first;
+  /*
+   Last queue number (inclusive; one socket and frame ring per queue).
+   */
+  uint16_t last;
+  /*
+   `ZCIO_NFQ_COPY_META` or `ZCIO_NFQ_COPY_PACKET` (0: packet).
+   */
+  uint8_t copy_mode;
+  /*
+   Bytes of each packet copied with `ZCIO_NFQ_COPY_PACKET` (0: 65535).
+   */
+  uint32_t copy_range;
+  /*
+   The kernel queue's length (`NFQA_CFG_QUEUE_MAXLEN`; 0: the kernel's 1024).
+   */
+  uint32_t max_len;
+  /*
+   `ZCIO_NFQ_F_*` (other bits: `-EINVAL`).
+   */
+  uint32_t flags;
+  /*
+   Frames per queue (0: 256, or `max_len + 64` when that is more, so packets held up to
+   the kernel's limit never use up the ring).
+   */
+  uint32_t frames;
+  /*
+   Receive buffer bytes (0: 4 MiB, with `SO_RCVBUFFORCE` where allowed).
+   */
+  uint32_t rcvbuf;
+  /*
+   Verdict for a packet whose message cannot be parsed (`ZCIO_NF_*`; 0: drop).
+   */
+  uint32_t on_error;
+} zcio_nfqueue_config;
+
+/*
+ A packet handed over by `zcio_nfqueue_receive`: held until its verdict
+ (`zcio_nfqueue_decide` / `zcio_nfqueue_verdict`), its payload readable until then.
+ */
+typedef struct zcio_nfq_held {
+  /*
+   Packet id (per queue).
+   */
+  uint32_t id;
+  /*
+   The queue it came from.
+   */
+  uint16_t queue;
+  /*
+   Link-layer protocol (`ETH_P_IP`, ...), host order.
+   */
+  uint16_t hw_protocol;
+  /*
+   Netfilter hook.
+   */
+  uint8_t hook;
+  /*
+   Address family.
+   */
+  uint8_t family;
+  /*
+   Bit set of the optional fields present: `1 << 0` mark, `1` indev, `2` outdev, `3`
+   physindev, `4` physoutdev, `5` timestamp, `6` cap_len, `7` skb_info, `8` uid, `9` gid,
+   `10` ct_info, `11` hwaddr.
+   */
+  uint16_t present;
+  /*
+   The packet's mark.
+   */
+  uint32_t mark;
+  /*
+   Input interface index.
+   */
+  uint32_t indev;
+  /*
+   Output interface index.
+   */
+  uint32_t outdev;
+  /*
+   Physical input interface index (bridges).
+   */
+  uint32_t physindev;
+  /*
+   Physical output interface index (bridges).
+   */
+  uint32_t physoutdev;
+  /*
+   Full length of a packet cut to the copy range (`NFQA_CAP_LEN`).
+   */
+  uint32_t cap_len;
+  /*
+   `NFQA_SKB_INFO` flags.
+   */
+  uint32_t skb_info;
+  /*
+   Owner of the local socket.
+   */
+  uint32_t uid;
+  /*
+   Group of that owner.
+   */
+  uint32_t gid;
+  /*
+   `enum ip_conntrack_info`.
+   */
+  uint32_t ct_info;
+  /*
+   Timestamp, seconds.
+   */
+  uint64_t ts_sec;
+  /*
+   Timestamp, microseconds.
+   */
+  uint64_t ts_usec;
+  /*
+   Hardware address (`hwaddr_len` bytes).
+   */
+  uint8_t hwaddr[8];
+  /*
+   Its length.
+   */
+  uint8_t hwaddr_len;
+  /*
+   The packet (network header onwards, up to the copy range), or NULL; readable until
+   the packet's verdict, then gone (the frame is reused).
+   */
+  const void *payload;
+  /*
+   Its length.
+   */
+  uintptr_t payload_len;
+} zcio_nfq_held;
+
+/*
+ One verdict for `zcio_nfqueue_decide`.
+ */
+typedef struct zcio_nfq_decision {
+  /*
+   The packet's queue.
+   */
+  uint16_t queue;
+  /*
+   Non-zero: also set the packet's mark to `mark`.
+   */
+  uint16_t set_mark;
+  /*
+   The packet's id.
+   */
+  uint32_t id;
+  /*
+   `ZCIO_NF_*` (for `ZCIO_NF_QUEUE`, the target queue in bits 16..31).
+   */
+  uint32_t verdict;
+  /*
+   The new mark.
+   */
+  uint32_t mark;
+  /*
+   Out: 0, or `-errno` for this entry (`-ENOENT`: not held here, e.g. decided already;
+   `-EINVAL`: an unknown verdict).
+   */
+  int32_t result;
+} zcio_nfq_decision;
+
+/*
+ Counters of an NFQUEUE consumer (`zcio::netlink::NfqStats`).
+ */
+typedef struct zcio_nfq_stats {
+  /*
+   Packets received.
+   */
+  uint64_t received;
+  /*
+   Verdicts: accept.
+   */
+  uint64_t accepted;
+  /*
+   Verdicts: drop.
+   */
+  uint64_t dropped;
+  /*
+   Verdicts: repeat.
+   */
+  uint64_t repeated;
+  /*
+   Verdicts: to another queue.
+   */
+  uint64_t requeued;
+  /*
+   `VERDICT_BATCH` messages sent.
+   */
+  uint64_t batches;
+  /*
+   Packets those covered.
+   */
+  uint64_t batched;
+  /*
+   Single `VERDICT` messages sent.
+   */
+  uint64_t singles;
+  /*
+   Packets held now.
+   */
+  uint64_t held;
+  /*
+   Overruns (ENOBUFS) seen on receive.
+   */
+  uint64_t overruns;
+  /*
+   Verdict sends (`sendto` calls, or ring `SEND`s submitted with a receive).
+   */
+  uint64_t send_syscalls;
+  /*
+   Receive syscalls (`recvmmsg`, `poll`, `io_uring_enter`).
+   */
+  uint64_t recv_syscalls;
+  /*
+   Messages that did not parse.
+   */
+  uint64_t parse_errors;
+} zcio_nfq_stats;
 
 /*
  The common counters of a handle (`zcio::stats::Counters`).
@@ -790,6 +1054,17 @@ typedef struct zcio_tx_completion {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/*
+ Why the last call on this thread that returned a negative value failed, in words a user can
+ act on (e.g. `"queue 3: kernel refused BIND: Operation not permitted (another process
+ has bound this queue, or CAP_NET_ADMIN is missing)"`), or NULL when that call recorded no
+ reason (the errno alone says it) or none failed. Set by the NFQUEUE, NFLOG and conntrack
+ event calls; valid until the next zcio call on this thread.
+
+ Thread: any (each thread has its own).
+ */
+const char *zcio_last_error(void);
 
 /*
  The library version, e.g. `"0.1.0"` (static string).
@@ -966,7 +1241,9 @@ int zcio_ctevents_report(struct zcio_ctevents *c,
 /*
  Binds the `ngroups` groups of `groups` into `*out`, copying `copy_range` bytes of each
  packet (0: metadata only; at most 65531). Needs CAP_NET_ADMIN. Returns 0 or `-errno`
- (`-EBUSY`: a group is bound by another socket; `-EINVAL`: a bad argument).
+ (`-EPERM`: a group is bound by another socket — the kernel answers EPERM for that too, on
+ 6.18 — or CAP_NET_ADMIN is missing; `-EINVAL`: a bad argument; `zcio_last_error` says
+ which).
 
  Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_nflog_free`.
  */
@@ -1043,6 +1320,111 @@ int zcio_nfqueue_process(struct zcio_nfqueue *q,
                          int timeout_ms,
                          zcio_nfq_callback cb,
                          void *user);
+
+/*
+ Binds the queues of `cfg` into `*out` (`zcio_nfqueue_open` with the copy mode, kernel queue
+ length, flags and frame ring chosen). Needs CAP_NET_ADMIN. Returns 0 or `-errno`
+ (`-EINVAL`: a bad field; `-EPERM`: no CAP_NET_ADMIN or the queue is bound by another
+ socket); `zcio_last_error` says which.
+
+ Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_nfqueue_free`.
+ */
+int zcio_nfqueue_open_config(struct zcio_nfqueue **out, const struct zcio_nfqueue_config *cfg);
+
+/*
+ Receives up to `max` packets into `out` (waiting up to `timeout_ms` when none is ready,
+ -1: forever), each **held**: its verdict is the caller's, given with `zcio_nfqueue_decide`
+ or `zcio_nfqueue_verdict`, and its `payload` points into the frame ring, readable until
+ that verdict. Verdicts given since the last call go out first (on the io_uring path, in
+ the same kernel entry as the receive). With `timeout_ms` 0 after
+ `zcio_nfqueue_readiness_fd`, it also clears the descriptor (it stays readable only for
+ packets that arrived after). Returns the number of packets written or `-errno`
+ (`-ENOSPC`: every frame holds an undecided packet; decide some).
+
+ Thread: the owner only (`-EPERM` from any other). Ownership: `out` is the caller's array of `max` entries.
+ */
+int zcio_nfqueue_receive(struct zcio_nfqueue *q,
+                         int timeout_ms,
+                         struct zcio_nfq_held *out,
+                         uintptr_t max);
+
+/*
+ Decides `n` held packets (`zcio_nfqueue_receive`): each entry's verdict (and mark) is
+ recorded, its payload is gone, and the verdicts go out with the next receive or
+ `zcio_nfqueue_flush` — as one `VERDICT_BATCH` for a run of equal verdicts. Each entry's
+ `result` says whether it was taken. Returns how many were taken, or `-errno` for the whole
+ call.
+
+ Thread: the owner only (`-EPERM` from any other). Ownership: `d` stays the caller's.
+ */
+int zcio_nfqueue_decide(struct zcio_nfqueue *q, struct zcio_nfq_decision *d, uintptr_t n);
+
+/*
+ Decides every packet of queue `queue` handed out by `zcio_nfqueue_receive` and not decided
+ yet whose id is `id` or before it (in the
+ kernel's wrapping id order) with `verdict`, as go-nfqueue's `SetVerdictBatch`. Returns how
+ many were decided or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nfqueue_decide_through(struct zcio_nfqueue *q,
+                                uint16_t queue,
+                                uint32_t id,
+                                uint32_t verdict);
+
+/*
+ Decides one held packet with a verdict, optionally a new mark (`set_mark` non-zero) and
+ optionally a replacement packet (`payload`/`len`, copied; NULL: keep the packet). The
+ verdict goes out with the next receive or `zcio_nfqueue_flush`. Returns 0 or `-errno`
+ (`-ENOENT`: not held; `-EMSGSIZE`: a replacement over 65 531 bytes; `-EOPNOTSUPP`: a
+ replacement for a non-TCP GSO packet, which the kernel would drop — the packet stays held).
+
+ Thread: the owner only (`-EPERM` from any other). Ownership: `payload` stays the caller's (copied).
+ */
+int zcio_nfqueue_verdict(struct zcio_nfqueue *q,
+                         uint16_t queue,
+                         uint32_t id,
+                         uint32_t verdict,
+                         int set_mark,
+                         uint32_t mark,
+                         const void *payload,
+                         uintptr_t len);
+
+/*
+ Sends every verdict given so far now (on the io_uring path: submits them). Returns 0 or
+ `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nfqueue_flush(struct zcio_nfqueue *q);
+
+/*
+ The queue's readiness descriptor (created on first call, owned by the queue): it polls
+ readable when `zcio_nfqueue_receive` with a zero timeout would find packets, and that
+ receive clears it (rules in `docs/design/async.md`). For a caller that waits on several
+ descriptors itself. Returns the descriptor or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nfqueue_readiness_fd(struct zcio_nfqueue *q);
+
+/*
+ Makes a rewritten IPv4/IPv6 packet valid: sets the IP and UDP length fields to `len` and
+ recomputes the IPv4 header checksum and the TCP/UDP/UDP-Lite/ICMP/ICMPv6 checksum with the
+ pseudo-header (the kernel checks them after a rewrite: `docs/design/netlink.md`). Returns 0,
+ or `-EINVAL` with the packet untouched for what cannot be summed here (fragments, ESP, a
+ packet cut by the copy range, …; `zcio_last_error` says which).
+
+ Thread: any. Ownership: `pkt` stays the caller's.
+ */
+int zcio_fix_checksums(void *pkt, uintptr_t len);
+
+/*
+ Fills `*out` with the queue's counters. Returns 0 or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_nfqueue_get_stats(struct zcio_nfqueue *q, struct zcio_nfq_stats *out);
 
 /*
  A snapshot of what the queue reports into `*out`: its path, counters, every fallback with
@@ -1136,6 +1518,14 @@ void zcio_send_ring_free(struct zcio_send_ring *r);
  (`-ENOMEM`: `RLIMIT_MEMLOCK` exhausted) is also recorded as a fallback (see
  `zcio_send_ring_report`) and sends pin pages per send instead.
 
+ Sizing the pool: a copy's buffer comes back when the socket has taken its bytes, a
+ zero-copy buffer when the kernel drops its pages, which over TCP is when the peer ACKs
+ them: a round trip, plus the peer's delayed ACK (up to 40 ms). A zero-copy pool needs about
+ connections x round trip x rate per connection bytes (or connections x sends kept in
+ flight each). `ZCIO_TX_AUTO` sends by copy while a pool runs dry with its buffers in the
+ ring's zero-copy sends (fewer than 1/8 free; back at 1/4), recorded as a fallback; the
+ explicit zero-copy modes wait for the buffers.
+
  Thread: the owner only (`-EPERM` from any other).
  */
 int zcio_send_ring_register_pool(struct zcio_send_ring *r, const struct zcio_pool *pool);
@@ -1143,7 +1533,10 @@ int zcio_send_ring_register_pool(struct zcio_send_ring *r, const struct zcio_poo
 /*
  Adds the connected TCP/UDP socket `fd` (ownership passes to the ring, which closes it) in
  `mode` (`ZCIO_TX_*`) with at most `depth` sends in flight (0: 64); its id goes to
- `*sock`. Returns 0 or `-errno` (`fd` is closed on failure too).
+ `*sock`. Returns 0 or `-errno` (`fd` is closed on failure too): `-EINVAL` for a listening
+ socket, `-ENOTCONN` for a stream socket that is not connected (or the error its failed
+ connect left, e.g. `-ECONNREFUSED`); a connecting one is taken (its sends wait for the
+ connection).
 
  Thread: the owner only (`-EPERM` from any other; `fd` then stays the caller's).
  */
@@ -1161,6 +1554,13 @@ int zcio_send_ring_add(struct zcio_send_ring *r,
  on the syscall paths) — the buffer is still the caller's; retry once
  `zcio_send_ring_next_writable` names the socket. `-EBADF`: the socket is closed (the
  buffer is still the caller's).
+
+ Never waits, but may work: the send that fills the batch (`submit_batch` requests staged,
+ across sockets) enters the kernel, and that `io_uring_enter` issues the whole batch: the
+ TCP work of each request (on loopback also the receiver's) runs in this call (measured: 2.7
+ ms of CPU for a batch of 32 sends of 64 KiB). To keep sends short, create the ring with a
+ `submit_batch` larger than what one turn of the loop sends and call
+ `zcio_send_ring_submit` at the end of the turn.
 
  Thread: the owner only (`-EPERM` from any other; the buffer then stays the caller's).
  */
@@ -1282,8 +1682,10 @@ int zcio_send_ring_next_writable(struct zcio_send_ring *r, uint64_t *sock);
 /*
  Closes a socket: later sends get `-EBADF`; its sends not yet in the kernel complete with
  `-ECANCELED`, those in the kernel are cancelled (a started one may complete partly); every
- buffer still comes back with its completion. The connection is reset when data was still
- queued. For a graceful end, wait until `zcio_send_ring_sock_in_flight` is 0 first.
+ buffer still comes back with its completion. A TCP connection with zero-copy sends in the
+ kernel is reset; the bytes the reset purged are counted as not sent. Never waits. For a
+ graceful end, wait until `zcio_send_ring_sock_in_flight` is 0 first. `-ENOENT` for a
+ socket that is not open (unknown, or closed already).
 
  Thread: the owner only (`-EPERM` from any other).
  */
@@ -1297,9 +1699,15 @@ int zcio_send_ring_close(struct zcio_send_ring *r, uint64_t sock);
 int zcio_send_ring_sock_in_flight(struct zcio_send_ring *r, uint64_t sock);
 
 /*
- The readiness descriptor: polls readable when `zcio_send_ring_on_ready` would find
- completions (see the Rust `SendRing::readiness_fd`). Returns the descriptor (owned by the
- ring) or `-errno`.
+ The readiness descriptor: polls readable when `zcio_send_ring_on_ready` has work to do:
+ completions or deferred task work on the ring, a socket of a syscall path that became
+ writable or has notifications. The ring's own calls never leave it readable for work they
+ did themselves. It may wake for no completion in two cases: a zero-copy send's result
+ came without its notification (on_ready lets the socket's next sends go; the completion
+ follows with the notification), and a ring shared with a receiver is woken by the
+ receiver's completions too. Sends that complete inside a call (copies taken at once) do
+ not make it readable: check `zcio_send_ring_next_completion` before sleeping. Returns the
+ descriptor (owned by the ring) or `-errno`.
 
  Thread: the owner only (`-EPERM` from any other).
  */
@@ -1307,13 +1715,17 @@ int zcio_send_ring_readiness_fd(struct zcio_send_ring *r);
 
 /*
  Harvests after the readiness descriptor fired; returns how many completions are ready.
+ Its work is O(completions + sockets with work), whatever the number of sockets, and
+ bounded per call (at most four rounds of submit-or-reap): work left keeps the descriptor
+ readable.
 
  Thread: the owner only (`-EPERM` from any other).
  */
 int zcio_send_ring_on_ready(struct zcio_send_ring *r);
 
 /*
- The path `sock`'s new sends take now, as a static string; NULL for an unknown socket.
+ The path `sock`'s new sends take now, as a static string; `"closed"` for a socket closed
+ (while its last sends complete and after), NULL for an id the ring never gave.
 
  Thread: the owner only (NULL from any other).
  */
@@ -1332,8 +1744,9 @@ int zcio_send_ring_report(struct zcio_send_ring *r, struct zcio_report **out);
 /*
  A snapshot of what one socket reports into `*out`: its path, its counters (without the
  ring's shared kernel entries), every fallback it took with its reason (registered file,
- fixed buffers, zero-copy refused, COPIED, memlock) and its path counters. `-EBADF` for an
- unknown socket.
+ fixed buffers, zero-copy refused, COPIED, memlock) and its path counters; path `closed`
+ for a socket closed whose last sends are still completing. `-EBADF` for an unknown socket
+ or one that is gone.
 
  Thread: the owner only (`-EPERM` from any other).
  */

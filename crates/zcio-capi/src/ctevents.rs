@@ -104,7 +104,8 @@ pub struct zcio_ctevents_stats {
     pub update_events: u64,
     /// DESTROY events.
     pub destroy_events: u64,
-    /// Events the kernel dropped at the socket (exact).
+    /// Events the kernel dropped at the socket (exact). The report's JSON adds what overruns
+    /// say beyond it (`stats.loss`: `at_least`, `at_most`, `exact`).
     pub lost: u64,
     /// Overruns reported by the socket (ENOBUFS).
     pub overruns: u64,
@@ -117,11 +118,12 @@ pub type zcio_ct_callback =
     Option<extern "C" fn(ev: *const zcio_ct_event, user: *mut c_void) -> c_int>;
 
 fn ct_errno(e: &CtError) -> c_int {
-    match e {
+    let errno = match e {
         CtError::Socket { source, .. } => -source.raw_os_error().unwrap_or(libc::EIO),
         CtError::NothingSelected => -libc::EINVAL,
         CtError::Frames(_) => -libc::EIO,
-    }
+    };
+    crate::fail(errno, e)
 }
 
 /// Subscribes into `*out` to the event kinds in `flags` (`ZCIO_CT_NEW | ZCIO_CT_UPDATE |

@@ -124,7 +124,38 @@ impl Owner {
     }
 }
 
+thread_local! {
+    /// The reason for the last failure of a call on this thread (`zcio_last_error`).
+    static LAST_ERROR: std::cell::RefCell<Option<std::ffi::CString>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Records `msg` as this thread's last error and returns `errno` (negative), for the calls
+/// whose failures have a reason beyond the errno (`zcio_last_error`).
+pub(crate) fn fail(errno: c_int, msg: impl std::fmt::Display) -> c_int {
+    let text = msg.to_string().replace('\0', " ");
+    LAST_ERROR.with(|l| *l.borrow_mut() = std::ffi::CString::new(text).ok());
+    errno
+}
+
+/// Why the last call on this thread that returned a negative value failed, in words a user can
+/// act on (e.g. `"queue 3: kernel refused BIND: Operation not permitted (another process
+/// has bound this queue, or CAP_NET_ADMIN is missing)"`), or NULL when that call recorded no
+/// reason (the errno alone says it) or none failed. Set by the NFQUEUE, NFLOG and conntrack
+/// event calls; valid until the next zcio call on this thread.
+///
+/// Thread: any (each thread has its own).
+#[no_mangle]
+pub extern "C" fn zcio_last_error() -> *const c_char {
+    LAST_ERROR.with(|l| l.borrow().as_ref().map_or(std::ptr::null(), |c| c.as_ptr()))
+}
+
 pub(crate) fn guard(f: impl FnOnce() -> c_int) -> c_int {
+    LAST_ERROR.with(|l| {
+        if l.borrow().is_some() {
+            *l.borrow_mut() = None;
+        }
+    });
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(-libc::ENOTRECOVERABLE)
 }
 

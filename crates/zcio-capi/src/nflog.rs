@@ -66,7 +66,9 @@ pub struct zcio_nflog_packet {
 pub struct zcio_nflog_stats {
     /// Packets received.
     pub packets: u64,
-    /// Messages missing in the groups' sequence numbers (exact).
+    /// Messages missing in the groups' sequence numbers (exact). A loss after the last message
+    /// that arrived shows in no gap: the report's JSON gives what is known (`stats.loss`:
+    /// `at_least`, `at_most`, `exact`; `stats.tail_batches`).
     pub lost: u64,
     /// Sequence gaps.
     pub seq_gaps: u64,
@@ -87,18 +89,21 @@ pub type zcio_nflog_callback =
     Option<extern "C" fn(pkt: *const zcio_nflog_packet, user: *mut c_void) -> c_int>;
 
 fn nflog_errno(e: &NfLogError) -> c_int {
-    match e {
+    let errno = match e {
         NfLogError::Socket { source, .. } | NfLogError::Config { source, .. } => {
             -source.raw_os_error().unwrap_or(libc::EIO)
         }
         NfLogError::Invalid(_) => -libc::EINVAL,
         _ => -libc::EIO,
-    }
+    };
+    crate::fail(errno, e)
 }
 
 /// Binds the `ngroups` groups of `groups` into `*out`, copying `copy_range` bytes of each
 /// packet (0: metadata only; at most 65531). Needs CAP_NET_ADMIN. Returns 0 or `-errno`
-/// (`-EBUSY`: a group is bound by another socket; `-EINVAL`: a bad argument).
+/// (`-EPERM`: a group is bound by another socket — the kernel answers EPERM for that too, on
+/// 6.18 — or CAP_NET_ADMIN is missing; `-EINVAL`: a bad argument; `zcio_last_error` says
+/// which).
 ///
 /// Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_nflog_free`.
 #[no_mangle]

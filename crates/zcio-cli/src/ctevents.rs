@@ -182,19 +182,14 @@ fn json_line(out: &mut String, e: &CtEvent<'_>, t: Duration) {
 }
 
 fn summary(st: &CtStats) -> String {
-    let loss = if st.lost() == 0 && st.stream.overruns == 0 {
-        "no loss: no event dropped at the socket".to_string()
-    } else {
-        format!(
-            "LOSS: {} event(s) dropped by the kernel at the socket (receive buffer full), {} \
-             overrun(s) reported (ENOBUFS)",
-            st.lost(),
-            st.stream.overruns
-        )
-    };
     format!(
-        "zcio conntrack: {} events (new {}, update {}, destroy {}), {} receive syscalls; {loss}",
-        st.events, st.new, st.update, st.destroy, st.stream.syscalls
+        "zcio conntrack: {} events (new {}, update {}, destroy {}), {} receive syscalls; {}",
+        st.events,
+        st.new,
+        st.update,
+        st.destroy,
+        st.stream.syscalls,
+        st.loss_summary()
     )
 }
 
@@ -212,6 +207,15 @@ pub fn run(a: EventsArgs) -> Result<()> {
             other => bail!("unknown event kind {other:?} (NEW, UPDATE, DESTROY, ALL)"),
         }
     }
+    if let Some(c) = a.count {
+        crate::util::at_least_one("-c", "event count", c)?;
+    }
+    crate::util::at_least_one("-B", "buffer size", a.buffer_kib)?;
+    let duration = a
+        .duration
+        .map(|d| crate::util::seconds("--duration", d))
+        .transpose()?;
+    let interval = crate::util::interval("--stats-interval", a.stats_interval)?;
     let (mut timestamp, mut extended) = (false, false);
     for o in &a.output {
         match o.as_str() {
@@ -245,9 +249,8 @@ pub fn run(a: EventsArgs) -> Result<()> {
     }
     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout());
     let mut buf = String::with_capacity(1 << 16);
-    let interval = (a.stats_interval > 0.0).then(|| Duration::from_secs_f64(a.stats_interval));
     let start = Instant::now();
-    let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
+    let end = duration.map(|d| start + d);
     let mut next_stats = interval.map(|i| start + i);
     let shown = std::cell::Cell::new(0u64);
     let limit = a.count;
@@ -334,6 +337,9 @@ pub fn run(a: EventsArgs) -> Result<()> {
             "update": st.update,
             "destroy": st.destroy,
             "lost": st.lost(),
+            "lost_at_least": st.loss.at_least,
+            "lost_at_most": st.loss.at_most,
+            "lost_exact": st.loss.exact,
             "overruns": st.stream.overruns,
             "syscalls": st.stream.syscalls,
             "datagrams": st.stream.datagrams,

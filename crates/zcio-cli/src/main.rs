@@ -128,6 +128,10 @@ enum HostsCmd {
 }
 
 fn main() {
+    // The receiver process of `zcio bench tx`'s scale case (not a command of its own).
+    if let Ok(spec) = std::env::var(bench::suites::tx_scale::DRAIN_ENV) {
+        std::process::exit(bench::suites::tx_scale::drain_child(&spec));
+    }
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
         eprintln!("zcio: error: {e:#}");

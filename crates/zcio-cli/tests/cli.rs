@@ -91,9 +91,8 @@ fn probe_json_has_every_section() {
 /// `zcio probe --json` reports device-less zcrx as available where the kernel has it (7.1+;
 /// `ZCIO_REQUIRE_ZCRX=1` in the 7.x guest of `scripts/vmtest`, which runs the shipped release
 /// `zcio` here), and otherwise says why not. "The kernel supports it, but registration failed"
-/// as root is a defect, never a skip: it is what every release build said in 7.x while the
-/// kernel's write-back into the registration struct went through a shared reference
-/// (issue 21).
+/// as root is a defect, never a skip: it is what every release build says in 7.x when the
+/// kernel's write-back into the registration struct goes through a shared reference.
 #[test]
 fn probe_json_reports_deviceless_zcrx_where_the_kernel_has_it() {
     let test = "probe_json_reports_deviceless_zcrx_where_the_kernel_has_it";

@@ -2,6 +2,8 @@
 //! for a scripted set of connections (`-o timestamp` aside), JSON lines that parse, and lost
 //! events reported with their count.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::process::{Child, Command, Stdio};
@@ -251,8 +253,27 @@ fn lost_events_are_reported_with_their_count() {
     assert_eq!(events + lost, u64::from(flows) + 1, "{err}");
     assert!(lost > 0, "{err}");
     assert_eq!(lines.len() as u64, events);
+    // Lost after the last event that arrived, and still counted exactly: the socket's drop
+    // counter, read at the end, explains the overrun.
+    assert_eq!(st["lost_exact"], true, "{err}");
+    assert_eq!(st["lost_at_least"].as_u64(), Some(lost), "{err}");
     assert!(
-        err.contains(&format!("LOSS: {lost} event(s) dropped")),
+        err.contains(&format!("LOSS: lost {lost} event(s), exactly")),
         "the summary names the count: {err}"
     );
+}
+
+#[test]
+fn invalid_counts_and_durations_are_refused_with_one_error_line() {
+    for (args, name) in [
+        (vec!["-c", "0"], "-c"),
+        (vec!["-B", "0"], "-B"),
+        (vec!["--duration", "0"], "--duration"),
+        (vec!["--duration=-2"], "--duration"),
+        (vec!["--stats-interval", "inf"], "--stats-interval"),
+    ] {
+        let mut all = vec!["conntrack", "events"];
+        all.extend(&args);
+        common::refused_with_one_line(&all, name);
+    }
 }

@@ -1,6 +1,8 @@
 //! `zcio nfq` as a process: filters by port inside a namespace with a real NFQUEUE rule, and
 //! on SIGTERM decides every pending packet and unbinds.
 
+mod common;
+
 use std::io::Read;
 use std::net::UdpSocket;
 use std::process::{Command, Stdio};
@@ -226,4 +228,20 @@ fn nfq_daemon_exits_within_200ms_of_sigterm_while_its_queue_is_kept_full() {
         took < Duration::from_millis(200),
         "zcio nfq took {took:?} to exit after SIGTERM under load"
     );
+}
+
+#[test]
+fn invalid_sizes_counts_and_durations_are_refused_with_one_error_line() {
+    for (args, name) in [
+        (vec!["--batch", "0"], "--batch"),
+        (vec!["--threads", "0"], "--threads"),
+        (vec!["--max-len", "0"], "--max-len"),
+        (vec!["--duration", "0"], "--duration"),
+        (vec!["--duration=-1"], "--duration"),
+        (vec!["--stats-interval=-1"], "--stats-interval"),
+    ] {
+        let mut all = vec!["nfq", "--queue", "48"];
+        all.extend(&args);
+        common::refused_with_one_line(&all, name);
+    }
 }

@@ -1,4 +1,4 @@
-//! Other projects' event-loop test suites under the shim (issue 17): CPython's own epoll,
+//! Other projects' event-loop test suites under the shim: CPython's own epoll,
 //! selectors and asyncio tests, from Debian's Python 3.11 and `libpython3.11-testsuite`,
 //! run natively and under `LD_PRELOAD=libzcio_epoll.so` (and with io_uring denied by
 //! seccomp, the fallback path). Every test that passes natively must pass under the shim.

@@ -94,9 +94,9 @@ fn closes_behind_the_shims_back_behave_as_without_it() {
 fn an_epoll_fd_closed_behind_the_shims_back_leaves_nothing_to_its_number() {
     // libuv closes its epoll fd with a raw close system call; the number comes back for an
     // eventfd (added to another epoll set) and for a new epoll fd that gets no ring (io_uring
-    // refused, as when many loops exist at once). Before the fix, on the poll ring, the new
-    // epoll fd was taken for the old instance: its add failed EEXIST and its wait reported
-    // the old loop's registration.
+    // refused, as when many loops exist at once). Unless the stale instance is retired, on the
+    // poll ring the new epoll fd is taken for the old instance: its add fails EEXIST and its
+    // wait reports the old loop's registration.
     let dir = TempDir::new("trace-raw-epoll-close");
     let Some(exe) = build_trace(&dir) else { return };
     let (native, _) = run_with(&exe, &Preload::default(), &["raw-epoll-close"], &[]);

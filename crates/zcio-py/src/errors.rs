@@ -2,7 +2,7 @@
 
 use pyo3::exceptions::{PyOSError, PyPermissionError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use zcio::netlink::{FrameError, NfqError};
+use zcio::netlink::{BindRefusal, FrameError, NfqError};
 
 pyo3::create_exception!(
     _native,
@@ -46,38 +46,30 @@ pub(crate) fn nfq_err(e: NfqError) -> PyErr {
             queue,
             what,
             source,
-            ..
+            refusal,
+            hint,
         } => {
             let errno = source.raw_os_error();
             // The kernel answers EPERM both for a queue bound by another socket and for a
-            // caller without CAP_NET_ADMIN; its queue table tells them apart.
-            let bound_elsewhere = *what == "BIND"
-                && zcio::netlink::kernel_queue_stats()
-                    .is_ok_and(|v| v.iter().any(|k| k.queue == *queue));
-            match errno {
-                Some(libc::EPERM | libc::EBUSY) if bound_elsewhere => QueueBusy::new_err((
+            // caller without CAP_NET_ADMIN; the library checked which (`refusal`).
+            match refusal {
+                Some(BindRefusal::InUse { .. } | BindRefusal::BoundHere) => QueueBusy::new_err((
                     libc::EBUSY,
                     format!(
                         "Failed to create queue {queue}: it is already bound by another netlink \
-                         socket (see the portid column of /proc/net/netfilter/nfnetlink_queue); \
-                         unbind it there, or use another --queue-num"
+                         socket{hint} (see the portid column of \
+                         /proc/net/netfilter/nfnetlink_queue)"
                     ),
                 )),
-                Some(libc::EPERM) => PyPermissionError::new_err((
+                Some(BindRefusal::NoCapability { .. }) => PyPermissionError::new_err((
                     libc::EPERM,
                     format!(
                         "Failed to create queue {queue}: binding an NFQUEUE queue needs \
-                         CAP_NET_ADMIN (in the network namespace's user namespace): run as root, \
-                         or give the interpreter the capability (e.g. `setpriv --inh-caps \
-                         +net_admin --ambient-caps +net_admin python3 ...`)"
-                    ),
-                )),
-                Some(libc::EBUSY) => QueueBusy::new_err((
-                    libc::EBUSY,
-                    format!(
-                        "Failed to create queue {queue}: it is already bound by another netlink \
-                         socket (see the portid column of /proc/net/netfilter/nfnetlink_queue); \
-                         unbind it there, or use another --queue-num"
+                         CAP_NET_ADMIN (in the network namespace's user namespace) in the \
+                         process that sends the bind and the verdicts, also on a socket handed \
+                         over (sockfd=): run as root, or give the interpreter the capability \
+                         (e.g. `setpriv --inh-caps +net_admin --ambient-caps +net_admin python3 \
+                         ...`)"
                     ),
                 )),
                 _ => os_error(

@@ -45,6 +45,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DROP", 0u32)?;
     m.add("ACCEPT", 1u32)?;
     m.add("REPEAT", 4u32)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     m.add_function(wrap_pyfunction!(fix_checksums, m)?)?;
     m.add_function(wrap_pyfunction!(checksums_ok, m)?)?;

@@ -13,8 +13,8 @@ use pyo3::types::{PyBytes, PyDict};
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zcio::netlink::{
-    CopyMode, CtEvent as LibCtEvent, CtEvents as LibCtEvents, CtEventsConfig, LogPacket,
-    NfLog as LibNfLog, NfLogConfig, Tuple,
+    BindRefusal, CopyMode, CtEvent as LibCtEvent, CtEvents as LibCtEvents, CtEventsConfig,
+    LogPacket, Loss, NfLog as LibNfLog, NfLogConfig, Tuple,
 };
 
 fn io_err(what: String, e: Option<&std::io::Error>) -> PyErr {
@@ -27,14 +27,39 @@ fn io_err(what: String, e: Option<&std::io::Error>) -> PyErr {
     }
 }
 
+/// `lost_at_least`, `lost_at_most` (None: no bound known), `lost_exact` and `loss_summary`
+/// (the sentence `zcio nflog` / `zcio conntrack events` print on exit).
+fn loss_items(d: &Bound<'_, PyDict>, loss: &Loss, summary: String) -> PyResult<()> {
+    d.set_item("lost_at_least", loss.at_least)?;
+    d.set_item("lost_at_most", loss.at_most)?;
+    d.set_item("lost_exact", loss.exact)?;
+    d.set_item("loss_summary", summary)
+}
+
 fn log_err(e: zcio::netlink::NfLogError) -> PyErr {
     use zcio::netlink::NfLogError as E;
     let src = match &e {
         E::Socket { source, .. } | E::Config { source, .. } => Some(source),
         _ => None,
     };
-    if let E::Invalid(_) = e {
-        return PyValueError::new_err(e.to_string());
+    match &e {
+        E::Invalid(_) => return PyValueError::new_err(e.to_string()),
+        // EPERM from a bind is a missing capability or a group in use: the library checked.
+        E::Config {
+            refusal: Some(BindRefusal::InUse { .. } | BindRefusal::BoundHere),
+            ..
+        } => return PyOSError::new_err((libc::EBUSY, e.to_string())),
+        E::Config {
+            refusal: Some(BindRefusal::Unexplained),
+            source,
+            ..
+        } => {
+            return PyOSError::new_err((
+                source.raw_os_error().unwrap_or(libc::EPERM),
+                e.to_string(),
+            ))
+        }
+        _ => {}
     }
     io_err(e.to_string(), src)
 }
@@ -297,6 +322,8 @@ impl NfLog {
         d.set_item("any_loss", s.any_loss())?;
         d.set_item("overruns", s.stream.overruns)?;
         d.set_item("kernel_drops", s.stream.kernel_drops)?;
+        d.set_item("tail_batches", s.tail_batches)?;
+        loss_items(&d, &s.loss, s.loss_summary())?;
         d.set_item("syscalls", s.stream.syscalls)?;
         d.set_item("datagrams", s.stream.datagrams)?;
         Ok(d)
@@ -519,6 +546,7 @@ impl CtEvents {
         d.set_item("destroy", s.destroy)?;
         d.set_item("lost", s.lost())?;
         d.set_item("overruns", s.stream.overruns)?;
+        loss_items(&d, &s.loss, s.loss_summary())?;
         d.set_item("syscalls", s.stream.syscalls)?;
         Ok(d)
     }

@@ -60,6 +60,9 @@ struct SlotState {
     pin: Option<Arc<FramePin>>,
     /// The memoryview handed out, released at the verdict.
     view: Option<Py<PyAny>>,
+    /// Its callback is running, in the netfilterqueue-compatible mode: the payload stays
+    /// readable until the callback returns, verdict or not (as netfilterqueue's).
+    in_callback: bool,
 }
 
 /// State shared by a queue and its packets, which may live on other threads.
@@ -85,6 +88,24 @@ impl<T> OnThisThread<T> {
     pub(crate) fn into_inner(self) -> T {
         self.0
     }
+}
+
+/// A descriptor of our own for the caller's `fd` (close-on-exec), which stays the caller's.
+fn dup_fd(fd: i32) -> PyResult<std::os::fd::OwnedFd> {
+    if fd < 0 {
+        return Err(pyo3::exceptions::PyOSError::new_err((
+            libc::EBADF,
+            format!("socket {fd} is not a descriptor"),
+        )));
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: the borrow lives for the one `try_clone_to_owned` call (`F_DUPFD_CLOEXEC`),
+    // while the caller holds `fd` open (`NetfilterQueue` keeps its descriptor until it goes);
+    // a number that is not open fails with EBADF.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    borrowed.try_clone_to_owned().map_err(|e| {
+        pyo3::exceptions::PyOSError::new_err((e.raw_os_error(), format!("dup of socket {fd}: {e}")))
+    })
 }
 
 fn verdict_of(v: u32) -> PyResult<Verdict> {
@@ -180,8 +201,11 @@ impl NfQueue {
             return Err(e);
         }
         st.applied = true;
-        let view = st.view.take();
-        let pin = st.pin.take();
+        let (view, pin) = if st.in_callback {
+            (None, None)
+        } else {
+            (st.view.take(), st.pin.take())
+        };
         drop(st);
         release_view(py, view);
         drop(pin);
@@ -317,21 +341,33 @@ impl NfQueue {
     }
 
     /// After the callback of `pkt`: apply its verdict, or keep it (giving its frame back in
-    /// compat mode), or — when the callback raised — give it the default verdict.
+    /// compat mode), or — when the callback raised — give it the default verdict (outside
+    /// compat mode; netfilterqueue leaves such a packet undecided, for the caller to decide
+    /// after `run` re-raised, and so does compat mode).
     fn after_callback(&mut self, py: Python<'_>, pkt: &Packet, raised: bool) -> PyResult<()> {
         let slot = &pkt.slot;
+        if raised {
+            self.callback_errors += 1;
+        }
         let (decided, applied) = {
-            let st = lock(&slot.st);
+            let mut st = lock(&slot.st);
+            st.in_callback = false;
             (st.decision.is_some(), st.applied)
         };
         if applied {
+            // Decided in its callback: its bytes go now that the callback has returned.
+            let (view, pin) = {
+                let mut st = lock(&slot.st);
+                (st.view.take(), st.pin.take())
+            };
+            release_view(py, view);
+            drop(pin);
             return Ok(());
         }
         if decided {
             return self.apply(py, slot);
         }
-        if raised {
-            self.callback_errors += 1;
+        if raised && !self.compat {
             return self.default_verdict(py, slot);
         }
         let (view, pin) = {
@@ -431,7 +467,7 @@ impl NfQueue {
     #[new]
     #[pyo3(signature = (queue, last=None, *, copy_range=0xffff, meta=false, max_len=None,
         fail_open=false, sock_len=None, gso=false, uid_gid=false, conntrack=false,
-        default_verdict=0, frames=256, frame_size=4096, uring=true, compat=false))]
+        default_verdict=0, frames=256, frame_size=4096, uring=true, compat=false, sockfd=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         queue: u16,
@@ -449,6 +485,7 @@ impl NfQueue {
         frame_size: usize,
         uring: bool,
         compat: bool,
+        sockfd: Option<i32>,
     ) -> PyResult<Self> {
         let last = last.unwrap_or(queue);
         if last < queue {
@@ -477,7 +514,13 @@ impl NfQueue {
             on_error: default,
             ..NfQueueConfig::default()
         };
-        let q = Queue::open(cfg).map_err(nfq_err)?;
+        let q = match sockfd {
+            // A socket opened elsewhere (netfilterqueue's `sockfd=`): the queue works on a
+            // duplicate of it, frame ring included.
+            Some(fd) => Queue::from_socket(cfg, dup_fd(fd)?),
+            None => Queue::open(cfg),
+        }
+        .map_err(nfq_err)?;
         let fallbacks = q
             .fallbacks()
             .iter()
@@ -532,7 +575,8 @@ impl NfQueue {
     /// an exception (Ctrl+C included) with `block`, or until nothing is ready without. A
     /// packet the callback neither decided nor kept gets... nothing: it stays queued until its
     /// verdict (call `accept()` later). A callback that raises gives its packet the default
-    /// verdict and `run` re-raises; packets received after it are handed to the next `run`.
+    /// verdict (with `compat`, as netfilterqueue: it stays undecided for the caller to
+    /// decide) and `run` re-raises; packets received after it are handed to the next `run`.
     #[pyo3(signature = (callback, block=true, max=64))]
     fn run(
         slf: &Bound<'_, Self>,
@@ -554,6 +598,8 @@ impl NfQueue {
             let mut rest = got.into_iter();
             while let Some(r) = rest.next() {
                 let pkt = slf.borrow().make_packet(py, slf.clone().unbind(), r)?;
+                let compat = slf.borrow().compat;
+                lock(&pkt.borrow(py).slot.st).in_callback = compat;
                 let res = callback.call1((pkt.clone_ref(py),));
                 let raised = res.is_err();
                 {
@@ -758,6 +804,16 @@ pub struct Packet {
 
 impl Packet {
     fn decide(&mut self, py: Python<'_>, v: Verdict) -> PyResult<()> {
+        {
+            // A verdict the caller gave is reported before an unbind (netfilterqueue's order);
+            // one the queue gave at unbind is not the caller's: that is "unbound".
+            let st = lock(&self.slot.st);
+            if (st.applied || st.decision.is_some()) && !st.by_default {
+                return Err(PyRuntimeError::new_err(
+                    "Verdict already given for this packet",
+                ));
+            }
+        }
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(QueueUnbound::new_err(
                 "Parent queue has already been unbound",

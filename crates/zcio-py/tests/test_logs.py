@@ -61,3 +61,38 @@ def test_conntrack_events_show_a_udp_flow_as_conntrack_prints_it(host, udp):
         assert e.line.strip().startswith("[NEW] udp"), e.line
         assert "dport=9999" in e.line
         assert ev.stats["new"] >= 1 and ev.stats["lost"] == 0
+
+
+def test_nflog_loss_after_the_last_packet_is_a_lower_bound_not_zero(host, udp):
+    # Nothing is read while a whole burst is logged, and nothing is logged after it: no
+    # sequence gap can show the loss, so the stats give a bound from the batches the socket
+    # dropped.
+    host.iptables("-A", "INPUT", "-p", "udp", "--dport", "9999", "-j", "NFLOG", "--nflog-group", "7")
+    with zcio.NfLog(7, sock_len=64 << 10, qthresh=8) as log:
+        sent = 4000
+        udp.send(*(struct.pack(">I", i) + b"z" * 196 for i in range(sent)))
+        time.sleep(0.1)  # past the kernel's flush timer: the last partial batch is dropped too
+        got = []
+        while True:
+            b = log.next_batch(0.2)
+            if not b:
+                break
+            got.extend(b)
+        st = log.stats
+    missing = sent - len(got)
+    assert missing > 0, st
+    assert st["tail_batches"] > 0 and not st["lost_exact"], st
+    assert 0 < st["lost_at_least"] <= missing <= st["lost_at_most"], st
+    assert f"lost >= {st['lost_at_least']}" in st["loss_summary"], st["loss_summary"]
+
+
+def test_conntrack_loss_is_exact_when_nothing_was_dropped(host, udp):
+    host.iptables("-A", "INPUT", "-m", "conntrack", "--ctstate", "NEW,ESTABLISHED", "-j", "ACCEPT")
+    with zcio.CtEvents(update=False) as ev:
+        udp.send(b"hello")
+        end = time.time() + 3
+        while not ev.next_batch(0.1) and time.time() < end:
+            pass
+        st = ev.stats
+    assert st["lost_exact"] and st["lost_at_least"] == 0 and st["lost_at_most"] == 0, st
+    assert st["loss_summary"].startswith("no loss"), st

@@ -9,7 +9,9 @@ use std::net::UdpSocket;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use zcio::netlink::msg::{self, emit_attr, emit_header, finish, messages, NlMsg};
-use zcio::netlink::{CopyMode, LogPacket, NetlinkPath, NfLog, NfLogConfig};
+use zcio::netlink::{
+    BindRefusal, CopyMode, LogPacket, NetlinkPath, NfLog, NfLogConfig, NfLogError,
+};
 use zcio::sys::netlink as nl;
 use zcio::sys::nflog::*;
 use zcio_testnet::Netns;
@@ -322,9 +324,22 @@ fn groups_on_one_socket_number_their_messages_on_their_own() {
         })
         .unwrap_err();
         assert!(err.to_string().contains("BIND"), "{err}");
+        // The kernel answers EPERM for a group another socket holds, as for a missing
+        // capability; the error says which, by checking.
         assert!(
-            err.to_string().contains("busy") || err.to_string().contains("EBUSY"),
+            err.to_string().contains("group 11 is in use")
+                && !err.to_string().contains("missing capability"),
             "{err}"
+        );
+        assert!(
+            matches!(
+                &err,
+                NfLogError::Config {
+                    refusal: Some(BindRefusal::InUse { .. }),
+                    ..
+                }
+            ),
+            "{err:?}"
         );
     })
     .unwrap();
@@ -429,6 +444,26 @@ fn kernel_batches_up_to_qthresh_messages_per_datagram() {
     .unwrap();
 }
 
+/// A log of `group` with a 64 KiB receive buffer and batches of 8, into which 4,000 packets
+/// to `port` were logged while nothing read: most are lost at its socket. Returns the log,
+/// the sender (its receiver keeps the packets delivered) and the count sent.
+fn flooded(group: u16, port: u16, no_enobufs: bool, uring: bool) -> (NfLog, Udp, u32) {
+    let log = NfLog::open(NfLogConfig {
+        rcvbuf: Some((64 << 10, false)),
+        qthresh: Some(8),
+        no_enobufs,
+        uring,
+        ..cfg(group)
+    })
+    .unwrap();
+    let udp = Udp::new(port);
+    let sent = 4000u32;
+    for i in 0..sent {
+        udp.send(i, 200);
+    }
+    (log, udp, sent)
+}
+
 /// Fills a small receive buffer without reading, then reads: the overruns are reported, and
 /// the sequence gaps count exactly the messages lost (received + lost = sent), with and
 /// without `NETLINK_NO_ENOBUFS`.
@@ -437,19 +472,7 @@ fn overruns_are_counted(test: &str, group: u16, port: u16, no_enobufs: bool, uri
         return;
     };
     ns.run(move || {
-        let mut log = NfLog::open(NfLogConfig {
-            rcvbuf: Some((64 << 10, false)),
-            qthresh: Some(8),
-            no_enobufs,
-            uring,
-            ..cfg(group)
-        })
-        .unwrap();
-        let udp = Udp::new(port);
-        let sent = 4000u32;
-        for i in 0..sent {
-            udp.send(i, 200);
-        }
+        let (mut log, udp, sent) = flooded(group, port, no_enobufs, uring);
         let mut got = collect(&mut log, sent as usize, Duration::from_millis(300));
         // The gap is seen when a later message arrives: log one more, after the drain.
         udp.send(sent, 200);
@@ -477,11 +500,84 @@ fn overruns_are_counted(test: &str, group: u16, port: u16, no_enobufs: bool, uri
             assert!(st.stream.overruns > 0, "ENOBUFS reported: {st:?}");
         }
         assert!(st.any_loss());
+        // The bound holds what was really lost.
+        let lost = u64::from(sent) + 1 - st.packets;
+        assert!(st.loss.at_least <= lost, "{st:?}");
+        assert!(st.loss.at_most.is_some_and(|m| m >= lost), "{st:?}");
         // What arrived is intact and in order.
         let seqs: Vec<u32> = got.iter().map(Owned::udp_seq).collect();
         assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in order");
     })
     .unwrap();
+}
+
+/// A burst lost after the last message that arrived (nothing read while it came, nothing
+/// logged after it): no gap can show it, so the loss is a lower bound made of the batches the
+/// socket dropped, never "0 lost".
+fn tail_is_a_lower_bound(test: &str, group: u16, port: u16, no_enobufs: bool, uring: bool) {
+    let Some(ns) = host(test, &[(port, group)], &[]) else {
+        return;
+    };
+    ns.run(move || {
+        let (mut log, _udp, sent) = flooded(group, port, no_enobufs, uring);
+        // Still not reading when the kernel's flush timer (10 ms) sends the last partial
+        // batch: it is dropped too, and no later message will show the loss as a gap.
+        std::thread::sleep(common::scaled(Duration::from_millis(100)));
+        let got = collect(&mut log, sent as usize, Duration::from_millis(300));
+        let st = log.close(Duration::from_millis(50), |_| {}).unwrap();
+        let lost = u64::from(sent) - st.packets;
+        println!("{} of {sent} arrived: {st:?}", got.len());
+        assert!(lost > 0, "a 64 KiB buffer held all {sent} packets? {st:?}");
+        assert!(st.stream.kernel_drops > 0, "{st:?}");
+        assert!(st.tail_batches > 0, "drops after the last arrival: {st:?}");
+        assert!(!st.loss.exact, "{st:?}");
+        assert!(
+            st.loss.at_least > 0 && st.loss.at_least <= lost,
+            "a true lower bound of {lost}: {st:?}"
+        );
+        assert!(st.loss.at_most.is_some_and(|m| m >= lost), "{st:?}");
+        assert_eq!(st.loss.at_least, st.lost + st.tail_batches);
+        let summary = st.loss_summary();
+        assert!(
+            summary.contains(&format!("lost >= {}", st.loss.at_least))
+                && summary.contains("after the last message that arrived"),
+            "{summary}"
+        );
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_burst_lost_after_the_last_message_is_a_lower_bound_not_zero() {
+    tail_is_a_lower_bound(
+        "a_burst_lost_after_the_last_message_is_a_lower_bound_not_zero",
+        22,
+        9112,
+        false,
+        true,
+    );
+}
+
+#[test]
+fn a_burst_lost_after_the_last_message_is_a_lower_bound_on_recvmmsg() {
+    tail_is_a_lower_bound(
+        "a_burst_lost_after_the_last_message_is_a_lower_bound_on_recvmmsg",
+        23,
+        9113,
+        false,
+        false,
+    );
+}
+
+#[test]
+fn a_burst_lost_after_the_last_message_is_a_lower_bound_without_enobufs() {
+    tail_is_a_lower_bound(
+        "a_burst_lost_after_the_last_message_is_a_lower_bound_without_enobufs",
+        24,
+        9114,
+        true,
+        true,
+    );
 }
 
 #[test]
@@ -793,6 +889,25 @@ fn bind_families_makes_nfnetlink_log_the_namespaces_logger_for_them() {
         drop(log);
         // A namespace-wide setting: it stays (documented), for other consumers of group 0.
         assert_eq!(logger(2), "nfnetlink_log");
+    })
+    .unwrap();
+}
+
+#[test]
+fn without_cap_net_admin_a_bind_is_refused_as_a_missing_capability_not_as_in_use() {
+    let test = "without_cap_net_admin_a_bind_is_refused_as_a_missing_capability_not_as_in_use";
+    let Some(ns) = host(test, &[(9115, 25)], &[]) else {
+        return;
+    };
+    ns.run(|| {
+        common::refused_for_a_missing_capability(|| {
+            let e = NfLog::open(cfg(25)).unwrap_err();
+            let refusal = match &e {
+                NfLogError::Config { refusal, .. } => refusal.clone(),
+                _ => None,
+            };
+            (refusal, e.to_string())
+        })
     })
     .unwrap();
 }

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use zcio::netlink::msg::{self, messages, NlMsg};
 use zcio::netlink::nfqmsg::{self, AnyMsg, ConfigMsg, Packet, VerdictMsg};
 use zcio::netlink::{
-    kernel_queue_stats, Decision, NetlinkPath, NfQueue, NfQueueConfig, Route, RouteSocket, Verdict,
+    kernel_queue_stats, BindRefusal, Decision, NetlinkPath, NfQueue, NfQueueConfig, NfqError,
+    Route, RouteSocket, Verdict,
 };
 use zcio::sys::netlink as nl;
 use zcio::sys::nfqueue::*;
@@ -408,7 +409,16 @@ fn full_queue_without_fail_open_drops() {
         assert_eq!(udp.got.len(), 8);
         let k = kernel_queue_stats().unwrap();
         let k = k.iter().find(|k| k.queue == 8).unwrap();
-        assert_eq!(k.queue_dropped, 92, "{k:?}");
+        // Every packet was queued (given an id) or dropped by the full queue. How many were
+        // queued depends on whether delivery of the burst was over before the 8 verdicts
+        // made room (92 dropped) or still going (the 6.1 guest under emulation: 84): at most
+        // 8 waiting and 8 decided.
+        assert_eq!(
+            k.queue_dropped + u64::from(k.id_sequence),
+            100,
+            "every packet queued or dropped: {k:?}"
+        );
+        assert!(k.queue_dropped >= 100 - 16, "{k:?}");
     })
     .unwrap();
 }
@@ -1690,6 +1700,200 @@ fn a_held_packet_can_give_its_frame_back_and_stay_undecided() {
         udp.wait_for(20);
         assert_eq!(udp.got.len(), 20);
         assert_eq!(waiting(15), 0);
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_queue_another_socket_holds_is_refused_as_in_use_not_as_a_missing_capability() {
+    let test = "a_queue_another_socket_holds_is_refused_as_in_use_not_as_a_missing_capability";
+    let Some(ns) = host(test, 41) else {
+        return;
+    };
+    ns.run(|| {
+        let _held = NfQueue::open(cfg(41)).unwrap();
+        let err = NfQueue::open(cfg(41)).unwrap_err();
+        let text = err.to_string();
+        // The kernel's answer is EPERM, as for a caller without CAP_NET_ADMIN.
+        assert!(
+            matches!(&err, NfqError::Config { source, .. } if source.raw_os_error() == Some(libc::EPERM)),
+            "{err:?}"
+        );
+        assert!(
+            matches!(
+                &err,
+                NfqError::Config {
+                    refusal: Some(BindRefusal::InUse { .. }),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            text.contains("queue 41 is in use") && !text.contains("CAP_NET_ADMIN"),
+            "{text}"
+        );
+        // The holder is named (this test process).
+        assert!(text.contains(&format!("pid {}", std::process::id())), "{text}");
+    })
+    .unwrap();
+}
+
+#[test]
+fn without_cap_net_admin_a_bind_is_refused_as_a_missing_capability_not_as_in_use() {
+    let test = "without_cap_net_admin_a_bind_is_refused_as_a_missing_capability_not_as_in_use";
+    let Some(ns) = host(test, 42) else {
+        return;
+    };
+    ns.run(|| {
+        common::refused_for_a_missing_capability(|| {
+            let e = NfQueue::open(cfg(42)).unwrap_err();
+            let refusal = match &e {
+                NfqError::Config { refusal, .. } => refusal.clone(),
+                _ => None,
+            };
+            (refusal, e.to_string())
+        })
+    })
+    .unwrap();
+}
+
+/// A NETLINK_NETFILTER socket made in the namespace of `ns`.
+fn socket_in(ns: &Netns) -> std::os::fd::OwnedFd {
+    ns.run(|| nl::socket(nl::NETLINK_NETFILTER).unwrap())
+        .unwrap()
+}
+
+fn a_socket_made_in_the_queues_namespace_serves_it_from_another(
+    test: &str,
+    queue: u16,
+    uring: bool,
+) {
+    let Some(ns) = host(test, queue) else {
+        return;
+    };
+    let sock = socket_in(&ns);
+    // The consumer runs in a namespace of its own, which has no such queue or rule: the
+    // socket reaches the one it was made in (libnetfilter_queue's nfq_open_nfnl).
+    let elsewhere = Netns::new("nfqelse").unwrap();
+    let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+    let consumer = std::thread::spawn(move || {
+        elsewhere
+            .run(move || {
+                let c = if uring {
+                    cfg(queue)
+                } else {
+                    cfg_recvmmsg(queue)
+                };
+                let mut q = NfQueue::from_socket(c, sock).unwrap();
+                bound_tx.send(()).unwrap();
+                let n = process_n(&mut q, 200, |p| {
+                    Decision::Verdict(if seq_of(p) % 2 == 0 {
+                        Verdict::Accept
+                    } else {
+                        Verdict::Drop
+                    })
+                });
+                q.flush().unwrap();
+                (q.path(), n)
+            })
+            .unwrap()
+    });
+    bound_rx.recv().unwrap();
+    let mut udp = ns
+        .run(|| {
+            let udp = Udp::new();
+            for i in 0..200 {
+                udp.send(i, 64);
+            }
+            udp
+        })
+        .unwrap();
+    let (path, n) = consumer.join().unwrap();
+    let want = if uring {
+        NetlinkPath::FrameRingUring
+    } else {
+        NetlinkPath::FrameRingRecvmmsg
+    };
+    assert_eq!(path, want, "the frame ring on the given socket");
+    assert_eq!(n, 200);
+    udp.wait_for(100);
+    let mut got = udp.got.clone();
+    got.sort_unstable();
+    assert_eq!(got, (0..200).step_by(2).collect::<Vec<_>>());
+    assert_eq!(
+        ns.run(move || waiting(queue)).unwrap(),
+        0,
+        "every verdict reached the kernel of the queue's namespace"
+    );
+}
+
+#[test]
+fn a_socket_made_in_another_namespace_serves_its_queue_with_the_frame_ring() {
+    a_socket_made_in_the_queues_namespace_serves_it_from_another(
+        "a_socket_made_in_another_namespace_serves_its_queue_with_the_frame_ring",
+        43,
+        true,
+    );
+}
+
+#[test]
+fn a_socket_made_in_another_namespace_serves_its_queue_on_recvmmsg() {
+    a_socket_made_in_the_queues_namespace_serves_it_from_another(
+        "a_socket_made_in_another_namespace_serves_its_queue_on_recvmmsg",
+        44,
+        false,
+    );
+}
+
+#[test]
+fn a_given_socket_must_be_netlink_netfilter_and_serves_one_queue() {
+    let file = std::fs::File::open("/dev/null").unwrap();
+    let err = NfQueue::from_socket(cfg(1), file.into()).unwrap_err();
+    assert!(
+        matches!(&err, NfqError::Socket { source, .. } if source.raw_os_error() == Some(libc::ENOTSOCK)),
+        "{err:?}"
+    );
+    let route = nl::socket(nl::NETLINK_ROUTE).unwrap();
+    let err = NfQueue::from_socket(cfg(1), route).unwrap_err();
+    assert!(err.to_string().contains("not AF_NETLINK"), "{err}");
+    let nf = nl::socket(nl::NETLINK_NETFILTER).unwrap();
+    let err = NfQueue::from_socket(NfQueueConfig { last: 2, ..cfg(1) }, nf).unwrap_err();
+    assert!(err.to_string().contains("one queue"), "{err}");
+}
+
+#[test]
+fn a_copy_range_of_zero_is_the_whole_packet_and_frames_are_sized_for_it() {
+    // The kernel copies the whole packet for a range of 0 (`nfqnl_set_mode`): an 8,000-byte
+    // packet does not fit a 4 KiB frame, so io_uring (no spill) must not be chosen for it.
+    let test = "a_copy_range_of_zero_is_the_whole_packet_and_frames_are_sized_for_it";
+    let Some(ns) = host(test, 45) else {
+        return;
+    };
+    ns.run(|| {
+        let mut q = NfQueue::open(NfQueueConfig {
+            copy: zcio::netlink::CopyMode::Packet(0),
+            ..cfg(45)
+        })
+        .unwrap();
+        assert_eq!(
+            q.path(),
+            NetlinkPath::FrameRingRecvmmsg,
+            "{:?}",
+            q.fallbacks()
+        );
+        let mut udp = Udp::new();
+        udp.send(7, 8000);
+        let mut len = 0;
+        let n = process_n(&mut q, 1, |p| {
+            len = p.payload.map_or(0, |b| b.len());
+            assert_eq!(p.cap_len, None, "cut by the copy range");
+            Decision::Verdict(Verdict::Accept)
+        });
+        assert_eq!((n, len), (1, 8000 + 28), "the whole packet");
+        udp.wait_for(1);
+        assert_eq!(udp.got, vec![7]);
+        assert_eq!(q.stats().copies, 1, "kept whole out of line");
     })
     .unwrap();
 }

@@ -146,7 +146,7 @@ fn a_vectored_send_returns_every_slice_once_in_order_after_the_notification() {
         }
         let st = ring.ring_stats().unwrap();
         assert_eq!(st.lent, st.returned, "{mode}: {st:?}");
-        ring.close(id);
+        ring.close(id).unwrap();
         drop(ring);
         assert_eq!(
             pool.available(),

@@ -388,11 +388,13 @@ fn auto_switches_to_copy_where_completions_are_copied_and_says_why() {
     book.finish(&mut tx, &tickets);
     // On the ring, auto's copy is io_uring SEND (batched with everything else).
     assert_eq!(tx.path(), Path::UringCopy);
+    // (An 8-buffer pool may also run dry while zero-copy buffers wait for ACKs: that is
+    // recorded too, with its own reason.)
     let f = tx
         .fallbacks()
         .iter()
-        .find(|f| f.to == Path::UringCopy.into())
-        .expect("a fallback to copy");
+        .find(|f| f.to == Path::UringCopy.into() && f.reason.contains("COPIED"))
+        .unwrap_or_else(|| panic!("a fallback to copy for COPIED: {:?}", tx.fallbacks()));
     assert!(f.reason.contains("COPIED"), "{f}");
     assert!(tx.stats().auto_reprobes >= 1, "{:?}", tx.stats());
     assert!(

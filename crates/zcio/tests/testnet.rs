@@ -103,7 +103,7 @@ fn sink_completes_zerocopy_without_copy_and_loopback_copies() {
     }
     let sink = Sink::new("zc").unwrap();
     let (before_pkts, before_drop) = sink.tx_counters().unwrap();
-    let before_out = sink.host.run(ip_out_requests).unwrap();
+    let before_out = sink.host.run(common::ip_out_requests).unwrap();
     for dst in [
         SocketAddr::from((sink.dst4, 9)),
         SocketAddr::from((sink.dst6, 9)),
@@ -120,7 +120,7 @@ fn sink_completes_zerocopy_without_copy_and_loopback_copies() {
         assert!(ranges.iter().all(|r| !r.copied), "sink copied: {ranges:?}");
     }
     let (after_pkts, after_drop) = sink.tx_counters().unwrap();
-    let after_out = sink.host.run(ip_out_requests).unwrap();
+    let after_out = sink.host.run(common::ip_out_requests).unwrap();
     // The datagrams left the IP layer for the sink's device: its TX packets + dropped counters
     // show them where the veth counts a drop with its peer down (6.12+); 6.1 drops them at the
     // qdisc without touching the device's counters, so there the IP layer's own count of
@@ -140,23 +140,4 @@ fn sink_completes_zerocopy_without_copy_and_loopback_copies() {
         ranges.iter().all(|r| r.copied),
         "loopback not copied: {ranges:?}"
     );
-}
-
-/// IPv4 + IPv6 datagrams this thread's network namespace handed down for sending
-/// (`Ip: OutRequests` in `snmp`, `Ip6OutRequests` in `snmp6`).
-fn ip_out_requests() -> u64 {
-    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
-    let mut ip = snmp.lines().filter(|l| l.starts_with("Ip: "));
-    let (names, values) = (ip.next().unwrap(), ip.next().unwrap());
-    let col = names
-        .split_whitespace()
-        .position(|n| n == "OutRequests")
-        .unwrap();
-    let v4: u64 = values.split_whitespace().nth(col).unwrap().parse().unwrap();
-    let snmp6 = std::fs::read_to_string("/proc/thread-self/net/snmp6").unwrap();
-    let v6: u64 = snmp6
-        .lines()
-        .find_map(|l| l.strip_prefix("Ip6OutRequests"))
-        .map_or(0, |v| v.trim().parse().unwrap());
-    v4 + v6
 }

@@ -63,7 +63,8 @@ int main(void) {
     printf("report: path %s, fallbacks %zu\n", zcio_report_path(rep),
            (size_t)zcio_report_fallback_count(rep));
     int report_ok = strcmp(zcio_report_path(rep), zcio_ctevents_path(ev)) == 0 &&
-                    strstr(zcio_report_json(rep), "\"new\":") != NULL;
+                    strstr(zcio_report_json(rep), "\"new\":") != NULL &&
+                    strstr(zcio_report_json(rep), "\"loss\":{\"at_least\":0,\"at_most\":0,\"exact\":true}") != NULL;
     zcio_report_free(rep);
     zcio_ctevents_free(ev);
     if (!report_ok) return 1;

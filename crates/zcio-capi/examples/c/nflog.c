@@ -75,7 +75,9 @@ int main(int argc, char **argv) {
     printf("report: path %s, ops %llu, fallbacks %zu\n", zcio_report_path(rep),
            (unsigned long long)c.ops, (size_t)zcio_report_fallback_count(rep));
     int report_ok = strcmp(zcio_report_path(rep), zcio_nflog_path(log)) == 0 &&
-                    c.ops == st.packets && strstr(zcio_report_json(rep), "\"packets\":") != NULL;
+                    c.ops == st.packets && strstr(zcio_report_json(rep), "\"packets\":") != NULL &&
+                    /* What is known of the loss: nothing lost, exactly. */
+                    strstr(zcio_report_json(rep), "\"loss\":{\"at_least\":0,\"at_most\":0,\"exact\":true}") != NULL;
     zcio_report_free(rep);
     zcio_nflog_free(log);
     if (!report_ok) return 1;

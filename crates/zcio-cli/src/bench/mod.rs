@@ -164,6 +164,8 @@ pub struct Ctx {
     progress: ProgressBar,
     rows: Vec<Row>,
     notes: Vec<String>,
+    /// When the previous case ended (`ZCIO_BENCH_TIMES`).
+    last_case: Option<std::time::Instant>,
 }
 
 impl Ctx {
@@ -174,6 +176,7 @@ impl Ctx {
             progress,
             rows: vec![],
             notes: vec![],
+            last_case: None,
         }
     }
 
@@ -228,6 +231,7 @@ impl Ctx {
         mut baseline: impl FnMut() -> Result<Sample>,
         mut zcio: impl FnMut() -> Result<Sample>,
     ) -> Result<()> {
+        let t0 = std::time::Instant::now();
         let mut a_samples = vec![];
         let mut b_samples = vec![];
         for round in 0..self.rounds() {
@@ -276,6 +280,17 @@ impl Ctx {
             });
         }
         self.progress.inc(1);
+        if std::env::var_os("ZCIO_BENCH_TIMES").is_some() {
+            // Where a suite's time goes (for keeping the default run short): the case's own
+            // rounds, and the set-up before it since the previous case ended.
+            let now = std::time::Instant::now();
+            eprintln!(
+                "bench time: {case}: {:.1} s rounds, {:.1} s before",
+                (now - t0).as_secs_f64(),
+                (t0 - self.last_case.unwrap_or(t0)).as_secs_f64()
+            );
+            self.last_case = Some(now);
+        }
         Ok(())
     }
 }

@@ -30,7 +30,8 @@ pub struct NflogArgs {
     /// Start a new file every this many seconds (as tcpdump's -G; files are numbered like -C's).
     #[arg(short = 'G', value_name = "SECS")]
     pub rotate_secs: Option<f64>,
-    /// Bytes of each packet copied (the kernel copies at most 65531).
+    /// Bytes of each packet copied (the kernel copies at most 65531); 0 is the default, as
+    /// tcpdump's `-s 0`.
     #[arg(long, short = 's', default_value_t = 262_144)]
     pub snaplen: u32,
     /// Classic pcap instead of pcapng (no interface blocks, no comments).
@@ -134,14 +135,21 @@ fn metrics(snaps: &[Option<Snapshot>], e: &mut crate::metrics::Exposition) {
     }
 }
 
-/// `-C`'s size: a plain number is millions of bytes (tcpdump); K/M/G suffixes are binary.
+/// `-C`'s size: a plain number is millions of bytes (tcpdump); K/M/G suffixes are binary. At
+/// least one byte: tcpdump refuses `-C 0` (here it would start a file per packet).
 fn parse_file_size(s: &str) -> Result<u64> {
-    if let Ok(n) = s.trim().parse::<u64>() {
-        return n.checked_mul(1_000_000).context("-C: size too large");
+    let n = if let Ok(n) = s.trim().parse::<u64>() {
+        n.checked_mul(1_000_000)
+            .with_context(|| format!("-C: invalid file size '{s}': too large"))?
+    } else {
+        crate::util::parse_size(s)
+            .map(|n| n as u64)
+            .map_err(|e| anyhow::anyhow!("-C: invalid file size: {e}"))?
+    };
+    if n == 0 {
+        bail!("-C: invalid file size '{s}' (at least 1: millions of bytes, or K, M, G)");
     }
-    crate::util::parse_size(s)
-        .map(|n| n as u64)
-        .map_err(|e| anyhow::anyhow!("-C: {e}"))
+    Ok(n)
 }
 
 /// What is printed or written for each packet (one per run: its size does not matter).
@@ -230,7 +238,9 @@ fn text_line(out: &mut String, p: &LogPacket<'_>, names: &HashMap<u32, String>, 
         ts.0,
         ts.1,
         p.group,
+        // iptables sends an empty prefix (NUL only) for a rule without one: no field then.
         p.prefix
+            .filter(|x| !x.is_empty())
             .map(|x| format!("{} ", String::from_utf8_lossy(x)))
             .unwrap_or_default(),
         name(p.indev),
@@ -289,48 +299,41 @@ fn stats_line(st: &NfLogStats, pps: f64, out: &Out) -> String {
         ),
         Out::Text(..) => String::new(),
     };
+    let lost = if st.loss.exact {
+        format!("lost {} ({} gaps)", st.loss.at_least, st.seq_gaps)
+    } else {
+        format!(
+            "lost >= {} ({} in {} gaps, {} batches dropped after the last arrival)",
+            st.loss.at_least, st.lost, st.seq_gaps, st.tail_batches
+        )
+    };
     format!(
-        "zcio nflog: {} packets ({pps:.0}/s), {} datagrams, {} receive syscalls; lost {} \
-         ({} gaps), overruns {}, socket drops {}{w}",
+        "zcio nflog: {} packets ({pps:.0}/s), {} datagrams, {} receive syscalls; {lost}, \
+         overruns {}, socket drops {}{w}",
         st.packets,
         st.stream.datagrams,
         st.stream.syscalls,
-        st.lost,
-        st.seq_gaps,
         st.stream.overruns,
         st.stream.kernel_drops
     )
-}
-
-/// The loss summary printed on exit.
-fn loss_summary(st: &NfLogStats) -> String {
-    if !st.any_loss() {
-        return "no loss: every sequence number arrived, no overrun, no drop at the socket".into();
-    }
-    let mut parts = Vec::new();
-    if st.lost > 0 {
-        parts.push(format!(
-            "{} message(s) missing in {} sequence gap(s)",
-            st.lost, st.seq_gaps
-        ));
-    }
-    if st.stream.overruns > 0 {
-        parts.push(format!("{} overrun(s) (ENOBUFS)", st.stream.overruns));
-    }
-    if st.stream.kernel_drops > 0 {
-        parts.push(format!(
-            "{} batch(es) dropped by the kernel at the socket (receive buffer full)",
-            st.stream.kernel_drops
-        ));
-    }
-    format!("LOSS: {}", parts.join(", "))
 }
 
 /// Runs `zcio nflog`.
 pub fn run(a: NflogArgs) -> Result<()> {
     let sigfd = zcio::sys::signal::block_to_fd(&[libc::SIGINT, libc::SIGTERM])
         .context("blocking SIGINT/SIGTERM")?;
-    let copy = a.snaplen.clamp(1, zcio::sys::nflog::NFULNL_COPY_RANGE_MAX);
+    let snaplen = if a.snaplen == 0 { 262_144 } else { a.snaplen };
+    let copy = snaplen.min(zcio::sys::nflog::NFULNL_COPY_RANGE_MAX);
+    if let Some(c) = a.count {
+        crate::util::at_least_one("-c", "packet count", c)?;
+    }
+    crate::util::at_least_one("-B", "buffer size", a.buffer_kib)?;
+    crate::util::at_least_one("--qthresh", "batch size", a.qthresh)?;
+    let duration = a
+        .duration
+        .map(|d| crate::util::seconds("--duration", d))
+        .transpose()?;
+    let interval = crate::util::interval("--stats-interval", a.stats_interval)?;
     let cfg = NfLogConfig {
         groups: a.groups.clone(),
         copy: CopyMode::Packet(copy),
@@ -346,12 +349,7 @@ pub fn run(a: NflogArgs) -> Result<()> {
         size: a.file_size.as_deref().map(parse_file_size).transpose()?,
         every: a
             .rotate_secs
-            .map(|s| {
-                if !(s > 0.0 && s.is_finite()) {
-                    bail!("-G: seconds must be positive");
-                }
-                Ok(Duration::from_secs_f64(s))
-            })
+            .map(|s| crate::util::seconds("-G", s))
             .transpose()?,
     };
     if a.write.is_none() && (rotation.size.is_some() || rotation.every.is_some()) {
@@ -379,7 +377,7 @@ pub fn run(a: NflogArgs) -> Result<()> {
             Writer::new(
                 format,
                 Some(p),
-                a.snaplen.min(262_144),
+                snaplen.min(262_144),
                 rotation,
                 names.map.clone(),
             )
@@ -405,9 +403,8 @@ pub fn run(a: NflogArgs) -> Result<()> {
             None => "text lines to stdout".into(),
         }
     );
-    let interval = (a.stats_interval > 0.0).then(|| Duration::from_secs_f64(a.stats_interval));
     let start = Instant::now();
-    let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
+    let end = duration.map(|d| start + d);
     let mut next_stats = interval.map(|i| start + i);
     let mut last = (start, 0u64);
     let mut sink = Sink {
@@ -476,7 +473,7 @@ pub fn run(a: NflogArgs) -> Result<()> {
             sink.skipped
         );
     }
-    eprintln!("zcio nflog: {}", loss_summary(&st));
+    eprintln!("zcio nflog: {}", st.loss_summary());
     let (files, writes) = match &sink.out {
         Out::Capture(w) => (w.files(), w.writes),
         Out::Text(..) => (0, 0),
@@ -488,6 +485,10 @@ pub fn run(a: NflogArgs) -> Result<()> {
             "written": sink.written,
             "lost": st.lost,
             "seq_gaps": st.seq_gaps,
+            "tail_batches": st.tail_batches,
+            "lost_at_least": st.loss.at_least,
+            "lost_at_most": st.loss.at_most,
+            "lost_exact": st.loss.exact,
             "overruns": st.stream.overruns,
             "kernel_drops": st.stream.kernel_drops,
             "datagrams": st.stream.datagrams,

@@ -40,7 +40,8 @@ pub struct NfqArgs {
     /// Count packets per protocol and print the table on exit.
     #[arg(long)]
     pub count: bool,
-    /// Bytes of each packet copied to user space (headers suffice for the rules).
+    /// Bytes of each packet copied to user space (headers suffice for the rules); 0 is the
+    /// whole packet, as the kernel takes it.
     #[arg(long, default_value_t = 128)]
     pub copy_range: u32,
     /// Maximum queue length in the kernel.
@@ -286,7 +287,7 @@ fn worker(
         unseen: a.unseen,
     };
     let mut per_proto = ProtoCounts::new();
-    let interval = (a.stats_interval > 0.0).then(|| Duration::from_secs_f64(a.stats_interval));
+    let interval = crate::util::interval("--stats-interval", a.stats_interval)?;
     let mut next_stats = interval.map(|i| Instant::now() + i);
     let mut last_rx = (Instant::now(), 0u64);
     while !stop.load(Ordering::Relaxed) {
@@ -361,6 +362,18 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_millis(25);
 /// duration and stops them.
 pub fn run(a: NfqArgs) -> Result<()> {
     let (first, last) = parse_range(&a.queue)?;
+    crate::util::at_least_one("--batch", "batch size", a.batch)?;
+    crate::util::at_least_one("--threads", "thread count", a.threads)?;
+    if let Some(m) = a.max_len {
+        // A queue of length 0 holds nothing: the kernel would drop (or, fail-open, accept)
+        // every packet.
+        crate::util::at_least_one("--max-len", "queue length", m)?;
+    }
+    let duration = a
+        .duration
+        .map(|d| crate::util::seconds("--duration", d))
+        .transpose()?;
+    crate::util::interval("--stats-interval", a.stats_interval)?;
     let sigfd = zcio::sys::signal::block_to_fd(&[libc::SIGINT, libc::SIGTERM])
         .context("blocking SIGINT/SIGTERM")?;
     let ranges = split_queues(first, last, a.threads);
@@ -380,7 +393,7 @@ pub fn run(a: NfqArgs) -> Result<()> {
     let cpus = zcio_testnet::cpu::online_cpus().max(1);
     let stop = AtomicBool::new(false);
     let start = Instant::now();
-    let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
+    let end = duration.map(|d| start + d);
     let (signal, results) = std::thread::scope(|sc| -> Result<_> {
         let (tx, rx) = std::sync::mpsc::channel();
         let mut handles = Vec::new();

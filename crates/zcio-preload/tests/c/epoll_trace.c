@@ -518,7 +518,7 @@ static void try_connect(const char *label, const struct sockaddr_in *a) {
     close(c);
 }
 
-/* epoll's contract on what a report carries and when resources go (issue 17; the CPython
+/* epoll's contract on what a report carries and when resources go (the CPython
    test_epoll / test_asyncio findings and their class). */
 static void s_contract(void) {
     cur = "contract";

@@ -46,7 +46,14 @@ from ._native import (
 )
 from ._protocols import PROTOCOLS
 
+#: zcio's version (of the package and its native module).
+__version__: str = _native.__version__
+#: The same as a tuple of ints, as netfilterqueue's ``VERSION``.
+VERSION = tuple(int(x) for x in __version__.split(".")[:3])
+
 __all__ = [
+    "VERSION",
+    "__version__",
     "ACCEPT",
     "DROP",
     "REPEAT",
@@ -94,7 +101,8 @@ class NfQueue(_native.NfQueue):
     raising callback leaves undecided; DROP by default), ``frames`` (per queue: packets held
     past their batch keep one each), ``frame_size``, ``uring`` (fill frames with io_uring
     where a datagram always fits a frame: ``copy_range + 512 <= frame_size``; the fallback is
-    listed in ``fallbacks``).
+    listed in ``fallbacks``), ``sockfd`` (bind on a ``NETLINK_NETFILTER`` socket opened
+    elsewhere, duplicated: the queue of the namespace it was made in; one queue).
     """
 
     def batches(self, max: int = 64, timeout: Optional[float] = None) -> Iterator[Batch]:
@@ -195,10 +203,13 @@ class NfLog(_Stream, _native.NfLog):
     """An NFLOG consumer: ``NfLog(5)`` reads what ``-j NFLOG --nflog-group 5`` rules log.
 
     Entries (``LogEntry``) carry group, hook, prefix, mark, devices, timestamp, uid/gid, the
-    per-group sequence number and the payload (bytes). ``stats["lost"]`` counts messages the
-    kernel could not deliver, exactly, from the sequence numbers. Options: ``copy_range``,
-    ``meta``, ``nlbufsiz``, ``timeout`` (kernel flush timeout, seconds), ``qthresh``,
-    ``seq``, ``conntrack``, ``sock_len``, ``frames``, ``uring``.
+    per-group sequence number and the payload (bytes). ``stats["lost"]`` counts the messages
+    missing in sequence gaps, exactly; a loss after the last message that arrived shows in no
+    gap, so ``stats["lost_at_least"]`` (with ``tail_batches``, the batches dropped at the
+    socket after it), ``lost_at_most``, ``lost_exact`` and ``loss_summary`` say what is
+    known. Options: ``copy_range``, ``meta``, ``nlbufsiz``, ``timeout`` (kernel flush
+    timeout, seconds), ``qthresh``, ``seq``, ``conntrack``, ``sock_len``, ``frames``,
+    ``uring``.
     """
 
 
@@ -207,7 +218,8 @@ class CtEvents(_Stream, _native.CtEvents):
 
     Each ``CtEvent`` has kind ("new", "update", "destroy"), orig/reply tuples (dicts), status,
     timeout, mark, zone, id, and ``line``: the event as ``conntrack -E`` prints it.
-    ``stats["lost"]`` counts events the kernel dropped at the socket.
+    ``stats["lost"]`` counts events the kernel dropped at the socket (exactly);
+    ``lost_at_least``/``lost_exact``/``loss_summary`` add what overruns say beyond it.
     """
 
 
@@ -316,33 +328,63 @@ class FanOut:
         return False
 
 
+_NETLINK_NETFILTER = 12
+
 # netfilterqueue's defaults: 1024 packets of up to 4016 + 780 bytes, half of them.
 _DEFAULT_MAX_QUEUELEN = 1024
 _SOCK_RCV_SIZE = _DEFAULT_MAX_QUEUELEN * (4096 - 80 + 760 + 20) // 2
 
 
+def _named_as_cython(cls):
+    """Names the frames of ``cls``'s methods as Cython names netfilterqueue's
+    (``netfilterqueue._impl.NetfilterQueue.run``): module, class and method, so a traceback
+    through ``run`` shows a ``NetfilterQueue.run`` frame, as netfilterqueue's own tests check
+    for. Only the code objects' names change."""
+    for name in ("run", "run_socket"):
+        f = cls.__dict__[name]
+        f.__code__ = f.__code__.replace(co_name=f"zcio.{cls.__name__}.{name}")
+    return cls
+
+
+@_named_as_cython
 class NetfilterQueue:
     """A drop-in for ``netfilterqueue.NetfilterQueue`` (1.1.0) on zcio's frame ring.
 
-    Differences, each deliberate: a callback that raises gives its packet the default
-    verdict (DROP unless ``bind(default_verdict=...)``) before ``run`` re-raises, so no packet
-    is left without one; ``unbind`` gives every packet still undecided the default verdict;
-    packets are received and their verdicts sent in batches; ``range`` is not capped at
-    4016 bytes; ``bind`` takes ``fail_open`` (and ``default_verdict``); ENOBUFS is counted in
-    ``stats`` and never ends ``run``. ``sockfd`` is not supported (run the consumer inside the
-    other network namespace instead).
+    As netfilterqueue: a callback that raises leaves its packet undecided (decide it after
+    ``run`` re-raised; zcio's batch API gives it the default verdict instead); ``sockfd``
+    (a ``NETLINK_NETFILTER`` socket opened elsewhere, e.g. by a privileged parent or in another
+    network namespace) is used, duplicated, frame ring included. Differences, each
+    deliberate: ``unbind`` gives every packet still undecided the default verdict (DROP
+    unless ``bind(default_verdict=...)``; netfilterqueue leaves them to the kernel, which
+    drops them); packets are received and their verdicts sent in batches; ``range`` is not
+    capped at 4016 bytes; ``bind`` takes ``fail_open`` (and ``default_verdict``); ENOBUFS is
+    counted in ``stats`` and never ends ``run``.
     """
 
     def __init__(self, *, af: int = _socket.AF_INET, sockfd: int = -1):
-        if sockfd >= 0:
-            raise NotImplementedError(
-                "NetfilterQueue(sockfd=...) is not supported by zcio: it opens its own netlink "
-                "socket per queue. To watch another network namespace, bind from inside it "
-                "(`ip netns exec NS python3 ...`, or os.setns() before bind())."
-            )
         self._af = af
         self._q: Optional[_native.NfQueue] = None
         self._cb = None
+        self._sockfd = -1
+        if sockfd >= 0:
+            # As netfilterqueue (which dup2()s it over libnfnetlink's socket): our own
+            # descriptor for the caller's socket, checked now.
+            try:
+                fd = _os.dup(sockfd)
+            except OSError as e:
+                raise OSError(e.errno, "dup2 failed") from None
+            try:
+                with _socket.socket(fileno=_os.dup(fd)) as s:
+                    kind = (s.family, s.proto)
+                if kind != (_socket.AF_NETLINK, _NETLINK_NETFILTER):
+                    raise OSError(
+                        _errno.EPROTOTYPE,
+                        f"socket {sockfd} is {kind}, not (AF_NETLINK, NETLINK_NETFILTER)",
+                    )
+            except OSError as e:
+                _os.close(fd)
+                raise OSError(e.errno, f"Failed to open NFQueue. ({e.strerror or e})") from None
+            self._sockfd = fd
 
     def bind(
         self,
@@ -372,6 +414,7 @@ class NetfilterQueue:
             uid_gid=uid_gid,
             uring=False,
             compat=True,
+            sockfd=self._sockfd if self._sockfd >= 0 else None,
         )
         self._q, self._cb = q, user_callback
         with _socket.fromfd(q.socket_fd(), _socket.AF_NETLINK, _socket.SOCK_RAW) as s:
@@ -432,3 +475,6 @@ class NetfilterQueue:
             self.unbind()
         except Exception:
             pass
+        if getattr(self, "_sockfd", -1) >= 0:
+            _os.close(self._sockfd)
+            self._sockfd = -1

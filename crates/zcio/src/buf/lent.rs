@@ -165,6 +165,16 @@ pub enum Lent {
     Bytes(bytes::Bytes),
 }
 
+impl Lent {
+    /// A pool slot's pool: `(free buffers, buffers)`; `None` for other memory.
+    pub(crate) fn pool_free(&self) -> Option<(usize, usize)> {
+        match self {
+            Lent::Pool(b) => Some((b.pool_available(), b.pool_count())),
+            _ => None,
+        }
+    }
+}
+
 impl std::ops::Deref for Lent {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

@@ -183,6 +183,20 @@ impl PoolBuf {
         self.len = len;
     }
 
+    /// Free buffers of this buffer's pool now.
+    pub(crate) fn pool_available(&self) -> usize {
+        self.inner
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Buffers of this buffer's pool.
+    pub(crate) fn pool_count(&self) -> usize {
+        self.inner.count
+    }
+
     /// The pool this buffer belongs to.
     pub fn pool_id(&self) -> u64 {
         self.inner.id

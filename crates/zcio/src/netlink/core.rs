@@ -118,8 +118,35 @@ impl NlSocket {
         spec: &SockSpec<'_>,
         fallbacks: &mut Vec<Fallback>,
     ) -> Result<Self, OpenError> {
-        let fd = nl::socket(spec.protocol).map_err(step("socket(AF_NETLINK)"))?;
-        nl::bind(&fd, 0, 0).map_err(step("bind netlink socket"))?;
+        Self::open_on(spec, None, fallbacks)
+    }
+
+    /// As [`NlSocket::open`], on `given` when there is one: a netlink socket of
+    /// `spec.protocol` opened elsewhere (by a privileged parent, or in another network
+    /// namespace, whose objects it then reaches). It is bound to a port id here unless it
+    /// already has one.
+    pub(crate) fn open_on(
+        spec: &SockSpec<'_>,
+        given: Option<OwnedFd>,
+        fallbacks: &mut Vec<Fallback>,
+    ) -> Result<Self, OpenError> {
+        let fd = match given {
+            None => {
+                let fd = nl::socket(spec.protocol).map_err(step("socket(AF_NETLINK)"))?;
+                nl::bind(&fd, 0, 0).map_err(step("bind netlink socket"))?;
+                fd
+            }
+            Some(fd) => {
+                nl::check_protocol(&fd, spec.protocol).map_err(step(
+                    "checking the given socket (it must be an AF_NETLINK socket of this \
+                     protocol)",
+                ))?;
+                if nl::port_id(&fd).map_err(step("getsockname on the given socket"))? == 0 {
+                    nl::bind(&fd, 0, 0).map_err(step("bind the given netlink socket"))?;
+                }
+                fd
+            }
+        };
         if let Some((bytes, force)) = spec.rcvbuf {
             super::size_rcvbuf(&fd, bytes, force, fallbacks).map_err(step("SO_RCVBUF"))?;
         }
@@ -220,7 +247,16 @@ impl NlSocket {
         nl::send_to_kernel(&self.fd, msg).map_err(RequestError::Send)?;
         let mut buf = vec![0u8; 140 << 10];
         loop {
-            let n = crate::sys::net::recv(&self.fd, &mut buf, 0).map_err(RequestError::Recv)?;
+            let n = match crate::sys::net::recv(&self.fd, &mut buf, 0) {
+                Ok(n) => n,
+                // A socket handed over in non-blocking mode: wait for the answer.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    crate::sys::net::poll_one(&self.fd, libc::POLLIN, -1)
+                        .map_err(RequestError::Recv)?;
+                    continue;
+                }
+                Err(e) => return Err(RequestError::Recv(e)),
+            };
             let mut ack = None;
             let mut other = false;
             for m in messages(&buf[..n]) {
@@ -338,6 +374,11 @@ pub(crate) trait Family {
     fn parse<'a>(m: &NlMsg<'a>) -> Result<Option<Self::Item<'a>>, ParseError>;
     /// Counts an item before the caller sees it.
     fn tally(t: &mut Self::Tally, item: &Self::Item<'_>);
+    /// Losses the items have shown so far (NFLOG: sequence gaps); when it grows, the stream
+    /// reads the socket's drop counter (see [`Stream::drops_at_last_gap`]).
+    fn gaps(_t: &Self::Tally) -> u64 {
+        0
+    }
 }
 
 /// Counters of a read-only netlink stream (`NfLogStats::stream`, `CtStats::stream`).
@@ -369,6 +410,19 @@ pub struct StreamStats {
     pub kernel_errors: u64,
 }
 
+/// What is known of the messages a read-only stream lost: how many at least, at most when
+/// a bound is known, and whether the count is exact. What each family can count, and what no
+/// counter sees, is in `docs/design/netlink.md` ("Losses").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Loss {
+    /// At least this many messages were lost (a true lower bound).
+    pub at_least: u64,
+    /// At most this many, when a bound is known.
+    pub at_most: Option<u64>,
+    /// `at_least` is the exact count: nothing is known to have been lost beyond it.
+    pub exact: bool,
+}
+
 /// A read-only subscriber: an [`NlSocket`] whose messages a [`Family`] parses. See the module
 /// docs.
 #[derive(Debug)]
@@ -381,6 +435,10 @@ pub(crate) struct Stream<F: Family> {
     budget: usize,
     /// The frames of the batch being handed over (kept to reuse its allocation).
     batch_ids: Vec<FrameId>,
+    /// [`Family::gaps`] when last looked at, and the socket's drop counter read right after
+    /// the batch in which it last grew.
+    gaps: u64,
+    drops_at_gap: u64,
 }
 
 /// The items of one receive batch, parsed as they are taken; counters and the family's tally
@@ -449,7 +507,18 @@ impl<F: Family> Stream<F> {
             stats: StreamStats::default(),
             budget: budget.max(1),
             batch_ids: Vec::with_capacity(MAX_BATCH),
+            gaps: 0,
+            drops_at_gap: 0,
         }
+    }
+
+    /// The socket's drop counter (since open) read right after the receive batch that showed
+    /// the last of the family's gaps (0 before any): every datagram whose loss a gap shows
+    /// was dropped before the message closing that gap was sent, hence before this read. A
+    /// drop counted after it fell after the last gap, and so after every message that
+    /// arrived when none arrived since. One `getsockopt` per batch that shows a new gap.
+    pub(crate) fn drops_at_last_gap(&self) -> u64 {
+        self.drops_at_gap
     }
 
     /// The family's counters.
@@ -531,6 +600,13 @@ impl<F: Family> Stream<F> {
                 g(&mut items);
                 for _ in items.by_ref() {}
                 total += items.count;
+                let gaps = F::gaps(&self.tally);
+                if gaps != self.gaps {
+                    self.gaps = gaps;
+                    if let Some(d) = self.sock.kernel_drops() {
+                        self.drops_at_gap = d;
+                    }
+                }
             }
             for id in ids.drain(..) {
                 self.sock.finish(id, Fate::Release);

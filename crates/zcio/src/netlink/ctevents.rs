@@ -8,8 +8,13 @@
 //!
 //! ctnetlink multicasts each event; when the socket's receive buffer is full the kernel drops
 //! the event for this socket and counts it in the socket's `sk_drops`, which zcio reads
-//! (`SO_MEMINFO`, [`StreamStats::kernel_drops`]): the exact number of events lost. Conntrack
-//! events carry no sequence number, so this counter is the only exact account.
+//! (`SO_MEMINFO`, [`StreamStats::kernel_drops`]): the exact number of events lost at the
+//! socket, read when the counters are asked for, so a burst lost after the last event that
+//! arrived is counted too. Conntrack events carry no sequence number, so this counter is the
+//! only exact account. An event ctnetlink fails to *build* (no memory for its skb) is never
+//! counted: the kernel reports it only as `ENOBUFS` on the socket (`nfnetlink_set_err`), and
+//! not at all with `NETLINK_NO_ENOBUFS`. So [`CtStats::loss`] is exact while the overruns are
+//! no more than the drops, and a lower bound (`max(drops, overruns)`) otherwise.
 //!
 //! `NETLINK_NO_ENOBUFS` ([`CtEventsConfig::no_enobufs`]) decides what else happens:
 //!
@@ -28,7 +33,7 @@
 //! 1 KiB for a 300-byte event) against the buffer.
 
 use super::conntrack::{ct_type, CtEvent, CtEventKind};
-use super::core::{Family, NlSocket, SockSpec, Stream, StreamStats, UringNeed};
+use super::core::{Family, Loss, NlSocket, SockSpec, Stream, StreamStats, UringNeed};
 use super::msg::{NlMsg, ParseError};
 use super::source::FrameError;
 use super::NetlinkPath;
@@ -121,12 +126,60 @@ pub struct CtStats {
     /// errors.
     #[serde(flatten)]
     pub stream: StreamStats,
+    /// Everything known of the loss: the events dropped at the socket (exact), or more where
+    /// the socket reported more overruns than its drop counter explains (see the module
+    /// docs).
+    pub loss: Loss,
 }
 
 impl CtStats {
     /// Events the kernel dropped at this socket (exact; see the module docs).
     pub fn lost(&self) -> u64 {
         self.stream.kernel_drops
+    }
+
+    /// The loss in one sentence: what is exact, what is a bound ("no loss ..." when none was
+    /// seen).
+    pub fn loss_summary(&self) -> String {
+        let (drops, overruns) = (self.stream.kernel_drops, self.stream.overruns);
+        if drops == 0 && overruns == 0 {
+            return "no loss: no event dropped at the socket, no overrun".into();
+        }
+        if self.loss.exact {
+            format!(
+                "LOSS: lost {drops} event(s), exactly: dropped by the kernel at the socket \
+                 (receive buffer full; its drop counter); {overruns} overrun(s) reported \
+                 (ENOBUFS)"
+            )
+        } else {
+            format!(
+                "LOSS: lost >= {}: {drops} event(s) dropped at the socket (exact), and \
+                 {overruns} overrun(s) (ENOBUFS) each standing for at least one lost event, \
+                 more than the drop counter explains (an event the kernel failed to build is \
+                 reported only this way, without a count)",
+                self.loss.at_least
+            )
+        }
+    }
+}
+
+/// What conntrack's counters say of the loss: `drops` events dropped at the socket (`None`:
+/// the kernel cannot say) and `overruns` ENOBUFS reports. Each report stands for at least one
+/// lost event (a drop at the socket, or an event ctnetlink failed to allocate, which
+/// `nfnetlink_set_err` reports without counting), and is reported once: at least
+/// `max(drops, overruns)` were lost, and exactly `drops` when the drops explain every report.
+pub(crate) fn ct_loss(drops: Option<u64>, overruns: u64) -> Loss {
+    match drops {
+        Some(d) if overruns <= d => Loss {
+            at_least: d,
+            at_most: Some(d),
+            exact: true,
+        },
+        d => Loss {
+            at_least: d.unwrap_or(0).max(overruns),
+            at_most: None,
+            exact: false,
+        },
     }
 }
 
@@ -238,12 +291,15 @@ impl CtEvents {
     /// Counters. Reads the socket's drop counter (one `getsockopt`).
     pub fn stats(&self) -> CtStats {
         let t = self.stream.tally();
+        let stream = self.stream.stats();
+        let loss = ct_loss(self.stream.sock.kernel_drops(), stream.overruns);
         CtStats {
             events: t.new + t.update + t.destroy,
             new: t.new,
             update: t.update,
             destroy: t.destroy,
-            stream: self.stream.stats(),
+            stream,
+            loss,
         }
     }
 
@@ -290,5 +346,36 @@ impl Report for CtEvents {
     }
     fn fallbacks(&self) -> &[Fallback] {
         &self.fallbacks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overruns_the_drop_counter_does_not_explain_make_the_loss_a_lower_bound() {
+        // Drops explain every overrun (one per congestion episode): exact.
+        assert_eq!(
+            ct_loss(Some(9500), 2),
+            Loss {
+                at_least: 9500,
+                at_most: Some(9500),
+                exact: true
+            }
+        );
+        // Reports without drops: events the kernel failed to build, uncounted.
+        assert_eq!(
+            ct_loss(Some(0), 3),
+            Loss {
+                at_least: 3,
+                at_most: None,
+                exact: false
+            }
+        );
+        // No drop counter: the overruns alone.
+        assert_eq!(ct_loss(None, 1).at_least, 1);
+        assert!(!ct_loss(None, 0).exact);
+        assert!(ct_loss(Some(0), 0).exact);
     }
 }

@@ -26,6 +26,7 @@ mod nflog;
 pub mod nfqmsg;
 pub mod packet;
 pub mod queue;
+mod refusal;
 pub mod route;
 mod source;
 pub mod tracker;
@@ -34,7 +35,7 @@ pub use crate::buf::frames::FramePin;
 pub use conntrack::{
     tcp_state_name, Conntrack, CtCounters, CtEvent, CtEventKind, CtTimestamp, TcpInfo, Tuple,
 };
-pub use core::StreamStats;
+pub use core::{Loss, StreamStats};
 pub use ctevents::{CtError, CtEvents, CtEventsConfig, CtStats};
 pub use nflog::{
     GroupStats, LogPacket, NfLog, NfLogConfig, NfLogError, NfLogStats, DEFAULT_NLBUFSIZ,
@@ -46,6 +47,7 @@ pub use queue::{
     kernel_queue_stats, Decision, KernelQueueStats, NfQueue, NfQueueConfig, NfqError, NfqStats,
     PacketInfo, PacketRef, Received,
 };
+pub use refusal::BindRefusal;
 pub use source::{FrameError, FrameStats};
 
 /// How a netlink consumer ([`NfQueue`], [`NfLog`], [`CtEvents`], [`RouteSocket`]) fills its

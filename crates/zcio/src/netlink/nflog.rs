@@ -11,13 +11,14 @@
 //! `NETLINK_NO_ENOBUFS`), gaps in the per-group sequence numbers (`NFULA_SEQ`: the exact
 //! number of messages lost, on by default), and the socket's drop counter (`SO_MEMINFO`).
 
-use super::core::{Family, NlSocket, RequestError, SockSpec, Stream, StreamStats, UringNeed};
+use super::core::{Family, Loss, NlSocket, RequestError, SockSpec, Stream, StreamStats, UringNeed};
 use super::msg::{attrs, emit_attr, emit_header, emit_whole, EmitError, NlMsg, ParseError};
 use super::nfqmsg::{CopyMode, NfGen, NFGENMSG_LEN};
+use super::refusal::{BindRefusal, Table};
 use super::source::FrameError;
 use super::{Conntrack, NetlinkPath};
 use crate::stats::{Counters, Fallback, Report};
-use crate::sys::netlink::{NLA_F_NESTED, NLMSG_DONE, NLM_F_ACK, NLM_F_REQUEST};
+use crate::sys::netlink::{self as nl, NLA_F_NESTED, NLMSG_DONE, NLM_F_ACK, NLM_F_REQUEST};
 use crate::sys::nflog::*;
 use crate::sys::nfqueue::{NETLINK_NETFILTER, NFNETLINK_V0};
 use std::io;
@@ -372,7 +373,10 @@ pub enum NfLogError {
         #[source]
         source: io::Error,
         /// What to do about it.
-        hint: &'static str,
+        hint: String,
+        /// For a refused bind: the cause, found by checking (the kernel's `EPERM` means
+        /// either another socket holds the group, or a missing capability).
+        refusal: Option<BindRefusal>,
     },
     /// The configuration asks for something the kernel cannot do.
     #[error("invalid NFLOG configuration: {0}")]
@@ -486,6 +490,49 @@ pub(crate) fn max_datagram(nlbufsiz: u32, msg: usize) -> usize {
     alloc - SKB_SHINFO as usize
 }
 
+/// The kernel's messages per batch when none is set (`NFULNL_QTHRESH_DEFAULT`).
+const KERNEL_QTHRESH: u32 = 100;
+
+/// What NFLOG's counters say of the loss: `lost` messages in `gaps` sequence gaps (exact),
+/// `drops` batches dropped at the socket since open (`None`: the kernel cannot say), of which
+/// `drops_at_gap` had been counted right after the last gap showed, and at most `per_batch`
+/// messages in a batch. Returns the batches dropped after the last message that arrived (a
+/// lower bound) and the [`Loss`].
+///
+/// Every batch whose loss a gap shows was dropped before that gap closed, so at most
+/// `min(lost, drops_at_gap)` of the drops lie in gaps (each holds at least one of the `lost`
+/// messages); the others lie after the last message that arrived and add at least one
+/// message each. The count is exact when the gaps can account for every drop: each gap holds
+/// at least one dropped batch, so at most `drops - gaps` fall elsewhere.
+pub(crate) fn nflog_loss(
+    lost: u64,
+    gaps: u64,
+    drops: Option<u64>,
+    drops_at_gap: u64,
+    per_batch: u64,
+) -> (u64, Loss) {
+    let Some(drops) = drops else {
+        return (
+            0,
+            Loss {
+                at_least: lost,
+                at_most: None,
+                exact: false,
+            },
+        );
+    };
+    let tail = drops.saturating_sub(lost.min(drops_at_gap));
+    let elsewhere = drops.saturating_sub(gaps);
+    (
+        tail,
+        Loss {
+            at_least: lost + tail,
+            at_most: Some(lost + elsewhere.saturating_mul(per_batch)),
+            exact: elsewhere == 0,
+        },
+    )
+}
+
 /// Counters of one group.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GroupStats {
@@ -509,8 +556,16 @@ pub struct NfLogStats {
     pub packets: u64,
     /// Gaps in the per-group sequence numbers (with [`NfLogConfig::seq`]).
     pub seq_gaps: u64,
-    /// Messages missing in those gaps: exact, for every loss the kernel numbered.
+    /// Messages missing in those gaps: exact, for every loss the kernel numbered. A loss after
+    /// the last message that arrived shows as no gap: see [`NfLogStats::tail_batches`].
     pub lost: u64,
+    /// Batches the socket dropped after the last message that arrived (so in no gap): a
+    /// lower bound (drops are attributed to the gaps wherever they could belong there). Each
+    /// held at least one message and at most `qthresh`; how many is unknown.
+    pub tail_batches: u64,
+    /// Everything known of the loss: at least `lost + tail_batches`; exact when every batch
+    /// the socket dropped is accounted for by a gap.
+    pub loss: Loss,
     /// Per group.
     pub groups: Vec<GroupStats>,
     /// Receive side: datagrams, syscalls, overruns, the socket's drops, parse errors.
@@ -522,6 +577,44 @@ impl NfLogStats {
     /// Whether any loss was seen: a sequence gap, an overrun or a drop at the socket.
     pub fn any_loss(&self) -> bool {
         self.lost > 0 || self.stream.overruns > 0 || self.stream.kernel_drops > 0
+    }
+
+    /// The loss in one sentence: what is exact, what is a bound, and what the counters
+    /// behind it are ("no loss ..." when none was seen).
+    pub fn loss_summary(&self) -> String {
+        if !self.any_loss() {
+            return "no loss: every sequence number arrived, no overrun, no drop at the socket"
+                .into();
+        }
+        let drops = self.stream.kernel_drops;
+        let mut s = if self.loss.exact {
+            format!(
+                "LOSS: lost {} message(s), exactly ({} in {} sequence gap(s); every batch \
+                 dropped at the socket fell in a gap)",
+                self.loss.at_least, self.lost, self.seq_gaps
+            )
+        } else {
+            let mut s = format!(
+                "LOSS: lost >= {}: {} message(s) missing in {} sequence gap(s) (exact)",
+                self.loss.at_least, self.lost, self.seq_gaps
+            );
+            if self.tail_batches > 0 {
+                s.push_str(&format!(
+                    ", and {} batch(es) dropped at the socket after the last message that \
+                     arrived (at least one message each; their sequence numbers never came)",
+                    self.tail_batches
+                ));
+            }
+            if let Some(most) = self.loss.at_most {
+                s.push_str(&format!("; at most {most}"));
+            }
+            s
+        };
+        s.push_str(&format!(
+            "; {} overrun(s) (ENOBUFS), {drops} batch(es) dropped at the socket in all",
+            self.stream.overruns
+        ));
+        s
     }
 }
 
@@ -560,6 +653,10 @@ impl Family for NflogFamily {
             return Ok(None);
         }
         LogPacket::parse(m).map(Some)
+    }
+
+    fn gaps(t: &NflogTally) -> u64 {
+        t.groups.iter().map(|g| g.seq_gaps).sum()
     }
 
     fn tally(t: &mut NflogTally, p: &LogPacket<'_>) {
@@ -699,8 +796,7 @@ impl NfLog {
                 },
                 format!("group {g}"),
                 "BIND with MODE/NLBUFSIZ/TIMEOUT/QTHRESH/FLAGS",
-                "; EBUSY: another socket is bound to this group; EPERM: needs CAP_NET_ADMIN; \
-                 EOPNOTSUPP: the CONNTRACK flag needs nf_conntrack_netlink",
+                "; EOPNOTSUPP: the CONNTRACK flag needs nf_conntrack_netlink",
             )?;
             me.bound = true;
         }
@@ -741,13 +837,24 @@ impl NfLog {
             match code {
                 0 => return Ok(()),
                 c if c == -libc::EAGAIN => continue,
-                c => {
+                _ => {
+                    // EPERM is both "another socket holds the group" and "no CAP_NET_ADMIN":
+                    // told apart by checking (`refusal`).
+                    let refusal = (c.cmd == Some(NFULNL_CFG_CMD_BIND))
+                        .then(|| {
+                            let ours = nl::port_id(&self.stream.sock.fd).ok();
+                            BindRefusal::check(Table::Log, c.group, -code, ours)
+                        })
+                        .flatten();
                     return Err(NfLogError::Config {
                         target,
                         what,
-                        source: io::Error::from_raw_os_error(-c),
-                        hint,
-                    })
+                        source: io::Error::from_raw_os_error(-code),
+                        hint: refusal
+                            .as_ref()
+                            .map_or_else(|| hint.to_string(), |r| r.hint(Table::Log, c.group)),
+                        refusal,
+                    });
                 }
             }
         }
@@ -755,7 +862,8 @@ impl NfLog {
             target,
             what,
             source: io::Error::from_raw_os_error(libc::EAGAIN),
-            hint: "; the kernel kept asking for the request again",
+            hint: "; the kernel kept asking for the request again".into(),
+            refusal: None,
         })
     }
 
@@ -808,10 +916,24 @@ impl NfLog {
         let stream = self.stream.stats();
         let mut groups = self.stream.tally().groups.clone();
         groups.sort_by_key(|g| g.group);
+        let seq_gaps = groups.iter().map(|g| g.seq_gaps).sum();
+        let lost = groups.iter().map(|g| g.lost).sum();
+        let drops = self.stream.sock.kernel_drops();
+        // The most per batch: the kernel sends a batch when it holds qthresh messages.
+        let per_batch = u64::from(self.cfg.qthresh.unwrap_or(KERNEL_QTHRESH).max(1));
+        let (tail_batches, loss) = nflog_loss(
+            lost,
+            seq_gaps,
+            drops,
+            self.stream.drops_at_last_gap(),
+            per_batch,
+        );
         NfLogStats {
             packets: groups.iter().map(|g| g.packets).sum(),
-            seq_gaps: groups.iter().map(|g| g.seq_gaps).sum(),
-            lost: groups.iter().map(|g| g.lost).sum(),
+            seq_gaps,
+            lost,
+            tail_batches,
+            loss,
             groups,
             stream,
         }
@@ -976,6 +1098,53 @@ mod tests {
         let mut out = Vec::new();
         b.emit(&mut out, 0, 0).unwrap();
         assert_eq!(LogPacket::parse_bytes(&out).unwrap(), b);
+    }
+
+    #[test]
+    fn drops_after_the_last_message_that_arrived_make_the_loss_a_lower_bound() {
+        // A capture stopped for a whole burst: the queue filled, then 4,397 batches were
+        // dropped and no later message came; no gap shows, and `lost` alone would say 0.
+        let (tail, loss) = nflog_loss(0, 0, Some(4397), 0, 256);
+        assert_eq!(tail, 4397);
+        assert_eq!(
+            loss,
+            Loss {
+                at_least: 4397,
+                at_most: Some(4397 * 256),
+                exact: false
+            }
+        );
+        // Drops that lie in gaps: one batch per gap accounts for all of them.
+        let (tail, loss) = nflog_loss(700, 3, Some(3), 3, 256);
+        assert_eq!((tail, loss.at_least, loss.exact), (0, 700, true));
+        assert_eq!(loss.at_most, Some(700));
+        // More drops than gaps, all counted before the last gap closed: the tail may be
+        // empty (a bound, not exact), and cannot be shown.
+        let (tail, loss) = nflog_loss(6970, 3, Some(60), 60, 256);
+        assert_eq!((tail, loss.at_least, loss.exact), (0, 6970, false));
+        assert_eq!(loss.at_most, Some(6970 + 57 * 256));
+        // Drops counted after the last gap closed lie after every message that arrived.
+        let (tail, loss) = nflog_loss(6970, 3, Some(70), 60, 256);
+        assert_eq!((tail, loss.at_least), (10, 6980));
+        // Fewer lost messages than drops counted by the last gap: only `lost` of them can be
+        // in gaps (each holds at least one), the rest are past the last arrival.
+        let (tail, _) = nflog_loss(5, 1, Some(60), 60, 256);
+        assert_eq!(tail, 55);
+        // No drop counter (before 4.12): the gaps, and no claim beyond them.
+        let (tail, loss) = nflog_loss(12, 2, None, 0, 256);
+        assert_eq!(
+            (tail, loss.at_least, loss.at_most, loss.exact),
+            (0, 12, None, false)
+        );
+        // Nothing lost.
+        assert_eq!(
+            nflog_loss(0, 0, Some(0), 0, 256).1,
+            Loss {
+                at_least: 0,
+                at_most: Some(0),
+                exact: true
+            }
+        );
     }
 
     #[test]

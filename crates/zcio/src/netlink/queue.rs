@@ -15,6 +15,7 @@
 use super::core::{Fate, NlSocket, RequestError, SockSpec, UringNeed};
 use super::msg::{messages, EmitError, ParseError};
 use super::nfqmsg::{self, AnyMsg, ConfigMsg, CopyMode, Packet, Verdict};
+use super::refusal::{BindRefusal, Table};
 use super::source::{FrameError, FrameStats, MAX_BATCH};
 use super::tracker::{Built, Decided, SendId, State, Tracker, NO_FRAME};
 use crate::buf::frames::{FrameId, FramePin, FrameRing};
@@ -49,7 +50,10 @@ pub enum NfqError {
         #[source]
         source: io::Error,
         /// What to do about it.
-        hint: &'static str,
+        hint: String,
+        /// For a refused bind: the cause, found by checking (the kernel's `EPERM` means
+        /// either another socket holds the queue, or a missing capability).
+        refusal: Option<BindRefusal>,
     },
     /// The frame ring failed (every frame held, or the receive failed).
     #[error(transparent)]
@@ -427,6 +431,16 @@ pub struct KernelQueueStats {
     pub id_sequence: u32,
 }
 
+/// The bytes the kernel copies for a copy range of `r`: 0 and anything past
+/// [`NFQNL_MAX_COPY_RANGE`] mean the whole packet up to that (`nfqnl_set_mode`).
+fn effective_copy_range(r: u32) -> u32 {
+    if r == 0 || r > NFQNL_MAX_COPY_RANGE {
+        NFQNL_MAX_COPY_RANGE
+    } else {
+        r
+    }
+}
+
 /// Reads the kernel's queue table of the calling thread's network namespace
 /// (`/proc/thread-self/net/...`, so threads that entered another namespace see theirs).
 pub fn kernel_queue_stats() -> io::Result<Vec<KernelQueueStats>> {
@@ -494,11 +508,14 @@ impl QueueSock {
     fn open(
         cfg: &NfQueueConfig,
         queue: u16,
+        given: Option<OwnedFd>,
         fallbacks: &mut Vec<Fallback>,
     ) -> Result<Self, NfqError> {
         let datagram = match cfg.copy {
             CopyMode::Meta => FRAME_OVERHEAD,
-            CopyMode::Packet(r) => r as usize + FRAME_OVERHEAD,
+            // The kernel copies the whole packet for a range of 0 and caps larger ones
+            // (`nfqnl_set_mode`): frames are sized for what it will send.
+            CopyMode::Packet(r) => effective_copy_range(r) as usize + FRAME_OVERHEAD,
         };
         let spec = SockSpec {
             protocol: NETLINK_NETFILTER,
@@ -516,7 +533,7 @@ impl QueueSock {
             // A verdict is owed per packet: no wait may hold one back.
             batch_wait: None,
         };
-        let sock = NlSocket::open(&spec, fallbacks).map_err(|e| NfqError::Socket {
+        let sock = NlSocket::open_on(&spec, given, fallbacks).map_err(|e| NfqError::Socket {
             what: e.what.to_string(),
             source: e.source,
         })?;
@@ -541,7 +558,7 @@ impl QueueSock {
                 ..Default::default()
             },
             "BIND",
-            "; EBUSY: another process is bound to this queue; EPERM: needs CAP_NET_ADMIN",
+            "",
         )?;
         let (range, mode) = match cfg.copy {
             CopyMode::Meta => (0, NFQNL_COPY_META),
@@ -592,14 +609,28 @@ impl QueueSock {
             id: None,
             source: e,
         })?;
+        let bind = c.cmd == Some(NFQNL_CFG_CMD_BIND);
         match self.sock.request(&out, seq) {
             Ok(0) => Ok(()),
-            Ok(code) => Err(NfqError::Config {
-                queue,
-                what,
-                source: io::Error::from_raw_os_error(-code),
-                hint,
-            }),
+            Ok(code) => {
+                // EPERM is both "another socket holds the queue" and "no CAP_NET_ADMIN":
+                // told apart by checking (`refusal`).
+                let refusal = bind
+                    .then(|| {
+                        let ours = nl::port_id(&self.sock.fd).ok();
+                        BindRefusal::check(Table::Queue, queue, -code, ours)
+                    })
+                    .flatten();
+                Err(NfqError::Config {
+                    queue,
+                    what,
+                    source: io::Error::from_raw_os_error(-code),
+                    hint: refusal
+                        .as_ref()
+                        .map_or_else(|| hint.to_string(), |r| r.hint(Table::Queue, queue)),
+                    refusal,
+                })
+            }
             Err(RequestError::Send(e) | RequestError::Recv(e)) => {
                 Err(NfqError::Send { queue, source: e })
             }
@@ -903,9 +934,41 @@ impl NfQueue {
         let mut fallbacks = Vec::new();
         let mut socks = Vec::new();
         for q in cfg.first..=cfg.last.max(cfg.first) {
-            socks.push(QueueSock::open(&cfg, q, &mut fallbacks)?);
+            socks.push(QueueSock::open(&cfg, q, None, &mut fallbacks)?);
         }
-        Ok(Self {
+        Ok(Self::with(cfg, socks, fallbacks))
+    }
+
+    /// Binds queue `cfg.first` on `sock`, a `NETLINK_NETFILTER` socket opened elsewhere —
+    /// by a privileged parent that hands it to a child, or in another network namespace:
+    /// the queue is the one of the namespace the socket was made in, whichever namespace
+    /// this process is in (libnetfilter_queue's `nfq_open_nfnl`, netfilterqueue's
+    /// `sockfd=`). The frame ring and both producers work on it as on a socket of our own;
+    /// an unbound socket is bound to a port id here.
+    ///
+    /// The kernel checks CAP_NET_ADMIN (in the user namespace owning the socket's network
+    /// namespace) of the process that *sends* each configuration and verdict message, not
+    /// of the one that opened the socket: a child that drops every capability gets EPERM
+    /// for its bind and its verdicts, one that keeps only CAP_NET_ADMIN (as another user,
+    /// in a namespace of its own) works. One queue per socket: `cfg.last` must equal
+    /// `cfg.first`.
+    pub fn from_socket(cfg: NfQueueConfig, sock: OwnedFd) -> Result<Self, NfqError> {
+        if cfg.last != cfg.first {
+            return Err(NfqError::Socket {
+                what: format!(
+                    "binding queues {}..={} on one given socket (a socket serves one queue)",
+                    cfg.first, cfg.last
+                ),
+                source: io::Error::from(io::ErrorKind::InvalidInput),
+            });
+        }
+        let mut fallbacks = Vec::new();
+        let s = QueueSock::open(&cfg, cfg.first, Some(sock), &mut fallbacks)?;
+        Ok(Self::with(cfg, vec![s], fallbacks))
+    }
+
+    fn with(cfg: NfQueueConfig, socks: Vec<QueueSock>, fallbacks: Vec<Fallback>) -> Self {
+        Self {
             readiness: None,
             socks,
             cfg,
@@ -913,7 +976,7 @@ impl NfQueue {
             fallbacks,
             next: 0,
             deferred: None,
-        })
+        }
     }
 
     /// The queue numbers bound.

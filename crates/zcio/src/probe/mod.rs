@@ -232,34 +232,8 @@ pub struct InterfaceReport {
     pub zcrx_errno: Option<String>,
 }
 
-/// Name of an errno value.
-pub fn errno_name(e: i32) -> String {
-    let n = match e {
-        libc::EPERM => "EPERM",
-        libc::ENOENT => "ENOENT",
-        libc::EINTR => "EINTR",
-        libc::EBADF => "EBADF",
-        libc::ENOMEM => "ENOMEM",
-        libc::EACCES => "EACCES",
-        libc::EFAULT => "EFAULT",
-        libc::EBUSY => "EBUSY",
-        libc::EEXIST => "EEXIST",
-        libc::ENODEV => "ENODEV",
-        libc::EINVAL => "EINVAL",
-        libc::ERANGE => "ERANGE",
-        libc::ENOSYS => "ENOSYS",
-        libc::ENOPROTOOPT => "ENOPROTOOPT",
-        libc::EOPNOTSUPP => "EOPNOTSUPP",
-        libc::EAFNOSUPPORT => "EAFNOSUPPORT",
-        libc::EPROTONOSUPPORT => "EPROTONOSUPPORT",
-        libc::ENOBUFS => "ENOBUFS",
-        libc::EMFILE => "EMFILE",
-        libc::ENFILE => "ENFILE",
-        libc::EAGAIN => "EAGAIN",
-        _ => return format!("errno {e}"),
-    };
-    n.to_string()
-}
+/// Name of an errno value (`EOPNOTSUPP`; `errno N` for one without a name here).
+pub use crate::sys::errno_name;
 
 impl Report {
     /// Probes everything; `ifaces` are the interfaces to check for zcrx.

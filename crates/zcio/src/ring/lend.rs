@@ -1060,6 +1060,17 @@ impl<B: Stable> LendRing<B> {
         self.ring.clear_notify()
     }
 
+    /// A send-side call that may enter begins (see [`SharedRing::begin_quiet`]).
+    pub fn begin_quiet(&self, signalled: bool) {
+        self.ring.begin_quiet(signalled)
+    }
+
+    /// The outermost such call ends (see [`SharedRing::end_quiet`]); returns whether work
+    /// waits.
+    pub fn end_quiet(&self) -> bool {
+        self.ring.end_quiet()
+    }
+
     /// Completions or flagged task work wait in the ring (see [`Ring::has_work`]).
     pub fn has_work(&mut self) -> bool {
         !self.is_dead() && self.ring.has_work()

@@ -569,6 +569,18 @@ impl<C: cqueue::EntryMarker> Ring<C> {
         }
     }
 
+    /// Turns the registered eventfd's notifications off (`quiet`) or on again: the
+    /// `IORING_CQ_EVENTFD_DISABLED` flag of the CQ ring (Linux 5.8), a shared word the kernel
+    /// reads before each signal (atomic access). No syscall.
+    pub fn eventfd_quiet(&mut self, quiet: bool) {
+        let cq = self.ring.completion();
+        if quiet {
+            cq.disable_eventfd();
+        } else {
+            cq.enable_eventfd();
+        }
+    }
+
     /// Whether anything waits to be harvested: completions in the CQ, an overflow list to
     /// flush, or deferred task work flagged with `IORING_SQ_TASKRUN`. No syscall.
     pub fn has_work(&mut self) -> bool {
@@ -605,6 +617,9 @@ pub struct SharedRing<C: cqueue::EntryMarker = cqueue::Entry> {
     others: RefCell<VecDeque<C>>,
     scratch: RefCell<Vec<C>>,
     evfd: OnceCell<OwnedFd>,
+    /// Nesting of the send side's calls that keep the eventfd quiet, and whether work was
+    /// flagged when the outermost began (the eventfd may have been signalled for it).
+    quiet: std::cell::Cell<(u32, bool)>,
     /// Memory a side registered with the ring and left when it went while the other side
     /// keeps the ring: freed only after the ring is closed.
     kept: RefCell<Vec<Box<dyn std::any::Any>>>,
@@ -632,6 +647,7 @@ impl<C: cqueue::EntryMarker> SharedRing<C> {
             others: RefCell::new(VecDeque::new()),
             scratch: RefCell::new(Vec::new()),
             evfd: OnceCell::new(),
+            quiet: std::cell::Cell::new((0, false)),
             kept: RefCell::new(Vec::new()),
         })
     }
@@ -742,6 +758,52 @@ impl<C: cqueue::EntryMarker> SharedRing<C> {
         }
     }
 
+    /// A call of the send side that may enter the ring begins: the eventfd stays quiet until
+    /// the outermost such call ends ([`SharedRing::end_quiet`]), so the completions its own
+    /// enters post (and harvest) do not make the readiness descriptor readable for nothing.
+    /// Nothing happens before a readiness descriptor was asked for. `signalled`: the caller
+    /// knows the eventfd may be readable (it was woken by it), so the end takes that back
+    /// unless work is left.
+    pub fn begin_quiet(&self, signalled: bool) {
+        if self.evfd.get().is_none() {
+            return;
+        }
+        let (depth, flagged) = self.quiet.get();
+        if depth == 0 {
+            // Work flagged now may have signalled the eventfd before this call.
+            let flagged = signalled || self.has_work();
+            self.ring.borrow_mut().eventfd_quiet(true);
+            self.quiet.set((1, flagged));
+        } else {
+            self.quiet.set((depth + 1, flagged || signalled));
+        }
+    }
+
+    /// The outermost quiet call ends: the eventfd speaks again, and is left readable exactly
+    /// when something waits (work that came while it was quiet signals it now; a signal for
+    /// work this call has done is taken back). Returns whether work waits.
+    pub fn end_quiet(&self) -> bool {
+        let (depth, flagged) = self.quiet.get();
+        match depth {
+            0 => return false,
+            1 => {}
+            _ => {
+                self.quiet.set((depth - 1, flagged));
+                return false;
+            }
+        }
+        self.quiet.set((0, false));
+        self.ring.borrow_mut().eventfd_quiet(false);
+        // After the flag is cleared: work posted from here on signals by itself.
+        let work = self.has_work();
+        if work {
+            self.signal();
+        } else if flagged {
+            self.clear_notify();
+        }
+        work
+    }
+
     /// Whether either side has something to harvest: an inbox, the CQ, flagged task work.
     pub fn has_work(&self) -> bool {
         !self.sends.borrow().is_empty()
@@ -799,6 +861,10 @@ pub trait SendCore {
     fn has_work(&self) -> bool;
     /// Whether another side (a receiver) uses the ring too.
     fn is_shared(&self) -> bool;
+    /// See [`SharedRing::begin_quiet`].
+    fn begin_quiet(&self, signalled: bool);
+    /// See [`SharedRing::end_quiet`].
+    fn end_quiet(&self) -> bool;
 }
 
 impl<C: cqueue::EntryMarker + 'static> SendCore for std::rc::Rc<SharedRing<C>> {
@@ -866,6 +932,12 @@ impl<C: cqueue::EntryMarker + 'static> SendCore for std::rc::Rc<SharedRing<C>> {
     }
     fn is_shared(&self) -> bool {
         std::rc::Rc::strong_count(self) > 1
+    }
+    fn begin_quiet(&self, signalled: bool) {
+        SharedRing::begin_quiet(self, signalled)
+    }
+    fn end_quiet(&self) -> bool {
+        SharedRing::end_quiet(self)
     }
 }
 

@@ -128,7 +128,7 @@ pub(super) fn admit(defer: bool) -> Result<(), Closed> {
                              ms ago; no ring is asked for until {} ms have passed (every \
                              refused set-up leaves the kernel a ring context to free, and a \
                              loop of them exhausts its memory)",
-                            crate::probe::errno_name(errno),
+                            crate::sys::errno_name(errno),
                             now.duration_since(when).as_millis(),
                             until.duration_since(when).as_millis()
                         ),

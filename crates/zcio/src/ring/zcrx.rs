@@ -223,8 +223,8 @@ mod tests {
     /// through the pointers it was given. What it checks is the pointer discipline, under
     /// Miri (`scripts/miri`): had the struct been reached through a shared reference — as
     /// io-uring 0.7's `Submitter::register_ifq(&reg)` does — Miri reports the write as
-    /// undefined behaviour, which at opt-level 3 made the caller read back zeroes and refuse
-    /// the refill ring (issue 21). The kernel path itself runs in the 7.x guest
+    /// undefined behaviour, which at opt-level 3 makes the caller read back zeroes and refuse
+    /// the refill ring. The kernel path itself runs in the 7.x guest
     /// (`tests/zcrx.rs`, the CLI and C receiver tests in `scripts/vmtest`).
     #[test]
     fn ifq_registration_reads_back_what_the_kernel_wrote() {

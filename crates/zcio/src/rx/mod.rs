@@ -441,7 +441,7 @@ pub enum RxError {
     /// zcrx registration failed.
     #[error(transparent)]
     Zcrx(#[from] IfqError),
-    /// zcrx was asked for without an interface queue (no longer returned: without a queue,
+    /// zcrx was asked for without an interface queue (never returned: without a queue,
     /// [`RxMode::Zcrx`] registers device-less or falls back).
     #[error("zcrx needs an interface rx queue: set RxConfig::zcrx")]
     NoZcrxTarget,

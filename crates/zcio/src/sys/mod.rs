@@ -15,8 +15,8 @@
 //! `&mut`, never through a live `&`; mmap'ed ring words shared with the kernel (SQ/CQ and
 //! refill heads and tails, the buffer ring tail) are atomics. A write through a shared
 //! reference is undefined behaviour: the compiler may keep the values it knows were stored
-//! before the call. This is not theoretical: it made every release build read back zeroed
-//! zcrx offsets and refuse zero-copy receive (issue 21).
+//! before the call. This is not theoretical: through a shared reference, every release build
+//! reads back zeroed zcrx offsets and refuses zero-copy receive.
 //!
 //! ## Dependency APIs that must not be used
 //!
@@ -220,6 +220,35 @@ pub fn dup_private(fd: RawFd) -> Option<RawFd> {
     Some(high)
 }
 
+/// Name of an errno value.
+pub fn errno_name(e: i32) -> String {
+    let n = match e {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::EINTR => "EINTR",
+        libc::EBADF => "EBADF",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EFAULT => "EFAULT",
+        libc::EBUSY => "EBUSY",
+        libc::EEXIST => "EEXIST",
+        libc::ENODEV => "ENODEV",
+        libc::EINVAL => "EINVAL",
+        libc::ERANGE => "ERANGE",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOPROTOOPT => "ENOPROTOOPT",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::EAFNOSUPPORT => "EAFNOSUPPORT",
+        libc::EPROTONOSUPPORT => "EPROTONOSUPPORT",
+        libc::ENOBUFS => "ENOBUFS",
+        libc::EMFILE => "EMFILE",
+        libc::ENFILE => "ENFILE",
+        libc::EAGAIN => "EAGAIN",
+        _ => return format!("errno {e}"),
+    };
+    n.to_string()
+}
+
 /// `setsockopt` with an `int` value.
 pub fn setsockopt_int(fd: &impl AsRawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
     let ptr = &value as *const i32 as *const libc::c_void;
@@ -357,9 +386,12 @@ pub fn socketpair(domain: i32, ty: i32) -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((owned(fds[0]), owned(fds[1])))
 }
 
-/// Effective capability set of this process (`CapEff` from `/proc/self/status`).
+/// Effective capability set of the calling thread (`CapEff` from
+/// `/proc/thread-self/status`; capabilities are per thread, and the kernel checks the
+/// thread that makes the call).
 pub fn effective_caps() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    std::fs::read_to_string("/proc/thread-self/status")
+        .or_else(|_| std::fs::read_to_string("/proc/self/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -374,7 +406,7 @@ pub const CAP_NET_ADMIN: u32 = 12;
 /// Capability number of CAP_IPC_LOCK.
 pub const CAP_IPC_LOCK: u32 = 14;
 
-/// Whether this process has CAP_NET_ADMIN in its effective set.
+/// Whether the calling thread has CAP_NET_ADMIN in its effective set.
 pub fn has_cap_net_admin() -> bool {
     effective_caps() & (1 << CAP_NET_ADMIN) != 0
 }

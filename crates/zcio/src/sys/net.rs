@@ -66,6 +66,28 @@ pub fn peer_ip(fd: &impl AsRawFd) -> io::Result<Option<std::net::IpAddr>> {
     Ok(Some(ip))
 }
 
+/// `TCP_CLOSE` and `TCP_LISTEN` of `include/net/tcp_states.h`: the states of a TCP socket
+/// that cannot send.
+pub const TCP_CLOSE: u8 = 7;
+/// See [`TCP_CLOSE`].
+pub const TCP_LISTEN: u8 = 10;
+
+/// A TCP socket's state (`tcpi_state`, the first byte of `TCP_INFO`).
+pub fn tcp_state(fd: &impl AsRawFd) -> io::Result<u8> {
+    // Only the first byte is wanted: the kernel copies min(optlen, sizeof(tcp_info)) bytes.
+    let mut b = [0u8; 8];
+    let mut len = b.len() as libc::socklen_t;
+    // SAFETY: `b`/`len` describe a live local buffer the kernel writes at most `len` bytes to.
+    syscall!(getsockopt(
+        fd.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_INFO,
+        b.as_mut_ptr().cast(),
+        &mut len
+    ))?;
+    Ok(b[0])
+}
+
 /// Whether the socket has a peer (`getpeername`; `ENOTCONN`: no).
 pub fn is_connected(fd: &impl AsRawFd) -> io::Result<bool> {
     // SAFETY: an all-zero sockaddr_storage is valid.
@@ -300,6 +322,30 @@ pub fn ethtool_driver(iface: &str) -> io::Result<(String, String)> {
             .into_owned()
     };
     Ok((s(&info.driver), s(&info.bus_info)))
+}
+
+/// `SIOCOUTQNSD` (`linux/sockios.h`, Linux 2.6.38): bytes in a TCP socket's write queue not
+/// yet sent.
+const SIOCOUTQNSD: libc::Ioctl = 0x894B;
+
+/// A TCP socket's send queue: `(unacknowledged, unsent)` bytes, the first including the second
+/// (`SIOCOUTQ` = `write_seq - snd_una`, `SIOCOUTQNSD` = `write_seq - snd_nxt`).
+pub fn tcp_send_queue(fd: &impl AsRawFd) -> io::Result<(u32, u32)> {
+    let mut outq: libc::c_int = 0;
+    let mut unsent: libc::c_int = 0;
+    // SAFETY: each call writes one int through a pointer to a live local.
+    syscall!(ioctl(
+        fd.as_raw_fd(),
+        libc::TIOCOUTQ,
+        &mut outq as *mut libc::c_int
+    ))?;
+    // SAFETY: as above.
+    syscall!(ioctl(
+        fd.as_raw_fd(),
+        SIOCOUTQNSD,
+        &mut unsent as *mut libc::c_int
+    ))?;
+    Ok((outq.max(0) as u32, unsent.max(0) as u32))
 }
 
 /// `poll(2)` on several descriptors for the same events; true if any is ready.

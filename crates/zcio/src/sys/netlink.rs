@@ -111,6 +111,36 @@ pub fn bind(fd: &impl AsRawFd, pid: u32, groups: u32) -> io::Result<()> {
     syscall!(bind(fd.as_raw_fd(), ptr, len)).map(drop)
 }
 
+/// Checks that `fd` is an `AF_NETLINK` socket of `protocol` (`SO_DOMAIN`, `SO_PROTOCOL`):
+/// `ENOTSOCK` for a descriptor that is no socket, `InvalidInput` (saying what it is) for
+/// another kind of socket.
+pub fn check_protocol(fd: &impl AsRawFd, protocol: i32) -> io::Result<()> {
+    let domain = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
+    let proto = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
+    if domain != libc::AF_NETLINK || proto != protocol {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "socket of family {domain} protocol {proto}, not AF_NETLINK ({}) protocol \
+                 {protocol}",
+                libc::AF_NETLINK
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The port id a netlink socket is bound to (`getsockname`; 0 before it is bound).
+pub fn port_id(fd: &impl AsRawFd) -> io::Result<u32> {
+    let mut sa = sockaddr(0, 0);
+    let mut len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+    let ptr = &mut sa as *mut libc::sockaddr_nl as *mut libc::sockaddr;
+    // SAFETY: `ptr`/`len` describe `sa`, mutably borrowed for the call; the kernel writes at
+    // most `len` bytes and stores the length.
+    syscall!(getsockname(fd.as_raw_fd(), ptr, &mut len))?;
+    Ok(sa.nl_pid)
+}
+
 /// Sends one datagram (one or more netlink messages back to back) to the kernel.
 pub fn send_to_kernel(fd: &impl AsRawFd, buf: &[u8]) -> io::Result<usize> {
     let sa = sockaddr(0, 0);

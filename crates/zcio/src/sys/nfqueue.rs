@@ -40,6 +40,9 @@ pub const NFQNL_COPY_NONE: u8 = 0;
 pub const NFQNL_COPY_META: u8 = 1;
 /// Copy mode: packet payload up to the range.
 pub const NFQNL_COPY_PACKET: u8 = 2;
+/// Largest copy range (`NFQNL_MAX_COPY_RANGE`, 2.6.14: an attribute length is a u16); the
+/// kernel takes 0 and anything larger as this.
+pub const NFQNL_MAX_COPY_RANGE: u32 = 0xffff - 4;
 
 /// Queue flag: accept packets when the queue is full (3.6).
 pub const NFQA_CFG_F_FAIL_OPEN: u32 = 1 << 0;

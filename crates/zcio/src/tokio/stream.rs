@@ -226,7 +226,7 @@ impl LocalIo {
         let rx = match c.rx.add(s) {
             Ok(id) => id,
             Err(e) => {
-                c.tx.close(sock);
+                let _ = c.tx.close(sock);
                 return Err(e);
             }
         };
@@ -541,7 +541,7 @@ impl Core {
         }
         let (sock, rx) = (c.sock.take(), c.rx.take());
         if let Some(sock) = sock {
-            self.tx.close(sock);
+            let _ = self.tx.close(sock);
         }
         if let Some(rx) = rx {
             self.by_rx.remove(&rx);

@@ -960,6 +960,15 @@ impl<B> SendTracker<B> {
         self.done.pop_front()
     }
 
+    /// The slots of the sends owned by the tracker.
+    pub(crate) fn live_slots(&self) -> impl Iterator<Item = u32> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .map(|(i, _)| i as u32)
+    }
+
     /// Sends owned by the tracker (staged, in the kernel, or owed a notification).
     pub(crate) fn live(&self) -> usize {
         self.live

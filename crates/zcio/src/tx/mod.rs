@@ -818,6 +818,9 @@ pub struct TxStats {
     /// `auto`: switches to copy that followed the route's COPIED verdict, found by the
     /// completions of other sockets to the same peer (no probe of this socket's own).
     pub auto_route_verdicts: u64,
+    /// `auto`: sends that went by copy because their pool was running dry while the ring's
+    /// zero-copy sends held its buffers (their notifications wait for the peer's ACKs).
+    pub auto_pool_copies: u64,
     /// `auto`: measurement windows counted (runs of sends of one size class on one path).
     pub auto_windows: u64,
     /// `auto`: windows spent re-measuring the path not chosen.
@@ -832,6 +835,18 @@ pub struct TxStats {
     pub unmatched_notifications: u64,
     /// Non-zero-copy records read from the error queue (ICMP, local errors).
     pub queued_errors: u64,
+    /// Bytes the peer had not acknowledged when a close reset the TCP connection (`SIOCOUTQ`,
+    /// read just before the reset): the kernel accepted them, the reset purged them, and they
+    /// are not in `bytes` (nor `zerocopy_bytes`/`copied_bytes`) of the sends they were in.
+    pub reset_purged_bytes: u64,
+    /// Of those, bytes of sends that had completed before the close (copy sends complete when
+    /// the socket took the bytes): their completions had counted them.
+    pub reset_purged_reported: u64,
+    /// Of the purged bytes, those already sent (`SIOCOUTQ - SIOCOUTQNSD`): the peer may have
+    /// received them (on loopback it usually has; a peer whose receive buffer was full, or a
+    /// network, may have dropped them). What a peer received lies between the completions'
+    /// bytes and that much more.
+    pub reset_unacked_bytes: u64,
 }
 
 impl TxStats {
@@ -851,6 +866,7 @@ impl TxStats {
         self.auto_switches_back += o.auto_switches_back;
         self.auto_size_copies += o.auto_size_copies;
         self.auto_route_verdicts += o.auto_route_verdicts;
+        self.auto_pool_copies += o.auto_pool_copies;
         self.auto_windows += o.auto_windows;
         self.auto_explores += o.auto_explores;
         self.auto_drift_explores += o.auto_drift_explores;
@@ -859,6 +875,9 @@ impl TxStats {
         }
         self.unmatched_notifications += o.unmatched_notifications;
         self.queued_errors += o.queued_errors;
+        self.reset_purged_bytes += o.reset_purged_bytes;
+        self.reset_purged_reported += o.reset_purged_reported;
+        self.reset_unacked_bytes += o.reset_unacked_bytes;
     }
 }
 

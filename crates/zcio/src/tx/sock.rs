@@ -54,6 +54,9 @@ pub(super) fn inspect(sock: &OwnedFd, cfg: &SenderConfig) -> Result<Shape, TxErr
         }
     };
     let family = net::socket_family(sock).ok();
+    if stream {
+        check_can_send(sock, family.is_some())?;
+    }
     let mut fallbacks = Vec::new();
     // UDP: datagram size from the route MTU, GSO for larger writes.
     let max_datagram = match family {
@@ -113,6 +116,46 @@ pub(super) fn inspect(sock: &OwnedFd, cfg: &SenderConfig) -> Result<Shape, TxErr
         max_datagram,
         fallbacks,
     })
+}
+
+/// A stream socket a send ring can send on: not listening, and connected or connecting
+/// (its sends wait for the connection). Else every send would fail (`EPIPE`).
+fn check_can_send(sock: &OwnedFd, ip: bool) -> Result<(), TxError> {
+    let refuse = |errno, why: &str| {
+        Err(sock_err(
+            format!("adding a socket that cannot send: {why}"),
+            io::Error::from_raw_os_error(errno),
+        ))
+    };
+    let listening = sys::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_ACCEPTCONN)
+        .map_err(|e| sock_err("getsockopt(SO_ACCEPTCONN)", e))?;
+    if listening != 0 {
+        return refuse(
+            libc::EINVAL,
+            "it is listening (add the sockets accept returns)",
+        );
+    }
+    let unconnected = if ip {
+        // A connect in progress (SYN_SENT) is fine: its sends go once it is connected.
+        net::tcp_state(sock).map_err(|e| sock_err("getsockopt(TCP_INFO)", e))? == net::TCP_CLOSE
+    } else {
+        !net::is_connected(sock).map_err(|e| sock_err("getpeername", e))?
+    };
+    if unconnected {
+        // A connect that failed left its error on the socket: that is the reason.
+        let err = sys::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_ERROR).unwrap_or(0);
+        if err != 0 {
+            return Err(sock_err(
+                "adding a socket whose connect failed",
+                io::Error::from_raw_os_error(err),
+            ));
+        }
+        return refuse(
+            libc::ENOTCONN,
+            "it is not connected (connect it first, or add a connecting one)",
+        );
+    }
+    Ok(())
 }
 
 /// What a finished send needs to become a [`Completion`](super::Completion).
@@ -179,6 +222,17 @@ impl Metas {
     }
 }
 
+/// A closing TCP socket whose reset purged bytes the kernel had accepted but not sent: its
+/// remaining completions wait here until its last one, then the purged bytes come off the
+/// end of the stream (its last sends), so each send reports what reached the peer.
+#[derive(Debug, Default)]
+pub(super) struct Purge {
+    /// Purged bytes not yet taken off a send.
+    pub(super) left: u64,
+    /// Completions held, in the order they finished (no buffer: an abandoned socket's).
+    pub(super) held: Vec<(super::Completion, Option<super::TxBuf>)>,
+}
+
 /// A copy send the socket buffer could not take in full: the rest goes when it is writable.
 #[derive(Debug)]
 pub(super) struct Pending {
@@ -205,6 +259,8 @@ pub(super) struct Auto {
     pub(super) in_copy: bool,
     /// Whether the socket recorded the COPIED fallback (once).
     pub(super) noted: bool,
+    /// Whether the socket recorded the dry-pool fallback (once).
+    pub(super) pool_noted: bool,
 }
 
 /// One socket.
@@ -260,12 +316,23 @@ pub(super) struct Sock {
     pub(super) dirty: bool,
     /// In the ring's epoll set (syscall paths: `EPOLLOUT` and the error queue).
     pub(super) in_epoll: bool,
+    /// In the ring's `stalled` list.
+    pub(super) stalled: bool,
+    /// In the ring's `sys_busy` list (syscall-path sends in flight).
+    pub(super) sys_listed: bool,
+    /// In the io_uring side's `busy` list (ring sends in flight).
+    pub(super) ring_listed: bool,
+    /// In the current harvest's / submission's list of sockets (each once).
+    pub(super) touched: bool,
+    pub(super) pumped: bool,
     /// The ring was abandoned with sends of this socket in it: they never come back.
     pub(super) stuck: bool,
     /// Abandoned: completions are dropped (with their buffers) instead of delivered.
     pub(super) discard: bool,
     /// The `MSG_ZEROCOPY` backend's totals at the last look.
     pub(super) msg_seen: super::msgzc::MsgStats,
+    /// Closing after a reset that purged unsent bytes.
+    pub(super) purge: Option<Box<Purge>>,
 }
 
 impl Sock {
@@ -303,9 +370,15 @@ impl Sock {
             broken: None,
             dirty: false,
             in_epoll: false,
+            stalled: false,
+            sys_listed: false,
+            ring_listed: false,
+            touched: false,
+            pumped: false,
             discard: false,
             stuck: false,
             msg_seen: Default::default(),
+            purge: None,
         }
     }
 
@@ -317,6 +390,11 @@ impl Sock {
         } else {
             self.in_flight()
         }
+    }
+
+    /// Sends of the syscall paths in flight (`MSG_ZEROCOPY`, a copy being continued).
+    pub(super) fn sys_in_flight(&self) -> usize {
+        self.msg.as_ref().map_or(0, |m| m.in_flight()) + usize::from(self.pending.is_some())
     }
 
     /// Sends owned by the socket's backends (queued, in the kernel, owed a notification).

@@ -45,6 +45,9 @@ pub(super) struct Uring {
     /// Sockets with staged requests that may be pushed (and the list a pump walks).
     dirty: Vec<u32>,
     dirty_spare: Vec<u32>,
+    /// Sockets with ring sends in flight (each once: `Sock::ring_listed`), pruned as they
+    /// are walked; what a wait looks at instead of every socket.
+    busy: Vec<u32>,
     /// Requests staged since the last submission (the batch trigger).
     staged_new: usize,
     /// Sockets whose core waits for "maybe" notifications to settle after an enter.
@@ -55,6 +58,10 @@ pub(super) struct Uring {
     cqes: Vec<SendCqe>,
     /// The ring's enters at the last accounting.
     enters_seen: u64,
+    /// Nesting of the ring's calls that keep its eventfd quiet, and the ring's enters when
+    /// the outermost began.
+    pub(super) quiet_depth: u32,
+    pub(super) quiet_enters: u64,
 }
 
 impl Uring {
@@ -112,12 +119,15 @@ impl Uring {
                 reqs: Vec::new(),
                 dirty: Vec::new(),
                 dirty_spare: Vec::new(),
+                busy: Vec::new(),
                 staged_new: 0,
                 unsettled: Vec::new(),
                 touched: Vec::new(),
                 pumped: Vec::new(),
                 cqes: Vec::new(),
                 enters_seen: 0,
+                quiet_depth: 0,
+                quiet_enters: 0,
             },
             notes,
         )
@@ -282,6 +292,10 @@ impl SendRing {
                     s.dirty = true;
                     u.dirty.push(idx);
                 }
+                if !s.ring_listed {
+                    s.ring_listed = true;
+                    u.busy.push(idx);
+                }
             }
             None => self.ring_collect(idx),
         }
@@ -309,23 +323,27 @@ impl SendRing {
         let mut dirty = std::mem::take(&mut u.dirty_spare);
         std::mem::swap(&mut dirty, &mut u.dirty);
         let mut pushed = false;
-        for &idx in &dirty {
+        for (k, &idx) in dirty.iter().enumerate() {
             let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
                 continue;
             };
-            s.dirty = false;
             let Some(t) = s.tracker.as_mut() else {
+                s.dirty = false;
                 continue;
             };
             if t.staged() == 0 || s.closing {
+                s.dirty = false;
                 continue;
             }
             let room = u.lr.sq_room();
             if room == 0 {
-                u.dirty.push(idx);
-                s.dirty = true;
-                continue;
+                // The SQ is full: this socket and the rest wait for the next pump, in order
+                // and still marked, without a look at each (a pump's work is bounded by
+                // what fits, not by how many sockets have something staged).
+                u.dirty.extend_from_slice(&dirty[k..]);
+                break;
             }
+            s.dirty = false;
             t.pop_requests(room, &mut u.reqs);
             if t.starved() {
                 // No room (RLIMIT_MEMLOCK, optmem) even with nothing of this socket in
@@ -369,7 +387,8 @@ impl SendRing {
                     Err(e) => t.on_result(r.key, -e.raw_os_error().unwrap_or(libc::EINVAL), false),
                 }
             }
-            if !u.pumped.contains(&idx) {
+            if !s.pumped {
+                s.pumped = true;
                 u.pumped.push(idx);
             }
             if t.staged() > 0 && !t.chain_out() {
@@ -410,7 +429,11 @@ impl SendRing {
             return Ok(());
         }
         u.staged_new = 0;
-        u.pumped.clear();
+        for idx in u.pumped.drain(..) {
+            if let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) {
+                s.pumped = false;
+            }
+        }
         self.pump();
         let res = self.uring.as_mut().expect("ring").lr.submit();
         self.account(true);
@@ -485,11 +508,7 @@ impl SendRing {
             // Something came back already: no need to enter.
             return Ok(());
         }
-        let in_kernel = self.socks.iter().flatten().any(|s| {
-            s.tracker
-                .as_ref()
-                .is_some_and(|t| t.in_kernel() > 0 || t.notifs_pending() > 0)
-        });
+        let in_kernel = self.ring_busy_in_kernel();
         let u = self.uring.as_mut().expect("ring");
         let res = if !in_kernel && u.lr.ignored_live() == 0 {
             // Nothing the kernel would complete: an enter with GETEVENTS still settles failed
@@ -600,7 +619,8 @@ impl SendRing {
                     t.on_copy_result(key, res);
                 }
             }
-            if !touched.contains(&idx) {
+            if !s.touched {
+                s.touched = true;
                 touched.push(idx);
             }
         }
@@ -608,14 +628,18 @@ impl SendRing {
         u.cqes = cqes;
         let unsettled = std::mem::take(&mut u.unsettled);
         for idx in unsettled {
-            if !touched.contains(&idx) {
-                touched.push(idx);
+            if let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) {
+                if !s.touched {
+                    s.touched = true;
+                    touched.push(idx);
+                }
             }
         }
         for &idx in &touched {
             let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
                 continue;
             };
+            s.touched = false;
             let Some(t) = s.tracker.as_mut() else {
                 continue;
             };
@@ -707,13 +731,41 @@ impl SendRing {
         self.finish_parts(idx, f.tag, buf, more, bytes, error, status);
     }
 
-    /// Sends of the ring still owned by it (all sockets).
+    /// Whether a request or a notification of a listed socket is in the kernel. Stops at
+    /// the first such socket; sockets with no ring send left that it meets on the way leave
+    /// the list (so a wait costs O(1) while sends are out, and the list only holds sockets
+    /// with work).
+    fn ring_busy_in_kernel(&mut self) -> bool {
+        let Some(u) = self.uring.as_mut() else {
+            return false;
+        };
+        let mut i = 0;
+        while i < u.busy.len() {
+            let idx = u.busy[i];
+            let Some(s) = self.socks.get_mut(idx as usize).and_then(Option::as_mut) else {
+                u.busy.swap_remove(i);
+                continue;
+            };
+            let (live, k) = s.tracker.as_ref().map_or((0, false), |t| {
+                (t.live(), t.in_kernel() > 0 || t.notifs_pending() > 0)
+            });
+            if k {
+                return true;
+            }
+            if live == 0 && s.held.is_empty() {
+                s.ring_listed = false;
+                u.busy.swap_remove(i);
+                continue;
+            }
+            i += 1;
+        }
+        false
+    }
+
+    /// Sends of the ring still owned by it (all sockets): all sends in flight but those of
+    /// the syscall paths (listed sockets only), so no walk over every socket.
     pub(super) fn ring_in_flight(&self) -> usize {
-        self.socks
-            .iter()
-            .flatten()
-            .map(|s| s.tracker.as_ref().map_or(0, |t| t.live()) + s.held.len())
-            .sum()
+        self.in_flight_n - self.sys_in_flight()
     }
 
     /// Closing a socket on the ring: requests not yet handed over fail, those in the kernel
@@ -724,18 +776,23 @@ impl SendRing {
             return;
         };
         let Some(t) = s.tracker.as_mut() else { return };
-        let busy = t.live() > 0;
+        // Zero-copy sends whose pages the socket may hold (a copy's bytes are the socket's
+        // own once its result came: those go out as the close lets them).
+        let paths = &s.slot_paths;
+        let zc_out = t
+            .live_slots()
+            .any(|k| paths.get(k as usize).is_some_and(|p| p.is_zero_copy()));
         t.fail(libc::ECANCELED);
         if let Some(f) = s.file {
             if u.lr.file_inflight(f) > 0 && !u.lr.is_dead() {
                 let _ = u.lr.cancel_file(f);
             }
         }
-        if busy && s.stream {
+        if zc_out && s.stream {
             // Data may be queued in the socket, its pages ours until the peer acknowledges
             // it, which a peer that stopped reading never does: reset the connection so the
             // kernel frees them (and notifies) now.
-            reset(&s.fd);
+            self.reset_closing(idx);
         }
         self.account(true);
         self.ring_collect(idx);
@@ -753,14 +810,19 @@ impl SendRing {
             return;
         };
         let busy = t.live() > 0;
+        // Sends that end here without a completion leave the in-flight count.
+        let mut gone = 0;
         while let Some(f) = t.next_done() {
             u.lr.discard(f.buf);
+            gone += 1;
         }
         for lend in t.take_live() {
             u.lr.discard(lend);
+            gone += 1;
         }
         for f in s.held.drain(..) {
             u.lr.discard(f.buf);
+            gone += 1;
         }
         s.slot_paths.clear();
         s.meta = Default::default();
@@ -772,6 +834,7 @@ impl SendRing {
         if busy && s.stream {
             reset(&s.fd);
         }
+        self.in_flight_n -= gone;
         self.account(true);
     }
 

@@ -103,3 +103,46 @@ pub fn mutate(seeds: &[Vec<u8>], rounds: usize, mut parse: impl FnMut(&[u8]) -> 
     }
     errors
 }
+
+/// Gives up CAP_NET_ADMIN on the calling thread (capabilities are per thread), binds with
+/// `open` — an NFQUEUE queue or an NFLOG group, returning its error's refusal and text — and
+/// checks the refusal says the capability is missing, not that the queue or group is in use
+/// (the kernel's EPERM means either).
+pub fn refused_for_a_missing_capability(
+    open: impl FnOnce() -> (Option<zcio::netlink::BindRefusal>, String),
+) {
+    zcio_testnet::caps::drop_effective_in_this_thread(zcio_testnet::caps::CAP_NET_ADMIN)
+        .expect("capset");
+    let (refusal, text) = open();
+    assert!(
+        matches!(
+            refusal,
+            Some(zcio::netlink::BindRefusal::NoCapability { held_by: None })
+        ),
+        "{refusal:?}: {text}"
+    );
+    assert!(
+        text.contains("missing capability") && text.contains("CAP_NET_ADMIN"),
+        "{text}"
+    );
+    assert!(!text.contains("in use"), "{text}");
+}
+
+/// IPv4 + IPv6 datagrams this thread's network namespace handed down for sending
+/// (`Ip: OutRequests` in `snmp`, `Ip6OutRequests` in `snmp6`).
+pub fn ip_out_requests() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
+    let mut ip = snmp.lines().filter(|l| l.starts_with("Ip: "));
+    let (names, values) = (ip.next().unwrap(), ip.next().unwrap());
+    let col = names
+        .split_whitespace()
+        .position(|n| n == "OutRequests")
+        .unwrap();
+    let v4: u64 = values.split_whitespace().nth(col).unwrap().parse().unwrap();
+    let snmp6 = std::fs::read_to_string("/proc/thread-self/net/snmp6").unwrap();
+    let v6: u64 = snmp6
+        .lines()
+        .find_map(|l| l.strip_prefix("Ip6OutRequests"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    v4 + v6
+}

@@ -2,6 +2,7 @@
 
 mod event;
 mod fileserver;
+mod go;
 mod loopback;
 mod netlink;
 mod nfq;
@@ -14,6 +15,7 @@ mod tokio_streams;
 mod tx;
 mod tx_many;
 mod tx_peers;
+pub(crate) mod tx_scale;
 mod wrk;
 
 use super::Suite;
@@ -32,6 +34,7 @@ pub fn all() -> Vec<Box<dyn Suite>> {
         Box::new(nfq::Nfq),
         Box::new(netlink::NetlinkSuite),
         Box::new(python::Python),
+        Box::new(go::GoSuite),
         Box::new(shim::Shim),
     ]
 }

@@ -29,12 +29,12 @@ use zcio_testnet::Netns;
 /// The suite.
 pub struct NetlinkSuite;
 
-const GROUP: u16 = 50;
-const LOG_PORT: u16 = 9400;
+pub(super) const GROUP: u16 = 50;
+pub(super) const LOG_PORT: u16 = 9400;
 const CT_PORT: u16 = 9500;
 const TCP_PORT: u16 = 9501;
 
-const METRICS: &[MetricDef] = &[
+pub(super) const METRICS: &[MetricDef] = &[
     MetricDef::new("loss_free_rate", "pkt/s", Better::Higher),
     MetricDef::new("consumer_cpu", "us/pkt", Better::Lower),
     MetricDef::new("saturated_rate", "pkt/s", Better::Higher),
@@ -63,7 +63,7 @@ enum Watcher {
 
 /// How a run offers load.
 #[derive(Debug, Clone)]
-struct Plan {
+pub(super) struct Plan {
     /// Offered rates of the ladder (per second).
     rates: Vec<u64>,
     /// Duration of each step.
@@ -79,7 +79,7 @@ struct Plan {
 }
 
 impl NetlinkSuite {
-    fn plan(ctx: &Ctx, rates: &[u64]) -> Plan {
+    pub(super) fn plan(ctx: &Ctx, rates: &[u64]) -> Plan {
         Plan {
             rates: match ctx.mode {
                 crate::bench::Mode::Quick => rates.iter().step_by(2).copied().collect(),
@@ -297,7 +297,7 @@ fn cpu_ns(pid: u32) -> u64 {
 }
 
 /// Stops a consumer (`sig`) and waits for it.
-fn stop(mut child: Child, sig: &str) -> Result<String> {
+pub(super) fn stop(mut child: Child, sig: &str) -> Result<String> {
     let _ = Command::new("kill")
         .args([sig, &child.id().to_string()])
         .status();
@@ -318,7 +318,7 @@ fn stop(mut child: Child, sig: &str) -> Result<String> {
 }
 
 /// Waits until NFLOG group `GROUP` is bound in the namespace.
-fn wait_bound(ns: &Netns) -> Result<()> {
+pub(super) fn wait_bound(ns: &Netns) -> Result<()> {
     let ok = ns.run(|| {
         let end = Instant::now() + Duration::from_secs(10);
         while Instant::now() < end {
@@ -344,7 +344,7 @@ fn wait_bound(ns: &Netns) -> Result<()> {
 
 /// What the sender did in one step.
 #[derive(Debug, Clone, Copy, Default)]
-struct Step {
+pub(super) struct Step {
     sent: u64,
     secs: f64,
 }
@@ -406,7 +406,7 @@ fn offer(
 
 /// The metrics of a run from what was sent and what arrived per step (`got[step]`, step ids
 /// 1.. for the ladder, 255 flat out).
-fn sample(
+pub(super) fn sample(
     plan: &Plan,
     steps: &[Step],
     got: &std::collections::HashMap<u8, u64>,
@@ -516,33 +516,7 @@ fn nflog_run(env: &Env<'_>, who: Logger, size: usize, plan: &Plan) -> Result<Sam
         let err = stop(child, "-KILL").unwrap_or_default();
         bail!("{e}: {err}");
     }
-    let sock = {
-        let s = env.ns.run(|| {
-            UdpSocket::bind("127.0.0.1:0").and_then(|s| {
-                s.connect(("127.0.0.1", LOG_PORT))?;
-                Ok(s)
-            })
-        })??;
-        Arc::new(s)
-    };
-    let s2 = Arc::clone(&sock);
-    let mut bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0u8; size]).collect();
-    let mut seq = 0u32;
-    let (steps, cpu) = offer(env.ns, plan, pid, move |step, n| {
-        let n = n as usize;
-        for b in bufs.iter_mut().take(n) {
-            b[0] = step;
-            b[1..5].copy_from_slice(&seq.to_be_bytes());
-            seq = seq.wrapping_add(1);
-        }
-        let mut refs: [&[u8]; 64] = [&[]; 64];
-        for (r, b) in refs.iter_mut().zip(&bufs[..n]) {
-            *r = b;
-        }
-        let k = zcio::sys::net::send_batch(&*s2, &refs[..n], &[])?;
-        Ok(k as u64)
-    })?;
-    drop(sock);
+    let (steps, cpu) = offer_log(env.ns, plan, size, pid)?;
     let err = stop(child, sig)?;
     let got = count_capture(&file).with_context(|| format!("{who:?}: {err}"))?;
     let mut s = sample(plan, &steps, &got, cpu);
@@ -559,6 +533,40 @@ fn nflog_run(env: &Env<'_>, who: Logger, size: usize, plan: &Plan) -> Result<Sam
         }
     }
     Ok(s)
+}
+
+/// Offers the NFLOG ladder of `plan` (UDP datagrams of `size` bytes to `LOG_PORT` in `ns`,
+/// each carrying its step in its first byte) to the consumer `pid`, which has bound `GROUP`.
+/// Returns the steps and the consumer's CPU over the flat-out step.
+pub(super) fn offer_log(
+    ns: &Netns,
+    plan: &Plan,
+    size: usize,
+    pid: u32,
+) -> Result<(Vec<Step>, u64)> {
+    let sock = Arc::new(ns.run(|| {
+        UdpSocket::bind("127.0.0.1:0").and_then(|s| {
+            s.connect(("127.0.0.1", LOG_PORT))?;
+            Ok(s)
+        })
+    })??);
+    let s2 = Arc::clone(&sock);
+    let mut bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0u8; size]).collect();
+    let mut seq = 0u32;
+    offer(ns, plan, pid, move |step, n| {
+        let n = n as usize;
+        for b in bufs.iter_mut().take(n) {
+            b[0] = step;
+            b[1..5].copy_from_slice(&seq.to_be_bytes());
+            seq = seq.wrapping_add(1);
+        }
+        let mut refs: [&[u8]; 64] = [&[]; 64];
+        for (r, b) in refs.iter_mut().zip(&bufs[..n]) {
+            *r = b;
+        }
+        let k = zcio::sys::net::send_batch(&*s2, &refs[..n], &[])?;
+        Ok(k as u64)
+    })
 }
 
 /// Packets per step in a capture file (pcap: raw IP, Ethernet or NFLOG link types; pcapng),

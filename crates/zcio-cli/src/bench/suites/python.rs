@@ -28,14 +28,16 @@ pub struct Python;
 
 const QUEUE: u16 = 17;
 
-const METRICS: &[MetricDef] = &[
+/// The metrics of a consumer run (`run_consumer`; the `go` suite's too).
+pub(super) const METRICS: &[MetricDef] = &[
     MetricDef::new("delivered", "pkt/s", Better::Higher),
     MetricDef::new("consumer_cpu", "us/pkt", Better::Lower),
     MetricDef::new("copied_fraction", "fraction", Better::Lower),
 ];
 
-/// The workspace (for `crates/zcio-py` and `target/`), where the bench binary was built.
-fn workspace() -> PathBuf {
+/// The workspace (for `crates/zcio-py`, `bindings/go`, `scripts/` and `target/`), where the
+/// bench binary was built (`ZCIO_WORKSPACE` overrides it).
+pub(super) fn workspace() -> PathBuf {
     std::env::var_os("ZCIO_WORKSPACE")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
@@ -185,104 +187,118 @@ struct Env<'a> {
 impl Env<'_> {
     /// One run: receiver, consumer process, sender; the consumer drains `count` packets.
     fn run(&self, mode: &str, size: usize, count: u64, scapy: bool) -> Result<Sample> {
-        let cpus = zcio_testnet::cpu::online_cpus();
-        let (c_send, c_cons) = if cpus > 1 { (0, 1) } else { (0, 0) };
-        let stop_recv = Arc::new(AtomicBool::new(false));
-        let received = Arc::new(AtomicU64::new(0));
-        let ready = Arc::new(Barrier::new(3));
-        let filled = Arc::new(Barrier::new(2));
-        let sink = pair("python receiver")
-            .server_core(c_send)
-            .server_in(self.ns);
-        let receiver = spawn_receiver(&sink, &stop_recv, &received, Gate::new(&ready))?;
-
-        let mut child = self
-            .ns
-            .command(&self.py.to_string_lossy())
-            .arg(self.script)
-            .args([
-                mode,
-                &QUEUE.to_string(),
-                &count.to_string(),
-                &c_cons.to_string(),
-            ])
-            .arg(if scapy { "scapy" } else { "none" })
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting the Python consumer")?;
-        let mut out = BufReader::new(child.stdout.take().expect("piped"));
-        let mut line = String::new();
-        out.read_line(&mut line)?;
-        if line.trim() != "ready" {
-            let _ = child.kill();
-            let o = child.wait_with_output()?;
-            bail!(
-                "{mode}: consumer did not bind: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            );
-        }
-        let sides = pair("python queue")
-            .cores((c_send, c_cons))
-            .server_in(self.ns)
-            .client_in(self.ns);
-        let sender =
-            spawn_gso_sender(&sides, size, count, (Gate::new(&ready), Gate::new(&filled)))?;
-        // Our own pass through both gates: the sender starts once the receiver and we are
-        // ready, and has queued everything when `filled` opens.
-        Gate::new(&ready).wait();
-        Gate::new(&filled).wait();
-        let sent = sender.io_result()?;
-        let queued = self.ns.run(|| waiting(QUEUE)).unwrap_or(0);
-        let mut stdin = child.stdin.take().expect("piped");
-        writeln!(stdin, "go")?;
-        drop(stdin);
-        line.clear();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        out.read_line(&mut line)?;
-        let status = child.wait()?;
-        if !status.success() || Instant::now() > deadline {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
-            bail!("{mode}: consumer failed ({status}): {}", err.trim());
-        }
-        let r: serde_json::Value = serde_json::from_str(line.trim())
-            .map_err(|e| anyhow!("{mode}: result {line:?}: {e}"))?;
-        let num = |k: &str| r.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
-        let (cpu, wall, handled) = (num("cpu"), num("wall"), num("handled"));
-        let end = Instant::now() + Duration::from_secs(2);
-        while (received.load(Ordering::Relaxed) as f64) < handled && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        stop_recv.store(true, Ordering::Relaxed);
-        receiver.io_result()?;
-        let delivered = received.load(Ordering::Relaxed);
-        anyhow::ensure!(
-            delivered > 0,
-            "{mode}: no packet was delivered through the queue"
-        );
-        let mut s = Sample::default();
-        s.set("consumer_cpu", cpu / delivered as f64 * 1e6)
-            .set("delivered", delivered as f64 / wall.max(1e-9))
-            .set("copied_fraction", 1.0);
-        let path = r.get("path").and_then(|v| v.as_str()).unwrap_or("");
-        s.note(format!(
-            "{mode} {size}B{}{}: {sent} sent, {queued} queued before the consumer started, \
-             {handled:.0} decided, {delivered} delivered{}",
-            if scapy { " +scapy" } else { "" },
-            if path.is_empty() {
-                String::new()
-            } else {
-                format!(" [{path}]")
-            },
-            match r.get("syscalls").and_then(|v| v.as_f64()) {
-                Some(n) => format!(", {:.3} syscalls/pkt", n / handled.max(1.0)),
-                None => String::new(),
-            }
-        ));
-        Ok(s)
+        let label = format!("{mode} {size}B{}", if scapy { " +scapy" } else { "" });
+        run_consumer(self.ns, QUEUE, &label, size, count, |cpu| {
+            let mut c = self.ns.command(&self.py.to_string_lossy());
+            c.arg(self.script)
+                .args([
+                    mode,
+                    &QUEUE.to_string(),
+                    &count.to_string(),
+                    &cpu.to_string(),
+                ])
+                .arg(if scapy { "scapy" } else { "none" });
+            c
+        })
     }
+}
+
+/// One run of a consumer process (the `python` and `go` suites' protocol): a UDP receiver
+/// behind the queue, the consumer made by `make(consumer CPU)` (it binds `queue`, prints
+/// "ready", waits for "go" on stdin, decides `count` packets and prints one JSON line with its
+/// CPU seconds, wall seconds from "go" and the packets handled), and the GSO sender that fills
+/// the kernel queue before "go".
+pub(super) fn run_consumer(
+    ns: &Netns,
+    queue: u16,
+    label: &str,
+    size: usize,
+    count: u64,
+    make: impl FnOnce(usize) -> Command,
+) -> Result<Sample> {
+    let cpus = zcio_testnet::cpu::online_cpus();
+    let (c_send, c_cons) = if cpus > 1 { (0, 1) } else { (0, 0) };
+    let stop_recv = Arc::new(AtomicBool::new(false));
+    let received = Arc::new(AtomicU64::new(0));
+    let ready = Arc::new(Barrier::new(3));
+    let filled = Arc::new(Barrier::new(2));
+    let sink = pair("consumer receiver").server_core(c_send).server_in(ns);
+    let receiver = spawn_receiver(&sink, &stop_recv, &received, Gate::new(&ready))?;
+
+    let mut child = make(c_cons)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting the {label} consumer"))?;
+    let mut out = BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    out.read_line(&mut line)?;
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        let o = child.wait_with_output()?;
+        bail!(
+            "{label}: consumer did not bind: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    let sides = pair("consumer queue")
+        .cores((c_send, c_cons))
+        .server_in(ns)
+        .client_in(ns);
+    let sender = spawn_gso_sender(&sides, size, count, (Gate::new(&ready), Gate::new(&filled)))?;
+    // Our own pass through both gates: the sender starts once the receiver and we are
+    // ready, and has queued everything when `filled` opens.
+    Gate::new(&ready).wait();
+    Gate::new(&filled).wait();
+    let sent = sender.io_result()?;
+    let queued = ns.run(move || waiting(queue)).unwrap_or(0);
+    let mut stdin = child.stdin.take().expect("piped");
+    writeln!(stdin, "go")?;
+    drop(stdin);
+    line.clear();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    out.read_line(&mut line)?;
+    let status = child.wait()?;
+    if !status.success() || Instant::now() > deadline {
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        bail!("{label}: consumer failed ({status}): {}", err.trim());
+    }
+    let r: serde_json::Value =
+        serde_json::from_str(line.trim()).map_err(|e| anyhow!("{label}: result {line:?}: {e}"))?;
+    let num = |k: &str| r.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+    let (cpu, wall, handled) = (num("cpu"), num("wall"), num("handled"));
+    let end = Instant::now() + Duration::from_secs(2);
+    while (received.load(Ordering::Relaxed) as f64) < handled && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    stop_recv.store(true, Ordering::Relaxed);
+    receiver.io_result()?;
+    let delivered = received.load(Ordering::Relaxed);
+    anyhow::ensure!(
+        delivered > 0,
+        "{label}: no packet was delivered through the queue"
+    );
+    let mut s = Sample::default();
+    s.set("consumer_cpu", cpu / delivered as f64 * 1e6)
+        .set("delivered", delivered as f64 / wall.max(1e-9))
+        .set("copied_fraction", 1.0);
+    let path = r.get("path").and_then(|v| v.as_str()).unwrap_or("");
+    s.note(format!(
+        "{label}: {sent} sent, {queued} queued before the consumer started, \
+         {handled:.0} decided, {delivered} delivered{}{}",
+        if path.is_empty() {
+            String::new()
+        } else {
+            format!(" [{path}]")
+        },
+        match r.get("syscalls").and_then(|v| v.as_f64()) {
+            Some(n) => format!(", {:.3} syscalls/pkt", n / handled.max(1.0)),
+            None => String::new(),
+        }
+    ));
+    Ok(s)
 }

@@ -312,6 +312,7 @@ impl Suite for Tx {
             )?;
         }
         many(ctx, dur, warmup, ws)?;
+        scale(ctx, dur, warmup, ws)?;
         if let Some(sink) = sink.as_ref() {
             peers(ctx, sink, dur, warmup, ws)?;
         }
@@ -375,6 +376,71 @@ fn many(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()>
         }
     }
     Ok(())
+}
+
+const SCALE_METRICS: &[MetricDef] = &[
+    MetricDef::new("sender_cpu_per_send", "us", Better::Lower),
+    MetricDef::new("on_ready_mean", "us", Better::Lower),
+    MetricDef::new("empty_wakeups", "fraction", Better::Lower),
+    MetricDef::new("throughput", "Gbit/s", Better::Higher),
+    MetricDef::new("copied_fraction", "fraction", Better::Lower),
+];
+
+fn scale_sample(r: &super::tx_scale::ScaleReport) -> Sample {
+    let mut s = Sample::default();
+    s.set("sender_cpu_per_send", r.cpu_us_per_send())
+        .set("on_ready_mean", r.on_ready_mean_us())
+        .set("empty_wakeups", r.empty_wake_fraction())
+        .set("throughput", r.gbit_s())
+        .set("copied_fraction", r.copied_fraction);
+    s.note(r.note.clone());
+    s
+}
+
+/// One send ring as the number of its sockets grows: `big` loopback connections against
+/// `small` (10,000 vs 1,000 with `--full`, 2,000 vs 200 otherwise), 16 KiB sends, the same
+/// event loop (send, submit, `poll` on the readiness descriptor, `on_ready`). Row `scale
+/// <big>x16K vs <small>`: the ratio of CPU per send and of the mean `on_ready` time says
+/// whether the ring's work per call grows with its socket count; `empty_wakeups` is the
+/// fraction of wake-ups after which `on_ready` found no completion and no writable socket.
+fn scale(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()> {
+    use super::tx_many::ManyOpts;
+    use super::tx_scale::run;
+    // `ZCIO_BENCH_SCALE=1000,10000`: other sizes (for profiling one mode's run).
+    let (small, big) = std::env::var("ZCIO_BENCH_SCALE")
+        .ok()
+        .and_then(|v| {
+            let (a, b) = v.split_once(',')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .unwrap_or(ctx.pick((200, 2000), (1000, 10_000)));
+    let size = 16 << 10;
+    let case = format!("scale {big}x{} vs {small}", size_label(size));
+    if !wanted(&case) {
+        return Ok(());
+    }
+    ctx.note(format!(
+        "scale: one SendRing (uring-zc-fixed, depth 4, pool registered) over {small} and over {big} loopback TCP connections, 16 KiB sends, an event loop (send to every socket that takes one, submit, poll(2) on the readiness descriptor, on_ready); a buffer comes back with its notification, after the peer's ACK; the receiver is a separate process (a connection is two descriptors on loopback); warm-up {warmup:?}, then {:?} measured. Loopback copies every byte at delivery (COPIED 1.0)",
+        dur * 2
+    ));
+    let mk = |conns| ManyOpts {
+        conns,
+        size,
+        warmup,
+        dur: dur * 2,
+        ws,
+        batch: 32,
+    };
+    ctx.compare(
+        &case,
+        (
+            &format!("{small} connections"),
+            &format!("{big} connections"),
+        ),
+        SCALE_METRICS,
+        || Ok(scale_sample(&run(&mk(small))?)),
+        || Ok(scale_sample(&run(&mk(big))?)),
+    )
 }
 
 const PEERS_METRICS: &[MetricDef] = &[

@@ -75,7 +75,7 @@ impl ManyReport {
 }
 
 /// Reads every connection to its end (one thread, epoll); returns the bytes received.
-fn serve(l: TcpListener, conns: usize) -> std::io::Result<u64> {
+pub(super) fn serve(l: TcpListener, conns: usize) -> std::io::Result<u64> {
     let mut socks = Vec::with_capacity(conns);
     let mut poller = zcio::sys::poller::Poller::new(256)?;
     while socks.len() < conns {
@@ -444,7 +444,7 @@ fn shared_ring(socks: Vec<TcpStream>, o: &ManyOpts) -> Result<(ManyReport, u64)>
     anyhow::ensure!(errors == 0, "{errors} sends failed");
     let total = ring.counters_total().bytes;
     for id in ids {
-        ring.close(id);
+        ring.close(id)?;
     }
     drop(ring);
     Ok((
