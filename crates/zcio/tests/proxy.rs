@@ -841,3 +841,72 @@ fn the_descriptor_table_is_sized_for_the_connection_limit_before_any_client() {
         p.fallbacks()
     );
 }
+
+/// Four clients that do not read, their upstreams streaming 4 MiB each, take every buffer of a
+/// 16-buffer receive ring (their chunks wait for the client sockets, which are full). A fifth
+/// pair then exchanges one message: its bytes need a receive buffer. Without the spill of the
+/// stuck pairs' queued chunks to the heap that receive waited for a buffer that no stuck pair
+/// gives back before its client reads (found as the stall of the 1,000-pair test's pattern:
+/// clients that read their connections in turn). Every stuck byte is delivered afterwards.
+#[test]
+fn stuck_readers_holding_the_whole_ring_do_not_stop_another_pair() {
+    let (l, up) = listener();
+    let stuck = 4;
+    // More than the client sockets' buffers absorb (the proxy's copy sends complete into
+    // them until they are full).
+    let len: u64 = 32 << 20;
+    let server = std::thread::spawn(move || {
+        let mut writers = Vec::new();
+        for i in 0..stuck {
+            let (mut s, _) = l.accept().unwrap();
+            writers.push(std::thread::spawn(move || {
+                write_pattern(&mut s, base(i), len);
+            }));
+        }
+        let (mut s, _) = l.accept().unwrap();
+        let mut m = [0u8; 1024];
+        s.read_exact(&mut m).unwrap();
+        s.write_all(&m).unwrap();
+        for w in writers {
+            w.join().unwrap();
+        }
+    });
+    let mut c = cfg();
+    c.rx.buffers = 16;
+    let p = start(vec![up], c, false);
+    let mut readers: Vec<TcpStream> = (0..stuck)
+        .map(|_| TcpStream::connect(p.addr).unwrap())
+        .collect();
+    p.wait_for(
+        "the stuck pairs hold the ring",
+        Duration::from_secs(20),
+        |s| {
+            s.stats.active as usize == stuck
+                && (s.stats.rx_waiting > 0 || s.stats.spilled_bytes > 0)
+        },
+    );
+    let mut e = TcpStream::connect(p.addr).unwrap();
+    e.set_read_timeout(Some(scaled(Duration::from_secs(10))))
+        .unwrap();
+    let m = [5u8; 1024];
+    e.write_all(&m).unwrap();
+    let mut got = [0u8; 1024];
+    if let Err(err) = e.read_exact(&mut got) {
+        p.seen(|s| panic!("no answer ({err}) while the ring is held: {:?}", s.stats));
+    }
+    assert_eq!(got, m);
+    for (i, r) in readers.iter_mut().enumerate() {
+        r.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(read_pattern(r, base(i)), len, "stuck pair {i}");
+    }
+    server.join().unwrap();
+    let seen = p.stop();
+    assert!(seen.stats.spilled_bytes > 0, "{:?}", seen.stats);
+    assert!(
+        seen.fallbacks
+            .iter()
+            .any(|f| f.contains("copied to the heap")),
+        "{:?}",
+        seen.fallbacks
+    );
+}

@@ -333,6 +333,9 @@ pub struct ProxyStats {
     pub rx_waiting: u64,
     /// Sends in the kernel now (gauge).
     pub tx_in_flight: u64,
+    /// Bytes copied to the heap to give their receive buffers back at once, while three
+    /// quarters of the receive ring were lent (sends waiting on peers that do not read).
+    pub spilled_bytes: u64,
     /// Turns of the loop (waits).
     pub turns: u64,
     /// Received chunks routed (each one receive completion handed to a pair).
@@ -397,6 +400,7 @@ impl ProxyStats {
         self.rx_out_of_buffers += o.rx_out_of_buffers;
         self.rx_waiting += o.rx_waiting;
         self.tx_in_flight += o.tx_in_flight;
+        self.spilled_bytes += o.spilled_bytes;
         self.turns += o.turns;
         self.chunks += o.chunks;
         self.turn_chunks_max = self.turn_chunks_max.max(o.turn_chunks_max);
@@ -472,8 +476,12 @@ pub struct Proxy {
     bulk: bool,
     /// Why batched waits are not available, once known.
     bulk_refused: Option<String>,
-    /// What set-up could not prepare, with why.
+    /// What set-up could not prepare, and fallbacks taken while running, with why.
     setup_notes: Vec<String>,
+    /// The copy fallback is in `setup_notes`.
+    spilled_noted: bool,
+    /// Pairs send heap copies (the receive ring is low; `mind_the_ring`).
+    copying: bool,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -571,6 +579,8 @@ impl Proxy {
             bulk: false,
             bulk_refused: None,
             setup_notes,
+            spilled_noted: false,
+            copying: false,
         })
     }
 
@@ -746,6 +756,7 @@ impl Proxy {
         if chunks > 0 {
             self.choose_wait(bytes / chunks as usize >= BULK_CHUNK);
         }
+        self.mind_the_ring();
         for ev in events.drain(..) {
             self.on_event(ev, woke);
         }
@@ -785,6 +796,7 @@ impl Proxy {
                 break;
             }
         }
+        self.mind_the_ring();
         if self.poller.is_none() {
             // Queued for the receiver's next wait: one enter serves both sides.
             self.tx.prepare();
@@ -845,6 +857,42 @@ impl Proxy {
             .idle_timeout
             .map_or(l.connect_timeout, |i| i.min(l.connect_timeout));
         (t / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
+    /// While three quarters of the receive ring are lent (or a connection waits for a
+    /// buffer), every pair sends heap copies of its chunks and copies what it has queued, so
+    /// the buffers go back at once: sends to peers that do not read hold their buffers until
+    /// those peers read, and a few such pairs could otherwise hold the whole ring, and stop
+    /// every connection of the thread (a client that reads its connections in turn then waits
+    /// forever). The copies are counted in [`ProxyStats::spilled_bytes`] and recorded once as a
+    /// fallback. Costs one pass over the pairs per turn while the ring is low.
+    fn mind_the_ring(&mut self) {
+        let (lent, total) = self.rx.lent();
+        let low = (total > 0 && lent * 4 >= total * 3) || self.rx.starved() > 0;
+        if !low && !self.copying {
+            return;
+        }
+        let mut n = 0;
+        for s in &mut self.slots {
+            if let Some(p) = s.pair.as_mut() {
+                n += p.set_copy_sends(low);
+                if low {
+                    n += p.spill();
+                }
+            }
+        }
+        self.copying = low;
+        if n > 0 {
+            self.stats.spilled_bytes += n as u64;
+            if !self.spilled_noted {
+                self.spilled_noted = true;
+                self.setup_notes.push(
+                    "receive ring 3/4 lent (sends waiting on peers that do not read) -> chunks \
+                     copied to the heap while it is (ProxyStats::spilled_bytes)"
+                        .to_string(),
+                );
+            }
+        }
     }
 
     fn on_event(&mut self, ev: RxEvent, woke: Instant) {

@@ -98,6 +98,10 @@ pub struct Pair {
     limits: Limits,
     end: Option<End>,
     timing: Timing,
+    /// Send heap copies of chunks ([`Pair::set_copy_sends`]).
+    copy_sends: bool,
+    /// Bytes sent as copies since the last [`Pair::set_copy_sends`].
+    copied: usize,
 }
 
 /// What a pair measured of its own latency, taken by the [`super::Proxy`] that runs it.
@@ -146,7 +150,37 @@ impl Pair {
             limits,
             end: None,
             timing: Timing::default(),
+            copy_sends: false,
+            copied: 0,
         }
+    }
+
+    /// Copies the chunks waiting for the send ring (refused: the destination is full) to the
+    /// heap and drops them, which gives their receive buffers back; returns the bytes copied.
+    /// For a receive ring run dry while pairs wait on slow peers (see `docs/design/proxy.md`,
+    /// "A dry ring and slow peers"): the bytes stay queued in order and still count against
+    /// the pair's limits.
+    pub fn spill(&mut self) -> usize {
+        let mut n = 0;
+        for f in &mut self.flows {
+            for b in f.queue.iter_mut() {
+                if let TxBuf::Chunk(c) = b {
+                    let v = c.to_vec();
+                    n += v.len();
+                    *b = TxBuf::Vec(v);
+                }
+            }
+        }
+        n
+    }
+
+    /// While `on`, chunks are sent as heap copies and their receive buffers go back at once
+    /// (set by [`super::Proxy`] while most of the receive ring is lent: sends to peers that do
+    /// not read could otherwise hold every buffer, and no connection of the thread could
+    /// receive). Returns the bytes copied so far and resets the count.
+    pub fn set_copy_sends(&mut self, on: bool) -> usize {
+        self.copy_sends = on;
+        std::mem::take(&mut self.copied)
     }
 
     /// Takes what the pair measured since the last call.
@@ -481,8 +515,16 @@ impl Pair {
         let dst = self.sock(Self::src(1 - dir));
         let token = self.token;
         let f = &mut self.flows[dir];
-        while let Some(buf) = f.queue.pop_front() {
+        while let Some(mut buf) = f.queue.pop_front() {
             let len = buf.len();
+            if self.copy_sends {
+                if let TxBuf::Chunk(c) = &buf {
+                    // The receive ring is low: the kernel gets a heap copy, the buffer goes
+                    // back now instead of at a completion a stuck peer may never allow.
+                    self.copied += len;
+                    buf = TxBuf::Vec(c.to_vec());
+                }
+            }
             match tx.send_with(dst, buf, token) {
                 Ok(_) => {
                     f.queued -= len;

@@ -499,6 +499,11 @@ pub(crate) trait Backend {
     fn starved(&self) -> usize {
         0
     }
+    /// Receive buffers (or zcrx ranges) lent to the application now, and how many there
+    /// are (`(0, 0)` where receives do not take them from a shared ring).
+    fn lent(&self) -> (u64, u64) {
+        (0, 0)
+    }
     /// The backend's readiness descriptor (created on first call).
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>>;
     /// Clears the readiness descriptor after a harvest; true when work came in meanwhile.
@@ -563,6 +568,9 @@ impl Backend for RxBackend {
     }
     fn starved(&self) -> usize {
         each_backend!(self, b => b.starved())
+    }
+    fn lent(&self) -> (u64, u64) {
+        each_backend!(self, b => b.lent())
     }
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
         each_backend!(self, b => b.notify_fd())
@@ -760,6 +768,13 @@ impl Receiver {
     /// an event loop that dropped chunks while this is non-zero harvests once more.
     pub fn starved(&self) -> usize {
         self.backend.starved()
+    }
+
+    /// Receive buffers (or zcrx area ranges) lent to the application now (chunks alive), and
+    /// the ring's total; `(0, 0)` on the plain backend, whose buffers are not shared by a
+    /// ring the kernel takes from.
+    pub fn lent(&self) -> (u64, u64) {
+        self.backend.lent()
     }
 
     /// Waits up to `timeout` for events and passes each to `f`. Returns the number of events.
