@@ -478,8 +478,9 @@ fn zcrx_proxy_forwards_a_verified_stream_with_uring_zc() {
     let mut notes = Vec::new();
     let mut line = String::new();
     let mut listen = None;
-    // The first line names the address, the thread's line its paths (fallbacks follow).
-    while notes.len() < 2 {
+    // The thread's line names its paths (fallbacks follow), then the listening line the
+    // address (the proxy listens once its threads are ready).
+    while listen.is_none() {
         line.clear();
         assert!(err.read_line(&mut line).unwrap() > 0, "proxy: {notes:?}");
         notes.push(line.trim_end().to_string());
