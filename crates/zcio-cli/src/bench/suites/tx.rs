@@ -29,6 +29,10 @@ const METRICS: &[MetricDef] = &[
 ];
 
 const SIZES: &[usize] = &[4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20];
+/// The default run's sizes (the smallest, the middle and the largest of [`SIZES`]).
+const DEFAULT_SIZES: &[usize] = &[4 << 10, 64 << 10, 1 << 20];
+/// The default run's cap on the working set (see [`cold_working_set`]).
+const DEFAULT_WS: usize = 256 << 20;
 const ZC: &[TxMode] = &[TxMode::MsgZc, TxMode::UringZc, TxMode::UringZcFixed];
 
 /// Bytes of send buffers each run cycles through: 4× the last-level cache (at least 32 MiB,
@@ -176,20 +180,39 @@ impl Suite for Tx {
              completed; io_uring paths queue 16 requests (UDP: GSO writes of up to 64K) per \
              io_uring_enter; about 4 MB in flight (4 MB / size sends, 16..1024)",
         );
-        let (ws, llc) = cold_working_set();
+        let (cold_ws, llc) = cold_working_set();
+        // Each run maps, fills (and for fixed buffers pins) its whole working set: at 1 GiB that
+        // is most of a run's time (a run of 80 ms of sending took about 1 s here). The default
+        // run caps it at DEFAULT_WS, --full uses 4x the last-level cache.
+        let ws = ctx.pick(cold_ws.min(DEFAULT_WS), cold_ws);
         ctx.note(format!(
             "both sides of every case cycle through the same {} of send buffers (oldest \
-             returned first), 4x the last-level cache ({}), so each send reads data that is not \
-             in cache, as a real sender's does; nothing else touches them while sending. Cases \
-             marked `hot` re-use about 4 MB of buffers (in cache): the copy is then cheap",
+             returned first){}, so each send reads data that is not in cache, as a real \
+             sender's does; nothing else touches them while sending. Cases marked `hot` re-use \
+             about 4 MB of buffers (in cache): the copy is then cheap",
             size_label(ws),
-            llc.map_or("unknown: 32 MiB assumed".to_string(), size_label)
+            if ws == cold_ws {
+                format!(
+                    ", 4x the last-level cache ({})",
+                    llc.map_or("unknown: 32 MiB assumed".to_string(), size_label)
+                )
+            } else {
+                format!(
+                    " (the default run's cap; `--full` uses {}, 4x the last-level cache of {}: \
+                     with a cache this large part of the default run's data may still be cached, \
+                     which makes the copy look cheaper than it is)",
+                    size_label(cold_ws),
+                    llc.map_or("unknown".to_string(), size_label)
+                )
+            }
         ));
+        // The default run measures three sizes per route; --full all five.
+        let sizes: Vec<usize> = ctx.pick(DEFAULT_SIZES.to_vec(), SIZES.to_vec());
         let copied: RefCell<Vec<(String, f64)>> = RefCell::new(Vec::new());
-        let mut routes = vec![(Route::Loopback, "tcp-lo", SIZES.to_vec(), ws)];
+        let mut routes = vec![(Route::Loopback, "tcp-lo", sizes.clone(), ws)];
         if pair.is_some() {
             routes.push((Route::Pair, "tcp-veth", vec![64 << 10], ws));
-            routes.push((Route::Sink, "udp-gso-sink", SIZES.to_vec(), ws));
+            routes.push((Route::Sink, "udp-gso-sink", sizes.clone(), ws));
             routes.push((Route::Sink, "udp-gso-sink hot", vec![64 << 10], 0));
             // A buffer of exactly one GSO write (the most whole datagrams one UDP send may
             // carry): 64K is that plus a short tail datagram, i.e. two kernel sends.
@@ -206,7 +229,7 @@ impl Suite for Tx {
                     zcio::tx::Sender::new(s, &pool, zcio::tx::SenderConfig::new(TxMode::Copy))?;
                 Ok((tx.chunk(), tx.segment()))
             })??;
-            if chunk < 1 << 20 && seg > 0 {
+            if chunk < 1 << 20 && seg > 0 && ctx.mode == crate::bench::Mode::Full {
                 ctx.note(format!(
                     "udp-gso-sink 1-write: buffers of {chunk} bytes, one GSO write ({} datagrams \
                      of {seg} bytes); a 64K buffer is one such write plus a {}-byte datagram in \
@@ -346,14 +369,21 @@ fn many(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()>
     let conns = ctx.pick(200, 1000);
     let batch = 64;
     ctx.note(format!(
-        "many: {conns} loopback TCP connections, sends round-robin from one thread; epoll + send (non-blocking send per buffer, EPOLLOUT when full) vs one shared SendRing (auto, {batch} requests per io_uring_enter across sockets, pool registered once, sockets in one registered-file table) vs a Sender (io_uring) per socket (auto, one enter per send); every side warms up {warmup:?}, then {:?} measured; kernel entries are every syscall the sending thread made. On loopback every byte is copied (COPIED 1.0): auto sends by io_uring SEND after each socket's first zero-copy completions",
+        "many: {conns} loopback TCP connections, sends round-robin from one thread; epoll + send (non-blocking send per buffer, EPOLLOUT when full) vs one shared SendRing (auto, {batch} requests per io_uring_enter across sockets, pool registered once, sockets in one registered-file table) vs a Sender (io_uring) per socket (auto, one enter per send; --full only); every side warms up {warmup:?}, then {:?} measured; kernel entries are every syscall the sending thread made. On loopback every byte is copied (COPIED 1.0): auto sends by io_uring SEND after each socket's first zero-copy completions",
         dur * 2
     ));
     for size in [4 << 10, 64 << 10] {
-        for (label, way) in [
-            ("shared ring", Way::SharedRing),
-            ("ring per socket", Way::RingPerSocket),
-        ] {
+        // A ring per socket makes and closes `conns` rings per run, which the set-up pace
+        // spreads out (200 rings x 6 runs took 160 s here): only with --full.
+        let ways: &[(&str, Way)] = if ctx.mode == crate::bench::Mode::Full {
+            &[
+                ("shared ring", Way::SharedRing),
+                ("ring per socket", Way::RingPerSocket),
+            ]
+        } else {
+            &[("shared ring", Way::SharedRing)]
+        };
+        for &(label, way) in ways {
             let case = format!("many {conns}x{} {label} vs epoll+send", size_label(size));
             if !wanted(&case) {
                 continue;
@@ -547,6 +577,9 @@ const SWEEP: &[usize] = &[
     1 << 20,
 ];
 
+/// The default run's sweep: one size below auto's usual crossover, one near it, one above.
+const DEFAULT_SWEEP: &[usize] = &[1 << 10, 16 << 10, 256 << 10];
+
 /// The better of two samples, metric by metric (`throughput` higher, `sender_cpu` lower),
 /// with a note naming which side won each.
 fn best_of(copy: &Sample, zc: &Sample) -> Sample {
@@ -591,8 +624,9 @@ fn sweep(
     ctx.note(format!(
         "sweep: each row's baseline is the better of copy and uring-zc-fixed in the same round (metric by metric), its zcio value auto; every side sends {warmup:?} before {dur:?} measured; auto learns the size below which copy is cheaper in that warm-up"
     ));
+    let sizes = ctx.pick(DEFAULT_SWEEP, SWEEP);
     for (route, tag) in routes {
-        for &size in SWEEP {
+        for &size in sizes {
             let case = format!("sweep {tag} {} auto vs best", size_label(size));
             if !wanted(&case) {
                 continue;
