@@ -46,6 +46,13 @@ const RR: &[MetricDef] = &[
     MetricDef::new("proxy_cpu_per_req", "us", Better::Lower),
 ];
 
+const OPEN: &[MetricDef] = &[
+    MetricDef::new("req_per_s", "req/s", Better::Higher),
+    MetricDef::new("p50_latency", "ms", Better::Lower),
+    MetricDef::new("p99_latency", "ms", Better::Lower),
+    MetricDef::new("p999_latency", "ms", Better::Lower),
+];
+
 const CONNS: usize = 4;
 
 /// A proxy under test.
@@ -176,6 +183,9 @@ impl Suite for ProxySuite {
         }
         let web = Web::start(&dir)?;
         std::fs::write(dir.join("pct.lua"), WRK_PCT)?;
+        // The warm 100-connection rates of the case against HAProxy without splice: the
+        // slowest proxy's maximum sets the open-loop rates below.
+        let warm_rates = std::cell::RefCell::new((Vec::new(), Vec::new()));
         for (b, warm, conns) in cases {
             let run = Rr {
                 web: &web,
@@ -184,13 +194,74 @@ impl Suite for ProxySuite {
                 conns,
                 warm,
             };
+            let keep = warm && conns == 100 && b == Kind::HaproxyCopy;
             ctx.compare(
                 &rr_case(b, warm, conns),
                 (b.label(), Kind::Zcio.label()),
                 RR,
-                || run.run(b),
-                || run.run(Kind::Zcio),
+                || {
+                    let s = run.run(b)?;
+                    if keep {
+                        warm_rates
+                            .borrow_mut()
+                            .0
+                            .extend(s.values.get("req_per_s").copied());
+                    }
+                    Ok(s)
+                },
+                || {
+                    let s = run.run(Kind::Zcio)?;
+                    if keep {
+                        warm_rates
+                            .borrow_mut()
+                            .1
+                            .extend(s.values.get("req_per_s").copied());
+                    }
+                    Ok(s)
+                },
             )?;
+        }
+        // Open loop: requests at a fixed rate whatever the answers do (h2load --rps), so a
+        // slow answer does not slow the load down as wrk's closed loop does.
+        let (a, z) = warm_rates.into_inner();
+        let open_case = |pct: u32| {
+            format!("1 KiB req/resp open loop at {pct}% of the slowest max, h2load 100 conns, vs haproxy no-splice")
+        };
+        let fracs: &[u32] = ctx.pick(&[90][..], &[50, 90][..]);
+        if which("h2load").is_none() {
+            ctx.note("open-loop rows not run: h2load not installed (nghttp2-client; scripts/deps)");
+        } else if a.is_empty() || z.is_empty() {
+            ctx.note(
+                "open-loop rows not run: the warm case against HAProxy without splice was not",
+            );
+        } else {
+            let slowest = super::super::stats(&a).0.min(super::super::stats(&z).0);
+            for &pct in fracs {
+                let case = open_case(pct);
+                if !super::tx::wanted(&case) {
+                    continue;
+                }
+                let rate = slowest * f64::from(pct) / 100.0;
+                let run = Rr {
+                    web: &web,
+                    dir: &dir,
+                    secs: secs.max(2.0),
+                    conns: 100,
+                    warm: true,
+                };
+                ctx.compare(
+                    &case,
+                    (Kind::HaproxyCopy.label(), Kind::Zcio.label()),
+                    OPEN,
+                    || run.open_loop(Kind::HaproxyCopy, rate),
+                    || run.open_loop(Kind::Zcio, rate),
+                )?;
+                ctx.note(format!(
+                    "{case}: {rate:.0} req/s in all ({:.0} per connection), after a 2 s wrk \
+                     warm-up; latencies from h2load's per-request log",
+                    rate / 100.0
+                ));
+            }
         }
         ctx.note(
             "req/resp: cold = wrk's first run on a proxy started just before it (100 \
@@ -721,6 +792,57 @@ impl Rr<'_> {
             bail!("wrk reported errors: {text}");
         }
         Ok(text)
+    }
+
+    /// A warm proxy, then `rate` requests per second in all from 100 connections for
+    /// `secs` (`h2load --h1 --rps`), whatever the answers do.
+    fn open_loop(&self, kind: Kind, rate: f64) -> Result<Sample> {
+        let lo = std::net::Ipv4Addr::LOCALHOST.into();
+        let listen = SocketAddr::new(lo, free_port(None, lo)?);
+        let p = Proc::start(kind, None, listen, self.web.addr, self.dir)?;
+        self.wrk(listen, 2.0)
+            .with_context(|| format!("warm-up through {}", kind.label()))?;
+        let log = self.dir.join(format!("h2load-{}.log", listen.port()));
+        let per_conn = (rate / self.conns as f64).max(1.0);
+        let out = Command::new(which("h2load").expect("checked"))
+            .args(["--h1", "-t", "1"])
+            .arg(format!("-c{}", self.conns))
+            .arg(format!("--rps={per_conn:.1}"))
+            .arg(format!("-D{}", self.secs.ceil() as u64))
+            .arg(format!("--log-file={}", log.display()))
+            .arg(format!("http://{listen}/file"))
+            .output()
+            .context("running h2load")?;
+        let _ = p.stop()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if !out.status.success() {
+            bail!("h2load through {}: {text}", kind.label());
+        }
+        let mut us: Vec<f64> = Vec::new();
+        let mut failed = 0u64;
+        for l in std::fs::read_to_string(&log)?.lines() {
+            let f: Vec<&str> = l.split('\t').collect();
+            match (f.get(1), f.get(2).and_then(|d| d.parse::<f64>().ok())) {
+                (Some(&"200"), Some(d)) => us.push(d),
+                _ => failed += 1,
+            }
+        }
+        if failed > 0 || us.is_empty() {
+            bail!(
+                "h2load through {}: {failed} failed requests of {}: {text}",
+                kind.label(),
+                us.len() as u64 + failed
+            );
+        }
+        us.sort_by(|x, y| x.total_cmp(y));
+        let q =
+            |q: f64| us[((us.len() as f64 * q).ceil() as usize).clamp(1, us.len()) - 1] / 1000.0;
+        let mut s = Sample::default();
+        s.set("req_per_s", us.len() as f64 / self.secs.ceil())
+            .set("p50_latency", q(0.5))
+            .set("p99_latency", q(0.99))
+            .set("p999_latency", q(0.999));
+        Ok(s)
     }
 
     fn run(&self, kind: Kind) -> Result<Sample> {
