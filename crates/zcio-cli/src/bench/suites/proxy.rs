@@ -15,6 +15,11 @@
 //!   proxy lives through); *warm*, the same run after a 2 s warm-up on the running proxy.
 //!   `--full` adds a warm sweep at 1, 10 and 1,000 connections and a cold run with 1,000
 //!   connections, against HAProxy without splice (100 connections are the default rows).
+//! - Open loop: `h2load --h1 --rps` from 100 connections on a warm proxy, at 90% (`--full`:
+//!   50% and 90%) of the slowest proxy's warm maximum against HAProxy without splice (the
+//!   median req/s of the warm 100-connection case of the same run): p50/p99/p99.9 from
+//!   h2load's per-request log. Closed-loop wrk slows its requests down when answers are late,
+//!   which hides queueing; a fixed rate does not.
 //!
 //! `ZCIO_BENCH_ONLY=substring` runs only the cases whose name contains it (e.g. `req/resp`,
 //! `veth`, `vs nginx`).
