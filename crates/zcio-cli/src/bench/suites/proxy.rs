@@ -689,16 +689,24 @@ fn zcio_note(v: &serde_json::Value) -> String {
             s.hold_us_quantile(x)
                 .map_or("-".into(), |u| format!("<{u}"))
         };
+        let h = |x: &zcio::proxy::UsLog2| x.quantile(0.99).map_or("-".into(), |u| format!("<{u}"));
         format!(
             "; loop: {} turns, {} chunks, harvest max {}, chunk harvest->send issue p50 {} \
-             p99 {} us, waits capped at 5 ms that timed out {}, batched (bulk) waits {}",
+             p99 {} us, chunk received->send completed p99 {} us (first two per direction \
+             of a pair: p99 {} us), accept->first byte forwarded p99 {} us, waits capped at \
+             5 ms that timed out {}, batched (bulk) waits {}, bytes copied to the heap while \
+             the receive ring was low {}",
             s.turns,
             s.chunks,
             s.turn_chunks_max,
             q(0.5),
             q(0.99),
+            h(&s.forward_us),
+            h(&s.forward_new_us),
+            h(&s.first_forward_us),
             s.capped_waits,
-            s.bulk_waits
+            s.bulk_waits,
+            s.spilled_bytes
         )
     });
     format!(
