@@ -372,7 +372,8 @@ fn proxy_scenario(test: &str, launch: Launch<'_>) -> Option<String> {
     let extra = [&extra[..], &["--metrics", "127.0.0.1:0"]].concat();
     let mut d = Daemon::spawn(launch(&ns, &base, &extra));
     let addr = d.metrics_addr();
-    d.wait_line("thread 0:");
+    // The proxy listens once its threads are ready: the listening line comes last.
+    d.wait_line("127.0.0.1:8400 -> ");
     let got = ns
         .run(|| {
             let mut s = TcpStream::connect("127.0.0.1:8400").unwrap();
