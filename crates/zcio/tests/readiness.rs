@@ -264,6 +264,102 @@ fn receiver_readiness_fires_per_message_on_plain_epoll() {
     );
 }
 
+/// A receiver whose ring runs dry again and again (4 buffers of 4 KiB in rotation against
+/// 1 MiB written at once): each time a receive bundle takes the last buffers the kernel ends
+/// the multishot receive, and the harvest that sees it re-arms the connection. The caller
+/// only ever waits on the readiness descriptor and harvests with `on_ready`, dropping each
+/// chunk at once (and harvesting again while a connection is starved, as documented), so
+/// every byte must come through the descriptor: a re-arm left queued in
+/// the submission ring after `on_ready` (never entered, so never announced) leaves the
+/// connection silent for ever.
+fn receiver_fires_after_each_rearm(test: &str, cfg: RxConfig) {
+    const LEN: usize = 1 << 20;
+    let (c, s) = pair();
+    let mut rx = Receiver::new(&cfg).unwrap();
+    if skip_unless(
+        test,
+        rx.path() == RxPath::BufRing,
+        &format!("path {:?}: {:?}", rx.path(), rx.fallbacks()),
+    ) {
+        return;
+    }
+    rx.add(s).unwrap();
+    let writer = std::thread::spawn(move || {
+        let mut c = c;
+        let mut data = vec![0u8; LEN];
+        common::fill_pattern(&mut data, 0);
+        c.write_all(&data).unwrap();
+        c
+    });
+    let mut got = 0usize;
+    let mut harvests = 0;
+    let end = Instant::now() + common::scaled(Duration::from_secs(20));
+    while got < LEN {
+        assert!(Instant::now() < end, "{got} of {LEN} bytes in time");
+        let fd = rx.readiness_fd().unwrap().as_raw_fd();
+        // SAFETY: the receiver's descriptor, alive while `rx` is.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        assert!(
+            readable_within(b, common::scaled(Duration::from_secs(5))),
+            "{got} of {LEN} bytes after {harvests} harvests ({} re-arms): the descriptor \
+             never fired again ({:?})",
+            rx.stats().rearms,
+            rx.stats(),
+        );
+        // As documented: a harvest after which connections wait for buffers that were
+        // dropped meanwhile (here: inside the harvest) is followed by one more.
+        loop {
+            harvests += 1;
+            rx.on_ready(&mut |ev| {
+                if let RxEvent::Data(d) = ev {
+                    assert_eq!(common::check_pattern(&d, got as u64), Ok(()), "at {got}");
+                    got += d.len();
+                }
+            })
+            .unwrap();
+            if rx.starved() == 0 {
+                break;
+            }
+        }
+    }
+    assert_eq!(got, LEN);
+    assert!(
+        rx.stats().rearms > 0,
+        "the ring never ran dry: {:?}",
+        rx.stats()
+    );
+    drop(writer.join().unwrap());
+}
+
+#[test]
+fn receiver_readiness_fires_after_each_rearm_under_defer_taskrun() {
+    let cfg = RxConfig {
+        buf_size: 4096,
+        buffers: 4,
+        hot_bytes: 0,
+        ..RxConfig::with_mode(RxMode::BufRing)
+    };
+    receiver_fires_after_each_rearm(
+        "receiver_readiness_fires_after_each_rearm_under_defer_taskrun",
+        cfg,
+    );
+}
+
+#[test]
+fn receiver_readiness_fires_after_each_rearm_with_coop_taskrun_only() {
+    let cfg = RxConfig {
+        buf_size: 4096,
+        buffers: 4,
+        hot_bytes: 0,
+        defer_taskrun: false,
+        ..RxConfig::with_mode(RxMode::BufRing)
+    };
+    receiver_fires_after_each_rearm(
+        "receiver_readiness_fires_after_each_rearm_with_coop_taskrun_only",
+        cfg,
+    );
+}
+
 /// NFQUEUE in a namespace: the descriptor fires for each queued datagram and is quiet once
 /// the packet was decided.
 fn nfqueue_fires_per_packet(test: &str, queue: u16, uring: bool) {
@@ -643,4 +739,83 @@ fn event_ring_readiness_fires_per_event_on_epoll() {
         zcio::event::Prefer::Epoll,
         false,
     );
+}
+
+#[test]
+fn nfqueue_receive_ready_leaves_the_descriptor_readable_while_packets_remain() {
+    // receive_ready(max) stops at `max` packets with more waiting: the descriptor must stay
+    // readable for them. Cleared, the kernel (which signals when it posts, not while work
+    // waits) would not fire again, and a loop waiting on it would wait for ever.
+    use zcio::netlink::{Decision, NfQueue, NfQueueConfig, Verdict};
+    let test = "nfqueue_receive_ready_leaves_the_descriptor_readable_while_packets_remain";
+    if !common::can_make_hosts(test) {
+        return;
+    }
+    let queue = 45;
+    let ns = zcio_testnet::Netns::new("rnfm").expect("namespace");
+    let out = ns
+        .command("iptables")
+        .args(["-A", "INPUT", "-p", "udp", "--dport", "9996"])
+        .args(["-j", "NFQUEUE", "--queue-num", &queue.to_string()])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {}
+        other => {
+            common::skip(test, &format!("iptables NFQUEUE rule refused: {other:?}"));
+            return;
+        }
+    }
+    ns.run(move || {
+        let rx = std::net::UdpSocket::bind("127.0.0.1:9996").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.connect("127.0.0.1:9996").unwrap();
+        let mut q = NfQueue::open(NfQueueConfig {
+            first: queue,
+            last: queue,
+            uring: true,
+            copy: zcio::netlink::CopyMode::Packet(512),
+            ..NfQueueConfig::default()
+        })
+        .unwrap();
+        assert_eq!(
+            q.path().as_str(),
+            "frame-ring+io_uring",
+            "{:?}",
+            q.fallbacks()
+        );
+        let fd = q.readiness_fd().unwrap().as_raw_fd();
+        // SAFETY: the queue's descriptor, alive while `q` is.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        let mut got = Vec::new();
+        // Arm (the io_uring frame ring submits its receive on the first harvest).
+        q.receive_ready(8, &mut got).unwrap();
+        const N: usize = 64;
+        for i in 0..N as u32 {
+            tx.send(&i.to_be_bytes()).unwrap();
+        }
+        let mut received = 0;
+        let mut calls = 0;
+        while received < N {
+            assert!(
+                readable_within(b, Duration::from_secs(2)),
+                "{received} of {N} packets received, the rest wait, and the descriptor is quiet \
+                 ({calls} calls of receive_ready(8))"
+            );
+            got.clear();
+            received += q.receive_ready(8, &mut got).unwrap();
+            calls += 1;
+            for r in &got {
+                q.verdict(r.packet, Decision::Verdict(Verdict::Accept))
+                    .unwrap();
+            }
+            q.flush().unwrap();
+            assert!(calls <= 4 * N, "no progress: {received} of {N}");
+        }
+        let mut buf = [0u8; 16];
+        for _ in 0..N {
+            assert_eq!(rx.recv(&mut buf).unwrap(), 4);
+        }
+    })
+    .unwrap();
 }

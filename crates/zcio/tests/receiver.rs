@@ -570,3 +570,38 @@ fn cpu_seconds() -> f64 {
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
+
+#[test]
+fn a_poll_returns_within_its_timeout_however_long_the_batch_min_wait() {
+    // The kernel (6.18) arms a batched wait's first timer at `min_wait` whatever the wait's
+    // own timeout: before, a zero-timeout poll (`on_ready`, every async harvest) slept the
+    // whole min-wait when nothing was ready, 200 µs per harvest with the default settings.
+    let cfg = RxConfig {
+        batch: 32,
+        min_wait: Duration::from_millis(100),
+        ..RxConfig::with_mode(RxMode::BufRing)
+    };
+    let mut rx = Receiver::new(&cfg).unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    rx.add(l.accept().unwrap().0).unwrap();
+    // The first poll arms the receive; nothing ever arrives.
+    rx.poll(Duration::ZERO, &mut |_| {}).unwrap();
+    let t0 = Instant::now();
+    for _ in 0..10 {
+        assert_eq!(rx.poll(Duration::ZERO, &mut |_| {}).unwrap(), 0);
+    }
+    let zero = t0.elapsed();
+    let t0 = Instant::now();
+    rx.poll(Duration::from_millis(5), &mut |_| {}).unwrap();
+    let short = t0.elapsed();
+    eprintln!("10 zero-timeout polls: {zero:?}; a 5 ms poll: {short:?}");
+    assert!(
+        zero < common::scaled(Duration::from_millis(100)),
+        "10 zero-timeout polls took {zero:?} (each waited the 100 ms min-wait)"
+    );
+    assert!(
+        short < common::scaled(Duration::from_millis(60)),
+        "a 5 ms poll took {short:?}"
+    );
+}

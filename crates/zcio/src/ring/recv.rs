@@ -307,6 +307,12 @@ impl<C: Cqe> RecvRing<C> {
         self.ring.has_work()
     }
 
+    /// Makes the eventfd readable: work is left that a cleared eventfd would not announce
+    /// again (the kernel signals task work only when its list goes from empty to non-empty).
+    pub fn keep_notify(&self) {
+        self.ring.signal();
+    }
+
     /// `io_uring_enter` calls made.
     pub fn enters(&self) -> u64 {
         self.ring.get().enters()

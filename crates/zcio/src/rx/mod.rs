@@ -508,6 +508,9 @@ pub(crate) trait Backend {
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>>;
     /// Clears the readiness descriptor after a harvest; true when work came in meanwhile.
     fn clear_notify(&mut self) -> bool;
+    /// Makes the readiness descriptor readable: work is left that a cleared descriptor would
+    /// not announce again.
+    fn keep_notify(&mut self) {}
     fn poll(
         &mut self,
         timeout: Duration,
@@ -577,6 +580,9 @@ impl Backend for RxBackend {
     }
     fn clear_notify(&mut self) -> bool {
         each_backend!(self, b => b.clear_notify())
+    }
+    fn keep_notify(&mut self) {
+        each_backend!(self, b => b.keep_notify())
     }
     fn poll(
         &mut self,
@@ -778,6 +784,9 @@ impl Receiver {
     }
 
     /// Waits up to `timeout` for events and passes each to `f`. Returns the number of events.
+    /// With a zero timeout it submits the receives it re-armed before returning (the caller
+    /// may wait on the readiness descriptor next); with a wait, under `DEFER_TASKRUN`, they go
+    /// in with the next call's enter (a blocking loop saves the syscall).
     pub fn poll(&mut self, timeout: Duration, f: &mut dyn FnMut(RxEvent)) -> io::Result<usize> {
         let mut n = 0;
         while let Some(ev) = self.queue.pop_front() {
@@ -813,17 +822,23 @@ impl Receiver {
 
     /// Harvests without blocking (after the readiness descriptor fired, or at any time):
     /// passes each event to `f`, then clears the descriptor, looking again when work came in
-    /// meanwhile, so it is left readable only by events that come later. Returns the number
-    /// of events.
+    /// meanwhile, so it is left readable only by events that come later (or, after four
+    /// rounds with work still coming in, by that work). The receives the harvest re-armed are
+    /// handed to the kernel before it returns: none waits in the submission queue for a
+    /// descriptor that would never fire for it. Returns the number of events.
     pub fn on_ready(&mut self, f: &mut dyn FnMut(RxEvent)) -> io::Result<usize> {
         self.backend.notify_fd()?;
         let mut n = 0;
         for _ in 0..4 {
             n += self.poll(Duration::ZERO, f)?;
             if !self.backend.clear_notify() {
-                break;
+                return Ok(n);
             }
         }
+        // Work is left after four rounds (each enter runs a bounded batch of deferred task
+        // work): the descriptor stays readable for it. Cleared, it would not fire again for
+        // work already flagged, and a caller that waits on it next would wait for ever.
+        self.backend.keep_notify();
         Ok(n)
     }
 

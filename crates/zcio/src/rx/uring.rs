@@ -473,6 +473,9 @@ impl<C: Cqe> Backend for RingRx<C> {
     fn clear_notify(&mut self) -> bool {
         self.rr.clear_notify()
     }
+    fn keep_notify(&mut self) {
+        self.rr.keep_notify()
+    }
     fn path(&self) -> RxPath {
         if self.nodev {
             RxPath::ZcrxNodev
@@ -620,6 +623,14 @@ impl<C: Cqe> Backend for RingRx<C> {
             // Without DEFER_TASKRUN completions can appear without an enter; submit re-arms
             // now so no connection waits behind busy ones. With it, they go in with the next
             // wait's enter (nothing could run before it anyway).
+            self.rr.submit()?;
+        }
+        if timeout.is_zero() && self.rr.pending() > 0 {
+            // A harvest that does not wait (`on_ready`, an event loop's look) may be the last
+            // call before the caller waits on the readiness descriptor, which a receive still
+            // queued here would never make readable: a connection re-armed by this harvest
+            // (its multishot ended when a bundle took the ring's last buffers, or buffers came
+            // back for a starved one) would receive nothing again. Submit it now.
             self.rr.submit()?;
         }
         self.account(c);

@@ -86,10 +86,60 @@ pub struct LocalIo {
     core: Rc<RefCell<Core>>,
 }
 
+/// The paths, then (`{:#?}` for one line each) what every stream waits for and what the
+/// driver and both rings hold: enough to tell a stalled stream's cause from a dump.
 impl std::fmt::Debug for LocalIo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Ok(c) = self.core.try_borrow() else {
+            // Formatted from inside the driver's tick.
+            return f.debug_struct("LocalIo").finish_non_exhaustive();
+        };
+        let streams: Vec<_> = c
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.conn.as_ref().map(|cn| (i, cn)))
+            .collect();
         f.debug_struct("LocalIo")
-            .field("describe", &self.describe())
+            .field(
+                "describe",
+                &format_args!("send: {}; receive: {}", c.tx.describe(), c.rx.describe()),
+            )
+            .field("streams", &streams)
+            .field("dirty", &c.dirty)
+            .field("pool_waiters", &c.pool_waiters)
+            .field("pool_free", &c.pool.available())
+            .field("kicked", &c.kicked)
+            .field("rx_kicked", &c.rx_kicked)
+            .field("driver_waker", &c.driver.is_some())
+            .field("stopped", &c.stopped)
+            .field("tx_in_flight", &c.tx.in_flight())
+            .field("rx_open", &c.rx.open_connections())
+            .field("rx_starved", &c.rx.starved())
+            .field("tx", &c.tx.counters_total())
+            .field("rx", c.rx.stats())
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("peer", &self.peer)
+            .field("queued", &self.queued)
+            .field("chunks", &self.chunks.len())
+            .field("receiving", &self.rx.is_some())
+            .field("paused", &self.paused)
+            .field("eof", &self.eof)
+            .field("rx_err", &self.rx_err)
+            .field("reader_waiting", &self.read_waker.is_some())
+            .field("filling", &self.cur.as_ref().map(|b| b.len()))
+            .field("in_flight", &self.in_flight)
+            .field("writer_waiting", &self.write_waker.is_some())
+            .field("tx_err", &self.tx_err)
+            .field("shut_wr", &self.shut_wr)
+            .field("shut_when_done", &self.shut_when_done)
+            .field("handles", &self.handles)
             .finish()
     }
 }

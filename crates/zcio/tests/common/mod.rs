@@ -146,3 +146,69 @@ pub fn ip_out_requests() -> u64 {
         .map_or(0, |v| v.trim().parse().unwrap());
     v4 + v6
 }
+
+/// Turns a hang into a failure: unless dropped within `limit` (give it [`scaled`]), it prints
+/// the test's name (the current thread's, which libtest names after the test) and the state
+/// left in [`Watchdog::state`], then ends the test process with exit code 101, as a failed
+/// test does. A test that hangs thus fails with its state printed instead of holding CI
+/// until its time limit.
+pub struct Watchdog {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    state: std::sync::Arc<std::sync::Mutex<String>>,
+    limit: std::time::Duration,
+}
+
+impl Watchdog {
+    pub fn new(limit: std::time::Duration) -> Self {
+        let test = std::thread::current()
+            .name()
+            .unwrap_or("a test")
+            .to_string();
+        let (stop, wait) = std::sync::mpsc::channel::<()>();
+        let state = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let st = std::sync::Arc::clone(&state);
+        std::thread::spawn(move || {
+            use std::io::Write;
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(limit) {
+                let st = st.lock().map(|s| s.clone()).unwrap_or_default();
+                let st = if st.is_empty() {
+                    "(none recorded)"
+                } else {
+                    &st
+                };
+                // Straight to the descriptor: libtest captures `eprintln!` (in threads a test
+                // spawns too), and an exiting process never shows what it captured.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "\n{test}: still running after {limit:?}: a hang. State:\n{st}"
+                );
+                std::process::exit(101);
+            }
+        });
+        Self {
+            stop: Some(stop),
+            state,
+            limit,
+        }
+    }
+
+    /// When it fires, counted from its creation.
+    pub fn limit(&self) -> std::time::Duration {
+        self.limit
+    }
+
+    /// Where the test's parts leave what the watchdog prints (e.g. a `Debug` dump of the
+    /// objects a server thread owns, taken shortly before the limit).
+    pub fn state(&self) -> std::sync::Arc<std::sync::Mutex<String>> {
+        std::sync::Arc::clone(&self.state)
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // Disarms: the thread sees the channel closed (or the message) and ends.
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}

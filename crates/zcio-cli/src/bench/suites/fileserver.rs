@@ -78,17 +78,6 @@ impl Suite for FileServerSuite {
     }
 }
 
-/// This process's user + system CPU seconds (all threads), from `/proc/self/stat`.
-fn process_cpu() -> Result<f64> {
-    let s = std::fs::read_to_string("/proc/self/stat")?;
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    Ok(ticks / 100.0)
-}
-
 fn run_once(
     io: Io,
     tx_mode: TxMode,
@@ -101,7 +90,7 @@ fn run_once(
         ..FileServerConfig::new(io, root)
     };
     let srv = FileServer::start(cfg, "127.0.0.1:0".parse()?)?;
-    let cpu0 = process_cpu()?;
+    let cpu0 = crate::bench::measure::process_cpu()?;
     let out = Command::new("wrk")
         .args([
             "-t",
@@ -115,7 +104,7 @@ fn run_once(
         .arg(format!("http://{}/big.bin", srv.addr))
         .output()
         .context("running wrk")?;
-    let cpu = process_cpu()? - cpu0;
+    let cpu = crate::bench::measure::process_cpu()? - cpu0;
     let addr = srv.addr;
     let stats = srv.stop()?;
     let text = String::from_utf8_lossy(&out.stdout).to_string();
