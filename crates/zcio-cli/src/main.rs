@@ -4,6 +4,7 @@ mod audit;
 mod bench;
 mod ctevents;
 mod hosts;
+mod logline;
 mod metrics;
 mod nflog;
 mod nfq;

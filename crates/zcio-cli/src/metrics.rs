@@ -322,7 +322,23 @@ impl Exposition {
         stats: &impl serde::Serialize,
         gauges: &[&str],
     ) {
-        let v = serde_json::to_value(stats).unwrap_or_default();
+        self.stats_without(prefix, labels, stats, gauges, &[]);
+    }
+
+    /// [`Exposition::stats`] leaving out the top-level fields named in `skip` (those the
+    /// daemon renders itself, e.g. as histograms).
+    pub fn stats_without(
+        &mut self,
+        prefix: &str,
+        labels: Labels<'_>,
+        stats: &impl serde::Serialize,
+        gauges: &[&str],
+        skip: &[&str],
+    ) {
+        let mut v = serde_json::to_value(stats).unwrap_or_default();
+        if let Some(m) = v.as_object_mut() {
+            m.retain(|k, _| !skip.contains(&k.as_str()));
+        }
         let ty = std::any::type_name_of_val(stats);
         let ty = ty.rsplit("::").next().unwrap_or(ty);
         self.value(prefix, ty, "", labels, &v, gauges);
@@ -578,11 +594,29 @@ where
     S: Clone + Send + 'static,
     F: Fn(&[Option<S>], &mut Exposition) + Send + 'static,
 {
+    let Some((board, at)) = start_quiet(addr, command, slots, render)? else {
+        return Ok(None);
+    };
+    eprintln!("zcio {command}: metrics on http://{at}/metrics");
+    Ok(Some(board))
+}
+
+/// [`start`] without the stderr line: the board and the address served, for a daemon that
+/// logs that line itself (`--log-format json`).
+pub fn start_quiet<S, F>(
+    addr: Option<SocketAddr>,
+    command: &'static str,
+    slots: usize,
+    render: F,
+) -> Result<Option<(Arc<Board<S>>, SocketAddr)>>
+where
+    S: Clone + Send + 'static,
+    F: Fn(&[Option<S>], &mut Exposition) + Send + 'static,
+{
     let Some(addr) = addr else { return Ok(None) };
     let board = Board::new(slots);
     let s = serve(addr, command, board.clone(), render)?;
-    eprintln!("zcio {command}: metrics on http://{}/metrics", s.addr());
-    Ok(Some(board))
+    Ok(Some((board, s.addr())))
 }
 
 #[cfg(test)]

@@ -478,8 +478,9 @@ fn zcrx_proxy_forwards_a_verified_stream_with_uring_zc() {
     let mut notes = Vec::new();
     let mut line = String::new();
     let mut listen = None;
-    // The first line names the address, the thread's line its paths (fallbacks follow).
-    while notes.len() < 2 {
+    // The thread's line names its paths (fallbacks follow), then the listening line the
+    // address (the proxy listens once its threads are ready).
+    while listen.is_none() {
         line.clear();
         assert!(err.read_line(&mut line).unwrap() > 0, "proxy: {notes:?}");
         notes.push(line.trim_end().to_string());
@@ -544,13 +545,19 @@ fn proxy_sigterm_drains_within_the_bound() {
         .spawn()
         .expect("run zcio proxy");
     let mut err = BufReader::new(proxy.stderr.take().unwrap());
-    let mut first = String::new();
-    err.read_line(&mut first).unwrap();
-    let listen: std::net::SocketAddr = first
-        .strip_prefix("zcio proxy: ")
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address: {first}"));
+    // The threads' lines come first; the proxy listens once they are ready.
+    let listen: std::net::SocketAddr = loop {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "no address line");
+        if let Some(a) = line
+            .strip_prefix("zcio proxy: ")
+            .filter(|r| r.contains(" -> "))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|a| a.parse().ok())
+        {
+            break a;
+        }
+    };
     // Two pairs: one stays open (idle), one finishes during the drain.
     let mut idle = std::net::TcpStream::connect(listen).unwrap();
     let (_idle_up, _) = l.accept().unwrap();
@@ -603,6 +610,183 @@ fn proxy_sigterm_drains_within_the_bound() {
         rest.contains("1 pair(s) reset at the drain bound"),
         "{rest}"
     );
+}
+
+/// An upstream that echoes every connection; counts the connections it accepted.
+fn echo_upstream() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    let n = std::sync::Arc::new(AtomicUsize::new(0));
+    let n2 = n.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            n2.fetch_add(1, Ordering::Relaxed);
+            std::thread::spawn(move || {
+                let mut r = s.try_clone().unwrap();
+                let _ = std::io::copy(&mut r, &mut s);
+            });
+        }
+    });
+    (a, n)
+}
+
+/// SIGHUP re-reads `--targets-file` while clients keep connecting and pairs stay open: new
+/// clients go to the new target, open pairs keep theirs and go on, no connection is lost; a
+/// file that names no target is refused with an error event and changes nothing. Every log
+/// line (`--log-format json`) is one JSON object.
+#[test]
+fn sighup_reloads_the_targets_under_load_and_loses_no_connection() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let (a, a_conns) = echo_upstream();
+    let (b, b_conns) = echo_upstream();
+    let dir = zcio_testnet::tempdir::TempDir::new("sighup").unwrap();
+    let file = dir.join("targets");
+    std::fs::write(&file, format!("# the first target\n{a}\n")).unwrap();
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_zcio"))
+        .args(["proxy", "--listen", "127.0.0.1:0"])
+        .args(["--targets-file", file.to_str().unwrap()])
+        .args(["--stats-interval", "0", "--drain-timeout", "2"])
+        .args(["--log-format", "json", "--log-all"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run zcio proxy");
+    let (ltx, lrx) = std::sync::mpsc::channel::<Value>();
+    let err = BufReader::new(proxy.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        for line in err.lines() {
+            let line = line.unwrap();
+            let v: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("not one JSON object ({e}): {line}"));
+            all.push(v.clone());
+            let _ = ltx.send(v);
+        }
+        all
+    });
+    let wait_event = |name: &str| -> Value {
+        loop {
+            let v = lrx
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("no {name} event"));
+            if v["event"] == name {
+                return v;
+            }
+        }
+    };
+    let listen: std::net::SocketAddr = wait_event("listening")["listen"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let exchange = |s: &mut std::net::TcpStream, tag: u8| {
+        let m = [tag; 512];
+        s.write_all(&m).unwrap();
+        let mut got = [0u8; 512];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(got, m);
+    };
+    // Pairs that stay open across the reloads.
+    let mut open: Vec<std::net::TcpStream> = (0..10)
+        .map(|i| {
+            let mut s = std::net::TcpStream::connect(listen).unwrap();
+            exchange(&mut s, i);
+            s
+        })
+        .collect();
+    assert_eq!(a_conns.load(Ordering::Relaxed), 10);
+    // Load: new clients all the time, each one exchange and a close.
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let load: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, done) = (stop.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let mut s = std::net::TcpStream::connect(listen).unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    let m = [9u8; 512];
+                    s.write_all(&m).unwrap();
+                    let mut got = [0u8; 512];
+                    s.read_exact(&mut got).unwrap();
+                    assert_eq!(got, m);
+                    s.shutdown(std::net::Shutdown::Write).unwrap();
+                    assert_eq!(s.read(&mut got).unwrap(), 0);
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let wait_done = |n: usize| {
+        let end = std::time::Instant::now() + Duration::from_secs(30);
+        let want = done.load(Ordering::Relaxed) + n;
+        while done.load(Ordering::Relaxed) < want {
+            assert!(std::time::Instant::now() < end, "the load stalled");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait_done(50);
+    let hup = || {
+        Command::new("kill")
+            .args(["-HUP", &proxy.id().to_string()])
+            .status()
+            .unwrap();
+    };
+    std::fs::write(&file, format!("{b}\n")).unwrap();
+    hup();
+    let ev = wait_event("targets_reloaded");
+    assert_eq!(ev["targets"], serde_json::json!([b.to_string()]), "{ev}");
+    // A pass of every thread's loop after the event: the clients after it go to `b`.
+    std::thread::sleep(Duration::from_millis(200));
+    let b_before = b_conns.load(Ordering::Relaxed);
+    let a_before = a_conns.load(Ordering::Relaxed);
+    wait_done(50);
+    assert!(b_conns.load(Ordering::Relaxed) >= b_before + 50);
+    assert_eq!(
+        a_conns.load(Ordering::Relaxed),
+        a_before,
+        "a client went to the old target"
+    );
+    // A file without a target is refused; the targets stay.
+    std::fs::write(&file, "# nothing\n").unwrap();
+    hup();
+    let ev = wait_event("reload_failed");
+    assert_eq!(ev["level"], "error", "{ev}");
+    wait_done(20);
+    assert_eq!(a_conns.load(Ordering::Relaxed), a_before);
+    stop.store(true, Ordering::Relaxed);
+    for t in load {
+        t.join().expect("a client of the load failed");
+    }
+    // The pairs opened before the reloads still carry bytes to their first target.
+    for (i, s) in open.iter_mut().enumerate() {
+        exchange(s, 100 + i as u8);
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(s.read(&mut b).unwrap(), 0);
+    }
+    Command::new("kill")
+        .args(["-TERM", &proxy.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(proxy.wait().unwrap().success());
+    let all = reader.join().unwrap();
+    let ended: Vec<&Value> = all.iter().filter(|v| v["event"] == "pair_ended").collect();
+    let total = done.load(Ordering::Relaxed) + open.len();
+    assert_eq!(ended.len(), total, "every pair logged once");
+    let not_done: Vec<&&Value> = ended
+        .iter()
+        .filter(|v| v["end"]["kind"] != "Done")
+        .collect();
+    assert!(not_done.is_empty(), "{not_done:?}");
 }
 
 #[test]

@@ -372,7 +372,8 @@ fn proxy_scenario(test: &str, launch: Launch<'_>) -> Option<String> {
     let extra = [&extra[..], &["--metrics", "127.0.0.1:0"]].concat();
     let mut d = Daemon::spawn(launch(&ns, &base, &extra));
     let addr = d.metrics_addr();
-    d.wait_line("thread 0:");
+    // The proxy listens once its threads are ready: the listening line comes last.
+    d.wait_line("127.0.0.1:8400 -> ");
     let got = ns
         .run(|| {
             let mut s = TcpStream::connect("127.0.0.1:8400").unwrap();
@@ -419,6 +420,18 @@ fn proxy_scenario(test: &str, launch: Launch<'_>) -> Option<String> {
     }
     assert_eq!(m.kind("zcio_proxy_hold_seconds"), Some("histogram"));
     assert!(v(&m, "zcio_proxy_hold_seconds_count", &t) >= 1.0);
+    // The latency the proxy sees itself: per chunk received -> its send completed, and per
+    // pair accept -> first byte forwarded (one pair).
+    for h in [
+        "zcio_proxy_forward_seconds",
+        "zcio_proxy_forward_new_seconds",
+        "zcio_proxy_first_forward_seconds",
+    ] {
+        assert_eq!(m.kind(h), Some("histogram"), "{h}");
+    }
+    assert!(v(&m, "zcio_proxy_forward_seconds_count", &t) >= 2.0);
+    assert_eq!(v(&m, "zcio_proxy_first_forward_seconds_count", &t), 1.0);
+    assert!(v(&m, "zcio_proxy_first_forward_seconds_sum", &t) > 0.0);
     let (st, err) = d.stop();
     assert!(st.success(), "{err}");
     Some(err)

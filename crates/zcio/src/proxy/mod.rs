@@ -147,9 +147,75 @@ pub struct ProxyConfig {
     pub bulk_min_wait: Duration,
 }
 
+/// Descriptors one pair holds: each of its two sockets on the receiver and, duplicated, on the
+/// send ring.
+pub const FDS_PER_PAIR: u64 = 4;
+
 /// A harvest whose received chunks average at least this many bytes is bulk transfer (see
 /// [`ProxyConfig::bulk_batch`]); request/response messages are far below it.
 pub const BULK_CHUNK: usize = 16 << 10;
+
+/// Times in microseconds as a log2 histogram with their sum: bucket `i` counts
+/// `[2^i, 2^(i+1))` µs, bucket 0 also below 1 µs, the last (`2^23` µs, 8.4 s) also above.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UsLog2 {
+    /// Observations per bucket.
+    pub buckets: [u64; US_LOG2_BUCKETS],
+    /// Sum of the observations, µs.
+    pub sum_us: u64,
+}
+
+/// Buckets of a [`UsLog2`].
+pub const US_LOG2_BUCKETS: usize = 24;
+
+impl UsLog2 {
+    /// Records `n` observations of `us` microseconds.
+    pub fn record(&mut self, us: u64, n: u64) {
+        let b = (64 - us.leading_zeros() as usize).saturating_sub(1);
+        self.buckets[b.min(US_LOG2_BUCKETS - 1)] += n;
+        self.sum_us = self.sum_us.saturating_add(us.saturating_mul(n));
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// Adds `o` into `self`.
+    pub fn add(&mut self, o: &UsLog2) {
+        for (a, b) in self.buckets.iter_mut().zip(o.buckets) {
+            *a += b;
+        }
+        self.sum_us = self.sum_us.saturating_add(o.sum_us);
+    }
+
+    /// What `self` has beyond `earlier` (an earlier snapshot of the same histogram).
+    pub fn since(&self, earlier: &UsLog2) -> UsLog2 {
+        let mut d = *self;
+        for (a, b) in d.buckets.iter_mut().zip(earlier.buckets) {
+            *a = a.saturating_sub(b);
+        }
+        d.sum_us = d.sum_us.saturating_sub(earlier.sum_us);
+        d
+    }
+
+    /// The `q` quantile (0..=1) as its bucket's upper bound in µs (`None` when empty).
+    pub fn quantile(&self, q: f64) -> Option<u64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let want = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= want {
+                return Some(1u64 << (i + 1));
+            }
+        }
+        Some(1u64 << US_LOG2_BUCKETS)
+    }
+}
 
 impl Default for ProxyConfig {
     fn default() -> Self {
@@ -263,6 +329,13 @@ pub struct ProxyStats {
     /// Receives that ended because the receive ring had no free buffer (re-armed when one
     /// came back; `docs/design/rx.md`).
     pub rx_out_of_buffers: u64,
+    /// Connections waiting now for a receive buffer to come back (gauge).
+    pub rx_waiting: u64,
+    /// Sends in the kernel now (gauge).
+    pub tx_in_flight: u64,
+    /// Bytes copied to the heap to give their receive buffers back at once, while three
+    /// quarters of the receive ring were lent (sends waiting on peers that do not read).
+    pub spilled_bytes: u64,
     /// Turns of the loop (waits).
     pub turns: u64,
     /// Received chunks routed (each one receive completion handed to a pair).
@@ -281,6 +354,18 @@ pub struct ProxyStats {
     pub bulk_waits: u64,
     /// Switches between bulk and request/response waits.
     pub wait_switches: u64,
+    /// Per forwarded chunk, the time from the wait that harvested it returning to the
+    /// harvest that saw its send complete (for a copy send: the kernel took the bytes; for a
+    /// zero-copy send: its notification, the kernel released the buffer). What the proxy
+    /// adds to a message, as far as the proxy can see it: time in the receive queue before
+    /// the wait returned is not in it.
+    pub forward_us: UsLog2,
+    /// [`ProxyStats::forward_us`] of each pair's first chunks (two per direction): a new
+    /// connection's first request and response.
+    pub forward_new_us: UsLog2,
+    /// Per pair, from the accept to the first send to the upstream completing (the first
+    /// byte forwarded; includes the upstream connect and the client's first write).
+    pub first_forward_us: UsLog2,
 }
 
 impl ProxyStats {
@@ -313,6 +398,9 @@ impl ProxyStats {
         self.syscalls += o.syscalls;
         self.ring_enters += o.ring_enters;
         self.rx_out_of_buffers += o.rx_out_of_buffers;
+        self.rx_waiting += o.rx_waiting;
+        self.tx_in_flight += o.tx_in_flight;
+        self.spilled_bytes += o.spilled_bytes;
         self.turns += o.turns;
         self.chunks += o.chunks;
         self.turn_chunks_max = self.turn_chunks_max.max(o.turn_chunks_max);
@@ -322,6 +410,9 @@ impl ProxyStats {
         self.capped_waits += o.capped_waits;
         self.bulk_waits += o.bulk_waits;
         self.wait_switches += o.wait_switches;
+        self.forward_us.add(&o.forward_us);
+        self.forward_new_us.add(&o.forward_new_us);
+        self.first_forward_us.add(&o.first_forward_us);
     }
 
     /// The `q` quantile (0..=1) of [`ProxyStats::hold_us_log2`], as its bucket's upper
@@ -385,6 +476,12 @@ pub struct Proxy {
     bulk: bool,
     /// Why batched waits are not available, once known.
     bulk_refused: Option<String>,
+    /// What set-up could not prepare, and fallbacks taken while running, with why.
+    setup_notes: Vec<String>,
+    /// The copy fallback is in `setup_notes`.
+    spilled_noted: bool,
+    /// Pairs send heap copies (the receive ring is low; `mind_the_ring`).
+    copying: bool,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -410,10 +507,38 @@ impl Proxy {
         targets: Vec<SocketAddr>,
         cfg: ProxyConfig,
     ) -> Result<Self, ProxyError> {
+        let mut p = Self::prepare(listener.local_addr()?.ip(), targets, cfg)?;
+        p.accept_from(listener)?;
+        Ok(p)
+    }
+
+    /// Everything [`Proxy::new`] does but the accept, for a listener on `local` that the
+    /// caller creates afterwards ([`Proxy::accept_from`]): the rings, the receive buffers and
+    /// the descriptor table are ready before any client can connect, so no client waits in
+    /// the listen backlog while they are made (`zcio proxy` listens once every thread is
+    /// ready).
+    pub fn prepare(
+        local: std::net::IpAddr,
+        targets: Vec<SocketAddr>,
+        cfg: ProxyConfig,
+    ) -> Result<Self, ProxyError> {
         if targets.is_empty() {
             return Err(ProxyError::NoTarget);
         }
-        let mut rx = Receiver::listen(listener, &cfg.rx)?;
+        let mut rx = Receiver::for_listener_at(local, &cfg.rx)?;
+        // Four descriptors per pair (each socket on the receiver and, duplicated, on the send
+        // ring): the table grows now, not while a burst of clients waits (see
+        // `sys::reserve_descriptors`).
+        let want = (cfg.max_connections as u64)
+            .saturating_mul(FDS_PER_PAIR)
+            .saturating_add(64);
+        let mut setup_notes = Vec::new();
+        if let Err(e) = crate::sys::reserve_descriptors(want) {
+            setup_notes.push(format!(
+                "descriptor table reserved for {want} -> grown on demand (each growth in a \
+                 threaded process waits for an RCU grace period): {e}"
+            ));
+        }
         let mut tx = SendRing::on_receiver(&rx, &SendRingConfig::default())?;
         let poller = if tx.shares_receiver_ring() {
             None
@@ -431,6 +556,7 @@ impl Proxy {
             )?;
             Some(p)
         };
+        let cap = cfg.max_connections.min(1 << 20);
         Ok(Self {
             tx,
             rx,
@@ -439,11 +565,12 @@ impl Proxy {
             targets,
             next_target: 0,
             cfg,
-            slots: Vec::new(),
-            free: Vec::new(),
+            // Sized for the connection limit now rather than grown while clients arrive.
+            slots: Vec::with_capacity(cap),
+            free: Vec::with_capacity(cap),
             active: 0,
-            by_conn: HashMap::new(),
-            by_sock: HashMap::new(),
+            by_conn: HashMap::with_capacity(2 * cap),
+            by_sock: HashMap::with_capacity(2 * cap),
             events: Vec::new(),
             ended: Vec::new(),
             stats: ProxyStats::default(),
@@ -451,7 +578,32 @@ impl Proxy {
             next_timers: Instant::now(),
             bulk: false,
             bulk_refused: None,
+            setup_notes,
+            spilled_noted: false,
+            copying: false,
         })
+    }
+
+    /// Accepts clients from `listener` from now on (a proxy accepts from one listener; see
+    /// [`Proxy::prepare`]).
+    pub fn accept_from(&mut self, listener: TcpListener) -> Result<(), ProxyError> {
+        Ok(self.rx.accept_from(listener)?)
+    }
+
+    /// Forwards new clients to `targets` from now on (round-robin, continuing at the same
+    /// position modulo their number); pairs already open keep their upstream.
+    pub fn set_targets(&mut self, targets: Vec<SocketAddr>) -> Result<(), ProxyError> {
+        if targets.is_empty() {
+            return Err(ProxyError::NoTarget);
+        }
+        self.next_target %= targets.len();
+        self.targets = targets;
+        Ok(())
+    }
+
+    /// The targets new clients are forwarded to.
+    pub fn targets(&self) -> &[SocketAddr] {
+        &self.targets
     }
 
     /// Starts the round-robin at target `i` (modulo their number).
@@ -473,6 +625,7 @@ impl Proxy {
     pub fn fallbacks(&self) -> Vec<String> {
         let mut v: Vec<String> = self.rx.fallbacks().iter().map(|f| f.to_string()).collect();
         v.extend(Report::fallbacks(&self.tx).iter().map(|f| f.to_string()));
+        v.extend(self.setup_notes.iter().cloned());
         v.extend(self.bulk_refused.iter().cloned());
         v
     }
@@ -507,6 +660,8 @@ impl Proxy {
         s.ring_enters = r.ring_enters + self.tx.enters();
         s.syscalls = r.syscalls + c.syscalls;
         s.rx_out_of_buffers = r.enobufs;
+        s.rx_waiting = self.rx.starved() as u64;
+        s.tx_in_flight = self.tx.in_flight() as u64;
         s
     }
 
@@ -601,8 +756,9 @@ impl Proxy {
         if chunks > 0 {
             self.choose_wait(bytes / chunks as usize >= BULK_CHUNK);
         }
+        self.mind_the_ring();
         for ev in events.drain(..) {
-            self.on_event(ev);
+            self.on_event(ev, woke);
         }
         self.events = events;
         self.tx.harvest().map_err(io::Error::other)?;
@@ -616,6 +772,12 @@ impl Proxy {
                     Some(s) if s.gen == gen && s.pair.is_some() => {
                         let p = s.pair.as_mut().expect("checked");
                         p.on_completion(&done, buf, &mut self.rx, &mut self.tx);
+                        let t = p.take_timing();
+                        self.stats.forward_us.add(&t.forward);
+                        self.stats.forward_new_us.add(&t.forward_new);
+                        if let Some(us) = t.first_forward {
+                            self.stats.first_forward_us.record(us, 1);
+                        }
                         self.settle(idx);
                     }
                     _ => drop(buf),
@@ -634,6 +796,7 @@ impl Proxy {
                 break;
             }
         }
+        self.mind_the_ring();
         if self.poller.is_none() {
             // Queued for the receiver's next wait: one enter serves both sides.
             self.tx.prepare();
@@ -696,13 +859,49 @@ impl Proxy {
         (t / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
     }
 
-    fn on_event(&mut self, ev: RxEvent) {
+    /// While three quarters of the receive ring are lent (or a connection waits for a
+    /// buffer), every pair sends heap copies of its chunks and copies what it has queued, so
+    /// the buffers go back at once: sends to peers that do not read hold their buffers until
+    /// those peers read, and a few such pairs could otherwise hold the whole ring, and stop
+    /// every connection of the thread (a client that reads its connections in turn then waits
+    /// forever). The copies are counted in [`ProxyStats::spilled_bytes`] and recorded once as a
+    /// fallback. Costs one pass over the pairs per turn while the ring is low.
+    fn mind_the_ring(&mut self) {
+        let (lent, total) = self.rx.lent();
+        let low = (total > 0 && lent * 4 >= total * 3) || self.rx.starved() > 0;
+        if !low && !self.copying {
+            return;
+        }
+        let mut n = 0;
+        for s in &mut self.slots {
+            if let Some(p) = s.pair.as_mut() {
+                n += p.set_copy_sends(low);
+                if low {
+                    n += p.spill();
+                }
+            }
+        }
+        self.copying = low;
+        if n > 0 {
+            self.stats.spilled_bytes += n as u64;
+            if !self.spilled_noted {
+                self.spilled_noted = true;
+                self.setup_notes.push(
+                    "receive ring 3/4 lent (sends waiting on peers that do not read) -> chunks \
+                     copied to the heap while it is (ProxyStats::spilled_bytes)"
+                        .to_string(),
+                );
+            }
+        }
+    }
+
+    fn on_event(&mut self, ev: RxEvent, woke: Instant) {
         match ev {
             RxEvent::Accepted(c) => self.open_pair(c),
             RxEvent::Data(chunk) => {
                 if let Some(&idx) = self.by_conn.get(&chunk.conn()) {
                     if let Some(p) = self.slots[idx as usize].pair.as_mut() {
-                        p.on_data(chunk, &mut self.rx, &mut self.tx);
+                        p.on_data_at(chunk, woke, &mut self.rx, &mut self.tx);
                     }
                     self.settle(idx);
                 }

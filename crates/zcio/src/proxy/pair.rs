@@ -1,7 +1,7 @@
 //! One forwarded connection pair: received chunks queued per direction, sent in place on the
 //! other socket, and dropped (returned to the receiver) only at their send's completion.
 
-use super::{End, EndKind, Limits, Side};
+use super::{End, EndKind, Limits, Side, UsLog2};
 use crate::rx::{ConnId, Receiver, RxChunk};
 use crate::sys::net;
 use crate::tx::{Completion, SendRing, SockId, TxBuf};
@@ -36,6 +36,11 @@ struct Flow {
     bytes: u64,
     peak: usize,
     pauses: u64,
+    /// When each held chunk was received, oldest first (completions come back in send
+    /// order per socket).
+    received: VecDeque<Instant>,
+    /// Chunks completed so far.
+    done: u64,
 }
 
 impl Flow {
@@ -86,11 +91,32 @@ pub struct Pair {
     /// The upstream ended before it was established, and a send to it is still to complete
     /// (with the connect's error).
     connect_lost: bool,
+    /// A send to the upstream has completed (the first byte forwarded).
+    first_done: bool,
     started: Instant,
     last_active: Instant,
     limits: Limits,
     end: Option<End>,
+    timing: Timing,
+    /// Send heap copies of chunks ([`Pair::set_copy_sends`]).
+    copy_sends: bool,
+    /// Bytes sent as copies since the last [`Pair::set_copy_sends`].
+    copied: usize,
 }
+
+/// What a pair measured of its own latency, taken by the [`super::Proxy`] that runs it.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Timing {
+    /// Per chunk: received → its send completed.
+    pub(super) forward: UsLog2,
+    /// The same for the first [`NEW_CHUNKS`] chunks of each direction.
+    pub(super) forward_new: UsLog2,
+    /// The pair made → the first send to the upstream completed (once).
+    pub(super) first_forward: Option<u64>,
+}
+
+/// Chunks per direction counted as a new pair's in [`Timing::forward_new`].
+pub(super) const NEW_CHUNKS: u64 = 2;
 
 impl Pair {
     /// A pair for a client and an upstream socket already added to `rx` (receiving) and to the
@@ -118,11 +144,48 @@ impl Pair {
             flows: [Flow::default(), Flow::default()],
             connected: false,
             connect_lost: false,
+            first_done: false,
             started: now,
             last_active: now,
             limits,
             end: None,
+            timing: Timing::default(),
+            copy_sends: false,
+            copied: 0,
         }
+    }
+
+    /// Copies the chunks waiting for the send ring (refused: the destination is full) to the
+    /// heap and drops them, which gives their receive buffers back; returns the bytes copied.
+    /// For a receive ring run dry while pairs wait on slow peers (see `docs/design/proxy.md`,
+    /// "A dry ring and slow peers"): the bytes stay queued in order and still count against
+    /// the pair's limits.
+    pub fn spill(&mut self) -> usize {
+        let mut n = 0;
+        for f in &mut self.flows {
+            for b in f.queue.iter_mut() {
+                if let TxBuf::Chunk(c) = b {
+                    let v = c.to_vec();
+                    n += v.len();
+                    *b = TxBuf::Vec(v);
+                }
+            }
+        }
+        n
+    }
+
+    /// While `on`, chunks are sent as heap copies and their receive buffers go back at once
+    /// (set by [`super::Proxy`] while most of the receive ring is lent: sends to peers that do
+    /// not read could otherwise hold every buffer, and no connection of the thread could
+    /// receive). Returns the bytes copied so far and resets the count.
+    pub fn set_copy_sends(&mut self, on: bool) -> usize {
+        self.copy_sends = on;
+        std::mem::take(&mut self.copied)
+    }
+
+    /// Takes what the pair measured since the last call.
+    pub(super) fn take_timing(&mut self) -> Timing {
+        std::mem::take(&mut self.timing)
     }
 
     /// The token given to [`Pair::new`].
@@ -226,6 +289,18 @@ impl Pair {
     /// Bytes received from one of the pair's connections: queued for the other side and sent
     /// in order, as far as the send ring takes them.
     pub fn on_data(&mut self, chunk: RxChunk, rx: &mut Receiver, tx: &mut SendRing) {
+        self.on_data_at(chunk, Instant::now(), rx, tx)
+    }
+
+    /// [`Pair::on_data`] for a chunk received at `received` (the caller's wait returned
+    /// then): the pair's latency figures count from there.
+    pub fn on_data_at(
+        &mut self,
+        chunk: RxChunk,
+        received: Instant,
+        rx: &mut Receiver,
+        tx: &mut SendRing,
+    ) {
         let Some(side) = self.side_of_conn(chunk.conn()) else {
             return;
         };
@@ -235,11 +310,12 @@ impl Pair {
         if side == Side::Upstream {
             self.connected = true;
         }
-        self.last_active = Instant::now();
+        self.last_active = received;
         let dir = Self::flow_from(side);
         let f = &mut self.flows[dir];
         f.queued += chunk.len();
         f.chunks += 1;
+        f.received.push_back(received);
         f.queue.push_back(TxBuf::Chunk(chunk));
         f.peak = f.peak.max(f.held());
         self.pump(dir, rx, tx);
@@ -336,6 +412,20 @@ impl Pair {
         if self.end.is_some() {
             return;
         }
+        let now = Instant::now();
+        if let Some(t) = f.received.pop_front() {
+            let us = now.saturating_duration_since(t).as_micros() as u64;
+            self.timing.forward.record(us, 1);
+            if f.done < NEW_CHUNKS {
+                self.timing.forward_new.record(us, 1);
+            }
+            f.done += 1;
+        }
+        if dst == Side::Upstream && !self.first_done && done.result().is_ok() {
+            self.first_done = true;
+            let us = now.saturating_duration_since(self.started).as_micros() as u64;
+            self.timing.first_forward = Some(us);
+        }
         if self.connect_lost && done.result().is_ok() {
             let detail = "upstream: closed before the connection was established".to_string();
             self.abort(
@@ -352,7 +442,7 @@ impl Pair {
                     // The kernel sent on it: the handshake completed.
                     self.connected = true;
                 }
-                self.last_active = Instant::now();
+                self.last_active = now;
                 self.pump(dir, rx, tx);
             }
             Err(e) => {
@@ -425,8 +515,16 @@ impl Pair {
         let dst = self.sock(Self::src(1 - dir));
         let token = self.token;
         let f = &mut self.flows[dir];
-        while let Some(buf) = f.queue.pop_front() {
+        while let Some(mut buf) = f.queue.pop_front() {
             let len = buf.len();
+            if self.copy_sends {
+                if let TxBuf::Chunk(c) = &buf {
+                    // The receive ring is low: the kernel gets a heap copy, the buffer goes
+                    // back now instead of at a completion a stuck peer may never allow.
+                    self.copied += len;
+                    buf = TxBuf::Vec(c.to_vec());
+                }
+            }
             match tx.send_with(dst, buf, token) {
                 Ok(_) => {
                     f.queued -= len;
@@ -451,6 +549,14 @@ impl Pair {
         if f.eof && !f.shut && f.queue.is_empty() && f.in_kernel == 0 {
             // Every byte before the end of stream completed: forward the half-close.
             f.shut = true;
+            if dir == 0 && !self.connected {
+                // A client that closes before any byte went either way: whether the upstream
+                // was reached is known now or never (after the half-close the socket may
+                // close before its end is seen), and the pair's end depends on it.
+                if let Some(Ok(true)) = tx.socket(dst).map(|fd| net::connect_done(&fd)) {
+                    self.connected = true;
+                }
+            }
             if let Some(fd) = tx.socket(dst) {
                 if let Err(e) = net::shutdown_write(&fd) {
                     // The peer is gone (ENOTCONN after its reset): the pair ends there.
@@ -539,6 +645,7 @@ impl Pair {
         }
         for f in &mut self.flows {
             f.queue.clear();
+            f.received.clear();
             f.queued = 0;
             f.in_kernel = 0;
             f.chunks = 0;

@@ -499,6 +499,11 @@ pub(crate) trait Backend {
     fn starved(&self) -> usize {
         0
     }
+    /// Receive buffers (or zcrx ranges) lent to the application now, and how many there
+    /// are (`(0, 0)` where receives do not take them from a shared ring).
+    fn lent(&self) -> (u64, u64) {
+        (0, 0)
+    }
     /// The backend's readiness descriptor (created on first call).
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>>;
     /// Clears the readiness descriptor after a harvest; true when work came in meanwhile.
@@ -567,6 +572,9 @@ impl Backend for RxBackend {
     fn starved(&self) -> usize {
         each_backend!(self, b => b.starved())
     }
+    fn lent(&self) -> (u64, u64) {
+        each_backend!(self, b => b.lent())
+    }
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
         each_backend!(self, b => b.notify_fd())
     }
@@ -592,6 +600,8 @@ pub struct Receiver {
     counters: RxCounters,
     fallbacks: Vec<Fallback>,
     queue: VecDeque<RxEvent>,
+    /// A listener was given (one per receiver).
+    listening: bool,
 }
 
 impl std::fmt::Debug for Receiver {
@@ -616,7 +626,29 @@ impl Receiver {
         let local = listener.local_addr()?.ip();
         let mut r = Self::build(cfg, Some(local))?;
         r.backend.listen(listener)?;
+        r.listening = true;
         Ok(r)
+    }
+
+    /// A receiver that will accept from a listener on `local` ([`Receiver::accept_from`]),
+    /// built before that listener exists: its backend is chosen as [`Receiver::listen`] would
+    /// choose it for that address.
+    pub(crate) fn for_listener_at(local: IpAddr, cfg: &RxConfig) -> Result<Self, RxError> {
+        Self::build(cfg, Some(local))
+    }
+
+    /// Accepts connections from `listener` from now on (a receiver accepts from one
+    /// listener).
+    pub(crate) fn accept_from(&mut self, listener: TcpListener) -> io::Result<()> {
+        if self.listening {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the receiver already accepts from a listener",
+            ));
+        }
+        self.backend.listen(listener)?;
+        self.listening = true;
+        Ok(())
     }
 
     fn build(cfg: &RxConfig, local: Option<IpAddr>) -> Result<Self, RxError> {
@@ -679,6 +711,7 @@ impl Receiver {
             counters: RxCounters::default(),
             fallbacks,
             queue: VecDeque::new(),
+            listening: false,
         })
     }
 
@@ -741,6 +774,13 @@ impl Receiver {
     /// an event loop that dropped chunks while this is non-zero harvests once more.
     pub fn starved(&self) -> usize {
         self.backend.starved()
+    }
+
+    /// Receive buffers (or zcrx area ranges) lent to the application now (chunks alive), and
+    /// the ring's total; `(0, 0)` on the plain backend, whose buffers are not shared by a
+    /// ring the kernel takes from.
+    pub fn lent(&self) -> (u64, u64) {
+        self.backend.lent()
     }
 
     /// Waits up to `timeout` for events and passes each to `f`. Returns the number of events.

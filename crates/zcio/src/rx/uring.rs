@@ -549,6 +549,13 @@ impl<C: Cqe> Backend for RingRx<C> {
     fn starved(&self) -> usize {
         self.waiting.len()
     }
+    fn lent(&self) -> (u64, u64) {
+        // Provided buffers only: a zcrx area's ranges are not counted here.
+        match &self.bufs {
+            Some(b) => (u64::from(b.lent()), u64::from(b.entries())),
+            None => (0, 0),
+        }
+    }
     fn set_wait(&mut self, batch: usize, min_wait: Duration) -> bool {
         let ok = batch <= 1 || min_wait.is_zero() || self.rr.ring().has_min_wait();
         self.batch = batch.max(1);

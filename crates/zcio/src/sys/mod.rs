@@ -307,6 +307,25 @@ pub fn raise_rlimit(resource: libc::__rlimit_resource_t) -> io::Result<Option<u6
     Ok((rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur))
 }
 
+/// Grows the process's descriptor table to hold descriptor numbers below `n` (at most the
+/// soft `RLIMIT_NOFILE`), by placing a descriptor at `n - 1` and closing it; returns the
+/// size now reserved. The kernel never shrinks the table, and growing it in a process with
+/// more than one thread waits for an RCU grace period (`expand_fdtable` calls
+/// `synchronize_rcu` when the table is shared): done once before the descriptors are needed,
+/// no later `accept`, `socket` or `dup` waits for it.
+pub fn reserve_descriptors(n: u64) -> io::Result<u64> {
+    let cap = getrlimit(libc::RLIMIT_NOFILE)?.0.unwrap_or(u64::MAX);
+    let n = n.min(cap).min(i32::MAX as u64);
+    if n == 0 {
+        return Ok(0);
+    }
+    let fd = eventfd(0)?;
+    // SAFETY: F_DUPFD_CLOEXEC takes plain integers; returns a new descriptor or -1.
+    let high = syscall!(fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, (n - 1) as i32))?;
+    drop(owned(high));
+    Ok(n)
+}
+
 /// Effective user id is 0.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.

@@ -432,6 +432,19 @@ pub fn tcp_info(fd: &impl AsRawFd) -> io::Result<TcpInfo> {
 /// knows at once (`ENETUNREACH`, `EADDRNOTAVAIL`, …) are returned. The outcome of a started
 /// connect shows as the socket's error (`SO_ERROR`, `EPOLLERR`, a receive's result).
 pub fn connect_start(addr: std::net::SocketAddr) -> io::Result<std::os::fd::OwnedFd> {
+    let fd = stream_socket(&addr)?;
+    let (sa, len) = sockaddr_any(&addr);
+    let ptr = (&sa as *const libc::sockaddr_storage).cast::<libc::sockaddr>();
+    // SAFETY: `ptr`/`len` describe `sa`, which lives for the call.
+    match syscall!(connect(fd.as_raw_fd(), ptr, len)) {
+        Ok(_) => Ok(fd),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(fd),
+        Err(e) => Err(e),
+    }
+}
+
+/// A non-blocking, close-on-exec TCP socket of `addr`'s family.
+fn stream_socket(addr: &std::net::SocketAddr) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     let family = match addr {
         std::net::SocketAddr::V4(_) => libc::AF_INET,
@@ -444,14 +457,21 @@ pub fn connect_start(addr: std::net::SocketAddr) -> io::Result<std::os::fd::Owne
         0
     ))?;
     // SAFETY: a fresh descriptor we own.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
-    let res = match addr {
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) })
+}
+
+/// `addr` as a `sockaddr_storage` and its length.
+fn sockaddr_any(addr: &std::net::SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: an all-zero sockaddr_storage is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
         std::net::SocketAddr::V4(a) => {
-            let sa = sockaddr_v4(a);
-            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            let ptr = (&sa as *const libc::sockaddr_in).cast::<libc::sockaddr>();
-            // SAFETY: `ptr`/`len` describe `sa`, which lives for the call.
-            syscall!(connect(fd.as_raw_fd(), ptr, len))
+            let sa = sockaddr_v4(*a);
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe {
+                std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sa);
+            }
+            std::mem::size_of::<libc::sockaddr_in>()
         }
         std::net::SocketAddr::V6(a) => {
             // SAFETY: an all-zero sockaddr_in6 is valid.
@@ -461,17 +481,33 @@ pub fn connect_start(addr: std::net::SocketAddr) -> io::Result<std::os::fd::Owne
             sa.sin6_addr.s6_addr = a.ip().octets();
             sa.sin6_flowinfo = a.flowinfo();
             sa.sin6_scope_id = a.scope_id();
-            let len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
-            let ptr = (&sa as *const libc::sockaddr_in6).cast::<libc::sockaddr>();
-            // SAFETY: `ptr`/`len` describe `sa`, which lives for the call.
-            syscall!(connect(fd.as_raw_fd(), ptr, len))
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe {
+                std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sa);
+            }
+            std::mem::size_of::<libc::sockaddr_in6>()
         }
     };
-    match res {
-        Ok(_) => Ok(fd),
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(fd),
-        Err(e) => Err(e),
-    }
+    (ss, len as libc::socklen_t)
+}
+
+/// A TCP listener on `addr` with a listen backlog of `backlog` (the kernel caps it at
+/// `net.core.somaxconn`; `std::net::TcpListener::bind` asks for 128, which a burst of new
+/// connections overflows: the SYNs beyond it are dropped and retried a second later).
+/// `SO_REUSEADDR` is set, as `std` sets it. Blocking, as `std` returns it.
+pub fn listen_tcp(addr: std::net::SocketAddr, backlog: u32) -> io::Result<std::net::TcpListener> {
+    let fd = stream_socket(&addr)?;
+    setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    let (sa, len) = sockaddr_any(&addr);
+    let ptr = (&sa as *const libc::sockaddr_storage).cast::<libc::sockaddr>();
+    // SAFETY: `ptr`/`len` describe `sa`, which lives for the call.
+    syscall!(bind(fd.as_raw_fd(), ptr, len))?;
+    let backlog = backlog.min(i32::MAX as u32) as i32;
+    // SAFETY: plain integers.
+    syscall!(listen(fd.as_raw_fd(), backlog))?;
+    let l = std::net::TcpListener::from(fd);
+    l.set_nonblocking(false)?;
+    Ok(l)
 }
 
 /// Whether a socket whose connect was started is connected now: `Ok(true)` once the

@@ -8,8 +8,18 @@
 //!   kernel entries per MB (`perf stat -e raw_syscalls:sys_enter -p PID`: every syscall of
 //!   every thread of the proxy process, `io_uring_enter` included, counted the same way for
 //!   every proxy).
-//! - Request/response: wrk, 100 connections, 1 KiB responses from nginx through the proxy:
-//!   req/s, p99, proxy CPU per request.
+//! - Request/response: wrk, 1 KiB responses from nginx through the proxy: req/s, p50, p99,
+//!   p99.9 (wrk's own percentiles, from a `done` script), proxy CPU per request. Two states of
+//!   the proxy, both for every proxy in the comparison: *cold*, the first second(s) after the
+//!   proxy started, 100 connections arriving at once (what a restarted, scaled-out or reloaded
+//!   proxy lives through); *warm*, the same run after a 2 s warm-up on the running proxy.
+//!   `--full` adds a warm sweep at 1, 10 and 1,000 connections and a cold run with 1,000
+//!   connections, against HAProxy without splice (100 connections are the default rows).
+//! - Open loop: `h2load --h1 --rps` from 100 connections on a warm proxy, at 90% (`--full`:
+//!   50% and 90%) of the slowest proxy's warm maximum against HAProxy without splice (the
+//!   median req/s of the warm 100-connection case of the same run): p50/p99/p99.9 from
+//!   h2load's per-request log. Closed-loop wrk slows its requests down when answers are late,
+//!   which hides queueing; a fixed rate does not.
 //!
 //! `ZCIO_BENCH_ONLY=substring` runs only the cases whose name contains it (e.g. `req/resp`,
 //! `veth`, `vs nginx`).
@@ -35,8 +45,17 @@ const BULK: &[MetricDef] = &[
 
 const RR: &[MetricDef] = &[
     MetricDef::new("req_per_s", "req/s", Better::Higher),
+    MetricDef::new("p50_latency", "ms", Better::Lower),
     MetricDef::new("p99_latency", "ms", Better::Lower),
+    MetricDef::new("p999_latency", "ms", Better::Lower),
     MetricDef::new("proxy_cpu_per_req", "us", Better::Lower),
+];
+
+const OPEN: &[MetricDef] = &[
+    MetricDef::new("req_per_s", "req/s", Better::Higher),
+    MetricDef::new("p50_latency", "ms", Better::Lower),
+    MetricDef::new("p99_latency", "ms", Better::Lower),
+    MetricDef::new("p999_latency", "ms", Better::Lower),
 ];
 
 const CONNS: usize = 4;
@@ -138,25 +157,123 @@ impl Suite for ProxySuite {
             }
             Err(e) => ctx.note(format!("veth case not run: {e}")),
         }
-        // Request/response to nginx.
-        let rr_case = |b: Kind| format!("1 KiB req/resp, wrk 100 conns, vs {}", b.short());
-        if !baselines.iter().any(|&b| super::tx::wanted(&rr_case(b))) {
+        // Request/response to nginx: cold (a fresh proxy's first run) and warm (after a
+        // warm-up on the running proxy), then the warm sweep.
+        let rr_case = |b: Kind, warm: bool, conns: usize| {
+            format!(
+                "1 KiB req/resp {}, wrk {conns} conns, vs {}",
+                if warm {
+                    "warm (after 2 s)"
+                } else {
+                    "cold (fresh proxy)"
+                },
+                b.short()
+            )
+        };
+        let mut cases: Vec<(Kind, bool, usize)> = Vec::new();
+        for warm in [false, true] {
+            cases.extend(baselines.iter().map(|&b| (b, warm, 100)));
+        }
+        // --full: the warm sweep, and 1,000 connections arriving at a fresh proxy at once.
+        let full: &[(Kind, bool, usize)] = &[
+            (Kind::HaproxyCopy, true, 1),
+            (Kind::HaproxyCopy, true, 10),
+            (Kind::HaproxyCopy, true, 1000),
+            (Kind::HaproxyCopy, false, 1000),
+        ];
+        cases.extend_from_slice(ctx.pick(&[][..], full));
+        cases.retain(|&(b, w, n)| super::tx::wanted(&rr_case(b, w, n)));
+        if cases.is_empty() {
             return Ok(());
         }
         let web = Web::start(&dir)?;
-        for b in baselines {
-            let case = rr_case(b);
-            if !super::tx::wanted(&case) {
-                continue;
-            }
+        std::fs::write(dir.join("pct.lua"), WRK_PCT)?;
+        // The warm 100-connection rates of the case against HAProxy without splice: the
+        // slowest proxy's maximum sets the open-loop rates below.
+        let warm_rates = std::cell::RefCell::new((Vec::new(), Vec::new()));
+        for (b, warm, conns) in cases {
+            let run = Rr {
+                web: &web,
+                dir: &dir,
+                secs,
+                conns,
+                warm,
+            };
+            let keep = warm && conns == 100 && b == Kind::HaproxyCopy;
             ctx.compare(
-                &case,
+                &rr_case(b, warm, conns),
                 (b.label(), Kind::Zcio.label()),
                 RR,
-                || rr(b, &web, &dir, secs),
-                || rr(Kind::Zcio, &web, &dir, secs),
+                || {
+                    let s = run.run(b)?;
+                    if keep {
+                        warm_rates
+                            .borrow_mut()
+                            .0
+                            .extend(s.values.get("req_per_s").copied());
+                    }
+                    Ok(s)
+                },
+                || {
+                    let s = run.run(Kind::Zcio)?;
+                    if keep {
+                        warm_rates
+                            .borrow_mut()
+                            .1
+                            .extend(s.values.get("req_per_s").copied());
+                    }
+                    Ok(s)
+                },
             )?;
         }
+        // Open loop: requests at a fixed rate whatever the answers do (h2load --rps), so a
+        // slow answer does not slow the load down as wrk's closed loop does.
+        let (a, z) = warm_rates.into_inner();
+        let open_case = |pct: u32| {
+            format!("1 KiB req/resp open loop at {pct}% of the slowest max, h2load 100 conns, vs haproxy no-splice")
+        };
+        let fracs: &[u32] = ctx.pick(&[90][..], &[50, 90][..]);
+        if which("h2load").is_none() {
+            ctx.note("open-loop rows not run: h2load not installed (nghttp2-client; scripts/deps)");
+        } else if a.is_empty() || z.is_empty() {
+            ctx.note(
+                "open-loop rows not run: the warm case against HAProxy without splice was not",
+            );
+        } else {
+            let slowest = super::super::stats(&a).0.min(super::super::stats(&z).0);
+            for &pct in fracs {
+                let case = open_case(pct);
+                if !super::tx::wanted(&case) {
+                    continue;
+                }
+                let rate = slowest * f64::from(pct) / 100.0;
+                let run = Rr {
+                    web: &web,
+                    dir: &dir,
+                    secs: secs.max(2.0),
+                    conns: 100,
+                    warm: true,
+                };
+                ctx.compare(
+                    &case,
+                    (Kind::HaproxyCopy.label(), Kind::Zcio.label()),
+                    OPEN,
+                    || run.open_loop(Kind::HaproxyCopy, rate),
+                    || run.open_loop(Kind::Zcio, rate),
+                )?;
+                ctx.note(format!(
+                    "{case}: {rate:.0} req/s in all ({:.0} per connection), after a 2 s wrk \
+                     warm-up; latencies from h2load's per-request log",
+                    rate / 100.0
+                ));
+            }
+        }
+        ctx.note(
+            "req/resp: cold = wrk's first run on a proxy started just before it (100 \
+             connections arrive at once); warm = a 2 s wrk run on the same proxy first, not \
+             measured. p50/p99/p99.9 are wrk's (closed loop: each connection sends its next \
+             request after the answer)",
+        );
         Ok(())
     }
 }
@@ -294,7 +411,7 @@ impl Proc {
                     &conf,
                     format!(
                         "load_module {STREAM_MODULE};\nmaster_process off;\ndaemon off;\n\
-                         worker_processes 1;\nerror_log {}/logs/error.log;\npid {}/nginx.pid;\n\
+                         worker_processes 1;\nworker_rlimit_nofile 8192;\nerror_log {}/logs/error.log;\npid {}/nginx.pid;\n\
                          events {{ worker_connections 4096; }}\n\
                          stream {{ server {{ listen {listen}; proxy_pass {to}; }} }}\n",
                         prefix.display(),
@@ -572,16 +689,24 @@ fn zcio_note(v: &serde_json::Value) -> String {
             s.hold_us_quantile(x)
                 .map_or("-".into(), |u| format!("<{u}"))
         };
+        let h = |x: &zcio::proxy::UsLog2| x.quantile(0.99).map_or("-".into(), |u| format!("<{u}"));
         format!(
             "; loop: {} turns, {} chunks, harvest max {}, chunk harvest->send issue p50 {} \
-             p99 {} us, waits capped at 5 ms that timed out {}, batched (bulk) waits {}",
+             p99 {} us, chunk received->send completed p99 {} us (first two per direction \
+             of a pair: p99 {} us), accept->first byte forwarded p99 {} us, waits capped at \
+             5 ms that timed out {}, batched (bulk) waits {}, bytes copied to the heap while \
+             the receive ring was low {}",
             s.turns,
             s.chunks,
             s.turn_chunks_max,
             q(0.5),
             q(0.99),
+            h(&s.forward_us),
+            h(&s.forward_new_us),
+            h(&s.first_forward_us),
             s.capped_waits,
-            s.bulk_waits
+            s.bulk_waits,
+            s.spilled_bytes
         )
     });
     format!(
@@ -614,7 +739,7 @@ impl Web {
             &conf,
             format!(
                 "master_process off;\ndaemon off;\nworker_processes 1;\n\
-                 error_log {p}/logs/error.log;\npid {p}/nginx.pid;\n\
+                 worker_rlimit_nofile 8192;\nerror_log {p}/logs/error.log;\npid {p}/nginx.pid;\n\
                  events {{ worker_connections 4096; }}\n\
                  http {{ access_log off; keepalive_requests 1000000; \
                  server {{ listen {addr}; root {p}/html; }} }}\n",
@@ -649,34 +774,124 @@ impl Drop for Web {
     }
 }
 
-fn rr(kind: Kind, web: &Web, dir: &TempDir, secs: f64) -> Result<Sample> {
-    let lo = std::net::Ipv4Addr::LOCALHOST.into();
-    let listen = SocketAddr::new(lo, free_port(None, lo)?);
-    let p = Proc::start(kind, None, listen, web.addr, dir)?;
-    let cpu0 = p.cpu();
-    let out = Command::new(which("wrk").expect("checked"))
-        .args(["-t2", "-c100", "--latency", "--timeout", "5s"])
-        .arg(format!("-d{}s", secs.ceil() as u64))
-        .arg(format!("http://{listen}/file"))
-        .output()
-        .context("running wrk")?;
-    let cpu = p.cpu() - cpu0;
-    let stats = p.stop()?;
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    if !out.status.success() || text.contains("Non-2xx") || text.contains("Socket errors") {
-        bail!("wrk through {} reported errors: {text}", kind.label());
+/// wrk's `done` hook: its own latency percentiles (µs) on one line.
+const WRK_PCT: &str = "done = function(summary, latency, requests)\n  \
+    io.write(string.format(\"PCT p50=%.0f p99=%.0f p999=%.0f\\n\", \
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9)))\nend\n";
+
+/// One request/response run's set-up.
+struct Rr<'a> {
+    web: &'a Web,
+    dir: &'a TempDir,
+    secs: f64,
+    conns: usize,
+    /// Run wrk for 2 s first, unmeasured.
+    warm: bool,
+}
+
+impl Rr<'_> {
+    fn wrk(&self, listen: SocketAddr, secs: f64) -> Result<String> {
+        let out = Command::new(which("wrk").expect("checked"))
+            .arg(format!("-t{}", self.conns.min(2)))
+            .arg(format!("-c{}", self.conns))
+            .args(["--latency", "--timeout", "5s", "-s"])
+            .arg(self.dir.join("pct.lua"))
+            .arg(format!("-d{}s", secs.ceil() as u64))
+            .arg(format!("http://{listen}/file"))
+            .output()
+            .context("running wrk")?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if !out.status.success() || text.contains("Non-2xx") || text.contains("Socket errors") {
+            bail!("wrk reported errors: {text}");
+        }
+        Ok(text)
     }
-    let super::wrk::WrkOut {
-        rps,
-        p99_ms: p99,
-        reqs,
-    } = super::wrk::parse(&text, secs)?;
-    let mut s = Sample::default();
-    s.set("req_per_s", rps)
-        .set("p99_latency", p99)
-        .set("proxy_cpu_per_req", cpu / reqs.max(1.0) * 1e6);
-    if let Some(v) = stats {
-        s.note(zcio_note(&v));
+
+    /// A warm proxy, then `rate` requests per second in all from 100 connections for
+    /// `secs` (`h2load --h1 --rps`), whatever the answers do.
+    fn open_loop(&self, kind: Kind, rate: f64) -> Result<Sample> {
+        let lo = std::net::Ipv4Addr::LOCALHOST.into();
+        let listen = SocketAddr::new(lo, free_port(None, lo)?);
+        let p = Proc::start(kind, None, listen, self.web.addr, self.dir)?;
+        self.wrk(listen, 2.0)
+            .with_context(|| format!("warm-up through {}", kind.label()))?;
+        let log = self.dir.join(format!("h2load-{}.log", listen.port()));
+        let per_conn = (rate / self.conns as f64).max(1.0);
+        let out = Command::new(which("h2load").expect("checked"))
+            .args(["--h1", "-t", "1"])
+            .arg(format!("-c{}", self.conns))
+            .arg(format!("--rps={per_conn:.1}"))
+            .arg(format!("-D{}", self.secs.ceil() as u64))
+            .arg(format!("--log-file={}", log.display()))
+            .arg(format!("http://{listen}/file"))
+            .output()
+            .context("running h2load")?;
+        let _ = p.stop()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if !out.status.success() {
+            bail!("h2load through {}: {text}", kind.label());
+        }
+        let mut us: Vec<f64> = Vec::new();
+        let mut failed = 0u64;
+        for l in std::fs::read_to_string(&log)?.lines() {
+            let f: Vec<&str> = l.split('\t').collect();
+            match (f.get(1), f.get(2).and_then(|d| d.parse::<f64>().ok())) {
+                (Some(&"200"), Some(d)) => us.push(d),
+                _ => failed += 1,
+            }
+        }
+        if failed > 0 || us.is_empty() {
+            bail!(
+                "h2load through {}: {failed} failed requests of {}: {text}",
+                kind.label(),
+                us.len() as u64 + failed
+            );
+        }
+        us.sort_by(|x, y| x.total_cmp(y));
+        let q =
+            |q: f64| us[((us.len() as f64 * q).ceil() as usize).clamp(1, us.len()) - 1] / 1000.0;
+        let mut s = Sample::default();
+        s.set("req_per_s", us.len() as f64 / self.secs.ceil())
+            .set("p50_latency", q(0.5))
+            .set("p99_latency", q(0.99))
+            .set("p999_latency", q(0.999));
+        Ok(s)
     }
-    Ok(s)
+
+    fn run(&self, kind: Kind) -> Result<Sample> {
+        let lo = std::net::Ipv4Addr::LOCALHOST.into();
+        let listen = SocketAddr::new(lo, free_port(None, lo)?);
+        let p = Proc::start(kind, None, listen, self.web.addr, self.dir)?;
+        if self.warm {
+            self.wrk(listen, 2.0)
+                .with_context(|| format!("warm-up through {}", kind.label()))?;
+        }
+        let cpu0 = p.cpu();
+        let text = self
+            .wrk(listen, self.secs)
+            .with_context(|| format!("through {}", kind.label()))?;
+        let cpu = p.cpu() - cpu0;
+        let stats = p.stop()?;
+        let super::wrk::WrkOut { rps, reqs, .. } = super::wrk::parse(&text, self.secs)?;
+        let pct = |k: &str| -> Result<f64> {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("PCT "))
+                .ok_or_else(|| anyhow!("wrk's percentile line missing: {text}"))?;
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(k)?.strip_prefix('=')?.parse::<f64>().ok())
+                .map(|us| us / 1000.0)
+                .ok_or_else(|| anyhow!("{k} missing: {line}"))
+        };
+        let mut s = Sample::default();
+        s.set("req_per_s", rps)
+            .set("p50_latency", pct("p50")?)
+            .set("p99_latency", pct("p99")?)
+            .set("p999_latency", pct("p999")?)
+            .set("proxy_cpu_per_req", cpu / reqs.max(1.0) * 1e6);
+        if let Some(v) = stats {
+            s.note(zcio_note(&v));
+        }
+        Ok(s)
+    }
 }
