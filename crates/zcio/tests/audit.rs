@@ -137,6 +137,8 @@ fn a_consumer_stopped_mid_storm_reports_the_kernels_lost_count() {
     let Some(mut host) = AuditHost::take(t, false) else {
         return;
     };
+    // The kernel's counter read by the test itself, around the consumer's whole life.
+    let before = audit_status().unwrap().lost;
     let mut a = Audit::open(AuditConfig {
         mode: AuditMode::Primary,
         fallback: false,
@@ -150,14 +152,13 @@ fn a_consumer_stopped_mid_storm_reports_the_kernels_lost_count() {
     assert_eq!((s.backlog_limit, s.backlog_wait_time), (64, 0));
     let (file, key) = host.watch("stopped");
     const N: usize = 3000;
-    let before = audit_status().unwrap().lost;
     // Not reading: the socket fills, then the kernel's backlog, then it drops.
     let mut child = storm(&file, N);
     assert!(child.wait().unwrap().success());
     let (evs, _) = collect(&mut a, Duration::from_secs(3), |_| false, &key);
     a.flush(|_| {});
-    let after = audit_status().unwrap().lost;
     let st = a.stats();
+    let after = audit_status().unwrap().lost;
     eprintln!(
         "{t}: {} events of {N} whole; {st:?}\n{}",
         evs.len(),
@@ -167,12 +168,22 @@ fn a_consumer_stopped_mid_storm_reports_the_kernels_lost_count() {
         after > before,
         "the kernel lost nothing: the storm was too small"
     );
-    assert_eq!(
-        st.kernel_lost_now.unwrap() - st.kernel_lost_at_open.unwrap(),
-        after - before
+    // The consumer's own reads of the counter (at open, at stats) lie between the test's, and
+    // what it reports is their difference, exactly. (Equal to the test's difference where
+    // nothing else makes records; a guest's own activity lost 5 more between the reads.)
+    let (open, now) = (st.kernel_lost_at_open.unwrap(), st.kernel_lost_now.unwrap());
+    assert!(
+        before <= open && open <= now && now <= after,
+        "{before} {open} {now} {after}"
     );
     assert!(st.loss.exact);
-    assert_eq!(st.loss.at_least, u64::from(after - before));
+    assert_eq!(st.loss.at_least, u64::from(now - open));
+    assert!(
+        now - open >= (after - before) / 2,
+        "the consumer saw {} of the {} records the kernel lost during the test",
+        now - open,
+        after - before
+    );
     assert!(
         st.loss_summary().starts_with("LOSS: lost"),
         "{}",
