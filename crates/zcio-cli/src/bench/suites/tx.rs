@@ -419,10 +419,16 @@ const SCALE_METRICS: &[MetricDef] = &[
 fn scale_sample(r: &super::tx_scale::ScaleReport) -> Sample {
     let mut s = Sample::default();
     s.set("sender_cpu_per_send", r.cpu_us_per_send())
-        .set("on_ready_mean", r.on_ready_mean_us())
-        .set("empty_wakeups", r.empty_wake_fraction())
         .set("throughput", r.gbit_s())
         .set("copied_fraction", r.copied_fraction);
+    // Absent, not 0, when the loop never slept on the descriptor (the row then has no value
+    // for them; the note says how many calls and wake-ups there were).
+    if let Some(m) = r.on_ready_mean_us() {
+        s.set("on_ready_mean", m);
+    }
+    if let Some(f) = r.empty_wake_fraction() {
+        s.set("empty_wakeups", f);
+    }
     s.note(r.note.clone());
     s
 }

@@ -51,11 +51,15 @@ impl ScaleReport {
     pub(super) fn gbit_s(&self) -> f64 {
         crate::bench::measure::gbit_per_s(self.bytes, self.secs)
     }
-    pub(super) fn on_ready_mean_us(&self) -> f64 {
-        self.on_ready_ns as f64 / 1e3 / self.on_ready_calls.max(1) as f64
+    /// The mean `on_ready` time; `None` when the loop never called it (it always had a
+    /// socket to send to and never slept on the descriptor), not a mean of 0.
+    pub(super) fn on_ready_mean_us(&self) -> Option<f64> {
+        (self.on_ready_calls > 0)
+            .then(|| self.on_ready_ns as f64 / 1e3 / self.on_ready_calls as f64)
     }
-    pub(super) fn empty_wake_fraction(&self) -> f64 {
-        self.empty_wakes as f64 / self.wakes.max(1) as f64
+    /// The fraction of wake-ups that found nothing; `None` without a wake-up.
+    pub(super) fn empty_wake_fraction(&self) -> Option<f64> {
+        (self.wakes > 0).then(|| self.empty_wakes as f64 / self.wakes as f64)
     }
 }
 
