@@ -53,11 +53,11 @@ enum Cmd {
     Bench {
         /// Suites to run (default: all). `zcio bench --list` shows them.
         suites: Vec<String>,
-        /// Smoke run: one round of each case (about 2½ minutes on 2 cores).
+        /// Smoke run: one round of each case (CI's smoke run).
         #[arg(long, conflicts_with = "full")]
         quick: bool,
         /// Larger sizes (1,000-connection cases), longer runs, 7 rounds. Without `--quick` or
-        /// `--full`: the quick sizes, 3 rounds (about 8 minutes).
+        /// `--full`: the quick sizes, 3 rounds (about 15 minutes on 2 cores).
         #[arg(long)]
         full: bool,
         /// Output directory.
