@@ -60,7 +60,21 @@ struct Udp {
 
 impl Udp {
     fn new() -> Self {
-        let rx = UdpSocket::bind(("127.0.0.1", PORT)).unwrap();
+        // A test that binds PORT again right after closing its first socket can find it still
+        // bound: another test thread's fork (iptables, ip) copies every descriptor until its
+        // exec, the closed socket's included (CI's release pass: AddrInUse once). Wait that out.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let rx = loop {
+            match UdpSocket::bind(("127.0.0.1", PORT)) {
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse
+                        && std::time::Instant::now() < end =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                r => break r.unwrap(),
+            }
+        };
         rx.set_nonblocking(true).unwrap();
         zcio::sys::setsockopt_int(&rx, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20).unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
