@@ -360,26 +360,34 @@ fn receiver_readiness_fires_after_each_rearm_with_coop_taskrun_only() {
     );
 }
 
+/// A test namespace whose UDP datagrams to `port` go to NFQUEUE `queue`; `None` (the test
+/// skipped, with the reason printed) where namespaces or the rule cannot be made.
+fn nfqueue_host(test: &str, tag: &str, port: u16, queue: u16) -> Option<zcio_testnet::Netns> {
+    if !common::can_make_hosts(test) {
+        return None;
+    }
+    let ns = zcio_testnet::Netns::new(tag).expect("namespace");
+    let out = ns
+        .command("iptables")
+        .args(["-A", "INPUT", "-p", "udp", "--dport", &port.to_string()])
+        .args(["-j", "NFQUEUE", "--queue-num", &queue.to_string()])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => Some(ns),
+        other => {
+            common::skip(test, &format!("iptables NFQUEUE rule refused: {other:?}"));
+            None
+        }
+    }
+}
+
 /// NFQUEUE in a namespace: the descriptor fires for each queued datagram and is quiet once
 /// the packet was decided.
 fn nfqueue_fires_per_packet(test: &str, queue: u16, uring: bool) {
     use zcio::netlink::{Decision, NfQueue, NfQueueConfig, Verdict};
-    if !common::can_make_hosts(test) {
+    let Some(ns) = nfqueue_host(test, "rnfq", 9998, queue) else {
         return;
-    }
-    let ns = zcio_testnet::Netns::new("rnfq").expect("namespace");
-    let out = ns
-        .command("iptables")
-        .args(["-A", "INPUT", "-p", "udp", "--dport", "9998"])
-        .args(["-j", "NFQUEUE", "--queue-num", &queue.to_string()])
-        .output();
-    match out {
-        Ok(o) if o.status.success() => {}
-        other => {
-            common::skip(test, &format!("iptables NFQUEUE rule refused: {other:?}"));
-            return;
-        }
-    }
+    };
     ns.run(move || {
         let rx = std::net::UdpSocket::bind("127.0.0.1:9998").unwrap();
         rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
@@ -748,23 +756,10 @@ fn nfqueue_receive_ready_leaves_the_descriptor_readable_while_packets_remain() {
     // waits) would not fire again, and a loop waiting on it would wait for ever.
     use zcio::netlink::{Decision, NfQueue, NfQueueConfig, Verdict};
     let test = "nfqueue_receive_ready_leaves_the_descriptor_readable_while_packets_remain";
-    if !common::can_make_hosts(test) {
-        return;
-    }
     let queue = 45;
-    let ns = zcio_testnet::Netns::new("rnfm").expect("namespace");
-    let out = ns
-        .command("iptables")
-        .args(["-A", "INPUT", "-p", "udp", "--dport", "9996"])
-        .args(["-j", "NFQUEUE", "--queue-num", &queue.to_string()])
-        .output();
-    match out {
-        Ok(o) if o.status.success() => {}
-        other => {
-            common::skip(test, &format!("iptables NFQUEUE rule refused: {other:?}"));
-            return;
-        }
-    }
+    let Some(ns) = nfqueue_host(test, "rnfm", 9996, queue) else {
+        return;
+    };
     ns.run(move || {
         let rx = std::net::UdpSocket::bind("127.0.0.1:9996").unwrap();
         rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
