@@ -61,8 +61,7 @@ fn host(test: &str) -> Option<Netns> {
 /// Flushes the conntrack table of `family` (2 or 10) with a hand-built ctnetlink request:
 /// every entry is destroyed, each with a DESTROY event carrying this socket's port id.
 fn flush(family: u8) -> u32 {
-    let fd = nl::socket(nl::NETLINK_NETFILTER).unwrap();
-    nl::bind(&fd, 0, 0).unwrap();
+    let fd = common::netlink_socket(nl::NETLINK_NETFILTER);
     let mut out = Vec::new();
     emit_header(
         &mut out,
@@ -75,7 +74,7 @@ fn flush(family: u8) -> u32 {
     finish(&mut out, 0).unwrap();
     nl::send_to_kernel(&fd, &out).unwrap();
     let mut buf = vec![0u8; 8192];
-    let k = zcio::sys::net::recv(&fd, &mut buf, 0).unwrap();
+    let k = common::recv_netlink(&fd, &mut buf, "conntrack flush ACK");
     let (m, _) = NlMsg::parse(&buf[..k]).unwrap();
     assert_eq!(m.error_code().unwrap(), 0, "flush refused");
     // The kernel addresses the ACK to our port id.

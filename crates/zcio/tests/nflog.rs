@@ -704,39 +704,33 @@ fn config_request(group: u16, seq: u32, cmd: Option<u8>, extra: &[(u16, Vec<u8>)
 /// Binds `group` on a raw socket by hand and returns the raw datagrams the kernel sends while
 /// `send` runs (with batching `qthresh`), until `packets` messages arrived.
 fn capture_raw(group: u16, qthresh: u32, packets: usize, send: impl FnOnce()) -> Vec<Vec<u8>> {
-    let fd = nl::socket(nl::NETLINK_NETFILTER).unwrap();
-    nl::bind(&fd, 0, 0).unwrap();
+    let fd = common::netlink_socket(nl::NETLINK_NETFILTER);
     let mut buf = vec![0u8; 256 << 10];
     let mut mode = 0xffffu32.to_be_bytes().to_vec();
     mode.extend_from_slice(&[NFULNL_COPY_PACKET, 0]);
-    for (i, req) in [
-        config_request(group, 1, Some(NFULNL_CFG_CMD_BIND), &[]),
-        config_request(
-            group,
-            2,
-            None,
-            &[
-                (NFULA_CFG_MODE, mode),
-                (NFULA_CFG_QTHRESH, qthresh.to_be_bytes().to_vec()),
-                (NFULA_CFG_TIMEOUT, 1u32.to_be_bytes().to_vec()),
-                (NFULA_CFG_FLAGS, NFULNL_CFG_F_SEQ.to_be_bytes().to_vec()),
-            ],
-        ),
-    ]
-    .iter()
-    .enumerate()
-    {
-        nl::send_to_kernel(&fd, req).unwrap();
-        let k = zcio::sys::net::recv(&fd, &mut buf, 0).unwrap();
-        let (m, _) = NlMsg::parse(&buf[..k]).unwrap();
-        assert_eq!((m.ty, m.seq), (nl::NLMSG_ERROR, i as u32 + 1));
-        assert_eq!(m.error_code().unwrap(), 0, "config {i} refused");
-    }
+    let bind = config_request(group, 1, Some(NFULNL_CFG_CMD_BIND), &[]);
+    common::bind_netfilter(&fd, &bind, "NFLOG bind");
+    let config = config_request(
+        group,
+        2,
+        None,
+        &[
+            (NFULA_CFG_MODE, mode),
+            (NFULA_CFG_QTHRESH, qthresh.to_be_bytes().to_vec()),
+            (NFULA_CFG_TIMEOUT, 1u32.to_be_bytes().to_vec()),
+            (NFULA_CFG_FLAGS, NFULNL_CFG_F_SEQ.to_be_bytes().to_vec()),
+        ],
+    );
+    nl::send_to_kernel(&fd, &config).unwrap();
+    let k = common::recv_netlink(&fd, &mut buf, "NFLOG config ACK");
+    let (m, _) = NlMsg::parse(&buf[..k]).unwrap();
+    assert_eq!((m.ty, m.seq), (nl::NLMSG_ERROR, 2));
+    assert_eq!(m.error_code().unwrap(), 0, "config refused");
     send();
     let mut got = Vec::new();
     let mut n = 0;
     while n < packets {
-        let k = zcio::sys::net::recv(&fd, &mut buf, 0).unwrap();
+        let k = common::recv_netlink(&fd, &mut buf, &format!("logged message {n} of {packets}"));
         n += messages(&buf[..k])
             .filter(|m| m.as_ref().is_ok_and(|m| m.ty != nl::NLMSG_DONE))
             .count();

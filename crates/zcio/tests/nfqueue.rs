@@ -582,8 +582,7 @@ fn data_dir() -> PathBuf {
 /// Binds `queue` by hand on a raw socket and returns the raw datagrams the kernel sends for
 /// `n` packets, plus the config ACK.
 fn capture_raw(queue: u16, n: u32, size: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
-    let fd = nl::socket(nl::NETLINK_NETFILTER).unwrap();
-    nl::bind(&fd, 0, 0).unwrap();
+    let fd = common::netlink_socket(nl::NETLINK_NETFILTER);
     let mut out = vec![];
     ConfigMsg {
         queue,
@@ -593,17 +592,15 @@ fn capture_raw(queue: u16, n: u32, size: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
     }
     .emit(&mut out, 1)
     .expect("message fits");
-    nl::send_to_kernel(&fd, &out).unwrap();
+    let ack = common::bind_netfilter(&fd, &out, "NFQUEUE bind");
     let mut buf = vec![0u8; 65536];
-    let k = zcio::sys::net::recv(&fd, &mut buf, 0).unwrap();
-    let ack = buf[..k].to_vec();
     let udp = Udp::new();
     for i in 0..n {
         udp.send(i, size);
     }
     let mut got = vec![];
-    for _ in 0..n {
-        let k = zcio::sys::net::recv(&fd, &mut buf, 0).unwrap();
+    for i in 0..n {
+        let k = common::recv_netlink(&fd, &mut buf, &format!("queued packet {i} of {n}"));
         got.push(buf[..k].to_vec());
     }
     // Decide them all with one batch and check the kernel took it.
@@ -641,6 +638,81 @@ fn assert_packet_round_trip(name: &str, bytes: &[u8]) {
         out, bytes,
         "{name}: typed packet emit differs from the kernel's bytes"
     );
+}
+
+/// The hang CI once met in `captured_kernel_messages_round_trip`: a second raw socket binds a
+/// queue right after the first closed, while a copy of the first's descriptor lives on (a fork
+/// in another test thread holds one until its exec). The kernel refuses the bind (`EPERM`,
+/// another port holds the queue); the packets go to the old socket and are dropped when it
+/// finally closes. The bind is retried until the copy is gone, and the packet then arrives.
+#[test]
+fn a_raw_bind_waits_out_a_copy_of_the_previous_socket() {
+    let Some(ns) = host("a_raw_bind_waits_out_a_copy_of_the_previous_socket", 13) else {
+        return;
+    };
+    ns.run(|| {
+        let bind = |seq| {
+            let mut out = vec![];
+            ConfigMsg {
+                queue: 13,
+                cmd: Some(NFQNL_CFG_CMD_BIND),
+                params: Some((0xffff, NFQNL_COPY_PACKET)),
+                ..Default::default()
+            }
+            .emit(&mut out, seq)
+            .expect("message fits");
+            out
+        };
+        let first = common::netlink_socket(nl::NETLINK_NETFILTER);
+        common::bind_netfilter(&first, &bind(1), "first bind");
+        // What a fork does: another descriptor of the same socket, closed a little later.
+        let copy = first.try_clone().unwrap();
+        drop(first);
+        let second = common::netlink_socket(nl::NETLINK_NETFILTER);
+        // Without the wait, the kernel refuses while the copy lives.
+        nl::send_to_kernel(&second, &bind(2)).unwrap();
+        let mut buf = vec![0u8; 65536];
+        let k = common::recv_netlink(&second, &mut buf, "refused bind");
+        let (m, _) = NlMsg::parse(&buf[..k]).unwrap();
+        assert_eq!(
+            m.error_code().unwrap(),
+            -libc::EPERM,
+            "bind while a copy lives"
+        );
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(copy);
+        });
+        let t = Instant::now();
+        common::bind_netfilter(&second, &bind(3), "second bind");
+        assert!(
+            t.elapsed() >= Duration::from_millis(150),
+            "{:?}",
+            t.elapsed()
+        );
+        closer.join().unwrap();
+        let udp = Udp::new();
+        udp.send(7, 64);
+        let k = common::recv_netlink(&second, &mut buf, "packet after the rebind");
+        let p = match nfqmsg::parse_datagram(&buf[..k]).unwrap()[0] {
+            AnyMsg::Packet(ref p) => (p.id, seq_of(p)),
+            ref m => panic!("{m:?}"),
+        };
+        assert_eq!(p.1, 7);
+        let mut out = vec![];
+        VerdictMsg {
+            queue: 13,
+            batch: false,
+            verdict: Verdict::Accept,
+            id: p.0,
+            mark: None,
+            payload: None,
+        }
+        .emit(&mut out, 4)
+        .expect("message fits");
+        nl::send_to_kernel(&second, &out).unwrap();
+    })
+    .unwrap();
 }
 
 #[test]

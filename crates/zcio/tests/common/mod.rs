@@ -212,3 +212,69 @@ impl Drop for Watchdog {
         }
     }
 }
+
+/// How long a test's blocking netlink receive waits before the test fails instead of hanging.
+pub const NETLINK_REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A bound raw netlink socket for hand-built requests. Its blocking receives give up after
+/// [`NETLINK_REPLY_WAIT`], so a message that never comes fails the test with a message
+/// ([`recv_netlink`]) instead of hanging the test binary until CI's limit.
+pub fn netlink_socket(protocol: i32) -> std::os::fd::OwnedFd {
+    use std::os::fd::AsRawFd;
+    let fd = zcio::sys::netlink::socket(protocol).unwrap();
+    let tv = libc::timeval {
+        tv_sec: NETLINK_REPLY_WAIT.as_secs() as libc::time_t,
+        tv_usec: 0,
+    };
+    // SAFETY: `tv` is a valid timeval that lives for the call; the kernel only reads it.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_RCVTIMEO: {}", std::io::Error::last_os_error());
+    zcio::sys::netlink::bind(&fd, 0, 0).unwrap();
+    fd
+}
+
+/// One datagram from a [`netlink_socket`]; panics naming `what` when none came in time.
+pub fn recv_netlink(fd: &std::os::fd::OwnedFd, buf: &mut [u8], what: &str) -> usize {
+    match zcio::sys::net::recv(fd, buf, 0) {
+        Ok(k) => k,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            panic!("{what}: no netlink message within {NETLINK_REPLY_WAIT:?}")
+        }
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+/// Sends a netfilter config request that binds a queue or log group and returns the kernel's
+/// ACK. A bind can find the number still held by this process's previous socket for it: a
+/// fork in another test thread (iptables, ip) holds a copy of every descriptor until its exec,
+/// so closing the socket does not yet unbind. The kernel answers `EPERM` then (another port
+/// holds it; the tests run with CAP_NET_ADMIN, so it is not the capability); the request is
+/// retried for up to 5 s. Any other refusal, or a lasting one, fails the test.
+pub fn bind_netfilter(fd: &std::os::fd::OwnedFd, request: &[u8], what: &str) -> Vec<u8> {
+    use zcio::netlink::msg::NlMsg;
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut buf = vec![0u8; 8192];
+    loop {
+        zcio::sys::netlink::send_to_kernel(fd, request).unwrap();
+        let k = recv_netlink(fd, &mut buf, what);
+        let (m, _) = NlMsg::parse(&buf[..k]).unwrap();
+        match m.error_code().unwrap() {
+            0 => return buf[..k].to_vec(),
+            e if e == -libc::EPERM && std::time::Instant::now() < end => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            e => panic!(
+                "{what}: bind refused: {}",
+                std::io::Error::from_raw_os_error(-e)
+            ),
+        }
+    }
+}
