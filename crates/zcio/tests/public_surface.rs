@@ -126,7 +126,7 @@ thiserror = "2"
 tracing = "0.1"
 serde = {{ version = "1", features = ["derive"] }}
 serde_json = "1"
-tokio = {{ version = "1.54.1", default-features = false, features = ["net", "rt"], optional = true }}
+tokio = {{ version = "1.54.1", default-features = false, features = ["net", "rt", "time"], optional = true }}
 bytes = "1"
 
 [dev-dependencies]
