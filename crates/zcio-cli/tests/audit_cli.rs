@@ -3,9 +3,6 @@
 //! `aureport -if`; JSON lines parse; the kernel's audit status is printed at start, the loss
 //! summary at exit, and the host's audit state is as before.
 
-#[path = "common/prom.rs"]
-mod prom;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use zcio::netlink::audit_status;
@@ -123,82 +120,4 @@ fn auditd_format_output_is_read_back_by_ausearch_and_aureport() {
     }
     let after = audit_status().unwrap();
     assert_eq!((after.pid, after.enabled), (0, before.enabled));
-}
-
-/// `zcio audit --metrics` as `zcio-audit.service` runs it (its ExecStart's options): the page
-/// (parsed strictly and by promtool) counts a storm's events, no loss, the io_uring path.
-#[test]
-fn audit_metrics_count_a_storms_events_and_no_loss() {
-    use std::io::BufRead;
-    let t = "audit_metrics_count_a_storms_events_and_no_loss";
-    let Some(mut host) = AuditHost::take(t, false) else {
-        return;
-    };
-    let (file, _key) = host.watch("metrics");
-    let log = host.dir().join("audit.log");
-    let mut child = start(&[
-        "--format",
-        "auditd",
-        "-w",
-        log.to_str().unwrap(),
-        "-C",
-        "8M",
-        "--stats-interval",
-        "60",
-        "--metrics",
-        "127.0.0.1:0",
-    ]);
-    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    let addr: std::net::SocketAddr = loop {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "no metrics address");
-        if let Some(a) = line.trim().split("http://").nth(1) {
-            break a.strip_suffix("/metrics").unwrap().parse().unwrap();
-        }
-    };
-    let drain = std::thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = std::io::Read::read_to_string(&mut err, &mut rest);
-        rest
-    });
-    const N: usize = 300;
-    storm(&file, N);
-    let v = |m: &prom::Metrics, n: &str| m.value(n, &[]).unwrap_or(-1.0);
-    let end = std::time::Instant::now() + Duration::from_secs(20);
-    let (m, text) = loop {
-        let text = prom::scrape(addr).unwrap();
-        let m = prom::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        if v(&m, "zcio_audit_shown_total") >= N as f64 || std::time::Instant::now() > end {
-            break (m, text);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    if !prom::promtool_check(&text).unwrap_or_else(|e| panic!("{e}\n{text}")) {
-        zcio_testnet::skip(
-            t,
-            "promtool not installed (scripts/deps); the strict parser alone checked the page",
-        );
-    }
-    assert!(v(&m, "zcio_audit_shown_total") >= N as f64, "{text}");
-    assert!(v(&m, "zcio_audit_events_total") >= N as f64, "{text}");
-    assert!(
-        v(&m, "zcio_audit_records_total") >= 3.0 * N as f64,
-        "{text}"
-    );
-    assert_eq!(v(&m, "zcio_audit_incomplete_total"), 0.0, "{text}");
-    assert_eq!(v(&m, "zcio_audit_lost_at_least_total"), 0.0, "{text}");
-    assert_eq!(
-        m.value("zcio_path_info", &[("path", "frame-ring+io_uring")]),
-        Some(1.0),
-        "{text}"
-    );
-    assert!(m.samples("zcio_fallbacks").is_empty(), "{text}");
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    assert!(child.wait().unwrap().success());
-    let rest = drain.join().unwrap();
-    assert!(rest.contains("no loss"), "{rest}");
-    assert_eq!(audit_status().unwrap().pid, 0, "unregistered at exit");
 }

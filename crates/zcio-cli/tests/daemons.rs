@@ -556,6 +556,14 @@ fn conntrack_metrics_count_the_events_and_the_lost_ones() {
 }
 
 #[test]
+fn audit_metrics_count_a_storms_events_and_no_loss() {
+    let test = "audit_metrics_count_a_storms_events_and_no_loss";
+    if zcio_testnet::can_make_hosts(test) {
+        audit_scenario(test, &as_root);
+    }
+}
+
+#[test]
 fn proxy_metrics_count_the_bytes_and_the_pairs_per_thread() {
     let test = "proxy_metrics_count_the_bytes_and_the_pairs_per_thread";
     if zcio_testnet::can_make_hosts(test) {
