@@ -335,7 +335,7 @@ impl Suite for Tx {
             )?;
         }
         many(ctx, dur, warmup, ws)?;
-        scale(ctx, dur, warmup, ws)?;
+        scale(ctx, dur, warmup)?;
         if let Some(sink) = sink.as_ref() {
             peers(ctx, sink, dur, warmup, ws)?;
         }
@@ -439,7 +439,7 @@ fn scale_sample(r: &super::tx_scale::ScaleReport) -> Sample {
 /// <big>x16K vs <small>`: the ratio of CPU per send and of the mean `on_ready` time says
 /// whether the ring's work per call grows with its socket count; `empty_wakeups` is the
 /// fraction of wake-ups after which `on_ready` found no completion and no writable socket.
-fn scale(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()> {
+fn scale(ctx: &mut Ctx, dur: Duration, warmup: Duration) -> Result<()> {
     use super::tx_many::ManyOpts;
     use super::tx_scale::run;
     // `ZCIO_BENCH_SCALE=1000,10000`: other sizes (for profiling one mode's run).
@@ -451,12 +451,19 @@ fn scale(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()
         })
         .unwrap_or(ctx.pick((200, 2000), (1000, 10_000)));
     let size = 16 << 10;
+    // The same pool at both counts, smaller than either count can hold in flight (depth 4), so
+    // it runs dry and the loop sleeps on the descriptor: 256 buffers (4 MiB, what fits beside
+    // the ring under an unprivileged 8 MiB memlock). `ZCIO_BENCH_SCALE_POOL=<buffers>`: another.
+    let bufs: usize = std::env::var("ZCIO_BENCH_SCALE_POOL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
     let case = format!("scale {big}x{} vs {small}", size_label(size));
     if !wanted(&case) {
         return Ok(());
     }
     ctx.note(format!(
-        "scale: one SendRing (uring-zc-fixed, depth 4, pool registered) over {small} and over {big} loopback TCP connections, 16 KiB sends, an event loop (send to every socket that takes one, submit, poll(2) on the readiness descriptor, on_ready); a buffer comes back with its notification, after the peer's ACK; the receiver is a separate process (a connection is two descriptors on loopback); warm-up {warmup:?}, then {:?} measured. Loopback copies every byte at delivery (COPIED 1.0)",
+        "scale: one SendRing (uring-zc-fixed, depth 4, pool registered) over {small} and over {big} loopback TCP connections, 16 KiB sends from one pool of {bufs} buffers at both counts (fewer than the sockets can hold in flight, so it runs dry); an event loop: send to the sockets that take one while a buffer is free, submit, poll(2) on the readiness descriptor (without sleeping while there is a socket and a buffer, else up to 10 ms), on_ready when readable; a buffer comes back with its notification, after the peer's ACK; the receiver is a separate process (a connection is two descriptors on loopback); warm-up {warmup:?}, then {:?} measured. Loopback copies every byte at delivery (COPIED 1.0: the kernel copies what it delivers to a local socket, so no row here is zero-copy)",
         dur * 2
     ));
     let mk = |conns| ManyOpts {
@@ -464,7 +471,7 @@ fn scale(ctx: &mut Ctx, dur: Duration, warmup: Duration, ws: usize) -> Result<()
         size,
         warmup,
         dur: dur * 2,
-        ws,
+        ws: bufs * size,
         batch: 32,
     };
     ctx.compare(
