@@ -451,19 +451,24 @@ fn scale(ctx: &mut Ctx, dur: Duration, warmup: Duration) -> Result<()> {
         })
         .unwrap_or(ctx.pick((200, 2000), (1000, 10_000)));
     let size = 16 << 10;
-    // The same pool at both counts, smaller than either count can hold in flight (depth 4), so
-    // it runs dry and the loop sleeps on the descriptor: 256 buffers (4 MiB, what fits beside
-    // the ring under an unprivileged 8 MiB memlock). `ZCIO_BENCH_SCALE_POOL=<buffers>`: another.
-    let bufs: usize = std::env::var("ZCIO_BENCH_SCALE_POOL")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
+    // A paced loop (see `tx_scale`): 8,000 sends/s (1 Gbit/s), under what the sender does on
+    // a loaded 2-core host at 10,000 sockets; the same pool at both counts, 1,024 buffers
+    // (16 MiB), more than a 40 ms delayed ACK keeps out at that rate.
+    // `ZCIO_BENCH_SCALE_RATE=<sends/s>` and `ZCIO_BENCH_SCALE_POOL=<buffers>`: others.
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let rate = env("ZCIO_BENCH_SCALE_RATE", 8000);
+    let bufs = env("ZCIO_BENCH_SCALE_POOL", 1024);
     let case = format!("scale {big}x{} vs {small}", size_label(size));
     if !wanted(&case) {
         return Ok(());
     }
     ctx.note(format!(
-        "scale: one SendRing (uring-zc-fixed, depth 4, pool registered) over {small} and over {big} loopback TCP connections, 16 KiB sends from one pool of {bufs} buffers at both counts (fewer than the sockets can hold in flight, so it runs dry); an event loop: send to the sockets that take one while a buffer is free, submit, poll(2) on the readiness descriptor (without sleeping while there is a socket and a buffer, else up to 10 ms), on_ready when readable; a buffer comes back with its notification, after the peer's ACK; the receiver is a separate process (a connection is two descriptors on loopback); warm-up {warmup:?}, then {:?} measured. Loopback copies every byte at delivery (COPIED 1.0: the kernel copies what it delivers to a local socket, so no row here is zero-copy)",
+        "scale: one SendRing (uring-zc-fixed, depth 4, pool registered) over {small} and over {big} loopback TCP connections, 16 KiB sends paced at {rate} sends/s from one pool of {bufs} buffers at both counts; an event loop: send what is due to the sockets that take one while a buffer is free, submit, poll(2) on the readiness descriptor until it is readable or the next send is due (1 ms), on_ready when readable (a loop that sends as fast as it can never sleeps there, and its own submits harvest every completion); a buffer comes back with its notification, after the peer's ACK; the receiver is a separate process (a connection is two descriptors on loopback); warm-up {warmup:?}, then {:?} measured. Loopback copies every byte at delivery (COPIED 1.0: the kernel copies what it delivers to a local socket, so no row here is zero-copy)",
         dur * 2
     ));
     let mk = |conns| ManyOpts {
@@ -481,8 +486,8 @@ fn scale(ctx: &mut Ctx, dur: Duration, warmup: Duration) -> Result<()> {
             &format!("{big} connections"),
         ),
         SCALE_METRICS,
-        || Ok(scale_sample(&run(&mk(small))?)),
-        || Ok(scale_sample(&run(&mk(big))?)),
+        || Ok(scale_sample(&run(&mk(small), rate as u64)?)),
+        || Ok(scale_sample(&run(&mk(big), rate as u64)?)),
     )
 }
 

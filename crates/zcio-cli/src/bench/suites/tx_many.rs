@@ -75,12 +75,18 @@ impl ManyReport {
 }
 
 /// Reads every connection to its end (one thread, epoll); returns the bytes received.
-pub(super) fn serve(l: TcpListener, conns: usize) -> std::io::Result<u64> {
+/// `delay_acks`: at accept and after each read, `TCP_QUICKACK` 0 (the kernel's delayed-ACK mode, which it
+/// leaves after each delayed ACK), so every ACK comes from the delayed-ACK timer, as a
+/// network peer's come: after the sender's call, never inside it (see `tx_scale`).
+pub(super) fn serve(l: TcpListener, conns: usize, delay_acks: bool) -> std::io::Result<u64> {
     let mut socks = Vec::with_capacity(conns);
     let mut poller = zcio::sys::poller::Poller::new(256)?;
     while socks.len() < conns {
         let (s, _) = l.accept()?;
         s.set_nonblocking(true)?;
+        if delay_acks {
+            zcio::sys::setsockopt_int(&s, libc::IPPROTO_TCP, libc::TCP_QUICKACK, 0)?;
+        }
         poller.add(&s, socks.len() as u64, libc::EPOLLIN as u32)?;
         socks.push(Some(s));
     }
@@ -102,7 +108,17 @@ pub(super) fn serve(l: TcpListener, conns: usize) -> std::io::Result<u64> {
                         break;
                     }
                     Ok(n) => total += n as u64,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if delay_acks {
+                            zcio::sys::setsockopt_int(
+                                &*s,
+                                libc::IPPROTO_TCP,
+                                libc::TCP_QUICKACK,
+                                0,
+                            )?;
+                        }
+                        break;
+                    }
                     Err(e) => return Err(e),
                 }
             }
@@ -119,7 +135,7 @@ pub(super) fn run(way: Way, o: &ManyOpts) -> Result<ManyReport> {
     let addr = l.local_addr()?;
     let conns = o.conns;
     let p = crate::bench::pair::pair(format!("tx many {way:?}")).cores((score, rcore));
-    let server = p.server(move || serve(l, conns))?;
+    let server = p.server(move || serve(l, conns, false))?;
     let o2 = o.clone();
     let client = p.client(move || -> Result<(ManyReport, u64)> {
         name_thread(match way {
