@@ -62,6 +62,12 @@ pub struct LocalIoConfig {
     pub buffers: usize,
     /// Unread bytes a stream may hold before its receive pauses (256 KiB).
     pub rx_queue: usize,
+    /// Writes of at least this many bytes (0: every write) go straight to the socket, with
+    /// one non-blocking `sendmsg` from the caller's slices, when the stream's sends are
+    /// copied by the kernel anyway (its path is `uring-copy`: `auto` found the route copies,
+    /// e.g. loopback) and nothing of it is queued on the ring; other writes are copied into
+    /// the send pool and batched on the ring. `usize::MAX` turns direct writes off.
+    pub direct_min: usize,
 }
 
 impl Default for LocalIoConfig {
@@ -73,6 +79,10 @@ impl Default for LocalIoConfig {
             buf_size: 64 << 10,
             buffers: 256,
             rx_queue: 256 << 10,
+            direct_min: std::env::var("ZCIO_DIRECT_MIN")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
         }
     }
 }
@@ -165,6 +175,10 @@ struct Core {
     in_tick: bool,
     driver: Option<Waker>,
     stopped: bool,
+    /// Writes that went straight to their socket, and their bytes.
+    direct: (u64, u64),
+    /// Writes copied into the send pool, and their bytes.
+    pooled: (u64, u64),
 }
 
 struct Slot {
@@ -190,6 +204,9 @@ struct Conn {
     /// The first send the kernel failed (fails later writes).
     tx_err: Option<SendError>,
     shut_wr: bool,
+    /// The socket registered with tokio's reactor for `WRITABLE`: made when a direct write
+    /// first finds the socket buffer full, to wait for room as tokio's stream does.
+    wfd: Option<AsyncFd<std::os::fd::OwnedFd>>,
     /// Shut the sending direction down once the sends are done (the write half dropped).
     shut_when_done: bool,
     /// Handles alive (a stream, or its two halves).
@@ -258,6 +275,8 @@ impl LocalIo {
             in_tick: false,
             driver: None,
             stopped: false,
+            direct: (0, 0),
+            pooled: (0, 0),
         }));
         ::tokio::task::spawn_local(drive(Rc::downgrade(&core)));
         Ok(Self { core })
@@ -295,6 +314,7 @@ impl LocalIo {
             in_flight: 0,
             tx_err: None,
             shut_wr: false,
+            wfd: None,
             shut_when_done: false,
             handles: 1,
             peer,
@@ -343,11 +363,20 @@ impl LocalIo {
             .count()
     }
 
-    /// One line: the send ring's path and the mix of paths its sends took, and the
-    /// receiver's backend.
+    /// One line: the send ring's path and the mix of paths its sends took (direct writes
+    /// count as `copy`), how many writes went straight to their socket and how many through
+    /// the send pool, and the receiver's backend.
     pub fn describe(&self) -> String {
         let c = self.core.borrow();
-        format!("send: {}; receive: {}", c.tx.describe(), c.rx.describe())
+        format!(
+            "send: {}; writes: {} direct ({} B), {} through the pool ({} B); receive: {}",
+            c.tx.describe(),
+            c.direct.0,
+            c.direct.1,
+            c.pooled.0,
+            c.pooled.1,
+            c.rx.describe()
+        )
     }
 
     /// The send ring's counters (bytes, sends, syscalls, zero-copy and copied bytes).
@@ -389,6 +418,70 @@ impl Core {
             idx,
             gen: self.conns[idx as usize].gen,
         }
+    }
+
+    /// A write straight to the socket from the caller's slices ([`LocalIoConfig::direct_min`]);
+    /// `None` when it does not apply (a zero-copy path), and the write goes through the pool.
+    /// While bytes of the stream are still queued on the ring, the write waits for their
+    /// completions (the bytes keep their order) instead of copying into the pool, which would
+    /// keep the ring busy and every later write copied twice.
+    fn write_direct(
+        &mut self,
+        k: Key,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Option<Poll<io::Result<usize>>> {
+        let sock = self.conn(k)?.sock?;
+        if self.tx.sock_path(sock)?.is_zero_copy() {
+            return None;
+        }
+        let conn = self.conn(k)?;
+        if conn.cur.as_ref().is_some_and(|b| !b.is_empty()) || conn.in_flight > 0 {
+            self.seal(k);
+            let conn = self.conn(k)?;
+            conn.write_waker = Some(cx.waker().clone());
+            return Some(Poll::Pending);
+        }
+        let mut wfd = conn.wfd.take();
+        let r = loop {
+            match self.tx.send_direct(sock, bufs) {
+                Ok(None) => break None,
+                Ok(Some(n)) => {
+                    self.direct.0 += 1;
+                    self.direct.1 += n as u64;
+                    break Some(Poll::Ready(Ok(n)));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if wfd.is_none() {
+                        let fd = self.tx.socket(sock)?;
+                        match crate::sys::ready::tokio_register_for(
+                            fd,
+                            ::tokio::io::Interest::WRITABLE,
+                        ) {
+                            Ok(f) => wfd = Some(f),
+                            Err(e) => break Some(Poll::Ready(Err(e))),
+                        }
+                    }
+                    match wfd.as_ref().expect("registered").poll_write_ready(cx) {
+                        // Room since the send: try again (the readiness is cleared first, so
+                        // a later full buffer waits for the next edge).
+                        Poll::Ready(Ok(mut g)) => g.clear_ready(),
+                        Poll::Ready(Err(e)) => break Some(Poll::Ready(Err(e))),
+                        Poll::Pending => break Some(Poll::Pending),
+                    }
+                }
+                Err(e) => {
+                    if let (Some(c), Some(errno)) = (self.conn(k), e.raw_os_error()) {
+                        c.tx_err.get_or_insert(SendError::from_errno(errno));
+                    }
+                    break Some(Poll::Ready(Err(e)));
+                }
+            }
+        };
+        if let Some(c) = self.conn(k) {
+            c.wfd = wfd;
+        }
+        r
     }
 
     /// Wakes the driver (once until it runs).
@@ -868,6 +961,11 @@ fn poll_write(
                 "the stream's sending direction is shut down",
             )));
         }
+        if bufs.iter().map(|b| b.len()).sum::<usize>() >= c.cfg.direct_min.max(1) {
+            if let Some(r) = c.write_direct(k, cx, bufs) {
+                return r;
+            }
+        }
         let mut n = 0;
         'outer: for b in bufs {
             let mut b: &[u8] = b;
@@ -913,6 +1011,8 @@ fn poll_write(
             conn.write_waker = Some(cx.waker().clone());
             return Poll::Pending;
         }
+        c.pooled.0 += 1;
+        c.pooled.1 += n as u64;
         // The partly filled buffer goes at the driver's next tick (with what other tasks
         // write meanwhile); a full one now.
         let conn = c.conn(k).expect("live");
@@ -1052,7 +1152,7 @@ macro_rules! async_write {
                 poll_write(&me.$io, me.$key, cx, bufs)
             }
             fn is_write_vectored(&self) -> bool {
-                // Every slice is copied into the pool buffer anyway.
+                // One sendmsg of every slice, or every slice copied into the pool buffer.
                 true
             }
             fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
