@@ -79,10 +79,7 @@ impl Default for LocalIoConfig {
             buf_size: 64 << 10,
             buffers: 256,
             rx_queue: 256 << 10,
-            direct_min: std::env::var("ZCIO_DIRECT_MIN")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
+            direct_min: 0,
         }
     }
 }

@@ -68,15 +68,7 @@ impl SendRing {
         let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
         let r = match slices {
             [one] => sys::net::send(&*s.fd, one, flags),
-            many => {
-                let parts: Vec<&[u8]> = many.iter().map(|b| &**b).collect();
-                let opts = sys::msg::MsgOpts {
-                    dest: None,
-                    segment: None,
-                    tos: None,
-                };
-                sys::msg::sendmsg(&*s.fd, &parts, &opts, s.v6, flags)
-            }
+            many => sys::net::send_slices(&*s.fd, many, flags),
         };
         s.counters.syscalls += 1;
         s.stats.send_syscalls += 1;
