@@ -418,10 +418,12 @@ impl Core {
     }
 
     /// A write straight to the socket from the caller's slices ([`LocalIoConfig::direct_min`]);
-    /// `None` when it does not apply (a zero-copy path), and the write goes through the pool.
-    /// While bytes of the stream are still queued on the ring, the write waits for their
-    /// completions (the bytes keep their order) instead of copying into the pool, which would
-    /// keep the ring busy and every later write copied twice.
+    /// `None` when it does not apply (a zero-copy path, or a write smaller than a pool buffer
+    /// while bytes of the stream are queued on the ring), and the write goes through the pool.
+    /// A larger write behind queued bytes waits for their completions (the bytes keep their
+    /// order) instead of copying into the pool, which would keep the ring busy and every
+    /// later write copied twice; a small one (a response head after a `send_bytes` body) is
+    /// copied and queued behind them, which costs less than waiting.
     fn write_direct(
         &mut self,
         k: Key,
@@ -432,8 +434,12 @@ impl Core {
         if self.tx.sock_path(sock)?.is_zero_copy() {
             return None;
         }
+        let small = bufs.iter().map(|b| b.len()).sum::<usize>() < self.cfg.buf_size;
         let conn = self.conn(k)?;
         if conn.cur.as_ref().is_some_and(|b| !b.is_empty()) || conn.in_flight > 0 {
+            if small {
+                return None;
+            }
             self.seal(k);
             let conn = self.conn(k)?;
             conn.write_waker = Some(cx.waker().clone());
