@@ -5,12 +5,15 @@
 //!
 //! What a stream does with its bytes:
 //!
-//! - **Writes** (`poll_write`, `write_all`) are copied into buffers of the thread's send pool
-//!   and handed to the send ring; the sends of every stream of the thread go to the kernel in
-//!   one `io_uring_enter` per scheduler tick (the driver task runs after the tasks that
-//!   wrote). That is fewer syscalls, **not zero-copy**: the bytes are copied once into the
-//!   pool (and on loopback or local delivery the kernel copies again, as it does for any
-//!   send).
+//! - **Writes** (`poll_write`, `write_all`) on a route where the kernel copies anyway
+//!   (loopback, local delivery: `auto`'s COPIED verdict, path `uring-copy`) go straight to
+//!   the socket with one non-blocking `sendmsg` from the caller's slices, waiting for room on
+//!   tokio's reactor as tokio's stream does: one copy, by the kernel
+//!   ([`LocalIoConfig::direct_min`]). Elsewhere they are copied into buffers of the thread's
+//!   send pool and handed to the send ring; the sends of every stream of the thread go to the
+//!   kernel in one `io_uring_enter` per scheduler tick (the driver task runs after the tasks
+//!   that wrote). That is fewer syscalls, **not zero-copy**: the bytes are copied once into
+//!   the pool. [`LocalIo::describe`] counts the writes of each kind.
 //! - [`TcpStream::send_bytes`] lends an owned `bytes::Bytes` to the kernel as it is (io_uring
 //!   `SEND_ZC` where it pays, no pool, no copy in user space) and drops it when the kernel's
 //!   notification says it is done: for response bodies that already are `Bytes`.
@@ -749,8 +752,8 @@ impl Drop for Core {
 }
 
 /// A TCP connection on the thread's [`LocalIo`]: tokio's `AsyncRead` and `AsyncWrite`.
-/// Writes are copied into the thread's send pool and batched on the ring (fewer syscalls, not
-/// zero-copy); [`TcpStream::send_bytes`] lends `Bytes` without a copy; reads copy the
+/// Writes go straight to the socket where the route copies anyway, else are copied into the
+/// thread's send pool and batched on the ring (fewer syscalls, not zero-copy); [`TcpStream::send_bytes`] lends `Bytes` without a copy; reads copy the
 /// receiver's chunks. See the [`zcio::tokio`](crate::tokio) docs.
 pub struct TcpStream {
     io: LocalIo,

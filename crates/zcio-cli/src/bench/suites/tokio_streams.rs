@@ -547,7 +547,12 @@ async fn serve(
             }
         }
     }
-    Ok((cpu.stop(), io.describe(), io.tx_counters(), io.rx_counters()))
+    Ok((
+        cpu.stop(),
+        io.describe(),
+        io.tx_counters(),
+        io.rx_counters(),
+    ))
 }
 
 async fn hyper_conn<S>(s: S, body: Bytes) -> Result<()>
