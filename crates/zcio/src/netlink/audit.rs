@@ -420,7 +420,7 @@ pub struct AuditStats {
     pub kernel_lost_at_open: Option<u32>,
     /// See [`AuditStats::kernel_lost_at_open`].
     pub kernel_lost_now: Option<u32>,
-    /// Everything known of the records lost: the kernel's drops since open plus the socket's.
+    /// Everything known of the records lost, per mode (the module docs, "Losses").
     pub loss: Loss,
 }
 
@@ -773,6 +773,13 @@ impl Audit {
             f(&ev);
         }
         Ok(n)
+    }
+
+    /// How long until the earliest open event closes by the wait for its end-of-event record
+    /// (`None`: no event is open). An async caller that waits on [`Audit::readiness_fd`]
+    /// waits at most this long, then calls [`Audit::on_ready`] to close it.
+    pub fn next_close(&self) -> Option<Duration> {
+        self.grouper.next_deadline(Instant::now())
     }
 
     /// Closes every open event now (their end-of-event records may still come: call at
