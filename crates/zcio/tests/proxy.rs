@@ -708,7 +708,8 @@ fn round_robin_spreads_connections_over_the_targets(plain: bool) {
 
 /// Waits follow the traffic (`ProxyConfig::bulk_batch`): small request/response messages keep
 /// first-completion waits (no latency added), a stream switches to batched waits and enters
-/// the kernel less often per MB; the request/response traffic after it switches back.
+/// the kernel less often per MB (the sends of a turn enter together, with the next wait); the
+/// request/response traffic after it switches back.
 #[test]
 fn waits_batch_while_streaming_and_return_on_the_first_completion_for_small_messages() {
     let (l, up) = listener();
@@ -791,8 +792,9 @@ fn waits_batch_while_streaming_and_return_on_the_first_completion_for_small_mess
     );
     assert!(st.bulk_waits > 0 && st.wait_switches >= 1, "{st:?}");
     // First-completion waits took 16 enters per MB here (1 GiB/s through loopback, one
-    // stream); batched ones 2.5.
-    assert!(per_mb < 8.0, "{per_mb:.2} enters per MB: {st:?}");
+    // stream); batched ones 2.2–2.5 with a turn's sends entering with the next wait, and
+    // 4.3–4.7 when the send ring also entered every 32 sends of a harvest (debug build).
+    assert!(per_mb < 3.5, "{per_mb:.2} enters per MB: {st:?}");
     // The small messages after the stream wait for the first completion again.
     assert!(
         end.stats.wait_switches >= 2,
