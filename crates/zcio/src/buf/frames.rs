@@ -143,10 +143,10 @@ impl LentFrame {
 }
 
 /// Read access to bytes of one frame that outlives the consumer's hold on it: the bytes stay
-/// mapped and unchanged until the pin is dropped (made by [`FrameRing::pin`]).
+/// mapped and unchanged until the pin is dropped (made by the frame ring's `pin`).
 ///
 /// The frame is not given back to the producer while a pin on it exists (a release waits for
-/// [`FrameRing::reclaim`] to find the pin count at zero), and the pin keeps the mapping (or a
+/// the ring's `reclaim` to find the pin count at zero), and the pin keeps the mapping (or a
 /// COPY frame's out-of-line buffer) alive, so the bytes survive the ring itself. Dropping a
 /// pin is an atomic decrement: it may happen on any thread.
 pub struct FramePin {
