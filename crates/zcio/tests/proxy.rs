@@ -793,8 +793,10 @@ fn waits_batch_while_streaming_and_return_on_the_first_completion_for_small_mess
     assert!(st.bulk_waits > 0 && st.wait_switches >= 1, "{st:?}");
     // First-completion waits took 16 enters per MB here (1 GiB/s through loopback, one
     // stream); batched ones 2.2–2.5 with a turn's sends entering with the next wait, and
-    // 4.3–4.7 when the send ring also entered every 32 sends of a harvest (debug build).
-    assert!(per_mb < 3.5, "{per_mb:.2} enters per MB: {st:?}");
+    // 4.3–4.7 when the send ring also entered every 32 sends of a harvest (debug build, the
+    // test alone; with the other tests of this file beside it the figures rise: one run above
+    // 3.5 was seen).
+    assert!(per_mb < 4.0, "{per_mb:.2} enters per MB: {st:?}");
     // The small messages after the stream wait for the first completion again.
     assert!(
         end.stats.wait_switches >= 2,
