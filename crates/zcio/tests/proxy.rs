@@ -707,8 +707,7 @@ fn round_robin_spreads_connections_over_the_targets(plain: bool) {
 }
 
 /// Waits follow the traffic (`ProxyConfig::bulk_batch`): small request/response messages keep
-/// first-completion waits (no latency added; the completions of the sends a wait submits
-/// count, so a forwarded message takes one turn, not two), a stream switches to batched waits and enters
+/// first-completion waits (no latency added), a stream switches to batched waits and enters
 /// the kernel less often per MB (the sends of a turn enter together, with the next wait); the
 /// request/response traffic after it switches back.
 #[test]
@@ -757,10 +756,6 @@ fn waits_batch_while_streaming_and_return_on_the_first_completion_for_small_mess
         s.stats.bytes_down >= 512 * echo_rounds as u64
     });
     let rr = p.seen(|s| s.stats.clone());
-    eprintln!(
-        "small messages: {} enters, {} turns for {echo_rounds} round trips",
-        rr.ring_enters, rr.turns
-    );
     assert_eq!(rr.bulk_waits, 0, "small messages never batch: {rr:?}");
     assert_eq!(rr.wait_switches, 0, "{rr:?}");
 
@@ -788,15 +783,6 @@ fn waits_batch_while_streaming_and_return_on_the_first_completion_for_small_mess
         eprintln!("batched waits not available on this kernel: {fb}");
         return;
     }
-    // Each round trip forwards two messages. A wait for the first completion returned on the
-    // send that forwarded a message (it completes inside the enter that submits it), so each
-    // message took two turns: 4 enters per round trip (1,204–1,207 for 300). Waits that count
-    // their sends' completions take 2 (610–614).
-    assert!(
-        rr.ring_enters < 3 * echo_rounds as u64,
-        "{} enters for {echo_rounds} round trips: {rr:?}",
-        rr.ring_enters
-    );
     let enters = st.ring_enters - rr.ring_enters;
     let per_mb = enters as f64 / (bulk >> 20) as f64;
     eprintln!(

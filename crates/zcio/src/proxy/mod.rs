@@ -482,9 +482,6 @@ pub struct Proxy {
     spilled_noted: bool,
     /// Pairs hold at most their share of the receive ring (it is low; `mind_the_ring`).
     copying: bool,
-    /// The completions the receiver's waits gather while connections exchange small messages
-    /// (`Proxy::count_sends_in_waits`); 0 while waits batch or their setting is the config's.
-    rr_want: usize,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -500,10 +497,6 @@ impl std::fmt::Debug for Proxy {
 /// While the receive ring is low, the pairs within their share hold at most this fraction
 /// (1/N) of it together (`Proxy::mind_the_ring`).
 const RING_SHARE_PARTS: usize = 8;
-
-/// How long a small-message wait that counts its sends' completions holds a message that came
-/// before them (`Proxy::count_sends_in_waits`).
-const SEND_MIN_WAIT: Duration = Duration::from_micros(50);
 
 const POLLER_RX: u64 = 1;
 const POLLER_TX: u64 = 2;
@@ -600,7 +593,6 @@ impl Proxy {
             setup_notes,
             spilled_noted: false,
             copying: false,
-            rr_want: 0,
         })
     }
 
@@ -761,8 +753,6 @@ impl Proxy {
             let t0 = Instant::now();
             if self.bulk {
                 self.stats.bulk_waits += 1;
-            } else {
-                self.count_sends_in_waits();
             }
             let n = self.rx.poll(timeout, &mut |ev| events.push(ev))?;
             if capped && n == 0 && t0.elapsed() >= cap {
@@ -869,41 +859,7 @@ impl Proxy {
             return;
         }
         self.bulk = bulk;
-        self.rr_want = 0;
         self.stats.wait_switches += 1;
-    }
-
-    /// While connections exchange small messages a wait returns on the first completion, and
-    /// the completions of the sends it submits count: a send to a local peer completes inside
-    /// the enter that submits it, and a wait for one completion then returned on that send's
-    /// alone, so every forwarded message took a second turn and enter before the answer could
-    /// be waited for. The wait gathers one completion more than the sends in flight, or
-    /// returns after `SEND_MIN_WAIT` with at least one (`IORING_FEAT_MIN_TIMEOUT`): a message
-    /// that arrives while a send has not completed waits at most that long.
-    fn count_sends_in_waits(&mut self) {
-        if self.bulk_refused.is_some() || self.cfg.rx.batch > 1 {
-            return;
-        }
-        let want = 1 + self.tx.in_flight().min(self.cfg.bulk_batch);
-        if want == self.rr_want {
-            return;
-        }
-        let min_wait = if want > 1 {
-            SEND_MIN_WAIT
-        } else {
-            self.cfg.rx.min_wait
-        };
-        if self.rx.set_wait(want, min_wait) {
-            self.rr_want = want;
-        } else {
-            self.rx.set_wait(self.cfg.rx.batch, self.cfg.rx.min_wait);
-            self.bulk_refused = Some(
-                "proxy batched waits (while streaming, and a message's send counted with the \
-                 next one) -> first completion: kernel lacks IORING_FEAT_MIN_TIMEOUT (Linux \
-                 6.12)"
-                    .to_string(),
-            );
-        }
     }
 
     /// How often timers are checked: a tenth of the shortest timeout, within 10 ms..1 s.
