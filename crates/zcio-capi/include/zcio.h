@@ -5,7 +5,7 @@
  * no function aborts or unwinds into C.
  *
  * Threads: every function's comment ends with its rule. Event rings, senders, receivers,
- * NFQUEUE, NFLOG and conntrack event handles belong to the thread that created them (their
+ * NFQUEUE, NFLOG, conntrack event and audit handles belong to the thread that created them (their
  * io_uring instances are SINGLE_ISSUER): a call from another thread returns -EPERM and touches
  * nothing (a buffer or fd passed in stays the caller's). Posters, pools and buffers may be used from any thread (a
  * buffer by one thread at a time); a received chunk may be freed from any thread. */
@@ -32,6 +32,45 @@
  epoll (the baseline).
  */
 #define ZCIO_EVENT_PREFER_EPOLL 2
+
+/*
+ `zcio_audit_open` mode: register as the audit daemon (`AUDIT_SET` pid; CAP_AUDIT_CONTROL).
+ */
+#define ZCIO_AUDIT_PRIMARY 0
+
+/*
+ `zcio_audit_open` mode: read the multicast group beside whatever daemon runs
+ (`AUDIT_NLGRP_READLOG`; CAP_AUDIT_READ).
+ */
+#define ZCIO_AUDIT_OBSERVER 1
+
+/*
+ `zcio_audit_open` flag: fail (`-EEXIST`, `-EPERM`) instead of falling back from primary to
+ observer when another daemon is registered or registering is refused.
+ */
+#define ZCIO_AUDIT_NO_FALLBACK (1 << 8)
+
+/*
+ `zcio_audit_open` flag: leave the enabled flag as it is (by default a primary turns
+ auditing on, and sets it back at free).
+ */
+#define ZCIO_AUDIT_KEEP_ENABLED (1 << 9)
+
+/*
+ `zcio_audit_event.end`: the kernel's end-of-event record arrived.
+ */
+#define ZCIO_AUDIT_END_EOE 0
+
+/*
+ `zcio_audit_event.end`: a single-record event (a type the kernel sends no end-of-event
+ record after).
+ */
+#define ZCIO_AUDIT_END_SINGLE 1
+
+/*
+ `zcio_audit_event.end`: closed after waiting for its end-of-event record (or at flush).
+ */
+#define ZCIO_AUDIT_END_WAIT 2
 
 /*
  Event kind: a new entry.
@@ -199,6 +238,11 @@
 #define ZCIO_ZC_UNKNOWN 4
 
 /*
+ An audit consumer. Opaque; one thread at a time.
+ */
+typedef struct zcio_audit zcio_audit;
+
+/*
  One buffer from a pool, owned by the caller until a send takes it (`zcio_sender_send`,
  `zcio_send_ring_send`) or `zcio_buf_free` returns it to its pool. Opaque.
  */
@@ -313,6 +357,154 @@ typedef struct zcio_event_stats {
    */
   uint64_t poster_wakes;
 } zcio_event_stats;
+
+/*
+ One record of an event, valid during the callback only.
+ */
+typedef struct zcio_audit_record {
+  /*
+   Record type (`AUDIT_SYSCALL` = 1300, `AUDIT_PATH` = 1302, ...).
+   */
+  uint16_t record_type;
+  /*
+   The whole text, `audit(sec.msec:serial): ` header included (what auditd writes after
+   `msg=`); not NUL-terminated.
+   */
+  const char *text;
+  /*
+   Its length.
+   */
+  uintptr_t text_len;
+  /*
+   The fields after the header (`key=value ...`, as the kernel wrote them, hex-encoded
+   values not decoded): a suffix of `text`.
+   */
+  const char *body;
+  /*
+   Its length.
+   */
+  uintptr_t body_len;
+} zcio_audit_record;
+
+/*
+ One event, valid during the callback only.
+ */
+typedef struct zcio_audit_event {
+  /*
+   The serial number every record of the event has.
+   */
+  uint64_t serial;
+  /*
+   Time stamp: seconds (Unix time).
+   */
+  uint64_t sec;
+  /*
+   Time stamp: milliseconds.
+   */
+  uint16_t msec;
+  /*
+   How it was closed: `ZCIO_AUDIT_END_EOE`, `_SINGLE` or `_WAIT`.
+   */
+  uint8_t end;
+  /*
+   Whether records of the event are known to be missing (a syscall event without its
+   `SYSCALL` or end-of-event record: the kernel dropped them).
+   */
+  uint8_t incomplete;
+  /*
+   The records, in arrival order (the end-of-event record not among them).
+   */
+  const struct zcio_audit_record *records;
+  /*
+   How many.
+   */
+  uintptr_t nrecords;
+} zcio_audit_event;
+
+/*
+ Handles one event; its return value is ignored (return 0).
+ */
+typedef int (*zcio_audit_callback)(const struct zcio_audit_event *ev, void *user);
+
+/*
+ Counters of an audit consumer.
+ */
+typedef struct zcio_audit_stats {
+  /*
+   `ZCIO_AUDIT_PRIMARY` or `ZCIO_AUDIT_OBSERVER` (after any fallback).
+   */
+  uint32_t mode;
+  /*
+   Whether `kernel_lost_at_open` and `kernel_lost_now` were read (`AUDIT_GET` needs
+   CAP_AUDIT_CONTROL).
+   */
+  uint32_t has_kernel_lost;
+  /*
+   The kernel's `lost` counter (host-wide, records) when the consumer opened.
+   */
+  uint32_t kernel_lost_at_open;
+  /*
+   The kernel's `lost` counter now.
+   */
+  uint32_t kernel_lost_now;
+  /*
+   Records lost, at least: the kernel's drops since open plus the socket's.
+   */
+  uint64_t lost_at_least;
+  /*
+   Whether `lost_at_least` is exact (0: a lower bound; the report's JSON says why, in
+   `stats.loss` and the fallbacks).
+   */
+  uint32_t lost_exact;
+  /*
+   Records taken.
+   */
+  uint64_t records;
+  /*
+   Events handed over.
+   */
+  uint64_t events;
+  /*
+   Of which closed by their end-of-event record.
+   */
+  uint64_t eoe;
+  /*
+   Of which single-record events.
+   */
+  uint64_t single;
+  /*
+   Of which closed after the wait for their end-of-event record.
+   */
+  uint64_t waited;
+  /*
+   Events known to miss records.
+   */
+  uint64_t incomplete;
+  /*
+   Events closed early because too many were open.
+   */
+  uint64_t evicted;
+  /*
+   Events still open.
+   */
+  uint64_t open_events;
+  /*
+   Records the socket dropped (observer: its receive buffer was full; exact).
+   */
+  uint64_t kernel_drops;
+  /*
+   Datagrams received.
+   */
+  uint64_t datagrams;
+  /*
+   Receive syscalls.
+   */
+  uint64_t syscalls;
+  /*
+   Records that did not parse.
+   */
+  uint64_t parse_errors;
+} zcio_audit_stats;
 
 /*
  One direction of a connection. Addresses are in network byte order: 4 bytes for IPv4, 16
@@ -1186,6 +1378,85 @@ int zcio_event_poster_post(const struct zcio_event_poster *p, uint64_t token, ui
  Thread: any; each poster is freed once.
  */
 void zcio_event_poster_free(struct zcio_event_poster *p);
+
+/*
+ Opens an audit consumer into `*out`: `ZCIO_AUDIT_PRIMARY` or `ZCIO_AUDIT_OBSERVER`, with
+ the flags `ZCIO_AUDIT_NO_FALLBACK` and `ZCIO_AUDIT_KEEP_ENABLED`; a primary sets the
+ kernel's `backlog_limit` to `backlog_limit` when it is not 0. What a primary changed (the
+ registered pid, the enabled flag, the backlog limit) is set back at `zcio_audit_free`.
+ Audit exists only in the initial network namespace. Returns 0 or `-errno` (`-EEXIST`:
+ another daemon is registered, with `ZCIO_AUDIT_NO_FALLBACK`; `-EPERM`: a capability is
+ missing; `-EPROTONOSUPPORT`: audit compiled out; `zcio_last_error` says which).
+
+ Thread: any; the calling thread becomes the owner. Ownership: `*out` until `zcio_audit_free`.
+ */
+int zcio_audit_open(struct zcio_audit **out, uint32_t flags, uint32_t backlog_limit);
+
+/*
+ Unregisters (primary), sets back what open changed, and frees (NULL is ignored). Events
+ still open are not handed over: call `zcio_audit_flush` first.
+
+ Thread: the owner (its ring is bound to it); freed once.
+ */
+void zcio_audit_free(struct zcio_audit *a);
+
+/*
+ Receives what is ready (waiting up to `timeout_ms`, -1: until an event completes), groups
+ the records into events and calls `cb` for each event that completed, in the order they
+ completed. Returns the number of events handled or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other). `cb` runs on that thread, inside this call; the event and its records are valid during the callback only.
+ */
+int zcio_audit_process(struct zcio_audit *a,
+                       int timeout_ms,
+                       zcio_audit_callback cb,
+                       void *user);
+
+/*
+ Closes every event still open (their end-of-event records may still come: call at exit)
+ and calls `cb` for each. Returns the number handled or `-errno`.
+
+ Thread: the owner only (`-EPERM` from any other). `cb` runs on that thread, inside this call; the event and its records are valid during the callback only.
+ */
+int zcio_audit_flush(struct zcio_audit *a,
+                     zcio_audit_callback cb,
+                     void *user);
+
+/*
+ Fills `*out` with the counters (reads the socket's drop counter and the kernel's `lost`:
+ a `getsockopt` and an `AUDIT_GET` request).
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_audit_get_stats(struct zcio_audit *a, struct zcio_audit_stats *out);
+
+/*
+ The loss in one sentence, NUL-terminated (what `zcio audit` prints at exit: what is exact,
+ what is a bound): valid until the next call on the handle or its free. Reads the counters
+ as `zcio_audit_get_stats` does. NULL on a bad handle or from another thread.
+
+ Thread: the owner only (NULL from any other).
+ */
+const char *zcio_audit_loss_summary(struct zcio_audit *a);
+
+/*
+ How the consumer receives: `"frame-ring+io_uring"` or `"frame-ring+recvmmsg"` (static).
+
+ Thread: any (static string).
+ */
+const char *zcio_audit_path(const struct zcio_audit *a);
+
+/*
+ A snapshot of what the handle reports into `*out`: its path, counters (`ops` = events),
+ every fallback with its reason (primary to observer, the kernel's lost counter unreadable,
+ receive buffer sizing, ring set-up), and its audit counters (mode, records, events by how
+ they closed, incomplete events, the kernel's `lost` at open and now, `loss`: `at_least`,
+ `at_most`, `exact`) as `stats` in the JSON. Free it with `zcio_report_free`. Returns 0,
+ `-EINVAL` or `-EPERM`.
+
+ Thread: the owner only (`-EPERM` from any other).
+ */
+int zcio_audit_report(struct zcio_audit *a, struct zcio_report **out);
 
 /*
  Subscribes into `*out` to the event kinds in `flags` (`ZCIO_CT_NEW | ZCIO_CT_UPDATE |

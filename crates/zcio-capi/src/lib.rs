@@ -6,7 +6,7 @@
 //! never unwinds into C (it is caught and reported as `-ENOTRECOVERABLE`).
 //!
 //! Threads: every function's comment ends with its thread rule. Event rings, senders,
-//! receivers, NFQUEUE, NFLOG and conntrack event handles belong to the thread that created them (their io_uring
+//! receivers, NFQUEUE, NFLOG, conntrack event and audit handles belong to the thread that created them (their io_uring
 //! instances are `SINGLE_ISSUER`); their calls from another thread return `-EPERM` without
 //! touching anything. Posters, pools and buffers may be used from any thread (a buffer by one
 //! thread at a time), and a received chunk may be freed from any thread.
@@ -16,6 +16,7 @@
 #![allow(non_camel_case_types)]
 #![warn(missing_docs)]
 
+mod audit;
 mod ctevents;
 mod nflog;
 mod nfq;
@@ -24,6 +25,7 @@ mod ring;
 mod rx;
 mod tx;
 
+pub use audit::*;
 pub use ctevents::*;
 pub use nflog::*;
 pub use nfq::*;

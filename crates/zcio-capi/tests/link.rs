@@ -124,8 +124,8 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
         .collect();
     assert!(!exported.is_empty(), "{syms}");
     // Symbols keep the version they were released with: the send ring and the reports came
-    // in ZCIO_0.2, held NFQUEUE packets and the last error in ZCIO_0.3 (each listed by name in
-    // zcio.map); the rest is ZCIO_0.1's glob.
+    // in ZCIO_0.2, held NFQUEUE packets and the last error in ZCIO_0.3, audit in ZCIO_0.4 (each
+    // listed by name in zcio.map); the rest is ZCIO_0.1's glob.
     let map = std::fs::read_to_string(root.join("crates/zcio-capi/zcio.map")).expect("zcio.map");
     let node = |v: &str| -> Vec<String> {
         map.split(&format!("{v} {{"))
@@ -143,6 +143,7 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
     let named = [
         ("ZCIO_0.2", node("ZCIO_0.2")),
         ("ZCIO_0.3", node("ZCIO_0.3")),
+        ("ZCIO_0.4", node("ZCIO_0.4")),
     ];
     for s in &exported {
         let name = s.split('@').next().unwrap_or(s);
@@ -152,7 +153,7 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
             .map_or("ZCIO_0.1", |(v, _)| *v);
         assert!(
             s.starts_with("zcio_") && s.ends_with(&format!("@@{want}"))
-                || ["ZCIO_0.1", "ZCIO_0.2", "ZCIO_0.3"].contains(s),
+                || ["ZCIO_0.1", "ZCIO_0.2", "ZCIO_0.3", "ZCIO_0.4"].contains(s),
             "unexpected export {s} (want {want})"
         );
     }
@@ -410,6 +411,29 @@ fn c_and_cpp_programs_link_against_the_installed_library() {
             out.contains("flows 5, bad 0, new 5, lost 0") && out.ends_with("ok\n"),
             "{out}"
         );
+    }
+
+    // The audit example on the host (audit is global: `AuditHost` serialises with the other
+    // audit tests, and sets back the enabled flag, the registered pid and its watch): a storm
+    // of openat calls of a file the test names, every event once and whole, nothing lost.
+    let audit_exe = p.join("audit");
+    cc_example(
+        &audit_exe,
+        root.join("crates/zcio-capi/examples/c/audit.c"),
+        &flags,
+        &rpath,
+    );
+    if let Some(mut host) = zcio_testnet::audit::AuditHost::take("audit_example", false) {
+        let (file, key) = host.watch("c-storm");
+        let out = run(Command::new(&audit_exe).arg(&file).arg(&key).arg("1000"));
+        assert!(
+            out.contains("events 1000, bad 0, dup 0, late 0")
+                && out.contains("lost 0 (exact)")
+                && out.ends_with("ok\n"),
+            "{out}"
+        );
+        drop(host);
+        assert_eq!(zcio_core::netlink::audit_status().unwrap().pid, 0);
     }
 
     // C, static.

@@ -110,11 +110,7 @@ pub fn json_event(out: &mut String, ev: &AuditEvent) {
         ev.serial,
         ev.sec,
         ev.msec,
-        match ev.end {
-            zcio::netlink::EventEnd::Eoe => "eoe",
-            zcio::netlink::EventEnd::Single => "single",
-            zcio::netlink::EventEnd::Wait => "wait",
-        },
+        ev.end.as_str(),
         ev.incomplete()
     );
     let q = |s: &[u8]| serde_json::to_string(&String::from_utf8_lossy(s)).unwrap_or_default();

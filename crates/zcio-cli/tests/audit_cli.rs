@@ -13,16 +13,10 @@ fn bin() -> &'static str {
 }
 
 fn storm(file: &std::path::Path, n: usize) {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "i=0; while [ $i -lt {n} ]; do : < '{}'; i=$((i+1)); done",
-            file.display()
-        ))
-        .status()
+    assert!(zcio_testnet::audit::storm(file, n)
+        .wait()
         .unwrap()
-        .success();
-    assert!(ok);
+        .success());
 }
 
 /// Starts `zcio audit` with `args`, waits until it is the registered daemon.

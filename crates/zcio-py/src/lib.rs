@@ -10,6 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod audit;
 mod errors;
 mod logs;
 mod queue;
@@ -42,6 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<logs::LogEntry>()?;
     m.add_class::<logs::CtEvents>()?;
     m.add_class::<logs::CtEvent>()?;
+    m.add_class::<audit::Audit>()?;
     m.add("DROP", 0u32)?;
     m.add("ACCEPT", 1u32)?;
     m.add("REPEAT", 4u32)?;

@@ -29,7 +29,7 @@ fn io_err(what: String, e: Option<&std::io::Error>) -> PyErr {
 
 /// `lost_at_least`, `lost_at_most` (None: no bound known), `lost_exact` and `loss_summary`
 /// (the sentence `zcio nflog` / `zcio conntrack events` print on exit).
-fn loss_items(d: &Bound<'_, PyDict>, loss: &Loss, summary: String) -> PyResult<()> {
+pub(crate) fn loss_items(d: &Bound<'_, PyDict>, loss: &Loss, summary: String) -> PyResult<()> {
     d.set_item("lost_at_least", loss.at_least)?;
     d.set_item("lost_at_most", loss.at_most)?;
     d.set_item("lost_exact", loss.exact)?;

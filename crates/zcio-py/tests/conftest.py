@@ -187,3 +187,76 @@ def waiting(queue: int) -> int:
             if int(fields[0]) == queue:
                 return int(fields[2])
     return 0
+
+
+def _audit_status() -> dict:
+    out = subprocess.run(["auditctl", "-s"], check=True, capture_output=True, text=True).stdout
+    st = {}
+    for line in out.splitlines():
+        k, _, v = line.partition(" ")
+        if v.split() and v.split()[0].isdigit():
+            st[k] = int(v.split()[0])
+    return st
+
+
+class AuditHost:
+    """The host's audit state for a test that changes it (audit is global, in the initial
+    namespaces only), as zcio_testnet::audit::AuditHost keeps it for the Rust tests: one test
+    at a time across processes (``flock /tmp/zcio-audit.lock``), refused where another daemon
+    is registered, and set back afterwards — the enabled flag, the limits, the registered pid
+    and the rules the test added (each tagged with its own key)."""
+
+    def __init__(self, name: str, tmp: str):
+        self.name, self.tmp, self.rules = name, tmp, []
+        self.saved = _audit_status()
+
+    status = staticmethod(_audit_status)
+
+    def watch(self, name: str):
+        """A read watch on a fresh file, tagged with a key of its own: (file, key)."""
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write("x")
+        key = f"zcio-py-{name}-{os.getpid()}"
+        subprocess.run(["auditctl", "-w", path, "-p", "r", "-k", key], check=True,
+                       capture_output=True)
+        self.rules.append((path, key))
+        return path, key
+
+    def restore(self) -> None:
+        for path, key in self.rules:
+            subprocess.run(["auditctl", "-W", path, "-p", "r", "-k", key], capture_output=True)
+        s = self.saved
+        subprocess.run(["auditctl", "-e", str(s["enabled"]), "-b", str(s["backlog_limit"]),
+                        "--backlog_wait_time", str(s["backlog_wait_time"]),
+                        "-r", str(s["rate_limit"])], check=True, capture_output=True)
+
+
+@pytest.fixture
+def audit_host(request, tmp_path):
+    """An ``AuditHost``: skipped without root or auditctl (a failure under
+    ZCIO_REQUIRE_PRIV=1); checks on the way out that everything was set back."""
+    import fcntl
+
+    if os.geteuid() != 0:
+        require("needs root (CAP_AUDIT_CONTROL)")
+    if shutil.which("auditctl") is None and not os.path.exists("/usr/sbin/auditctl"):
+        require("auditctl not found (scripts/deps installs auditd)")
+    lock = open("/tmp/zcio-audit.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        h = AuditHost(request.node.name, str(tmp_path))
+        if h.saved.get("enabled") == 2:
+            require("audit is locked (enabled 2)")
+        assert h.saved.get("pid") == 0, (
+            f"pid {h.saved.get('pid')} is registered as the audit daemon: refusing to change "
+            "the host's audit state beside it")
+        try:
+            yield h
+        finally:
+            h.restore()
+        after = _audit_status()
+        for k in ("enabled", "pid", "backlog_limit", "backlog_wait_time", "rate_limit"):
+            assert after[k] == h.saved[k], f"audit {k} not set back: {after[k]} != {h.saved[k]}"
+    finally:
+        lock.close()

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
-use zcio::netlink::{audit_status, AuditStatus};
+use zcio::netlink::{audit_status, AuditEvent, AuditStatus, EventEnd};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -152,6 +152,42 @@ impl Drop for AuditHost {
             }
         }
     }
+}
+
+/// A process that opens `file` `n` times (one `openat` each): a storm of events for a watch
+/// on `file` ([`AuditHost::watch`]).
+pub fn storm(file: &Path, n: usize) -> std::process::Child {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "i=0; while [ $i -lt {n} ]; do : < '{}'; i=$((i+1)); done",
+            file.display()
+        ))
+        .spawn()
+        .expect("sh")
+}
+
+/// The `key` of an event's `SYSCALL` record (the rule's key that audited it).
+pub fn key_of(ev: &AuditEvent) -> Option<String> {
+    ev.records()
+        .find(|r| r.ty == 1300)
+        .and_then(|r| r.field("key"))
+        .map(|k| String::from_utf8_lossy(&k).into_owned())
+}
+
+/// Whether `ev` is a whole `openat` event of `file`: closed by its end-of-event record, not
+/// incomplete, `SYSCALL` first, a `PATH` record naming `file` and a `PROCTITLE` record.
+pub fn whole(ev: &AuditEvent, file: &Path) -> bool {
+    let types: Vec<u16> = ev.records().map(|r| r.ty).collect();
+    let name = file.to_str().unwrap().as_bytes().to_vec();
+    ev.end == EventEnd::Eoe
+        && !ev.incomplete()
+        && types.first() == Some(&1300)
+        && types.contains(&1302)
+        && types.contains(&1327)
+        && ev
+            .records()
+            .any(|r| r.ty == 1302 && r.field("name").is_some_and(|n| *n == name[..]))
 }
 
 /// Sets the enabled flag, the backlog limit, the backlog wait time and the rate limit back to

@@ -54,7 +54,8 @@ pub mod tx;
 #[cfg(not(loom))]
 pub use event::{EventConfig, EventRing};
 pub use netlink::{
-    CtEvents, CtEventsConfig, NfLog, NfLogConfig, NfQueue, NfQueueConfig, RouteSocket,
+    Audit, AuditConfig, CtEvents, CtEventsConfig, NfLog, NfLogConfig, NfQueue, NfQueueConfig,
+    RouteSocket,
 };
 pub use ring::{RingConfig, SetupFlag};
 pub use rx::{Receiver, RxConfig};

@@ -14,27 +14,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use zcio::netlink::{audit_status, Audit, AuditConfig, AuditEvent, AuditMode, EventEnd};
-use zcio_testnet::audit::{auditctl, AuditHost};
-
-/// A process that opens `file` `n` times (one `openat` each).
-fn storm(file: &Path, n: usize) -> Child {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "i=0; while [ $i -lt {n} ]; do : < '{}'; i=$((i+1)); done",
-            file.display()
-        ))
-        .spawn()
-        .expect("sh")
-}
-
-fn key_of(ev: &AuditEvent) -> Option<String> {
-    ev.records()
-        .find(|r| r.ty == 1300)
-        .and_then(|r| r.field("key"))
-        .map(|k| String::from_utf8_lossy(&k).into_owned())
-}
+use zcio::netlink::{audit_status, Audit, AuditConfig, AuditEvent, AuditMode};
+use zcio_testnet::audit::{auditctl, key_of, storm, whole, AuditHost};
 
 /// Reads until `done` says so or `limit` passes; returns the events by serial.
 fn collect(
@@ -67,19 +48,6 @@ fn collect_all(
         .expect("process");
     }
     (evs, dup)
-}
-
-fn whole(ev: &AuditEvent, file: &Path) -> bool {
-    let types: Vec<u16> = ev.records().map(|r| r.ty).collect();
-    let name = file.to_str().unwrap().as_bytes().to_vec();
-    ev.end == EventEnd::Eoe
-        && !ev.incomplete()
-        && types.first() == Some(&1300)
-        && types.contains(&1302)
-        && types.contains(&1327)
-        && ev
-            .records()
-            .any(|r| r.ty == 1302 && r.field("name").is_some_and(|n| *n == name[..]))
 }
 
 #[test]

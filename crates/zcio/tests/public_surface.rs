@@ -58,14 +58,15 @@ use zcio::stats::{Path, Report};
 use zcio::{Counters, Fallback, Pool, PoolBuf, RingConfig, SetupFlag};
 use zcio::{EventConfig, EventRing, NfQueue, NfQueueConfig, Receiver, RouteSocket, RxConfig};
 use zcio::{CtEvents, CtEventsConfig, NfLog, NfLogConfig, Sender, SenderConfig};
+use zcio::{Audit, AuditConfig};
 fn report<R: Report>(r: &R) -> (Path, Counters, Vec<Fallback>) {
     (r.path().into(), r.counters(), r.fallbacks().to_vec())
 }
 fn main() {
     let _ = (report::<Sender>, report::<Receiver>, report::<EventRing>);
     let _ = (report::<NfQueue>, report::<RouteSocket>);
-    let _ = (report::<NfLog>, report::<CtEvents>);
-    let _: Option<(NfLogConfig, CtEventsConfig)> = None;
+    let _ = (report::<NfLog>, report::<CtEvents>, report::<Audit>);
+    let _: Option<(NfLogConfig, CtEventsConfig, AuditConfig)> = None;
     let _: Option<(&Pool, PoolBuf, SenderConfig, RxConfig, EventConfig, NfQueueConfig)> = None;
     let _: Option<(RingConfig, SetupFlag)> = None;
 }
@@ -125,7 +126,7 @@ thiserror = "2"
 tracing = "0.1"
 serde = {{ version = "1", features = ["derive"] }}
 serde_json = "1"
-tokio = {{ version = "1.54.1", default-features = false, features = ["net", "rt"], optional = true }}
+tokio = {{ version = "1.54.1", default-features = false, features = ["net", "rt", "time"], optional = true }}
 bytes = "1"
 
 [dev-dependencies]

@@ -589,3 +589,68 @@ fn async_send_ring_sends_gso_trains_to_many_peers_waiting_out_backpressure() {
         assert_eq!(n, 5 * ROUNDS, "peer {p}");
     }
 }
+
+/// Audit on the host (audit is global: `AuditHost` serialises with the other audit tests and
+/// sets everything back): a storm of `openat` calls of a file the test names, made while the
+/// async consumer waits, arrives once and whole, counted by serial; the counters say no loss.
+#[test]
+fn async_audit_hands_over_every_event_of_a_storm_once_and_whole() {
+    use std::collections::BTreeSet;
+    use zcio::netlink::{audit_status, Audit, AuditConfig, AuditMode};
+    use zcio::tokio::AsyncAudit;
+    use zcio_testnet::audit::{key_of, storm, whole, AuditHost};
+    let _dog = watchdog();
+    let test = "async_audit_hands_over_every_event_of_a_storm_once_and_whole";
+    let Some(mut host) = AuditHost::take(test, false) else {
+        return;
+    };
+    let (file, key) = host.watch("tokio-storm");
+    const N: usize = 1000;
+    let rt = runtime();
+    rt.block_on(async {
+        let a = Audit::open(AuditConfig {
+            mode: AuditMode::Primary,
+            fallback: false,
+            ..AuditConfig::default()
+        })
+        .unwrap();
+        let lost0 = audit_status().unwrap().lost;
+        let mut a = AsyncAudit::new(a).unwrap();
+        let mut child = storm(&file, N);
+        let (mut seen, mut dup, mut broken) = (BTreeSet::new(), 0, 0);
+        while seen.len() < N {
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                a.process(|ev| {
+                    if key_of(ev).as_deref() == Some(key.as_str()) {
+                        if !seen.insert(ev.serial) {
+                            dup += 1;
+                        }
+                        if !whole(ev, &file) {
+                            broken += 1;
+                        }
+                    }
+                }),
+            )
+            .await
+            .expect("the consumer was never woken")
+            .unwrap();
+        }
+        assert!(child.wait().unwrap().success());
+        let st = a.get_mut().stats();
+        assert_eq!((seen.len(), dup, broken), (N, 0, 0), "{st:?}");
+        assert_eq!(
+            audit_status().unwrap().lost,
+            lost0,
+            "the kernel lost records"
+        );
+        assert!(
+            st.loss.exact && st.loss.at_least == 0,
+            "{}",
+            st.loss_summary()
+        );
+        assert_eq!(st.stream.parse_errors, 0);
+        drop(a);
+        assert_eq!(audit_status().unwrap().pid, 0, "unregistered at close");
+    });
+}

@@ -17,6 +17,9 @@ Two ways in:
 * ``zcio.NetfilterQueue`` — a drop-in for the ``netfilterqueue`` package (1.1.0): replace
   ``from netfilterqueue import NetfilterQueue`` with ``from zcio import NetfilterQueue``.
 
+The frame ring's other netlink consumers: ``zcio.NfLog`` (NFLOG groups), ``zcio.CtEvents``
+(conntrack events) and ``zcio.Audit`` (the kernel's audit events).
+
 The wait for packets releases the GIL; Ctrl+C stops ``run()`` within 20 ms of a wait slice.
 """
 
@@ -52,6 +55,7 @@ __version__: str = _native.__version__
 VERSION = tuple(int(x) for x in __version__.split(".")[:3])
 
 __all__ = [
+    "Audit",
     "VERSION",
     "__version__",
     "ACCEPT",
@@ -220,6 +224,24 @@ class CtEvents(_Stream, _native.CtEvents):
     timeout, mark, zone, id, and ``line``: the event as ``conntrack -E`` prints it.
     ``stats["lost"]`` counts events the kernel dropped at the socket (exactly);
     ``lost_at_least``/``lost_exact``/``loss_summary`` add what overruns say beyond it.
+    """
+
+
+class Audit(_Stream, _native.Audit):
+    """The kernel's audit events: ``Audit()`` registers as the audit daemon (root:
+    CAP_AUDIT_CONTROL; auditing is turned on, and set back at ``close()``), ``Audit(observer=True)``
+    reads beside the registered one (CAP_AUDIT_READ). Audit exists only in the initial network
+    namespace.
+
+    Batches are lists of events, each a dict as ``zcio audit`` writes it in JSON: ``serial``,
+    ``time``, ``end`` ("eoe", "single", "wait"), ``incomplete``, and ``records`` in arrival
+    order, each with ``type``, ``name``, ``fields`` (hex-encoded values decoded) and ``text``
+    (the fields as the kernel wrote them). An event without its end-of-event record closes
+    ``event_wait`` seconds after its last record, at a later ``next_batch`` (or ``flush()``).
+    ``stats`` has the records, events, the kernel's ``lost`` counter at open and now, the
+    socket's drops and incomplete events, and ``lost_at_least``/``lost_exact``/
+    ``loss_summary``. Options: ``observer``, ``fallback``, ``enable``, ``backlog_limit``,
+    ``backlog_wait_time``, ``rate_limit``, ``event_wait``, ``sock_len``, ``frames``, ``uring``.
     """
 
 

@@ -728,6 +728,13 @@ impl Audit {
         Ok(n)
     }
 
+    /// How long until the earliest open event closes by the wait for its end-of-event record
+    /// (`None`: no event is open). An async caller that waits on [`Audit::readiness_fd`]
+    /// waits at most this long, then calls [`Audit::on_ready`] to close it.
+    pub fn next_close(&self) -> Option<Duration> {
+        self.grouper.next_deadline(Instant::now())
+    }
+
     /// Closes every open event now (their end-of-event records may still come: call at
     /// exit) and hands them to `f`.
     pub fn flush<F>(&mut self, mut f: F) -> usize

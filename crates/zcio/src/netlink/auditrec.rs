@@ -436,6 +436,17 @@ pub enum EventEnd {
     Wait,
 }
 
+impl EventEnd {
+    /// `eoe`, `single` or `wait` (as serialised).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventEnd::Eoe => "eoe",
+            EventEnd::Single => "single",
+            EventEnd::Wait => "wait",
+        }
+    }
+}
+
 /// One audit event: its records in arrival order (the end-of-event record not among them).
 /// The records' bytes are copied out of the frames, once, into one buffer per event.
 #[derive(Debug, Clone, PartialEq, Eq)]

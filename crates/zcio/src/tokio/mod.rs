@@ -2,7 +2,7 @@
 //! ([`LocalIo`], [`TcpStream`]: tokio's `AsyncRead` + `AsyncWrite`, so hyper, tonic and the
 //! tokio-util codecs run on them), and adapters for each capability built on its readiness
 //! descriptor ([`AsyncSender`], [`AsyncSendRing`], [`AsyncReceiver`], [`AsyncNfQueue`],
-//! [`AsyncNfLog`], [`AsyncCtEvents`]) with [`tokio::io::unix::AsyncFd`].
+//! [`AsyncNfLog`], [`AsyncCtEvents`], [`AsyncAudit`]) with [`tokio::io::unix::AsyncFd`].
 //!
 //! The rings are `SINGLE_ISSUER` (only the creating thread may enter them), so these types
 //! are not `Send`: run them in a `LocalSet` (a task per connection with `spawn_local`), on
@@ -168,7 +168,8 @@ pub use stream::{LocalIo, LocalIoConfig, OwnedReadHalf, OwnedWriteHalf, TcpStrea
 use crate::buf::pool::PoolBuf;
 use crate::netlink::nfqmsg::Packet;
 use crate::netlink::{
-    CtError, CtEvent, CtEvents, Decision, LogPacket, NfLog, NfLogError, NfQueue, NfqError,
+    Audit, AuditError, AuditEvent, CtError, CtEvent, CtEvents, Decision, LogPacket, NfLog,
+    NfLogError, NfQueue, NfqError,
 };
 use crate::rx::{Receiver, RxError, RxEvent};
 use crate::tx::{Completion, Dest, SendRing, Sender, SockId, Ticket, TxBuf, TxError};
@@ -748,5 +749,73 @@ impl AsyncCtEvents {
             },
         )
         .await
+    }
+}
+
+/// An [`Audit`] consumer for async code: [`AsyncAudit::process`] waits for audit events and
+/// hands them to the caller's closure.
+///
+/// An event whose end-of-event record does not come closes after the consumer's
+/// [`event_wait`](crate::netlink::AuditConfig::event_wait): while such an event is open,
+/// `process` waits on a tokio timer too, so the runtime needs its time driver (as
+/// `#[tokio::main]` and `Builder::enable_all` give).
+#[derive(Debug)]
+pub struct AsyncAudit {
+    fd: AsyncFd<Borrowed>,
+    audit: Audit,
+}
+
+impl AsyncAudit {
+    /// Registers the consumer's readiness descriptor with the current runtime's reactor.
+    pub fn new(mut audit: Audit) -> Result<Self, AuditError> {
+        let fd = register(audit.readiness_fd()?).map_err(|source| AuditError::Socket {
+            what: "registering the audit readiness descriptor with tokio".into(),
+            source,
+        })?;
+        Ok(Self { fd, audit })
+    }
+
+    /// The consumer (mode, path, fallbacks).
+    pub fn get_ref(&self) -> &Audit {
+        &self.audit
+    }
+
+    /// The consumer (counters, [`Audit::flush`], [`Audit::unregister`]).
+    pub fn get_mut(&mut self) -> &mut Audit {
+        &mut self.audit
+    }
+
+    /// The consumer back.
+    pub fn into_inner(self) -> Audit {
+        self.audit
+    }
+
+    /// Waits until events complete and hands each to `f` in the order they completed (as
+    /// [`Audit::process`] does). Returns the number handled (at least one).
+    pub async fn process<F>(&mut self, mut f: F) -> Result<usize, AuditError>
+    where
+        F: FnMut(&AuditEvent),
+    {
+        let io_err = |source| AuditError::Socket {
+            what: "waiting on the audit readiness descriptor".into(),
+            source,
+        };
+        loop {
+            let audit = &mut self.audit;
+            // New records only move the earliest close later: waiting this long at most
+            // misses no event's wait.
+            let Some(wait) = audit.next_close() else {
+                return until_some(&self.fd, || audit.on_ready(&mut f), io_err).await;
+            };
+            let ready = until_some(&self.fd, || audit.on_ready(&mut f), io_err);
+            if let Ok(r) = ::tokio::time::timeout(wait, ready).await {
+                return r;
+            }
+            // The wait ended: `on_ready` closes the event.
+            let n = self.audit.on_ready(&mut f)?;
+            if n > 0 {
+                return Ok(n);
+            }
+        }
     }
 }
