@@ -799,9 +799,10 @@ fn waits_batch_while_streaming_and_return_on_the_first_completion_for_small_mess
     assert!(per_mb < 8.0, "{per_mb:.2} enters per MB: {st:?}");
     // The sends of a turn enter with the next wait: no enter beyond the waits but for a full
     // submission queue (256 entries). When the send ring also entered every 32 sends of a
-    // harvest, 151–157 enters more than turns for these 1,027 chunks; now 0–1.
+    // harvest, 151–157 enters more than turns for these 1,027 chunks; now 0–1 (the bound
+    // leaves room for full submission queues in a slow guest).
     assert!(
-        enters.saturating_sub(turns) <= chunks / 128 + 2,
+        enters.saturating_sub(turns) <= chunks / 16,
         "{enters} enters in {turns} turns for {chunks} chunks: {st:?}"
     );
     // The small messages after the stream wait for the first completion again.
