@@ -448,7 +448,8 @@ typedef struct zcio_audit_stats {
    */
   uint32_t kernel_lost_now;
   /*
-   Records lost, at least: the kernel's drops since open plus the socket's.
+   Records lost, at least: the kernel's `lost` growth since open (primary) or the
+   socket's drops (observer); `AuditStats::loss` in the Rust docs says why.
    */
   uint64_t lost_at_least;
   /*
@@ -489,7 +490,8 @@ typedef struct zcio_audit_stats {
    */
   uint64_t open_events;
   /*
-   Records the socket dropped (observer: its receive buffer was full; exact).
+   The socket's drops: observer, records its full receive buffer dropped (exact);
+   primary, sends the kernel failed after 1/10 s and retries (not records lost).
    */
   uint64_t kernel_drops;
   /*

@@ -90,7 +90,8 @@ pub struct zcio_audit_stats {
     pub kernel_lost_at_open: u32,
     /// The kernel's `lost` counter now.
     pub kernel_lost_now: u32,
-    /// Records lost, at least: the kernel's drops since open plus the socket's.
+    /// Records lost, at least: the kernel's `lost` growth since open (primary) or the
+    /// socket's drops (observer); `AuditStats::loss` in the Rust docs says why.
     pub lost_at_least: u64,
     /// Whether `lost_at_least` is exact (0: a lower bound; the report's JSON says why, in
     /// `stats.loss` and the fallbacks).
@@ -111,7 +112,8 @@ pub struct zcio_audit_stats {
     pub evicted: u64,
     /// Events still open.
     pub open_events: u64,
-    /// Records the socket dropped (observer: its receive buffer was full; exact).
+    /// The socket's drops: observer, records its full receive buffer dropped (exact);
+    /// primary, sends the kernel failed after 1/10 s and retries (not records lost).
     pub kernel_drops: u64,
     /// Datagrams received.
     pub datagrams: u64,

@@ -31,23 +31,49 @@ fn collect(
 fn collect_all(
     a: &mut Audit,
     limit: Duration,
-    mut done: impl FnMut(&BTreeMap<u64, AuditEvent>) -> bool,
+    done: impl FnMut(&BTreeMap<u64, AuditEvent>) -> bool,
     key: &str,
     all: &mut BTreeMap<u64, AuditEvent>,
 ) -> (BTreeMap<u64, AuditEvent>, usize) {
-    let mut evs = BTreeMap::new();
-    let mut dup = 0;
+    let (mut evs, mut dup) = (BTreeMap::new(), 0);
+    collect_each(a, limit, done, key, &mut evs, &mut dup, |ev| {
+        all.insert(ev.serial, ev.clone());
+    });
+    (evs, dup)
+}
+
+/// Reads into `evs` (the events with `key`, by serial; a serial seen again counts in `dup`)
+/// until `done` says so or `limit` passes.
+fn collect_into(
+    a: &mut Audit,
+    limit: Duration,
+    done: impl FnMut(&BTreeMap<u64, AuditEvent>) -> bool,
+    key: &str,
+    evs: &mut BTreeMap<u64, AuditEvent>,
+    dup: &mut usize,
+) {
+    collect_each(a, limit, done, key, evs, dup, |_| {});
+}
+
+fn collect_each(
+    a: &mut Audit,
+    limit: Duration,
+    mut done: impl FnMut(&BTreeMap<u64, AuditEvent>) -> bool,
+    key: &str,
+    evs: &mut BTreeMap<u64, AuditEvent>,
+    dup: &mut usize,
+    mut each: impl FnMut(&AuditEvent),
+) {
     let t0 = Instant::now();
-    while t0.elapsed() < limit && !done(&evs) {
+    while t0.elapsed() < limit && !done(evs) {
         a.process(Some(Duration::from_millis(50)), |ev| {
-            all.insert(ev.serial, ev.clone());
+            each(ev);
             if key_of(ev).as_deref() == Some(key) && evs.insert(ev.serial, ev.clone()).is_some() {
-                dup += 1;
+                *dup += 1;
             }
         })
         .expect("process");
     }
-    (evs, dup)
 }
 
 #[test]
@@ -69,15 +95,46 @@ fn every_event_of_a_storm_arrives_once_and_whole() {
     let lost0 = audit_status().unwrap().lost;
     const N: usize = 2000;
     let mut child = storm(&file, N);
-    let (evs, dup) = collect(&mut a, Duration::from_secs(60), |e| e.len() >= N, &key);
+    // The storm goes at the consumer's pace (the backlog holds 64 records): under emulation,
+    // 2,000 events took more than a minute in a loaded 6.1 guest, so the wait is scaled.
+    let limit = common::scaled(Duration::from_secs(30));
+    let t0 = Instant::now();
+    let mut evs = BTreeMap::new();
+    let mut dup = 0;
+    collect_into(&mut a, limit, |e| e.len() >= N, &key, &mut evs, &mut dup);
+    let took = t0.elapsed();
+    let t1 = Instant::now();
     assert!(child.wait().unwrap().success());
-    // Anything late or doubled would show now.
-    let (more, dup2) = collect(&mut a, Duration::from_millis(700), |_| false, &key);
+    let storm_end = t1.elapsed();
+    let in_time = evs.len();
+    // Anything late or doubled would show now (one map for both reads: a serial that came
+    // back in the second read is a double, not an extra).
+    collect_into(
+        &mut a,
+        Duration::from_millis(700),
+        |_| false,
+        &key,
+        &mut evs,
+        &mut dup,
+    );
     let st = a.stats();
-    eprintln!("{t}: {st:?}\n{}", st.loss_summary());
-    assert_eq!(dup + dup2, 0, "an event arrived twice");
-    assert!(more.is_empty(), "{} events after the storm's", more.len());
-    assert_eq!(evs.len(), N, "every openat is one event");
+    eprintln!(
+        "{t}: {in_time} events in {took:?} (the storm ended {storm_end:?} later), {} in all; \
+         {st:?}\n{}",
+        evs.len(),
+        st.loss_summary()
+    );
+    assert_eq!(dup, 0, "an event arrived twice");
+    assert!(
+        in_time >= N,
+        "{in_time} of the storm's {N} events came within {limit:?} ({} after the storm ended)",
+        evs.len() - in_time
+    );
+    assert_eq!(
+        evs.len(),
+        N,
+        "every openat is one event, and nothing more has the key"
+    );
     let broken: Vec<_> = evs.values().filter(|e| !whole(e, &file)).collect();
     assert!(
         broken.is_empty(),
@@ -89,8 +146,12 @@ fn every_event_of_a_storm_arrives_once_and_whole() {
         lost0,
         "the kernel lost records"
     );
-    assert!(
-        st.loss.exact && st.loss.at_least == 0,
+    // Nothing lost; exact unless a send to the socket failed (the consumer did not read for
+    // 1/10 s): then the kernel retried it, and the loss is stated as a lower bound.
+    assert_eq!(st.loss.at_least, 0, "{}", st.loss_summary());
+    assert_eq!(
+        st.loss.exact,
+        st.stream.kernel_drops == 0,
         "{}",
         st.loss_summary()
     );
@@ -137,18 +198,18 @@ fn a_consumer_stopped_mid_storm_reports_the_kernels_lost_count() {
         "the kernel lost nothing: the storm was too small"
     );
     // The consumer's own reads of the counter (at open, at stats) lie between the test's, and
-    // what it reports is their difference, exactly. (Equal to the test's difference where
-    // nothing else makes records; a guest's own activity lost 5 more between the reads.)
+    // what it reports is its growth (a guest's own activity can lose a few more records
+    // between the test's reads and the consumer's).
     let (open, now) = (st.kernel_lost_at_open.unwrap(), st.kernel_lost_now.unwrap());
     assert!(
         before <= open && open <= now && now <= after,
         "{before} {open} {now} {after}"
     );
-    assert!(st.loss.exact);
-    // Records the kernel lost, plus those the socket dropped (the 6.1 guest: 5).
     assert_eq!(
         st.loss.at_least,
-        u64::from(now - open) + st.stream.kernel_drops
+        u64::from(now - open),
+        "{}",
+        st.loss_summary()
     );
     assert!(
         now - open >= (after - before) / 2,
@@ -156,6 +217,39 @@ fn a_consumer_stopped_mid_storm_reports_the_kernels_lost_count() {
         now - open,
         after - before
     );
+    // Each openat makes at least 4 records (SYSCALL, PATH, PROCTITLE, EOE); what never came
+    // is at least 4 N less every record received (some of those are not the storm's) less
+    // what the kernel may still hold for a later read (its backlog and retry queue, 64 each).
+    let missing = (4 * N as u64).saturating_sub(st.events.records + 2 * 64);
+    eprintln!(
+        "{t}: at least {missing} of the storm's records never came; the kernel counted {}; \
+         {} sends failed",
+        now - open,
+        st.stream.kernel_drops
+    );
+    if st.stream.kernel_drops == 0 {
+        // No send failed: every record the kernel did not deliver is in its count.
+        assert!(st.loss.exact, "{}", st.loss_summary());
+        assert!(
+            missing <= st.loss.at_least,
+            "exact loss {} but at least {missing} of the storm's records never came",
+            st.loss.at_least
+        );
+    } else {
+        // Sends failed (the socket's drops): the kernel retried those records, and dropped
+        // the ones whose retries failed without counting them (unless booted with audit=1).
+        // The loss is then a lower bound, stated as one.
+        assert!(
+            !st.loss.exact && st.loss.at_most.is_none(),
+            "{}",
+            st.loss_summary()
+        );
+        assert!(
+            st.loss_summary().starts_with("LOSS: lost >= "),
+            "{}",
+            st.loss_summary()
+        );
+    }
     assert!(
         st.loss_summary().starts_with("LOSS: lost"),
         "{}",
@@ -256,7 +350,7 @@ fn an_observer_beside_auditd_captures_what_auditd_logs_byte_for_byte() {
     let mut all = BTreeMap::new();
     let (evs, dup) = collect_all(
         &mut a,
-        Duration::from_secs(60),
+        common::scaled(Duration::from_secs(30)),
         |e| e.len() >= N,
         &key,
         &mut all,

@@ -128,6 +128,70 @@ fn streams_echo_every_byte_in_order_through_split_halves_and_shut_down() {
     h.join().unwrap();
 }
 
+/// Many streams writing large buffers faster than their peers read: on loopback (`auto` finds
+/// the route copies) writes go straight to the socket and wait for room as tokio's stream
+/// does; every byte arrives in order, then the end of stream, and the writes that went
+/// straight to the socket outnumber those copied into the pool.
+#[test]
+fn large_writes_to_slow_readers_arrive_in_order_and_go_straight_to_the_socket_on_loopback() {
+    const CONNS: usize = 16;
+    const LEN: usize = 24 << 20;
+    let dog = watchdog();
+    let (addr, h) = server(&dog, |io, l| async move {
+        let mut data = vec![0u8; LEN];
+        common::fill_pattern(&mut data, 0);
+        let data = std::rc::Rc::new(data);
+        let mut tasks = Vec::new();
+        for _ in 0..CONNS {
+            let (s, _) = l.accept().await.unwrap();
+            let mut s = io.from_tokio(s).unwrap();
+            let data = data.clone();
+            tasks.push(tokio::task::spawn_local(async move {
+                // 1 MiB and odd-sized writes, so pool buffers and direct writes mix.
+                for part in data.chunks((1 << 20) + 4_321) {
+                    s.write_all(part).await.unwrap();
+                }
+                s.shutdown().await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let d = io.describe();
+        eprintln!("{d}");
+        // "writes: N direct (B B), M through the pool (B B)"
+        let bytes: Vec<u64> = d
+            .split("writes: ")
+            .nth(1)
+            .expect("the write counts in describe()")
+            .split('(')
+            .skip(1)
+            .take(2)
+            .map(|p| p.split(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(
+            bytes[0] > 2 * bytes[1],
+            "most bytes go straight to the socket, not through the pool: {d}"
+        );
+    });
+    let clients: Vec<_> = (0..CONNS)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                if i % 2 == 0 {
+                    // A slow start: the server's socket buffer fills.
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                read_to_end_checked(&mut s, 0, LEN as u64)
+            })
+        })
+        .collect();
+    for c in clients {
+        assert_eq!(c.join().unwrap(), LEN as u64);
+    }
+    h.join().unwrap();
+}
+
 #[test]
 fn send_bytes_lends_bytes_in_order_after_written_bytes_and_the_peer_sees_end_of_stream_at_once() {
     const BODY: usize = 16 << 20;

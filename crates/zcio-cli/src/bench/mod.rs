@@ -222,7 +222,8 @@ impl Ctx {
     }
 
     /// Measures one case: `baseline` and `zcio` alternate for [`Ctx::rounds`] rounds (the
-    /// order flips every round), then each metric in `metrics` becomes a [`Row`].
+    /// order flips every round), then each metric in `metrics` becomes a [`Row`]. A case
+    /// `ZCIO_BENCH_ONLY` leaves out is not run.
     pub fn compare(
         &mut self,
         case: &str,
@@ -231,6 +232,9 @@ impl Ctx {
         mut baseline: impl FnMut() -> Result<Sample>,
         mut zcio: impl FnMut() -> Result<Sample>,
     ) -> Result<()> {
+        if !wanted(case) {
+            return Ok(());
+        }
         let t0 = std::time::Instant::now();
         let mut a_samples = vec![];
         let mut b_samples = vec![];
@@ -293,6 +297,12 @@ impl Ctx {
         }
         Ok(())
     }
+}
+
+/// `ZCIO_BENCH_ONLY=substring`: run only the cases whose name contains it (for profiling
+/// one case; the full suite is the default).
+pub fn wanted(case: &str) -> bool {
+    std::env::var("ZCIO_BENCH_ONLY").map_or(true, |f| f.is_empty() || case.contains(&f))
 }
 
 /// Median, min and max.

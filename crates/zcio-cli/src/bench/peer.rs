@@ -112,10 +112,7 @@ impl Peer {
     }
 }
 
-/// `ZCIO_BENCH_ONLY=substring` picks cases, as in the local suites.
-fn wanted(case: &str) -> bool {
-    std::env::var("ZCIO_BENCH_ONLY").map_or(true, |f| f.is_empty() || case.contains(&f))
-}
+use crate::bench::wanted;
 
 fn params(len: usize, tx: TxMode, dur: Duration) -> Params {
     Params {

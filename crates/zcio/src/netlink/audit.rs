@@ -4,11 +4,12 @@
 //!
 //! - **Primary** ([`AuditMode::Primary`]): registers as the audit daemon (`AUDIT_SET` with the
 //!   process's pid; `CAP_AUDIT_CONTROL`, the initial pid namespace). The kernel then sends it
-//!   every record, one datagram each, and waits for room in the socket rather than dropping
-//!   (its socket's send timeout is unbounded): records that do not fit wait in the kernel's
-//!   backlog (`backlog_limit`), and beyond that the kernel drops them — or, with
-//!   `backlog_wait_time` > 0, the task that makes the record waits up to that long first —
-//!   and counts them in `lost`. `backlog_limit`, `backlog_wait_time` and `rate_limit` can be
+//!   every record, one datagram each: records wait in the kernel's backlog (`backlog_limit`),
+//!   and beyond that the kernel drops them — or, with `backlog_wait_time` > 0, the task that
+//!   makes the record waits up to that long first — and counts them in `lost`. A send to a
+//!   full socket waits at most 1/10 s (the kernel socket's send timeout), then fails: the
+//!   socket counts a drop and the record goes to the kernel's retry queue (see "Losses").
+//!   `backlog_limit`, `backlog_wait_time` and `rate_limit` can be
 //!   set at open ([`AuditConfig`]); like the enabled flag, they are set back at close
 //!   (with [`AuditConfig::restore`]). When another daemon is registered the kernel refuses
 //!   (`EEXIST`): with [`AuditConfig::fallback`] the consumer becomes an observer, recorded.
@@ -32,17 +33,30 @@
 //!
 //! # Losses
 //!
-//! - **the kernel's `lost` counter** (`AUDIT_GET`): records dropped before any consumer saw
-//!   them (backlog full, rate limit, no memory). It is host-wide and counts records, not
-//!   events. [`Audit::stats`] reads it (one request on a second socket) and reports the
-//!   growth since open: exact, unless someone reset it meanwhile (a smaller value: the loss
-//!   is then a lower bound) or the process may not read it (observer without
+//! - **the kernel's `lost` counter** (`AUDIT_GET`): records dropped before the daemon got
+//!   them (backlog full, rate limit, no memory, retry or hold queue full). It is host-wide and
+//!   counts records, not events. [`Audit::stats`] reads it (one request on a second socket)
+//!   and reports the growth since open, unless someone reset it meanwhile (a smaller value:
+//!   the loss is then a lower bound) or the process may not read it (observer without
 //!   `CAP_AUDIT_CONTROL`: unknown, recorded as a fallback).
-//! - **the socket's drops** (`SO_MEMINFO` `sk_drops`, observer mode): records the multicast
-//!   could not put into this socket. Exact.
+//! - **the socket's drops** (`SO_MEMINFO` `sk_drops`) mean one thing per mode:
+//!   - observer: records the multicast could not put into this socket. Exact, each one lost.
+//!   - primary: sends that failed after the kernel's 1/10 s wait. The record is not lost yet:
+//!     the kernel queues it for retry (with the records behind it) and delivers it when the
+//!     socket has room; a record whose retries fail too is dropped, counted in `lost` only
+//!     when the kernel was booted with `audit=1` (otherwise it is printed to the kernel log
+//!     and counted nowhere). So with drops the primary's loss is a lower bound.
 //! - **incomplete events** ([`AuditEvent::incomplete`]): events whose `SYSCALL` or
 //!   end-of-event record is missing — the loss seen from the events' side, a lower bound of
 //!   the events touched.
+//!
+//! What this makes of the two counters ([`AuditStats::loss`]):
+//! - primary: the `lost` growth, exact while the socket dropped nothing; a lower bound
+//!   otherwise.
+//! - observer: the socket's drops, plus up to the `lost` growth (the kernel counts there both
+//!   records dropped before the multicast, which this socket missed, and records the daemon
+//!   failed to take after it, which this socket got): exact while `lost` did not grow, a
+//!   range otherwise.
 
 use super::auditrec::{AuditEvent, AuditRecord, GroupStats, Grouper};
 use super::core::{Family, NlSocket, OpenError, SockSpec, Stream, StreamStats, UringNeed};
@@ -406,27 +420,49 @@ pub struct AuditStats {
     pub kernel_lost_at_open: Option<u32>,
     /// See [`AuditStats::kernel_lost_at_open`].
     pub kernel_lost_now: Option<u32>,
-    /// Everything known of the records lost: the kernel's drops since open plus the socket's.
+    /// Everything known of the records lost, per mode (the module docs, "Losses").
     pub loss: Loss,
 }
 
-/// What the counters say of the records lost: the kernel's `lost` growth since open (`None`:
-/// unknown; a smaller value than at open: reset by someone, so unknown before the reset) and
-/// the records dropped at this socket.
-pub(crate) fn audit_loss(at_open: Option<u32>, now: Option<u32>, socket: u64) -> Loss {
-    match (at_open, now) {
-        (Some(a), Some(n)) if n >= a => Loss {
-            at_least: u64::from(n - a) + socket,
-            at_most: Some(u64::from(n - a) + socket),
-            exact: true,
-        },
+/// What the counters say of the records lost (module docs, "Losses"): the kernel's `lost`
+/// growth since open (`None`: unknown; a smaller value than at open: reset by someone, so
+/// unknown before the reset) and the socket's drops, which in primary mode are failed sends
+/// the kernel retries (not records lost) and in observer mode records lost at this socket.
+pub(crate) fn audit_loss(
+    mode: AuditMode,
+    at_open: Option<u32>,
+    now: Option<u32>,
+    socket: u64,
+) -> Loss {
+    // What the kernel counted since open, and whether that is all it counted.
+    let kernel = match (at_open, now) {
+        (Some(a), Some(n)) if n >= a => Some((u64::from(n - a), true)),
         // Reset since open: what counted after the reset is known, what came before it not.
-        (Some(_), Some(n)) => Loss {
-            at_least: u64::from(n) + socket,
+        (Some(_), Some(n)) => Some((u64::from(n), false)),
+        _ => None,
+    };
+    match (mode, kernel) {
+        // Every record the kernel counted never reached the daemon. A failed send is retried,
+        // and dropped uncounted when its retries fail (unless booted with audit=1).
+        (AuditMode::Primary, Some((k, whole))) => Loss {
+            at_least: k,
+            at_most: (whole && socket == 0).then_some(k),
+            exact: whole && socket == 0,
+        },
+        (AuditMode::Primary, None) => Loss {
+            at_least: 0,
             at_most: None,
             exact: false,
         },
-        _ => Loss {
+        // The socket's drops are records this socket missed. The kernel's count holds records
+        // dropped before the multicast (missed here too) and records the daemon failed to
+        // take after it (received here): between none and all of it is this socket's.
+        (AuditMode::Observer, Some((k, whole))) => Loss {
+            at_least: socket,
+            at_most: whole.then_some(socket + k),
+            exact: whole && k == 0,
+        },
+        (AuditMode::Observer, None) => Loss {
             at_least: socket,
             at_most: None,
             exact: false,
@@ -444,21 +480,32 @@ impl AuditStats {
             (Some(a), Some(n)) => format!("the kernel's lost counter was reset ({a} -> {n}): at least {n} record(s) dropped by the kernel, how many before the reset unknown"),
             _ => "the kernel's lost counter unreadable (AUDIT_GET needs CAP_AUDIT_CONTROL): its drops unknown".to_string(),
         };
-        let sock = self.stream.kernel_drops;
+        let n = self.stream.kernel_drops;
+        let sock = if self.mode == Some(AuditMode::Primary) {
+            format!(
+                "{n} send(s) to the socket failed (the kernel retries them; one whose retries \
+                 fail is dropped, counted in lost only under audit=1)"
+            )
+        } else {
+            format!("{n} dropped at the socket")
+        };
         if l.exact && l.at_least == 0 && inc == 0 {
-            return format!("no loss: {kernel}; 0 dropped at the socket; 0 incomplete events");
+            return format!("no loss: {kernel}; {sock}; 0 incomplete events");
         }
         if l.exact {
             format!(
-                "LOSS: lost {} record(s), exactly: {kernel}; {sock} dropped at the socket; {inc} \
-                 event(s) incomplete",
+                "LOSS: lost {} record(s), exactly: {kernel}; {sock}; {inc} event(s) incomplete",
                 l.at_least
             )
         } else {
+            let at_least = l.at_least.max(inc);
+            let count = match l.at_most {
+                Some(m) if m > at_least => format!("{at_least} to {m}"),
+                _ => format!(">= {at_least}"),
+            };
             format!(
-                "LOSS: lost >= {} record(s): {kernel}; {sock} dropped at the socket (exact); {inc} \
-                 event(s) incomplete (each missing at least one record)",
-                l.at_least.max(inc)
+                "LOSS: lost {count} record(s): {kernel}; {sock}; {inc} event(s) incomplete (each \
+                 missing at least one record)"
             )
         }
     }
@@ -762,7 +809,7 @@ impl Audit {
             stream,
             kernel_lost_at_open: at_open,
             kernel_lost_now: lost_now,
-            loss: audit_loss(at_open, lost_now, stream.kernel_drops),
+            loss: audit_loss(self.mode, at_open, lost_now, stream.kernel_drops),
         }
     }
 
@@ -877,18 +924,57 @@ mod tests {
 
     #[test]
     fn a_reset_or_unreadable_lost_counter_makes_the_loss_a_lower_bound() {
+        use AuditMode::{Observer, Primary};
         assert_eq!(
-            audit_loss(Some(5), Some(12), 3),
+            audit_loss(Primary, Some(5), Some(12), 0),
             Loss {
-                at_least: 10,
-                at_most: Some(10),
+                at_least: 7,
+                at_most: Some(7),
                 exact: true
             }
         );
-        let l = audit_loss(Some(50), Some(4), 0);
+        let l = audit_loss(Primary, Some(50), Some(4), 0);
         assert_eq!((l.at_least, l.exact), (4, false));
-        let l = audit_loss(None, None, 7);
-        assert_eq!((l.at_least, l.exact), (7, false));
+        let l = audit_loss(Observer, None, None, 7);
+        assert_eq!((l.at_least, l.at_most, l.exact), (7, None, false));
+        let l = audit_loss(Observer, Some(50), Some(4), 7);
+        assert_eq!((l.at_least, l.at_most, l.exact), (7, None, false));
+    }
+
+    /// In primary mode a socket drop is a send the kernel retries (delivered later, or dropped
+    /// uncounted): the kernel's count is then a lower bound, and the drops are not added.
+    #[test]
+    fn primary_socket_drops_are_retried_sends_so_the_loss_is_a_lower_bound() {
+        assert_eq!(
+            audit_loss(AuditMode::Primary, Some(5), Some(12), 3),
+            Loss {
+                at_least: 7,
+                at_most: None,
+                exact: false
+            }
+        );
+    }
+
+    /// In observer mode a socket drop is a record lost here; the kernel's count may or may not
+    /// be records this socket missed.
+    #[test]
+    fn observer_loss_is_the_socket_drops_up_to_the_kernels_count_more() {
+        assert_eq!(
+            audit_loss(AuditMode::Observer, Some(5), Some(5), 3),
+            Loss {
+                at_least: 3,
+                at_most: Some(3),
+                exact: true
+            }
+        );
+        assert_eq!(
+            audit_loss(AuditMode::Observer, Some(5), Some(12), 3),
+            Loss {
+                at_least: 3,
+                at_most: Some(10),
+                exact: false
+            }
+        );
     }
 
     #[test]

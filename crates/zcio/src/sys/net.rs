@@ -160,6 +160,19 @@ pub fn send(fd: &impl AsRawFd, buf: &[u8], flags: i32) -> io::Result<usize> {
     syscall!(send(fd.as_raw_fd(), ptr, buf.len(), flags)).map(|n| n as usize)
 }
 
+/// One `sendmsg(2)` of `slices` on a connected socket with flags, the iovec being the slices
+/// themselves (`IoSlice` is ABI-compatible with `struct iovec`): no allocation. `EINTR` is
+/// retried, everything else is returned.
+pub fn send_slices(fd: &impl AsRawFd, slices: &[io::IoSlice<'_>], flags: i32) -> io::Result<usize> {
+    // SAFETY: all-zero is a valid msghdr (no name, no control).
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = slices.as_ptr().cast_mut().cast();
+    m.msg_iovlen = slices.len().min(libc::UIO_MAXIOV as usize);
+    // SAFETY: `m` points at `slices` (IoSlice is guaranteed ABI-compatible with iovec on
+    // Unix), borrowed for the call; the kernel only reads them.
+    syscall!(sendmsg(fd.as_raw_fd(), &m, flags)).map(|n| n as usize)
+}
+
 /// Most datagrams one [`send_batch`] sends.
 pub const SEND_BATCH_MAX: usize = 64;
 

@@ -132,11 +132,18 @@ pub fn is_readable(fd: BorrowedFd<'_>) -> bool {
 /// the same; the `AsyncFd` owns it, so it stays open exactly as long as it is registered.
 #[cfg(feature = "tokio")]
 pub fn tokio_register(fd: BorrowedFd<'_>) -> io::Result<::tokio::io::unix::AsyncFd<OwnedFd>> {
+    tokio_register_for(fd, ::tokio::io::Interest::READABLE)
+}
+
+/// [`tokio_register`] for `interest` (a socket's `WRITABLE`, to wait for room).
+#[cfg(feature = "tokio")]
+pub fn tokio_register_for(
+    fd: BorrowedFd<'_>,
+    interest: ::tokio::io::Interest,
+) -> io::Result<::tokio::io::unix::AsyncFd<OwnedFd>> {
     let own = super::move_private_fd(fd.try_clone_to_owned()?);
     // SAFETY: `own` is a descriptor nobody else holds; the AsyncFd owns it until it
     // deregisters, so it is neither closed nor replaced while registered.
-    let r = unsafe {
-        ::tokio::io::unix::AsyncFd::register_with_interest(own, ::tokio::io::Interest::READABLE)
-    };
+    let r = unsafe { ::tokio::io::unix::AsyncFd::register_with_interest(own, interest) };
     r.map_err(io::Error::from)
 }

@@ -5,12 +5,15 @@
 //!
 //! What a stream does with its bytes:
 //!
-//! - **Writes** (`poll_write`, `write_all`) are copied into buffers of the thread's send pool
-//!   and handed to the send ring; the sends of every stream of the thread go to the kernel in
-//!   one `io_uring_enter` per scheduler tick (the driver task runs after the tasks that
-//!   wrote). That is fewer syscalls, **not zero-copy**: the bytes are copied once into the
-//!   pool (and on loopback or local delivery the kernel copies again, as it does for any
-//!   send).
+//! - **Writes** (`poll_write`, `write_all`) on a route where the kernel copies anyway
+//!   (loopback, local delivery: `auto`'s COPIED verdict, path `uring-copy`) go straight to
+//!   the socket with one non-blocking `sendmsg` from the caller's slices, waiting for room on
+//!   tokio's reactor as tokio's stream does: one copy, by the kernel
+//!   ([`LocalIoConfig::direct_min`]). Elsewhere they are copied into buffers of the thread's
+//!   send pool and handed to the send ring; the sends of every stream of the thread go to the
+//!   kernel in one `io_uring_enter` per scheduler tick (the driver task runs after the tasks
+//!   that wrote). That is fewer syscalls, **not zero-copy**: the bytes are copied once into
+//!   the pool. [`LocalIo::describe`] counts the writes of each kind.
 //! - [`TcpStream::send_bytes`] lends an owned `bytes::Bytes` to the kernel as it is (io_uring
 //!   `SEND_ZC` where it pays, no pool, no copy in user space) and drops it when the kernel's
 //!   notification says it is done: for response bodies that already are `Bytes`.
@@ -62,6 +65,12 @@ pub struct LocalIoConfig {
     pub buffers: usize,
     /// Unread bytes a stream may hold before its receive pauses (256 KiB).
     pub rx_queue: usize,
+    /// Writes of at least this many bytes (0: every write) go straight to the socket, with
+    /// one non-blocking `sendmsg` from the caller's slices, when the stream's sends are
+    /// copied by the kernel anyway (its path is `uring-copy`: `auto` found the route copies,
+    /// e.g. loopback) and nothing of it is queued on the ring; other writes are copied into
+    /// the send pool and batched on the ring. `usize::MAX` turns direct writes off.
+    pub direct_min: usize,
 }
 
 impl Default for LocalIoConfig {
@@ -73,6 +82,7 @@ impl Default for LocalIoConfig {
             buf_size: 64 << 10,
             buffers: 256,
             rx_queue: 256 << 10,
+            direct_min: 0,
         }
     }
 }
@@ -165,6 +175,10 @@ struct Core {
     in_tick: bool,
     driver: Option<Waker>,
     stopped: bool,
+    /// Writes that went straight to their socket, and their bytes.
+    direct: (u64, u64),
+    /// Writes copied into the send pool, and their bytes.
+    pooled: (u64, u64),
 }
 
 struct Slot {
@@ -190,6 +204,9 @@ struct Conn {
     /// The first send the kernel failed (fails later writes).
     tx_err: Option<SendError>,
     shut_wr: bool,
+    /// The socket registered with tokio's reactor for `WRITABLE`: made when a direct write
+    /// first finds the socket buffer full, to wait for room as tokio's stream does.
+    wfd: Option<AsyncFd<std::os::fd::OwnedFd>>,
     /// Shut the sending direction down once the sends are done (the write half dropped).
     shut_when_done: bool,
     /// Handles alive (a stream, or its two halves).
@@ -258,6 +275,8 @@ impl LocalIo {
             in_tick: false,
             driver: None,
             stopped: false,
+            direct: (0, 0),
+            pooled: (0, 0),
         }));
         ::tokio::task::spawn_local(drive(Rc::downgrade(&core)));
         Ok(Self { core })
@@ -295,6 +314,7 @@ impl LocalIo {
             in_flight: 0,
             tx_err: None,
             shut_wr: false,
+            wfd: None,
             shut_when_done: false,
             handles: 1,
             peer,
@@ -343,11 +363,20 @@ impl LocalIo {
             .count()
     }
 
-    /// One line: the send ring's path and the mix of paths its sends took, and the
-    /// receiver's backend.
+    /// One line: the send ring's path and the mix of paths its sends took (direct writes
+    /// count as `copy`), how many writes went straight to their socket and how many through
+    /// the send pool, and the receiver's backend.
     pub fn describe(&self) -> String {
         let c = self.core.borrow();
-        format!("send: {}; receive: {}", c.tx.describe(), c.rx.describe())
+        format!(
+            "send: {}; writes: {} direct ({} B), {} through the pool ({} B); receive: {}",
+            c.tx.describe(),
+            c.direct.0,
+            c.direct.1,
+            c.pooled.0,
+            c.pooled.1,
+            c.rx.describe()
+        )
     }
 
     /// The send ring's counters (bytes, sends, syscalls, zero-copy and copied bytes).
@@ -389,6 +418,76 @@ impl Core {
             idx,
             gen: self.conns[idx as usize].gen,
         }
+    }
+
+    /// A write straight to the socket from the caller's slices ([`LocalIoConfig::direct_min`]);
+    /// `None` when it does not apply (a zero-copy path, or a write smaller than a pool buffer
+    /// while bytes of the stream are queued on the ring), and the write goes through the pool.
+    /// A larger write behind queued bytes waits for their completions (the bytes keep their
+    /// order) instead of copying into the pool, which would keep the ring busy and every
+    /// later write copied twice; a small one (a response head after a `send_bytes` body) is
+    /// copied and queued behind them, which costs less than waiting.
+    fn write_direct(
+        &mut self,
+        k: Key,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Option<Poll<io::Result<usize>>> {
+        let sock = self.conn(k)?.sock?;
+        if self.tx.sock_path(sock)?.is_zero_copy() {
+            return None;
+        }
+        let small = bufs.iter().map(|b| b.len()).sum::<usize>() < self.cfg.buf_size;
+        let conn = self.conn(k)?;
+        if conn.cur.as_ref().is_some_and(|b| !b.is_empty()) || conn.in_flight > 0 {
+            if small {
+                return None;
+            }
+            self.seal(k);
+            let conn = self.conn(k)?;
+            conn.write_waker = Some(cx.waker().clone());
+            return Some(Poll::Pending);
+        }
+        let mut wfd = conn.wfd.take();
+        let r = loop {
+            match self.tx.send_direct(sock, bufs) {
+                Ok(None) => break None,
+                Ok(Some(n)) => {
+                    self.direct.0 += 1;
+                    self.direct.1 += n as u64;
+                    break Some(Poll::Ready(Ok(n)));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if wfd.is_none() {
+                        let fd = self.tx.socket(sock)?;
+                        match crate::sys::ready::tokio_register_for(
+                            fd,
+                            ::tokio::io::Interest::WRITABLE,
+                        ) {
+                            Ok(f) => wfd = Some(f),
+                            Err(e) => break Some(Poll::Ready(Err(e))),
+                        }
+                    }
+                    match wfd.as_ref().expect("registered").poll_write_ready(cx) {
+                        // Room since the send: try again (the readiness is cleared first, so
+                        // a later full buffer waits for the next edge).
+                        Poll::Ready(Ok(mut g)) => g.clear_ready(),
+                        Poll::Ready(Err(e)) => break Some(Poll::Ready(Err(e))),
+                        Poll::Pending => break Some(Poll::Pending),
+                    }
+                }
+                Err(e) => {
+                    if let (Some(c), Some(errno)) = (self.conn(k), e.raw_os_error()) {
+                        c.tx_err.get_or_insert(SendError::from_errno(errno));
+                    }
+                    break Some(Poll::Ready(Err(e)));
+                }
+            }
+        };
+        if let Some(c) = self.conn(k) {
+            c.wfd = wfd;
+        }
+        r
     }
 
     /// Wakes the driver (once until it runs).
@@ -653,8 +752,8 @@ impl Drop for Core {
 }
 
 /// A TCP connection on the thread's [`LocalIo`]: tokio's `AsyncRead` and `AsyncWrite`.
-/// Writes are copied into the thread's send pool and batched on the ring (fewer syscalls, not
-/// zero-copy); [`TcpStream::send_bytes`] lends `Bytes` without a copy; reads copy the
+/// Writes go straight to the socket where the route copies anyway, else are copied into the
+/// thread's send pool and batched on the ring (fewer syscalls, not zero-copy); [`TcpStream::send_bytes`] lends `Bytes` without a copy; reads copy the
 /// receiver's chunks. See the [`zcio::tokio`](crate::tokio) docs.
 pub struct TcpStream {
     io: LocalIo,
@@ -868,6 +967,11 @@ fn poll_write(
                 "the stream's sending direction is shut down",
             )));
         }
+        if bufs.iter().map(|b| b.len()).sum::<usize>() >= c.cfg.direct_min.max(1) {
+            if let Some(r) = c.write_direct(k, cx, bufs) {
+                return r;
+            }
+        }
         let mut n = 0;
         'outer: for b in bufs {
             let mut b: &[u8] = b;
@@ -913,6 +1017,8 @@ fn poll_write(
             conn.write_waker = Some(cx.waker().clone());
             return Poll::Pending;
         }
+        c.pooled.0 += 1;
+        c.pooled.1 += n as u64;
         // The partly filled buffer goes at the driver's next tick (with what other tasks
         // write meanwhile); a full one now.
         let conn = c.conn(k).expect("live");
@@ -1052,7 +1158,7 @@ macro_rules! async_write {
                 poll_write(&me.$io, me.$key, cx, bufs)
             }
             fn is_write_vectored(&self) -> bool {
-                // Every slice is copied into the pool buffer anyway.
+                // One sendmsg of every slice, or every slice copied into the pool buffer.
                 true
             }
             fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -23,7 +23,11 @@
 //! the COPIED fraction (bytes not sent zero-copy / bytes sent; 1 on loopback), and the rows
 //! measure syscalls, batching and wake-ups.
 //!
+//! The zcio side's notes give its syscalls per op: the send ring's (`io_uring_enter` and direct
+//! `send`s) and the receiver's.
+//!
 //! Run time: about a minute by default (medians of 3); `--full` runs 10 s wrk runs, 7 rounds.
+//! `ZCIO_BENCH_ONLY=substring` runs only the cases whose name contains it.
 
 use crate::bench::{Better, Ctx, MetricDef, Mode, Sample, Suite};
 use anyhow::{bail, Context, Result};
@@ -358,7 +362,7 @@ fn bulk(zcio: bool, conns: usize, len: usize) -> Result<Sample> {
         .map(|c| std::thread::spawn(move || read_to_eof(c).0))
         .collect();
     let t0 = Instant::now();
-    let (cpu, path, counters) = local_block_on(async move {
+    let (cpu, path, counters, rx) = local_block_on(async move {
         let cpu = ServerCpu::start();
         let data = vec![7u8; 1 << 20];
         let io = zcio::tokio::LocalIo::new()?;
@@ -387,7 +391,8 @@ fn bulk(zcio: bool, conns: usize, len: usize) -> Result<Sample> {
         for t in tasks {
             t.await.context("server task")??;
         }
-        Ok::<_, anyhow::Error>((cpu.stop(), io.describe(), io.tx_counters()))
+        let rx = io.rx_counters();
+        Ok::<_, anyhow::Error>((cpu.stop(), io.describe(), io.tx_counters(), rx))
     })??;
     let mut bytes = 0u64;
     for r in readers {
@@ -404,11 +409,27 @@ fn bulk(zcio: bool, conns: usize, len: usize) -> Result<Sample> {
     );
     if zcio {
         s.set("copied_fraction", copied(&counters));
-        s.note(format!("zcio: {path}"));
+        s.note(format!(
+            "zcio: {path}; {}",
+            syscalls(&counters, &rx, counters.ops as f64, "send")
+        ));
     } else {
         s.set("copied_fraction", 1.0);
     }
     Ok(s)
+}
+
+/// The zcio side's syscalls per op (`per` ops called `what`): the send ring's (enters and
+/// direct sends) and the receiver's.
+fn syscalls(tx: &Counters, rx: &Counters, per: f64, what: &str) -> String {
+    let per = per.max(1.0);
+    format!(
+        "per {what}: send ring {:.3} syscalls, receiver {:.3} syscalls; {} sends of {:.0} B mean",
+        tx.syscalls as f64 / per,
+        rx.syscalls as f64 / per,
+        tx.ops,
+        tx.bytes as f64 / (tx.ops.max(1)) as f64,
+    )
 }
 
 /// The HTTP servers the wrk rows run.
@@ -423,9 +444,9 @@ enum Server {
 const SMALL: usize = 1 << 10;
 const BODY: usize = 16 << 20;
 
-/// What a server thread reports when it stops: its CPU seconds, the zcio side's description
-/// and send counters.
-type ServerEnd = (f64, String, Counters);
+/// What a server thread reports when it stops: its CPU seconds, the zcio side's description,
+/// send and receive counters.
+type ServerEnd = (f64, String, Counters, Counters);
 
 /// Runs `kind` on a thread of its own (zcio streams or tokio's), `wrk` against it for `secs`
 /// seconds with `conns` connections, and reports the wrk figures with the server's CPU.
@@ -450,7 +471,7 @@ fn http(kind: Server, zcio: bool, conns: usize, secs: u32) -> Result<Sample> {
         .output()
         .context("running wrk")?;
     let _ = stop_tx.send(());
-    let (cpu, path, counters) = server
+    let (cpu, path, counters, rx) = server
         .join()
         .map_err(|_| anyhow::anyhow!("server panicked"))??;
     let text = String::from_utf8_lossy(&out.stdout).to_string();
@@ -478,7 +499,10 @@ fn http(kind: Server, zcio: bool, conns: usize, secs: u32) -> Result<Sample> {
     }
     if zcio {
         s.set("copied_fraction", copied(&counters));
-        s.note(format!("zcio: {path}"));
+        s.note(format!(
+            "zcio: {path}; {}",
+            syscalls(&counters, &rx, w.reqs, "request")
+        ));
     } else {
         s.set("copied_fraction", 1.0);
     }
@@ -523,7 +547,12 @@ async fn serve(
             }
         }
     }
-    Ok((cpu.stop(), io.describe(), io.tx_counters()))
+    Ok((
+        cpu.stop(),
+        io.describe(),
+        io.tx_counters(),
+        io.rx_counters(),
+    ))
 }
 
 async fn hyper_conn<S>(s: S, body: Bytes) -> Result<()>

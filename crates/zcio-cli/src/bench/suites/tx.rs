@@ -48,11 +48,7 @@ pub fn cold_working_set() -> (usize, Option<usize>) {
     (ws, llc)
 }
 
-/// `ZCIO_BENCH_ONLY=substring`: run only the cases whose name contains it (for profiling
-/// one case; the full suite is the default).
-pub fn wanted(case: &str) -> bool {
-    std::env::var("ZCIO_BENCH_ONLY").map_or(true, |f| f.is_empty() || case.contains(&f))
-}
+pub use crate::bench::wanted;
 
 /// The sender of one case: `size`-byte writes for `dur`, cycling through `ws` bytes of buffers.
 fn client_opts(mode: TxMode, size: usize, dur: Duration, ws: usize) -> ClientOpts {

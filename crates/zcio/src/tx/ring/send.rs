@@ -37,6 +37,49 @@ impl SendRing {
         self.send_inner(id, buf.into(), token, None)
     }
 
+    /// Writes `slices` on the stream `sock` now, with one non-blocking `sendmsg` from the
+    /// caller's memory: for sockets whose sends are copied by the kernel anyway (their path is
+    /// `uring-copy` or `copy`, e.g. `auto` after the route's COPIED verdict), where copying
+    /// the bytes into a pool buffer first would copy them twice. Only when nothing of `sock`
+    /// is in flight, so the bytes keep their order with the ring's sends. Counted as a
+    /// `copy`-path send ([`TxStats::sends_by_path`](crate::tx::TxStats), the socket's
+    /// counters) as soon as it returns: it has no completion.
+    ///
+    /// `Ok(None)`: not taken (a zero-copy path, sends in flight, a datagram socket, a socket
+    /// closing or unknown); the caller sends through the ring. `Ok(Some(n))`: `n` bytes were
+    /// written (maybe fewer than given). `Err` with [`std::io::ErrorKind::WouldBlock`]: the
+    /// socket buffer is full; other errors are the send's (a reset, a broken pipe).
+    pub fn send_direct(
+        &mut self,
+        sock: SockId,
+        slices: &[std::io::IoSlice<'_>],
+    ) -> std::io::Result<Option<usize>> {
+        let Some(s) = self.sock_mut(sock) else {
+            return Ok(None);
+        };
+        if !s.stream
+            || s.path.is_zero_copy()
+            || s.in_flight() > 0
+            || s.refusal().is_some()
+            || s.broken.is_some()
+        {
+            return Ok(None);
+        }
+        let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+        let r = match slices {
+            [one] => sys::net::send(&*s.fd, one, flags),
+            many => sys::net::send_slices(&*s.fd, many, flags),
+        };
+        s.counters.syscalls += 1;
+        s.stats.send_syscalls += 1;
+        let n = r?;
+        s.counters.ops += 1;
+        s.counters.bytes += n as u64;
+        s.counters.copied_bytes += n as u64;
+        s.stats.sends_by_path[Path::Copy.index()] += 1;
+        Ok(Some(n))
+    }
+
     /// Sends the slices as one request (a vectored send): a small header (a
     /// [`TxBuf::Vec`] carried with the request, or a pool buffer) and one or more pool
     /// buffers or received chunks, at most [`MAX_SLICES`]. On the ring a zero-copy send goes
