@@ -480,7 +480,7 @@ pub struct Proxy {
     setup_notes: Vec<String>,
     /// The copy fallback is in `setup_notes`.
     spilled_noted: bool,
-    /// Pairs send heap copies (the receive ring is low; `mind_the_ring`).
+    /// Pairs hold at most their share of the receive ring (it is low; `mind_the_ring`).
     copying: bool,
 }
 
@@ -493,6 +493,10 @@ impl std::fmt::Debug for Proxy {
             .finish()
     }
 }
+
+/// While the receive ring is low, the pairs within their share hold at most this fraction
+/// (1/N) of it together (`Proxy::mind_the_ring`).
+const RING_SHARE_PARTS: usize = 8;
 
 const POLLER_RX: u64 = 1;
 const POLLER_TX: u64 = 2;
@@ -539,7 +543,15 @@ impl Proxy {
                  threaded process waits for an RCU grace period): {e}"
             ));
         }
-        let mut tx = SendRing::on_receiver(&rx, &SendRingConfig::default())?;
+        // The sends of a turn go to the kernel together, with the next wait's enter (or, on a
+        // ring of its own, the next turn's poll): no enter every `submit_batch` sends while a
+        // harvest is routed. A full submission queue still submits on its own (256 entries: a
+        // harvest of the whole 1,024-buffer ring enters 4 times, not 32).
+        let tx_cfg = SendRingConfig {
+            submit_batch: usize::MAX,
+            ..SendRingConfig::default()
+        };
+        let mut tx = SendRing::on_receiver(&rx, &tx_cfg)?;
         let poller = if tx.shares_receiver_ring() {
             None
         } else {
@@ -860,25 +872,27 @@ impl Proxy {
     }
 
     /// While three quarters of the receive ring are lent (or a connection waits for a
-    /// buffer), every pair sends heap copies of its chunks and copies what it has queued, so
-    /// the buffers go back at once: sends to peers that do not read hold their buffers until
-    /// those peers read, and a few such pairs could otherwise hold the whole ring, and stop
-    /// every connection of the thread (a client that reads its connections in turn then waits
-    /// forever). The copies are counted in [`ProxyStats::spilled_bytes`] and recorded once as a
-    /// fallback. Costs one pass over the pairs per turn while the ring is low.
+    /// buffer), each pair may hold at most its share of the ring, an eighth of it divided by
+    /// the pairs open ([`Pair::set_ring_share`]); beyond it a pair sends heap copies of its
+    /// chunks and copies what it has queued, so those buffers go back at once. Sends to peers
+    /// that do not read hold their buffers until those peers read, and a few such pairs could
+    /// otherwise hold the whole ring and stop every connection of the thread (a client that
+    /// reads its connections in turn then waits forever). The pairs within their share add at
+    /// most an eighth of the ring together, so at least an eighth keeps turning; a pair that
+    /// only streams fast keeps sending in place while it stays within its share. The copies
+    /// are counted in [`ProxyStats::spilled_bytes`] and recorded once as a fallback. Costs one
+    /// pass over the pairs per turn while the ring is low.
     fn mind_the_ring(&mut self) {
         let (lent, total) = self.rx.lent();
         let low = (total > 0 && lent * 4 >= total * 3) || self.rx.starved() > 0;
         if !low && !self.copying {
             return;
         }
+        let share = low.then(|| total as usize / (RING_SHARE_PARTS * self.active.max(1)));
         let mut n = 0;
         for s in &mut self.slots {
             if let Some(p) = s.pair.as_mut() {
-                n += p.set_copy_sends(low);
-                if low {
-                    n += p.spill();
-                }
+                n += p.set_ring_share(share);
             }
         }
         self.copying = low;
@@ -888,7 +902,8 @@ impl Proxy {
                 self.spilled_noted = true;
                 self.setup_notes.push(
                     "receive ring 3/4 lent (sends waiting on peers that do not read) -> chunks \
-                     copied to the heap while it is (ProxyStats::spilled_bytes)"
+                     of the pairs beyond their share of it copied to the heap while it is \
+                     (ProxyStats::spilled_bytes)"
                         .to_string(),
                 );
             }

@@ -25,8 +25,11 @@ struct Flow {
     queued: usize,
     /// Accepted by the send ring, completion not seen yet (the kernel may read them).
     in_kernel: usize,
-    /// Chunks held (queued + in the kernel): each pins one receive buffer (or area range).
+    /// Chunks held (queued + in the kernel).
     chunks: usize,
+    /// Of those, the ones still in their receive buffer (not copied to the heap): each pins
+    /// one buffer (or area range) of the shared receive ring.
+    in_ring: usize,
     /// The source's end of stream was received.
     eof: bool,
     /// `shutdown(SHUT_WR)` was done on the destination (after every byte was sent).
@@ -98,9 +101,10 @@ pub struct Pair {
     limits: Limits,
     end: Option<End>,
     timing: Timing,
-    /// Send heap copies of chunks ([`Pair::set_copy_sends`]).
-    copy_sends: bool,
-    /// Bytes sent as copies since the last [`Pair::set_copy_sends`].
+    /// Receive buffers the pair may hold before it sends heap copies instead
+    /// ([`Pair::set_ring_share`]); `None`: no bound.
+    ring_share: Option<usize>,
+    /// Bytes copied to the heap since the last [`Pair::set_ring_share`].
     copied: usize,
 }
 
@@ -150,37 +154,44 @@ impl Pair {
             limits,
             end: None,
             timing: Timing::default(),
-            copy_sends: false,
+            ring_share: None,
             copied: 0,
         }
     }
 
-    /// Copies the chunks waiting for the send ring (refused: the destination is full) to the
-    /// heap and drops them, which gives their receive buffers back; returns the bytes copied.
-    /// For a receive ring run dry while pairs wait on slow peers (see `docs/design/proxy.md`,
-    /// "A dry ring and slow peers"): the bytes stay queued in order and still count against
-    /// the pair's limits.
-    pub fn spill(&mut self) -> usize {
-        let mut n = 0;
-        for f in &mut self.flows {
-            for b in f.queue.iter_mut() {
-                if let TxBuf::Chunk(c) = b {
-                    let v = c.to_vec();
-                    n += v.len();
-                    *b = TxBuf::Vec(v);
+    /// Bounds the receive buffers the pair holds to `share` (`None`: unbounded): beyond it,
+    /// chunks are sent as heap copies and their buffers go back at once, and queued chunks
+    /// (refused: the destination is full) are copied now, newest first, until the pair is
+    /// within its share. Set by [`super::Proxy`] while most of the shared receive ring is lent
+    /// (see `docs/design/proxy.md`, "A dry ring and slow peers"): sends to peers that do not
+    /// read could otherwise hold every buffer, and no connection of the thread could receive.
+    /// The bytes stay queued in order and still count against the pair's limits. Returns the
+    /// bytes copied since the last call.
+    pub fn set_ring_share(&mut self, share: Option<usize>) -> usize {
+        self.ring_share = share;
+        if let Some(share) = share {
+            let mut over = self.in_ring().saturating_sub(share);
+            for f in &mut self.flows {
+                for b in f.queue.iter_mut().rev() {
+                    if over == 0 {
+                        break;
+                    }
+                    if let TxBuf::Chunk(c) = b {
+                        let v = c.to_vec();
+                        self.copied += v.len();
+                        *b = TxBuf::Vec(v);
+                        f.in_ring -= 1;
+                        over -= 1;
+                    }
                 }
             }
         }
-        n
+        std::mem::take(&mut self.copied)
     }
 
-    /// While `on`, chunks are sent as heap copies and their receive buffers go back at once
-    /// (set by [`super::Proxy`] while most of the receive ring is lent: sends to peers that do
-    /// not read could otherwise hold every buffer, and no connection of the thread could
-    /// receive). Returns the bytes copied so far and resets the count.
-    pub fn set_copy_sends(&mut self, on: bool) -> usize {
-        self.copy_sends = on;
-        std::mem::take(&mut self.copied)
+    /// Receive buffers the pair holds now (chunks queued or in the kernel, not copied).
+    pub fn in_ring(&self) -> usize {
+        self.flows[0].in_ring + self.flows[1].in_ring
     }
 
     /// Takes what the pair measured since the last call.
@@ -315,6 +326,7 @@ impl Pair {
         let f = &mut self.flows[dir];
         f.queued += chunk.len();
         f.chunks += 1;
+        f.in_ring += 1;
         f.received.push_back(received);
         f.queue.push_back(TxBuf::Chunk(chunk));
         f.peak = f.peak.max(f.held());
@@ -401,6 +413,7 @@ impl Pair {
         rx: &mut Receiver,
         tx: &mut SendRing,
     ) {
+        let ring = matches!(buf, TxBuf::Chunk(_));
         drop(buf);
         let Some(dst) = self.side_of_sock(done.sock) else {
             return;
@@ -409,6 +422,9 @@ impl Pair {
         let f = &mut self.flows[dir];
         f.in_kernel = f.in_kernel.saturating_sub(done.len);
         f.chunks = f.chunks.saturating_sub(1);
+        if ring {
+            f.in_ring = f.in_ring.saturating_sub(1);
+        }
         if self.end.is_some() {
             return;
         }
@@ -514,15 +530,18 @@ impl Pair {
     fn pump(&mut self, dir: usize, rx: &mut Receiver, tx: &mut SendRing) {
         let dst = self.sock(Self::src(1 - dir));
         let token = self.token;
+        let other_in_ring = self.flows[1 - dir].in_ring;
         let f = &mut self.flows[dir];
         while let Some(mut buf) = f.queue.pop_front() {
             let len = buf.len();
-            if self.copy_sends {
-                if let TxBuf::Chunk(c) = &buf {
-                    // The receive ring is low: the kernel gets a heap copy, the buffer goes
-                    // back now instead of at a completion a stuck peer may never allow.
+            if let (TxBuf::Chunk(c), Some(share)) = (&buf, self.ring_share) {
+                if f.in_ring + other_in_ring > share {
+                    // The receive ring is low and the pair holds more than its share: the
+                    // kernel gets a heap copy, the buffer goes back now instead of at a
+                    // completion a stuck peer may never allow.
                     self.copied += len;
                     buf = TxBuf::Vec(c.to_vec());
+                    f.in_ring -= 1;
                 }
             }
             match tx.send_with(dst, buf, token) {
@@ -649,6 +668,7 @@ impl Pair {
             f.queued = 0;
             f.in_kernel = 0;
             f.chunks = 0;
+            f.in_ring = 0;
         }
     }
 }
