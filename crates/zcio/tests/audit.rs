@@ -227,29 +227,22 @@ fn a_consumer_stopped_mid_storm_reports_the_kernels_lost_count() {
         now - open,
         st.stream.kernel_drops
     );
-    if st.stream.kernel_drops == 0 {
-        // No send failed: every record the kernel did not deliver is in its count.
-        assert!(st.loss.exact, "{}", st.loss_summary());
-        assert!(
-            missing <= st.loss.at_least,
-            "exact loss {} but at least {missing} of the storm's records never came",
-            st.loss.at_least
-        );
-    } else {
-        // Sends failed (the socket's drops): the kernel retried those records, and dropped
-        // the ones whose retries failed without counting them (unless booted with audit=1).
-        // The loss is then a lower bound, stated as one.
-        assert!(
-            !st.loss.exact && st.loss.at_most.is_none(),
-            "{}",
-            st.loss_summary()
-        );
-        assert!(
-            st.loss_summary().starts_with("LOSS: lost >= "),
-            "{}",
-            st.loss_summary()
-        );
-    }
+    // The storm outran the stopped consumer, so the kernel refused records (asserted above:
+    // its count grew). Its count is one per refused record, and an audited syscall whose
+    // first record is refused loses its other records uncounted (on the host: 2,968 counted,
+    // at least 11,687 of the storm's records missing, no send failed); a failed send
+    // (a socket drop) is retried and may be dropped uncounted too. Either way the loss is a
+    // lower bound, stated as one.
+    assert!(
+        !st.loss.exact && st.loss.at_most.is_none(),
+        "{}",
+        st.loss_summary()
+    );
+    assert!(
+        st.loss_summary().starts_with("LOSS: lost >= "),
+        "{}",
+        st.loss_summary()
+    );
     assert!(
         st.loss_summary().starts_with("LOSS: lost"),
         "{}",

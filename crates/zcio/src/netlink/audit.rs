@@ -33,12 +33,16 @@
 //!
 //! # Losses
 //!
-//! - **the kernel's `lost` counter** (`AUDIT_GET`): records dropped before the daemon got
-//!   them (backlog full, rate limit, no memory, retry or hold queue full). It is host-wide and
-//!   counts records, not events. [`Audit::stats`] reads it (one request on a second socket)
-//!   and reports the growth since open, unless someone reset it meanwhile (a smaller value:
-//!   the loss is then a lower bound) or the process may not read it (observer without
-//!   `CAP_AUDIT_CONTROL`: unknown, recorded as a fallback).
+//! - **the kernel's `lost` counter** (`AUDIT_GET`): records the kernel refused to start or
+//!   dropped before the daemon got them (backlog full, rate limit, no memory, retry or hold
+//!   queue full). It is host-wide and counts records, not events, and not all of them: when
+//!   the first (`SYSCALL`) record of an audited syscall is refused, the kernel counts that one
+//!   and never makes the event's other records (`PATH`, `PROCTITLE`, `EOE`, …), which no
+//!   counter holds. On the host (Linux 6.18, 2026-11-28) a storm of 3,000 `openat` calls with
+//!   the consumer stopped grew it by 2,968 while at least 11,687 of the storm's records never
+//!   came. [`Audit::stats`] reads it (one request on a second socket) and reports the growth
+//!   since open, unless someone reset it meanwhile (a smaller value) or the process may not
+//!   read it (observer without `CAP_AUDIT_CONTROL`: unknown, recorded as a fallback).
 //! - **the socket's drops** (`SO_MEMINFO` `sk_drops`) mean one thing per mode:
 //!   - observer: records the multicast could not put into this socket. Exact, each one lost.
 //!   - primary: sends that failed after the kernel's 1/10 s wait. The record is not lost yet:
@@ -51,12 +55,11 @@
 //!   the events touched.
 //!
 //! What this makes of the two counters ([`AuditStats::loss`]):
-//! - primary: the `lost` growth, exact while the socket dropped nothing; a lower bound
-//!   otherwise.
-//! - observer: the socket's drops, plus up to the `lost` growth (the kernel counts there both
-//!   records dropped before the multicast, which this socket missed, and records the daemon
-//!   failed to take after it, which this socket got): exact while `lost` did not grow, a
-//!   range otherwise.
+//! - primary: no loss is exact when `lost` did not grow and the socket dropped nothing;
+//!   otherwise the `lost` growth is a lower bound of the records lost.
+//! - observer: the socket's drops, exact while `lost` did not grow; with growth, a lower
+//!   bound (records the kernel refused before the multicast were missed here too, with the
+//!   uncounted rest of their events).
 
 use super::auditrec::{AuditEvent, AuditRecord, GroupStats, Grouper};
 use super::core::{Family, NlSocket, OpenError, SockSpec, Stream, StreamStats, UringNeed};
@@ -442,26 +445,37 @@ pub(crate) fn audit_loss(
         _ => None,
     };
     match (mode, kernel) {
-        // Every record the kernel counted never reached the daemon. A failed send is retried,
-        // and dropped uncounted when its retries fail (unless booted with audit=1).
-        (AuditMode::Primary, Some((k, whole))) => Loss {
-            at_least: k,
-            at_most: (whole && socket == 0).then_some(k),
-            exact: whole && socket == 0,
-        },
+        // Every record the kernel counted never reached the daemon, but it counts one per
+        // record it refused to start, and an audited syscall whose first (SYSCALL) record is
+        // refused ends there: its other records are never made, and never counted
+        // (`audit_log_exit` returns). So a growth is a lower bound; nothing lost is exact
+        // only with no growth and no failed send (a failed send is retried, and dropped
+        // uncounted when its retries fail, unless booted with audit=1).
+        (AuditMode::Primary, Some((k, whole))) => {
+            let exact = whole && k == 0 && socket == 0;
+            Loss {
+                at_least: k,
+                at_most: exact.then_some(0),
+                exact,
+            }
+        }
         (AuditMode::Primary, None) => Loss {
             at_least: 0,
             at_most: None,
             exact: false,
         },
         // The socket's drops are records this socket missed. The kernel's count holds records
-        // dropped before the multicast (missed here too) and records the daemon failed to
-        // take after it (received here): between none and all of it is this socket's.
-        (AuditMode::Observer, Some((k, whole))) => Loss {
-            at_least: socket,
-            at_most: whole.then_some(socket + k),
-            exact: whole && k == 0,
-        },
+        // refused before the multicast (missed here too, with the uncounted rest of their
+        // events) and records the daemon failed to take after it (received here): with any
+        // growth, how many more this socket missed has no upper bound the kernel tells.
+        (AuditMode::Observer, Some((k, whole))) => {
+            let exact = whole && k == 0;
+            Loss {
+                at_least: socket,
+                at_most: exact.then_some(socket),
+                exact,
+            }
+        }
         (AuditMode::Observer, None) => Loss {
             at_least: socket,
             at_most: None,
@@ -476,7 +490,7 @@ impl AuditStats {
         let l = self.loss;
         let inc = self.events.incomplete;
         let kernel = match (self.kernel_lost_at_open, self.kernel_lost_now) {
-            (Some(a), Some(n)) if n >= a => format!("{} record(s) dropped by the kernel (its lost counter {a} -> {n}, host-wide)", n - a),
+            (Some(a), Some(n)) if n >= a => format!("{} record(s) refused by the kernel (its lost counter {a} -> {n}, host-wide; an audited syscall whose first record is refused loses its other records uncounted)", n - a),
             (Some(a), Some(n)) => format!("the kernel's lost counter was reset ({a} -> {n}): at least {n} record(s) dropped by the kernel, how many before the reset unknown"),
             _ => "the kernel's lost counter unreadable (AUDIT_GET needs CAP_AUDIT_CONTROL): its drops unknown".to_string(),
         };
@@ -925,20 +939,45 @@ mod tests {
     #[test]
     fn a_reset_or_unreadable_lost_counter_makes_the_loss_a_lower_bound() {
         use AuditMode::{Observer, Primary};
-        assert_eq!(
-            audit_loss(Primary, Some(5), Some(12), 0),
-            Loss {
-                at_least: 7,
-                at_most: Some(7),
-                exact: true
-            }
-        );
         let l = audit_loss(Primary, Some(50), Some(4), 0);
         assert_eq!((l.at_least, l.exact), (4, false));
         let l = audit_loss(Observer, None, None, 7);
         assert_eq!((l.at_least, l.at_most, l.exact), (7, None, false));
         let l = audit_loss(Observer, Some(50), Some(4), 7);
         assert_eq!((l.at_least, l.at_most, l.exact), (7, None, false));
+    }
+
+    /// The kernel counts one lost record where it refuses an event's first record, and the
+    /// event's other records are never made: any growth of its counter is a lower bound (on
+    /// the host a stopped consumer's storm grew it by 2,968 while 11,687 records never came).
+    /// Only no growth and no failed send is an exact "nothing lost".
+    #[test]
+    fn the_kernels_lost_count_is_a_lower_bound_and_only_zero_is_exact() {
+        use AuditMode::{Observer, Primary};
+        assert_eq!(
+            audit_loss(Primary, Some(5), Some(12), 0),
+            Loss {
+                at_least: 7,
+                at_most: None,
+                exact: false
+            }
+        );
+        assert_eq!(
+            audit_loss(Primary, Some(5), Some(5), 0),
+            Loss {
+                at_least: 0,
+                at_most: Some(0),
+                exact: true
+            }
+        );
+        assert_eq!(
+            audit_loss(Observer, Some(5), Some(12), 3),
+            Loss {
+                at_least: 3,
+                at_most: None,
+                exact: false
+            }
+        );
     }
 
     /// In primary mode a socket drop is a send the kernel retries (delivered later, or dropped
@@ -955,24 +994,16 @@ mod tests {
         );
     }
 
-    /// In observer mode a socket drop is a record lost here; the kernel's count may or may not
-    /// be records this socket missed.
+    /// In observer mode a socket drop is a record lost here: exact while the kernel's count
+    /// did not grow.
     #[test]
-    fn observer_loss_is_the_socket_drops_up_to_the_kernels_count_more() {
+    fn observer_loss_is_the_socket_drops_while_the_kernel_lost_nothing() {
         assert_eq!(
             audit_loss(AuditMode::Observer, Some(5), Some(5), 3),
             Loss {
                 at_least: 3,
                 at_most: Some(3),
                 exact: true
-            }
-        );
-        assert_eq!(
-            audit_loss(AuditMode::Observer, Some(5), Some(12), 3),
-            Loss {
-                at_least: 3,
-                at_most: Some(10),
-                exact: false
             }
         );
     }
