@@ -11,7 +11,9 @@
 //! the target where the kernel formats every record rather than dropping some); a last step
 //! opens flat out: the consumer's CPU time
 //! (all threads, `/proc/PID/task/*/schedstat`) over the events it wrote is `consumer_cpu`, and
-//! the kernel's `lost` counter's growth during that step is `lost_flat` (records). The kernel
+//! the kernel's `lost` counter's growth during that step is `lost_flat` (records; a lower
+//! bound of the records lost: the kernel counts one where it refuses an event's first record
+//! and never makes the event's others, `netlink::audit`'s "Losses"). The kernel
 //! side (kauditd, the syscalls' own record building) is the same for both and not counted.
 //! The host's audit state is saved first and set back after every run.
 
