@@ -10,10 +10,22 @@ pub fn pin_thread(cpu: usize) -> io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
+    set_affinity(cpu..cpu + 1)
+}
+
+/// Lets the calling thread run on every CPU again (undoes [`pin_thread`]; a thread inherits
+/// its creator's pinning).
+pub fn unpin_thread() -> io::Result<()> {
+    set_affinity(0..libc::CPU_SETSIZE as usize)
+}
+
+fn set_affinity(cpus: std::ops::Range<usize>) -> io::Result<()> {
     // SAFETY: an all-zero cpu_set_t is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes inside `set`; `cpu` is below CPU_SETSIZE (checked above).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
+    for cpu in cpus.take_while(|&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: CPU_SET writes inside `set`; `cpu` is below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
     let size = std::mem::size_of::<libc::cpu_set_t>();
     // SAFETY: `set` lives for the call and `size` is its size.
     if unsafe { libc::sched_setaffinity(0, size, &set) } != 0 {

@@ -132,3 +132,74 @@ fn overflowed_completions_are_all_harvested() {
         );
     }
 }
+
+/// A batched wait (`want` 64, `min_wait` 1 ms, a 3 s bound) on a ring with the default
+/// set-up (DEFER_TASKRUN where the kernel has it) ends soon after the first completion,
+/// whether that completion comes before the minimum wait ends (it is held back, then
+/// handed over with the wait's end) or after (the kernel then ends the wait on the first
+/// completion): a multishot poll of a datagram socket, the completion pattern of every
+/// consumer that waits this way (a multishot receive's readiness is a poll wake-up the
+/// kernel may batch lazily). A wait that only the 3 s bound ends fails.
+#[test]
+fn a_batched_wait_ends_soon_after_its_first_completion() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixDatagram;
+    use std::time::{Duration, Instant};
+    let test = "a_batched_wait_ends_soon_after_its_first_completion";
+    let mut ring: Ring = Ring::new(&RingConfig::default()).expect("ring");
+    if !ring.has_min_wait() {
+        eprintln!("SKIP {test}: no IORING_FEAT_MIN_TIMEOUT (Linux 6.12)");
+        return;
+    }
+    let (tx, rx) = UnixDatagram::pair().unwrap();
+    rx.set_nonblocking(true).unwrap();
+    let poll = opcode::PollAdd::new(io_uring::types::Fd(rx.as_raw_fd()), libc::POLLIN as u32)
+        .multi(true)
+        .build()
+        .user_data(7);
+    // SAFETY: a poll references no memory; the socket outlives the ring's use of it (the
+    // ring is dropped first, cancelling the poll).
+    unsafe { ring.push(&poll) }.unwrap();
+    ring.submit().unwrap();
+    let bound = Duration::from_secs(3);
+    let mut slow = Vec::new();
+    let mut took = Vec::new();
+    for round in 0..12 {
+        // Even rounds: the datagram comes at once (before the 1 ms minimum ends); odd: after
+        // 20 ms (the minimum has passed with nothing).
+        let delay = Duration::from_millis(if round % 2 == 0 { 0 } else { 20 });
+        let t = tx.try_clone().unwrap();
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            t.send(b"x").unwrap();
+            Instant::now()
+        });
+        if round % 2 == 0 {
+            // Let the datagram (and the poll's wake-up) land before the wait starts.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let t0 = Instant::now();
+        let mut got = 0;
+        while got == 0 && t0.elapsed() < bound {
+            ring.submit_and_wait_batch(64, Duration::from_millis(1), bound)
+                .unwrap();
+            got += ring
+                .harvest(|c| assert!(c.result() > 0, "poll result {}", c.result()))
+                .unwrap();
+        }
+        let sent = sender.join().unwrap();
+        let end = Instant::now();
+        let after = end.saturating_duration_since(sent.max(t0));
+        took.push(after);
+        if got == 0 || after > bound / 3 {
+            slow.push((round, delay, after, got));
+        }
+        let mut b = [0u8; 8];
+        while rx.recv(&mut b).is_ok() {}
+    }
+    eprintln!("{test}: wait end after the datagram: {took:?}");
+    assert!(
+        slow.is_empty(),
+        "waits that ended long after their first completion (round, delay, after, completions): {slow:?}"
+    );
+}

@@ -7,7 +7,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use zcio::buf::pool::Pool;
 use zcio::netlink::{
     CtEventKind, CtEvents, CtEventsConfig, Decision, NfLog, NfLogConfig, NfQueue, NfQueueConfig,
@@ -652,5 +652,77 @@ fn async_audit_hands_over_every_event_of_a_storm_once_and_whole() {
         assert_eq!(st.stream.parse_errors, 0);
         drop(a);
         assert_eq!(audit_status().unwrap().pid, 0, "unregistered at close");
+    });
+}
+
+/// The timer path of `AsyncAudit`: an event the kernel sends no end-of-event record for
+/// (`ANOM_ABEND`, 1701, logged when a task outside any syscall dies of a core-dumping signal;
+/// its own serial, not a single-record type) is closed by the consumer's `event_wait` alone.
+/// Nothing else arrives to make the readiness descriptor readable, so only the timer that
+/// `process` waits on beside it can hand the event over; without it `process` never returns.
+#[test]
+fn async_audit_closes_an_event_without_its_end_record_after_the_wait() {
+    use zcio::netlink::{Audit, AuditConfig, AuditMode, EventEnd};
+    use zcio::tokio::AsyncAudit;
+    use zcio_testnet::audit::AuditHost;
+    const AUDIT_ANOM_ABEND: u16 = 1701;
+    let _dog = watchdog();
+    let test = "async_audit_closes_an_event_without_its_end_record_after_the_wait";
+    let Some(_host) = AuditHost::take(test, false) else {
+        return;
+    };
+    let event_wait = Duration::from_millis(300);
+    let rt = runtime();
+    rt.block_on(async {
+        let a = Audit::open(AuditConfig {
+            mode: AuditMode::Primary,
+            fallback: false,
+            event_wait,
+            ..AuditConfig::default()
+        })
+        .unwrap();
+        let mut a = AsyncAudit::new(a).unwrap();
+        // A shell that sends itself SIGABRT: the signal is taken on the way back from kill(2),
+        // after the syscall's audit exit, so the record is made outside any syscall.
+        let t0 = Instant::now();
+        let status = std::process::Command::new("sh")
+            .args(["-c", "ulimit -c 0; kill -ABRT $$"])
+            .status()
+            .unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGABRT)
+        );
+        let mut found = None;
+        let limit = common::scaled(Duration::from_secs(10));
+        while found.is_none() {
+            let left = limit.checked_sub(t0.elapsed()).unwrap_or_default();
+            tokio::time::timeout(
+                left,
+                a.process(|ev| {
+                    if ev.records().any(|r| r.ty == AUDIT_ANOM_ABEND) {
+                        found = Some((ev.clone(), t0.elapsed()));
+                    }
+                }),
+            )
+            .await
+            .expect("the event without an end record was never handed over (no timer wake-up)")
+            .unwrap();
+        }
+        let (ev, took) = found.unwrap();
+        let rec = ev.records().find(|r| r.ty == AUDIT_ANOM_ABEND).unwrap();
+        eprintln!(
+            "{test}: {} after {took:?}: {}",
+            ev.end.as_str(),
+            String::from_utf8_lossy(rec.text)
+        );
+        assert_eq!(ev.end, EventEnd::Wait, "closed by the wait");
+        assert_eq!(rec.field("sig").as_deref(), Some(&b"6"[..]));
+        assert!(
+            took >= event_wait,
+            "closed after {took:?}, before the wait of {event_wait:?} ended"
+        );
+        let st = a.get_mut().stats();
+        assert!(st.events.waited >= 1, "{st:?}");
     });
 }

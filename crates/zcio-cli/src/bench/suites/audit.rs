@@ -4,18 +4,22 @@
 //! Each measured run sets the kernel's `backlog_limit` (the default 64, then 8,192) and
 //! `backlog_wait_time` 0 (a record that finds the backlog full is dropped and counted in
 //! `lost` instead of making the task wait), starts one consumer (pinned to CPU 1), and offers
-//! a ladder of audited-syscall rates from CPU 0: `openat` + `close` of a file watched by a
-//! rule tagged with the suite's key, one file per step, so the log says how many events of
-//! each step arrived (their PATH record's name). `loss_free_rate` is the highest offered rate
-//! up to which every step arrived whole (the rate the opener reached, which falls short of
-//! the target where the kernel formats every record rather than dropping some); a last step
-//! opens flat out: the consumer's CPU time
-//! (all threads, `/proc/PID/task/*/schedstat`) over the events it wrote is `consumer_cpu`, and
-//! the kernel's `lost` counter's growth during that step is `lost_flat` (records; a lower
-//! bound of the records lost: the kernel counts one where it refuses an event's first record
-//! and never makes the event's others, `netlink::audit`'s "Losses"). The kernel
-//! side (kauditd, the syscalls' own record building) is the same for both and not counted.
-//! The host's audit state is saved first and set back after every run.
+//! steps of audited syscalls: `openat` + `close` of a file watched by a rule tagged with the
+//! suite's key, one file per step, from up to 8 opener threads on every CPU (one thread tops
+//! out where the kernel's record formatting fills its CPU; their CPU time is not the
+//! consumer's). A step is loss-free when the log holds every one of its events whole
+//! (`SYSCALL`, `CWD`, `PATH`, `PROCTITLE` under one serial), no serial between its first and
+//! last event is missing (an event the kernel numbered but dropped on its way, which its
+//! `lost` does not count) and the kernel's `lost` did not grow. `loss_free_rate` is found by
+//! a search: rates doubling from 500/s (openers doubling wherever a step falls short of its
+//! target) until a step loses, then bisection between the highest loss-free and the lowest
+//! lossy offered rate; the note says both steps. A last step opens flat out from 8 threads:
+//! the consumer's CPU time (all threads, `/proc/PID/task/*/schedstat`) over the events it
+//! wrote is `consumer_cpu`, and the kernel's `lost` counter's growth during that step is
+//! `lost_flat` (records; a lower bound of the records lost: the kernel counts one where it
+//! refuses an event's first record and never makes the event's others, `netlink::audit`'s
+//! "Losses"). The kernel side (kauditd, the syscalls' own record building) is the same for
+//! both and not counted. The host's audit state is saved first and set back after every run.
 
 use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
 use anyhow::{bail, Context, Result};
@@ -113,40 +117,193 @@ fn start(who: Daemon, dir: &Path) -> Result<Child> {
     bail!("{who:?} did not register as the audit daemon: {err}")
 }
 
-/// Opens `file` `n` times at `rate` per second (0: flat out) for at most `limit`; returns
-/// the opens and the seconds taken.
-fn offer(file: &Path, rate: u64, limit: Duration) -> Result<(u64, f64)> {
+/// Most opener threads a step uses: each `openat` of a watched file costs the opener the
+/// kernel's record formatting (tens of microseconds), so one thread tops out far below what a
+/// consumer can take; more threads (on every CPU) raise the offered rate until the machine is
+/// the limit.
+const MAX_OPENERS: usize = 8;
+
+/// Opens `file` at `rate` per second in all (0: flat out) from `openers` threads, for `limit`;
+/// returns the opens and the seconds taken. The threads inherit no pinning (they run on every
+/// CPU; the consumer alone is pinned), and their CPU time is not the consumer's.
+fn offer(file: &Path, rate: u64, openers: usize, limit: Duration) -> Result<(u64, f64)> {
     let start = Instant::now();
-    let total = if rate == 0 {
-        u64::MAX
-    } else {
-        (rate as f64 * limit.as_secs_f64()) as u64
-    };
-    let mut sent = 0u64;
-    while sent < total && start.elapsed() < limit + Duration::from_millis(200) {
-        if rate != 0 {
-            let due = start + Duration::from_secs_f64(sent as f64 / rate as f64);
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
+    let per = rate as f64 / openers as f64;
+    let sent: Vec<Result<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..openers)
+            .map(|_| {
+                s.spawn(move || -> Result<u64> {
+                    let _ = zcio_testnet::cpu::unpin_thread();
+                    let total = if rate == 0 {
+                        u64::MAX
+                    } else {
+                        (per * limit.as_secs_f64()) as u64
+                    };
+                    let mut sent = 0u64;
+                    while sent < total && start.elapsed() < limit + Duration::from_millis(200) {
+                        if rate != 0 {
+                            let due = start + Duration::from_secs_f64(sent as f64 / per);
+                            let now = Instant::now();
+                            if due > now {
+                                std::thread::sleep(due - now);
+                            }
+                        }
+                        drop(std::fs::File::open(file).context("openat of the watched file")?);
+                        sent += 1;
+                        if rate == 0 && start.elapsed() >= limit {
+                            break;
+                        }
+                    }
+                    Ok(sent)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("an opener panicked"))))
+            .collect()
+    });
+    let mut n = 0;
+    for r in sent {
+        n += r?;
+    }
+    Ok((n, start.elapsed().as_secs_f64()))
+}
+
+/// The consumer's log, read as it grows.
+struct LogTail {
+    path: PathBuf,
+    offset: u64,
+}
+
+/// What the log says about one step's events.
+#[derive(Debug, Default, Clone, Copy)]
+struct StepLog {
+    /// Events naming the step's file with every record of an audited `openat` (SYSCALL, CWD,
+    /// PATH, PROCTITLE).
+    whole: u64,
+    /// Events naming the step's file with some of those records missing.
+    broken: u64,
+    /// Serials missing between the first and the last of the step's events: events the
+    /// kernel numbered that never reached the log (of any process; the kernel's `lost` does
+    /// not count these: a record dropped after it was made, on its way to the daemon).
+    serial_gaps: u64,
+}
+
+impl LogTail {
+    /// Reads what was written since the last call (whole lines) and tallies the events of
+    /// `file`.
+    fn step(&mut self, file: &Path) -> Result<StepLog> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open(&self.path).context("reading the consumer's log")?;
+        f.seek(SeekFrom::Start(self.offset))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        let whole_lines = buf.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
+        self.offset += whole_lines as u64;
+        let want = format!("name=\"{}\"", file.display());
+        // serial -> (records seen as a bit set, names the file)
+        let mut evs: std::collections::BTreeMap<u64, (u8, bool)> = Default::default();
+        for line in buf[..whole_lines].split(|&c| c == b'\n') {
+            let Some(serial) = serial_of(line) else {
+                continue;
+            };
+            let bit = if line.starts_with(b"type=SYSCALL ") {
+                1
+            } else if line.starts_with(b"type=CWD ") {
+                2
+            } else if line.starts_with(b"type=PATH ") {
+                4
+            } else if line.starts_with(b"type=PROCTITLE ") {
+                8
+            } else {
+                0
+            };
+            let e = evs.entry(serial).or_default();
+            e.0 |= bit;
+            if bit == 4 && line.windows(want.len()).any(|w| w == want.as_bytes()) {
+                e.1 = true;
             }
         }
-        drop(std::fs::File::open(file).context("openat of the watched file")?);
-        sent += 1;
-        if rate == 0 && start.elapsed() >= limit {
-            break;
+        let mut out = StepLog::default();
+        let mine: Vec<u64> = evs.iter().filter(|e| e.1 .1).map(|e| *e.0).collect();
+        for s in &mine {
+            if evs[s].0 == 15 {
+                out.whole += 1;
+            } else {
+                out.broken += 1;
+            }
         }
+        if let (Some(&lo), Some(&hi)) = (mine.first(), mine.last()) {
+            let present = evs.range(lo..=hi).count() as u64;
+            out.serial_gaps = (hi - lo + 1) - present;
+        }
+        Ok(out)
     }
-    Ok((sent, start.elapsed().as_secs_f64()))
 }
+
+/// The serial of a RAW log line (`msg=audit(SEC.MSEC:SERIAL):`).
+fn serial_of(line: &[u8]) -> Option<u64> {
+    let at = line.windows(10).position(|w| w == b"msg=audit(")? + 10;
+    let rest = &line[at..];
+    let colon = rest.iter().position(|&c| c == b':')?;
+    let close = rest.iter().position(|&c| c == b')')?;
+    std::str::from_utf8(rest.get(colon + 1..close)?)
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// One offered step and what came of it.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    target: u64,
+    openers: usize,
+    sent: u64,
+    secs: f64,
+    log: StepLog,
+    kernel_lost: u32,
+}
+
+impl Step {
+    fn rate(&self) -> f64 {
+        self.sent as f64 / self.secs.max(1e-9)
+    }
+    fn loss_free(&self) -> bool {
+        self.log.whole == self.sent
+            && self.log.broken == 0
+            && self.log.serial_gaps == 0
+            && self.kernel_lost == 0
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{:.0}/s (target {}) from {} opener(s): {} of {} whole, {} broken, {} serial \
+             gaps, kernel lost {}",
+            self.rate(),
+            if self.target == 0 {
+                "flat out".to_string()
+            } else {
+                format!("{}/s", self.target)
+            },
+            self.openers,
+            self.log.whole,
+            self.sent,
+            self.log.broken,
+            self.log.serial_gaps,
+            self.kernel_lost
+        )
+    }
+}
+
+/// Files (each watched by its own rule) for the steps of one run.
+const STEP_FILES: usize = 24;
 
 fn run_one(
     who: Daemon,
     dir: &Path,
     backlog: u32,
-    rates: &[u64],
-    ctx_step: Duration,
+    step_len: Duration,
     flat: Duration,
+    bisect: usize,
 ) -> Result<Sample> {
     auditctl(&[
         "-b",
@@ -156,77 +313,116 @@ fn run_one(
         "-e",
         "1",
     ])?;
-    let files: Vec<PathBuf> = (0..=rates.len())
-        .map(|i| dir.join(format!("s{i}")))
-        .collect();
+    let files: Vec<PathBuf> = (0..STEP_FILES).map(|i| dir.join(format!("s{i}"))).collect();
     for f in &files {
         std::fs::write(f, b"x")?;
         auditctl(&["-w", f.to_str().context("utf-8")?, "-p", "r", "-k", KEY])?;
     }
     let child = start(who, dir)?;
     let pid = child.id();
-    let _ = zcio_testnet::cpu::pin_thread(0);
+    let mut tail = LogTail {
+        path: dir.join("audit.log"),
+        offset: 0,
+    };
+    let mut next_file = files.iter();
+    let mut step = |target: u64, openers: usize, len: Duration| -> Result<(Step, u64)> {
+        let file = next_file.next().context("out of step files")?;
+        let lost0 = audit_status().map(|s| s.lost).unwrap_or(0);
+        let cpu0 = super::netlink::cpu_ns(pid);
+        let (sent, secs) = offer(file, target, openers, len)?;
+        // kauditd and the consumer finish the step's records.
+        std::thread::sleep(Duration::from_millis(400));
+        let cpu = super::netlink::cpu_ns(pid) - cpu0;
+        let lost1 = audit_status().map(|s| s.lost).unwrap_or(0);
+        let log = tail.step(file)?;
+        Ok((
+            Step {
+                target,
+                openers,
+                sent,
+                secs,
+                log,
+                kernel_lost: lost1.wrapping_sub(lost0),
+            },
+            cpu,
+        ))
+    };
+    // The search: doubling rates from 500/s until a step loses (adding openers wherever the
+    // offered rate falls short of the target), then bisection between the highest loss-free
+    // and the lowest lossy offered rate.
+    let mut s = Sample::default();
+    let mut openers = 1usize;
+    let mut best: Option<Step> = None;
+    let mut worst: Option<Step> = None;
+    let mut target = 500u64;
     let mut steps = Vec::new();
-    for (i, &rate) in rates.iter().enumerate() {
-        let (sent, secs) = offer(&files[i], rate, ctx_step)?;
-        steps.push((sent, secs));
-        std::thread::sleep(Duration::from_millis(300));
+    while files.len() - steps.len() > bisect + 1 {
+        let (st, _) = step(target, openers, step_len)?;
+        steps.push(st);
+        if !st.loss_free() {
+            worst = Some(st);
+            break;
+        }
+        best = Some(st);
+        if st.rate() < 0.9 * target as f64 {
+            if openers >= MAX_OPENERS {
+                break;
+            }
+            openers = (openers * 2).min(MAX_OPENERS);
+        }
+        target *= 2;
     }
-    let lost0 = audit_status().map(|s| s.lost).unwrap_or(0);
-    let cpu0 = super::netlink::cpu_ns(pid);
-    let flat_step = offer(&files[rates.len()], 0, flat)?;
-    std::thread::sleep(Duration::from_millis(600));
-    let cpu = super::netlink::cpu_ns(pid) - cpu0;
-    let lost1 = audit_status().map(|s| s.lost).unwrap_or(0);
+    if let (Some(mut lo), Some(mut hi)) = (best, worst) {
+        for _ in 0..bisect {
+            let mid = ((lo.rate() + hi.rate()) / 2.0) as u64;
+            if mid as f64 <= lo.rate() * 1.02 {
+                break;
+            }
+            let (st, _) = step(mid, hi.openers, step_len)?;
+            steps.push(st);
+            if st.loss_free() {
+                lo = st;
+            } else {
+                hi = st;
+            }
+        }
+        best = Some(lo);
+        worst = Some(hi);
+    }
+    let (flat_step, cpu) = step(0, MAX_OPENERS, flat)?;
     let err = super::netlink::stop(child, "-TERM")?;
     for f in &files {
         let _ = auditctl(&["-W", f.to_str().context("utf-8")?, "-p", "r", "-k", KEY]);
     }
-    let log = std::fs::read(dir.join("audit.log")).context("reading the consumer's log")?;
-    // Events per step: PATH records naming the step's file.
-    let mut got = vec![0u64; files.len()];
-    for line in log.split(|&c| c == b'\n') {
-        if !line.starts_with(b"type=PATH ") {
-            continue;
-        }
-        for (i, f) in files.iter().enumerate() {
-            let want = format!("name=\"{}\"", f.display());
-            if line.windows(want.len()).any(|w| w == want.as_bytes()) {
-                got[i] += 1;
-                break;
-            }
-        }
-    }
-    let mut s = Sample::default();
-    let mut loss_free = 0.0;
-    for (i, &(sent, secs)) in steps.iter().enumerate() {
-        if got[i] != sent {
-            s.note(format!(
-                "backlog {backlog}: first lossy step offered {:.0}/s: {} of {} events written",
-                sent as f64 / secs.max(1e-9),
-                got[i],
-                sent
-            ));
-            break;
-        }
-        // The rate actually offered: the opener slows down when the kernel formats every
-        // record instead of dropping some (and on a loaded machine), so a step may offer less
-        // than its target.
-        loss_free = f64::max(loss_free, sent as f64 / secs.max(1e-9));
-    }
-    let delivered = got[rates.len()];
-    s.set("loss_free_rate", loss_free);
-    s.set("saturated_rate", delivered as f64 / flat_step.1.max(1e-9));
+    s.set("loss_free_rate", best.map_or(0.0, |b| b.rate()));
+    match (best, worst) {
+        (Some(b), Some(w)) => s.note(format!(
+            "backlog {backlog}: bisection ({} steps of {:?}); highest loss-free {}; lowest lossy {}",
+            steps.len(),
+            step_len,
+            b.describe(),
+            w.describe()
+        )),
+        (Some(b), None) => s.note(format!(
+            "backlog {backlog}: no step lost ({} steps); the loss-free rate is the most the \
+             openers offered (a lower bound): {}",
+            steps.len(),
+            b.describe()
+        )),
+        (None, _) => s.note(format!(
+            "backlog {backlog}: the first step lost: {}",
+            steps[0].describe()
+        )),
+    };
+    let delivered = flat_step.log.whole + flat_step.log.broken;
+    s.set("saturated_rate", delivered as f64 / flat_step.secs.max(1e-9));
     if delivered > 0 {
         s.set("consumer_cpu", cpu as f64 / 1e3 / delivered as f64);
     }
-    s.set("lost_flat", f64::from(lost1.wrapping_sub(lost0)));
+    s.set("lost_flat", f64::from(flat_step.kernel_lost));
     s.note(format!(
-        "backlog {backlog}: flat out offered {:.0}/s, {} of {} written, kernel lost {} records",
-        flat_step.0 as f64 / flat_step.1.max(1e-9),
-        delivered,
-        flat_step.0,
-        lost1.wrapping_sub(lost0)
+        "backlog {backlog}: flat out: {}",
+        flat_step.describe()
     ));
     if who == Daemon::Zcio {
         if let Some(l) = err.lines().find(|l| l.contains("fallback")) {
@@ -273,13 +469,11 @@ impl Suite for AuditSuite {
             std::process::id()
         )));
         std::fs::create_dir_all(&dir.0)?;
-        let rates: Vec<u64> = match ctx.mode {
-            crate::bench::Mode::Quick => vec![500, 2_000, 8_000, 32_000],
-            _ => vec![
-                250, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000,
-            ],
+        let bisect = match ctx.mode {
+            crate::bench::Mode::Quick => 1,
+            _ => 4,
         };
-        let step = ctx.pick(Duration::from_millis(300), Duration::from_secs(1));
+        let step = ctx.pick(Duration::from_millis(500), Duration::from_secs(1));
         let flat = ctx.pick(Duration::from_millis(500), Duration::from_secs(2));
         ctx.note(
             "copied: every record is copied by the kernel into a netlink skb and out of it \
@@ -294,8 +488,8 @@ impl Suite for AuditSuite {
                 &format!("backlog {backlog}"),
                 ("auditd 3.0.9", "zcio audit"),
                 METRICS,
-                || run_one(Daemon::Auditd, &dir.0, backlog, &rates, step, flat),
-                || run_one(Daemon::Zcio, &dir.0, backlog, &rates, step, flat),
+                || run_one(Daemon::Auditd, &dir.0, backlog, step, flat, bisect),
+                || run_one(Daemon::Zcio, &dir.0, backlog, step, flat, bisect),
             )?;
         }
         drop(saved);
