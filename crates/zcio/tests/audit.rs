@@ -73,8 +73,7 @@ fn collect_each(
         let n = a
             .process(Some(Duration::from_millis(50)), |ev| {
                 each(ev);
-                if key_of(ev).as_deref() == Some(key)
-                    && evs.insert(ev.serial, ev.clone()).is_some()
+                if key_of(ev).as_deref() == Some(key) && evs.insert(ev.serial, ev.clone()).is_some()
                 {
                     *dup += 1;
                 }

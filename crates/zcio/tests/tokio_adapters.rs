@@ -666,11 +666,12 @@ fn async_audit_closes_an_event_without_its_end_record_after_the_wait() {
     use zcio::tokio::AsyncAudit;
     use zcio_testnet::audit::AuditHost;
     const AUDIT_ANOM_ABEND: u16 = 1701;
-    let _dog = watchdog();
     let test = "async_audit_closes_an_event_without_its_end_record_after_the_wait";
+    // The host's audit lock first: another audit user (a bench run) may hold it for minutes.
     let Some(_host) = AuditHost::take(test, false) else {
         return;
     };
+    let _dog = watchdog();
     let event_wait = Duration::from_millis(300);
     let rt = runtime();
     rt.block_on(async {

@@ -159,7 +159,10 @@ fn offer(file: &Path, rate: u64, openers: usize, limit: Duration) -> Result<(u64
             })
             .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("an opener panicked"))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("an opener panicked")))
+            })
             .collect()
     });
     let mut n = 0;
@@ -415,7 +418,10 @@ fn run_one(
         )),
     };
     let delivered = flat_step.log.whole + flat_step.log.broken;
-    s.set("saturated_rate", delivered as f64 / flat_step.secs.max(1e-9));
+    s.set(
+        "saturated_rate",
+        delivered as f64 / flat_step.secs.max(1e-9),
+    );
     if delivered > 0 {
         s.set("consumer_cpu", cpu as f64 / 1e3 / delivered as f64);
     }
