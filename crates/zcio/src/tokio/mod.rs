@@ -801,20 +801,28 @@ impl AsyncAudit {
             source,
         };
         loop {
-            let audit = &mut self.audit;
-            // New records only move the earliest close later: waiting this long at most
-            // misses no event's wait.
-            let Some(wait) = audit.next_close() else {
-                return until_some(&self.fd, || audit.on_ready(&mut f), io_err).await;
-            };
-            let ready = until_some(&self.fd, || audit.on_ready(&mut f), io_err);
-            if let Ok(r) = ::tokio::time::timeout(wait, ready).await {
-                return r;
-            }
-            // The wait ended: `on_ready` closes the event.
             let n = self.audit.on_ready(&mut f)?;
             if n > 0 {
                 return Ok(n);
+            }
+            // Looked at again after every readiness round: a record that opened an event (one
+            // whose end-of-event record may never come) arms the timer for its close.
+            let ready = match self.audit.next_close() {
+                None => Some(self.fd.readable().await),
+                Some(wait) => ::tokio::time::timeout(wait, self.fd.readable())
+                    .await
+                    .ok(),
+            };
+            // `None`: the wait ended; `on_ready` above closes the event.
+            if let Some(guard) = ready {
+                let mut guard = guard.map_err(io_err)?;
+                let n = self.audit.on_ready(&mut f)?;
+                // `on_ready` left the descriptor readable only for later events, which
+                // signal anew.
+                guard.clear_ready();
+                if n > 0 {
+                    return Ok(n);
+                }
             }
         }
     }
