@@ -174,6 +174,13 @@ impl Audit {
         in_slices(py, timeout, |wait| slf.borrow_mut().take(py, wait, false))
     }
 
+    /// Seconds until the earliest open event closes by the wait for its end-of-event record
+    /// (None: no event is open). An event loop that waits on `fileno()` waits at most this
+    /// long, then calls `ready_batch()`, which closes it.
+    fn next_close(&mut self) -> PyResult<Option<f64>> {
+        Ok(self.audit()?.next_close().map(|d| d.as_secs_f64()))
+    }
+
     /// What is ready now (after `fileno()` polled readable).
     fn ready_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         self.take(py, Duration::ZERO, true)

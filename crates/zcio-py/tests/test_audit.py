@@ -104,3 +104,26 @@ def test_audit_under_asyncio(audit_host):
         finally:
             loop.close()
     assert audit_host.status()["pid"] == 0
+
+
+def test_audit_under_asyncio_closes_an_event_without_its_end_record(audit_host):
+    # ANOM_ABEND (1701): a shell that sends itself SIGABRT dies outside any syscall, so the
+    # record has no end-of-event record after it. Nothing else arrives: only the wait bounded
+    # by next_close() can hand the event over under `async for`.
+    async def main(a):
+        t0 = time.monotonic()
+        rc = subprocess.call(["sh", "-c", "ulimit -c 0; kill -ABRT $$"])
+        assert rc == -6
+        async for ev in a:
+            if any(r["type"] == 1701 for r in ev["records"]):
+                return ev, time.monotonic() - t0
+
+    with zcio.Audit(fallback=False, event_wait=0.3) as a:
+        loop = asyncio.new_event_loop()
+        try:
+            ev, took = loop.run_until_complete(asyncio.wait_for(main(a), 10))
+        finally:
+            loop.close()
+        assert ev["end"] == "wait"
+        assert took >= 0.3
+        assert a.stats["waited"] >= 1

@@ -191,9 +191,18 @@ class _Stream:
 
             loop.add_reader(fd, wake)
             try:
-                await ready
+                # Audit: an open event whose end-of-event record may never come closes after
+                # its wait, which no readiness signals: wait at most that long.
+                close = self._next_close()
+                if close is None:
+                    await ready
+                else:
+                    await asyncio.wait([ready], timeout=close)
             finally:
                 loop.remove_reader(fd)
+
+    def _next_close(self) -> Optional[float]:
+        return None
 
     def __enter__(self):
         return self
@@ -237,12 +246,16 @@ class Audit(_Stream, _native.Audit):
     ``time``, ``end`` ("eoe", "single", "wait"), ``incomplete``, and ``records`` in arrival
     order, each with ``type``, ``name``, ``fields`` (hex-encoded values decoded) and ``text``
     (the fields as the kernel wrote them). An event without its end-of-event record closes
-    ``event_wait`` seconds after its last record, at a later ``next_batch`` (or ``flush()``).
+    ``event_wait`` seconds after its last record, at a later ``next_batch`` (or ``flush()``);
+    ``async for`` waits on ``fileno()`` at most until ``next_close()`` for it.
     ``stats`` has the records, events, the kernel's ``lost`` counter at open and now, the
     socket's drops and incomplete events, and ``lost_at_least``/``lost_exact``/
     ``loss_summary``. Options: ``observer``, ``fallback``, ``enable``, ``backlog_limit``,
     ``backlog_wait_time``, ``rate_limit``, ``event_wait``, ``sock_len``, ``frames``, ``uring``.
     """
+
+    def _next_close(self) -> Optional[float]:
+        return self.next_close()
 
 
 def _split(first: int, last: int, threads: int) -> List[range]:
