@@ -809,9 +809,7 @@ impl AsyncAudit {
             // whose end-of-event record may never come) arms the timer for its close.
             let ready = match self.audit.next_close() {
                 None => Some(self.fd.readable().await),
-                Some(wait) => ::tokio::time::timeout(wait, self.fd.readable())
-                    .await
-                    .ok(),
+                Some(wait) => ::tokio::time::timeout(wait, self.fd.readable()).await.ok(),
             };
             // `None`: the wait ended; `on_ready` above closes the event.
             if let Some(guard) = ready {
