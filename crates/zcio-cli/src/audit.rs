@@ -61,8 +61,9 @@ pub struct AuditArgs {
     /// Fill frames with recvmmsg instead of io_uring.
     #[arg(long)]
     pub recvmmsg: bool,
-    /// io_uring: records to gather per wait before handling them.
-    #[arg(long, default_value_t = 256)]
+    /// io_uring: records to gather per wait before handling them (at most 64, what one
+    /// receive batch takes).
+    #[arg(long, default_value_t = 64)]
     pub batch: usize,
     /// io_uring: milliseconds the first record of a wait may be held back while more come
     /// (Linux 6.12; records wait in the socket meanwhile, not in the kernel's backlog, so

@@ -128,11 +128,13 @@ impl FrameSource {
 
     /// In io_uring mode, lets a wait gather up to `n` completions, holding the first back at
     /// most `min_wait` (see [`FrameRecv::wait`]). Fails, saying why, outside io_uring mode or
-    /// where the kernel cannot (Linux 6.12); waits then return on the first completion.
+    /// where the kernel cannot (Linux 6.12); waits then return on the first completion. `n`
+    /// is capped at what one fill takes ([`MAX_BATCH`]): a larger `n` could never be met, and
+    /// every wait would last the whole `min_wait` however fast datagrams came.
     pub(crate) fn set_batch_wait(&mut self, n: usize, min_wait: Duration) -> Result<(), String> {
         match &self.producer {
             Producer::Uring(u) if u.has_min_wait() => {
-                self.batch = Some((n, min_wait));
+                self.batch = Some((n.min(MAX_BATCH), min_wait));
                 Ok(())
             }
             Producer::Uring(_) => Err("kernel lacks IORING_FEAT_MIN_TIMEOUT (Linux 6.12)".into()),
