@@ -371,11 +371,12 @@ const STOP_WAIT: Duration = Duration::from_secs(DRAIN_SECS + 1 + 3);
 /// never exit.
 struct Piped {
     child: Child,
-    out: Option<(
-        std::thread::JoinHandle<Vec<u8>>,
-        std::thread::JoinHandle<Vec<u8>>,
-    )>,
+    /// The readers of stdout and stderr.
+    out: Option<(Reader, Reader)>,
 }
+
+/// A thread reading one pipe to its end.
+type Reader = std::thread::JoinHandle<Vec<u8>>;
 
 /// How a [`Piped`] child stopped, and what it wrote.
 struct Stopped {
@@ -393,7 +394,7 @@ impl Piped {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()?;
-        fn read_all(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        fn read_all(r: Option<impl Read + Send + 'static>) -> Reader {
             std::thread::spawn(move || {
                 let mut v = Vec::new();
                 if let Some(mut r) = r {
@@ -411,9 +412,7 @@ impl Piped {
         let Some((o, e)) = self.out.take() else {
             return Default::default();
         };
-        let text = |h: std::thread::JoinHandle<Vec<u8>>| {
-            String::from_utf8_lossy(&h.join().unwrap_or_default()).into_owned()
-        };
+        let text = |h: Reader| String::from_utf8_lossy(&h.join().unwrap_or_default()).into_owned();
         (text(o), text(e))
     }
 
