@@ -230,6 +230,22 @@ impl Suite for Shim {
                         "memcached -t {threads} under memcaslap, under the shim: {st}"
                     ));
                 }
+                // The same comparison between two native servers: how far apart two identical
+                // servers measure in this run. A handed instance runs the real epoll, so the
+                // shim's rows above are at parity when they differ from native by no more
+                // than this row does.
+                let a = Server::memcached_with(&mc, threads, None)?;
+                let b = Server::memcached_with(&mc, threads, None)?;
+                ctx.compare(
+                    &format!(
+                        "memcached -t {threads}, memcaslap -T1 -c50 default get/set mix \
+                         ({secs} s runs), native vs native (the run's spread)"
+                    ),
+                    ("native epoll", "native epoll, a second server"),
+                    MEMCASLAP_METRICS,
+                    || memcaslap_run(&slap, &a, secs),
+                    || memcaslap_run(&slap, &b, secs),
+                )?;
             }
             ran = true;
         } else {
