@@ -22,7 +22,8 @@
 //!   which hides queueing; a fixed rate does not.
 //!
 //! `ZCIO_BENCH_ONLY=substring` runs only the cases whose name contains it (e.g. `req/resp`,
-//! `veth`, `vs nginx`).
+//! `veth`, `vs nginx`). `ZCIO_BENCH_PROXY_BIN=path` runs another build's `zcio` as the proxy
+//! under test (the same cases and counters against that build: which commit moved a figure).
 
 use crate::bench::{Better, Ctx, MetricDef, Sample, Suite};
 use anyhow::{anyhow, bail, Context, Result};
@@ -356,9 +357,103 @@ fn free_port(ns: Option<&Netns>, ip: std::net::IpAddr) -> Result<u16> {
     .context("finding a free port")
 }
 
+/// `zcio proxy`'s drain bound in the bench (`--drain-timeout`, seconds).
+const DRAIN_SECS: u64 = 1;
+
+/// How long a proxy may take to exit after SIGTERM before it is killed: zcio's drain bound,
+/// the second its drain then gives the kernel to hand back what it holds
+/// (`Proxy::drain`'s flush), and a margin for the log and the exit itself on a loaded machine.
+const STOP_WAIT: Duration = Duration::from_secs(DRAIN_SECS + 1 + 3);
+
+/// A child process whose stdout and stderr are read while it runs: a pipe nobody reads holds
+/// 64 KiB, and a proxy that logs more (a line per reset pair: 1,000 connections cut at the
+/// end of a wrk run) would block in its log write with the pipe full, stop forwarding and
+/// never exit.
+struct Piped {
+    child: Child,
+    /// The readers of stdout and stderr.
+    out: Option<(Reader, Reader)>,
+}
+
+/// A thread reading one pipe to its end.
+type Reader = std::thread::JoinHandle<Vec<u8>>;
+
+/// How a [`Piped`] child stopped, and what it wrote.
+struct Stopped {
+    /// It exited within the wait (else it was killed).
+    exited: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Piped {
+    /// Starts `c` with piped stdout and stderr, each read by a thread of its own.
+    fn spawn(c: &mut Command) -> std::io::Result<Self> {
+        let mut child = c
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        fn read_all(r: Option<impl Read + Send + 'static>) -> Reader {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_end(&mut v);
+                }
+                v
+            })
+        }
+        let out = Some((read_all(child.stdout.take()), read_all(child.stderr.take())));
+        Ok(Self { child, out })
+    }
+
+    /// Everything it wrote (waits for its end of the pipes: call once it has exited).
+    fn output(&mut self) -> (String, String) {
+        let Some((o, e)) = self.out.take() else {
+            return Default::default();
+        };
+        let text = |h: Reader| String::from_utf8_lossy(&h.join().unwrap_or_default()).into_owned();
+        (text(o), text(e))
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited within `wait`.
+    fn stop(&mut self, wait: Duration) -> Stopped {
+        signal(self.child.id(), libc::SIGTERM);
+        let t0 = Instant::now();
+        let mut exited = false;
+        while t0.elapsed() < wait {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                exited = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !exited {
+            signal(self.child.id(), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+        let (stdout, stderr) = self.output();
+        Stopped {
+            exited,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Drop for Piped {
+    fn drop(&mut self) {
+        // A run that failed half-way leaves no process behind.
+        if let Ok(None) = self.child.try_wait() {
+            signal(self.child.id(), libc::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// A running proxy process.
 struct Proc {
-    child: Child,
+    p: Piped,
     kind: Kind,
 }
 
@@ -376,11 +471,19 @@ impl Proc {
         };
         let mut c = match kind {
             Kind::Zcio => {
-                let mut c = cmd(&std::env::current_exe().context("the zcio binary")?);
+                // ZCIO_BENCH_PROXY_BIN: another build's `zcio` as the proxy under test (this
+                // suite's cases and counters against that build, e.g. to find which commit
+                // moved a figure).
+                let exe = match std::env::var_os("ZCIO_BENCH_PROXY_BIN") {
+                    Some(p) if !p.is_empty() => PathBuf::from(p),
+                    _ => std::env::current_exe().context("the zcio binary")?,
+                };
+                let mut c = cmd(&exe);
                 c.args(["proxy", "--listen", &listen.to_string(), "--to"])
                     .arg(to.to_string())
                     .args(["--threads", "1", "--stats-interval", "0", "--json"])
-                    .args(["--idle-timeout", "0", "--drain-timeout", "1"]);
+                    .args(["--idle-timeout", "0", "--drain-timeout"])
+                    .arg(DRAIN_SECS.to_string());
                 c
             }
             Kind::HaproxySplice | Kind::HaproxyCopy => {
@@ -423,13 +526,10 @@ impl Proc {
                 c
             }
         };
-        c.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let child = c
-            .spawn()
-            .with_context(|| format!("starting {}", kind.label()))?;
-        let mut p = Self { child, kind };
+        let mut p = Self {
+            p: Piped::spawn(&mut c).with_context(|| format!("starting {}", kind.label()))?,
+            kind,
+        };
         // Ready when it accepts.
         let end = Instant::now() + Duration::from_secs(5);
         loop {
@@ -441,11 +541,8 @@ impl Proc {
             if ok {
                 break;
             }
-            if let Ok(Some(st)) = p.child.try_wait() {
-                let mut err = String::new();
-                if let Some(e) = p.child.stderr.as_mut() {
-                    let _ = e.read_to_string(&mut err);
-                }
+            if let Ok(Some(st)) = p.p.child.try_wait() {
+                let (_, err) = p.p.output();
                 bail!("{} exited at start ({st}): {err}", kind.label());
             }
             if Instant::now() > end {
@@ -457,7 +554,7 @@ impl Proc {
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.p.child.id()
     }
 
     /// utime + stime of the whole process (all threads), seconds.
@@ -471,51 +568,37 @@ impl Proc {
         (t(11) + t(12)) / 100.0
     }
 
-    /// Stops it (SIGTERM, then SIGKILL after 3 s); for zcio, returns its final stats line.
+    /// Stops it (SIGTERM, then SIGKILL after [`STOP_WAIT`]); for zcio, returns its final
+    /// stats line.
     fn stop(mut self) -> Result<Option<serde_json::Value>> {
-        signal(self.pid(), libc::SIGTERM);
-        let end = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < end {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        signal(self.pid(), libc::SIGKILL);
-        let out = std::mem::replace(&mut self.child, dummy_child()?).wait_with_output()?;
+        let st = self.p.stop(STOP_WAIT);
         if self.kind != Kind::Zcio {
             return Ok(None);
         }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let last = text
-            .lines()
-            .rev()
-            .find(|l| l.starts_with('{'))
-            .ok_or_else(|| {
-                anyhow!(
-                    "zcio proxy printed no stats: {text} {}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            })?;
-        Ok(Some(serde_json::from_str(last)?))
+        stats_of(&st).map(Some)
     }
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // A run that failed half-way leaves no proxy behind.
-        if let Ok(None) = self.child.try_wait() {
-            signal(self.pid(), libc::SIGKILL);
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// A finished child to swap in when the real one is consumed by `wait_with_output`.
-fn dummy_child() -> Result<Child> {
-    let mut c = Command::new("true").spawn()?;
-    let _ = c.wait();
-    Ok(c)
+/// zcio proxy's final stats line (`--json`: the last line that is an object).
+fn stats_of(st: &Stopped) -> Result<serde_json::Value> {
+    let last = st
+        .stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .ok_or_else(|| {
+            let killed = if st.exited {
+                String::new()
+            } else {
+                format!(" (killed: still running {STOP_WAIT:?} after SIGTERM)")
+            };
+            anyhow!(
+                "zcio proxy printed no stats{killed}: {} {}",
+                st.stdout,
+                st.stderr
+            )
+        })?;
+    Ok(serde_json::from_str(last)?)
 }
 
 /// Signals a process through kill(1) (the CLI has no unsafe code).
@@ -709,8 +792,21 @@ fn zcio_note(v: &serde_json::Value) -> String {
             s.spilled_bytes
         )
     });
+    // The library's own counts, read field by field so that an older build's stats line
+    // (ZCIO_BENCH_PROXY_BIN) gives them too: its kernel entries beside perf's count of every
+    // syscall, and how much each turn harvested.
+    let n = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    let mb = ((n("bytes_up") + n("bytes_down")) / 1e6).max(1e-9);
+    let counts = format!(
+        "; library counts: io_uring_enter {:.2}/MB, syscalls {:.2}/MB, {:.1} chunks per \
+         turn, receive ring dry {} times",
+        n("ring_enters") / mb,
+        n("syscalls") / mb,
+        n("chunks") / n("turns").max(1.0),
+        n("rx_out_of_buffers"),
+    );
     format!(
-        "zcio proxy: rx {}, tx {}, one ring per thread {}, COPIED {}{profile}",
+        "zcio proxy: rx {}, tx {}, one ring per thread {}, COPIED {}{counts}{profile}",
         v["rx_path"].as_str().unwrap_or("?"),
         v["tx_path"].as_str().unwrap_or("?"),
         v["one_ring"],
@@ -893,5 +989,31 @@ impl Rr<'_> {
             s.note(zcio_note(&v));
         }
         Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child that writes more than a pipe holds to stderr while it runs (as `zcio proxy`
+    /// logs a line per reset pair) stops on SIGTERM within the wait and its last stdout line
+    /// is there: with its pipes read only after the stop, its write blocked, SIGTERM's trap
+    /// never ran and the stop killed it ("printed no stats").
+    #[test]
+    fn a_child_that_logs_more_than_a_pipe_holds_stops_with_its_stats() {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(
+            "trap 'echo \"{\\\"done\\\": 1}\"; exit 0' TERM; \
+             head -c 300000 /dev/zero | tr '\\0' x >&2; \
+             while :; do sleep 0.05; done",
+        );
+        let mut p = Piped::spawn(&mut c).expect("sh");
+        std::thread::sleep(Duration::from_millis(500));
+        let st = p.stop(Duration::from_secs(3));
+        assert!(st.exited, "killed after the wait: {}", st.stdout);
+        assert_eq!(st.stderr.len(), 300_000);
+        let v = stats_of(&st).expect("the last stdout line");
+        assert_eq!(v["done"], 1);
     }
 }

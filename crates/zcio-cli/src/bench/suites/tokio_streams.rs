@@ -454,9 +454,10 @@ fn http(kind: Server, zcio: bool, conns: usize, secs: u32) -> Result<Sample> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || -> Result<ServerEnd> {
-        local_block_on(serve(kind, zcio, l, stop_rx))?
-    });
+    // Named per side, so a profile of the run (`perf report --comm`) tells them apart.
+    let server = std::thread::Builder::new()
+        .name(if zcio { "srv-zcio" } else { "srv-tokio" }.into())
+        .spawn(move || -> Result<ServerEnd> { local_block_on(serve(kind, zcio, l, stop_rx))? })?;
     let out = Command::new("wrk")
         .args([
             "-t",
