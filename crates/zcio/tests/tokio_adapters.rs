@@ -611,6 +611,9 @@ fn async_audit_hands_over_every_event_of_a_storm_once_and_whole() {
         let a = Audit::open(AuditConfig {
             mode: AuditMode::Primary,
             fallback: false,
+            // Scaled under emulation (see tests/audit.rs, `event_wait`): a slow kauditd can
+            // hold one event's records apart for longer than the default 500 ms.
+            event_wait: common::scaled(AuditConfig::default().event_wait),
             ..AuditConfig::default()
         })
         .unwrap();
