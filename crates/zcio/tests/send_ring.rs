@@ -1235,6 +1235,65 @@ fn sends_staged_behind_a_chain_go_when_only_the_readiness_descriptor_drives_the_
 }
 
 #[test]
+fn requests_a_harvest_lets_go_are_submitted_or_the_readiness_descriptor_fires_for_them() {
+    // A one-entry submission queue: each chain of the stream socket is one request, which
+    // completes inside the enter that submits it (the peer reads), so the harvest after that
+    // enter lets the socket's next staged request go while nothing of the socket is left in
+    // the kernel to announce it. The call that harvested must submit it, or leave the
+    // descriptor readable: an event loop that sleeps on the descriptor sees every send
+    // complete. Before, `submit` sent two and returned with the rest staged and the
+    // descriptor silent for good (the loss that hung `LocalIo` streams on their last sends).
+    let (l, addr) = listener();
+    let server = serve_checked(l, 1, Arc::new(AtomicBool::new(false)));
+    let n = 48;
+    let pool = Pool::new(4 << 10, n, false).unwrap();
+    let mut rc = SendRingConfig {
+        submit_batch: usize::MAX,
+        ..SendRingConfig::default()
+    };
+    rc.ring.entries = 1;
+    let mut ring = SendRing::new(&rc).unwrap();
+    let s = ring
+        .add(connect_with_base(addr, base(0)), &cfg(TxMode::UringCopy, n))
+        .unwrap();
+    let fd = ring.readiness_fd().unwrap().as_raw_fd();
+    for k in 0..n {
+        let mut b = pool.try_get().unwrap();
+        common::fill_pattern(&mut b, base(0) + (k as u64) * 4096);
+        ring.send(s, b).unwrap();
+    }
+    let take = |ring: &mut SendRing| -> usize {
+        let mut got = 0;
+        for (c, _) in ring.completions() {
+            assert_eq!(c.result(), Ok(4096), "{c:?}");
+            got += 1;
+        }
+        got
+    };
+    ring.submit().unwrap();
+    let mut done = take(&mut ring);
+    let wait_ms = common::scaled(Duration::from_secs(2)).as_millis() as i32;
+    let (mut wakes, end) = (0, Instant::now() + common::scaled(Duration::from_secs(20)));
+    while done < n {
+        assert!(Instant::now() < end, "{done} of {n} sends completed");
+        let ev = zcio::sys::net::poll_one(&fd, libc::POLLIN, wait_ms).unwrap();
+        assert!(
+            ev & libc::POLLIN != 0,
+            "{done} of {n} sends completed, {} in flight, and the readiness descriptor stays \
+             silent after {wakes} wake-ups",
+            ring.in_flight()
+        );
+        wakes += 1;
+        ring.on_ready().unwrap();
+        done += take(&mut ring);
+    }
+    eprintln!("{n} sends in {wakes} wake-ups");
+    ring.close(s).unwrap();
+    drop(ring);
+    assert_eq!(server.join().unwrap()[0].1, (n as u64) * 4096);
+}
+
+#[test]
 fn a_loop_that_only_polls_sees_every_zero_copy_completion() {
     // Under DEFER_TASKRUN a zero-copy notification is task work that only an enter of the
     // ring's thread posts: `poll` must enter for it when the kernel flagged it, or a loop

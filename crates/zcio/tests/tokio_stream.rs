@@ -192,6 +192,34 @@ fn large_writes_to_slow_readers_arrive_in_order_and_go_straight_to_the_socket_on
     h.join().unwrap();
 }
 
+/// Writes through the pool to a send ring whose submission queue holds one request: each
+/// chain of the stream is one send, done inside the enter that submits it, so each harvest
+/// lets the stream's next staged send go with nothing of it in the kernel to announce it.
+/// Every byte arrives and the stream shuts down. Before, the driver slept with the stream's
+/// last sends staged and its shutdown waited for ever (the echo test's rare hang, made to
+/// happen every time).
+#[test]
+fn a_stream_whose_sends_go_one_per_enter_still_sends_every_byte_and_shuts_down() {
+    const LEN: usize = 8 << 20;
+    let dog = watchdog();
+    let mut cfg = LocalIoConfig::default();
+    cfg.ring.ring.entries = 1;
+    // Every write through the pool and the ring, none straight to the socket.
+    cfg.direct_min = usize::MAX;
+    let (addr, h) = server_with(&dog, cfg, |io, l| async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut s = io.from_tokio(s).unwrap();
+        let mut data = vec![0u8; LEN];
+        common::fill_pattern(&mut data, 0);
+        s.write_all(&data).await.unwrap();
+        s.shutdown().await.unwrap();
+        eprintln!("{}", io.describe());
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    assert_eq!(read_to_end_checked(&mut s, 0, LEN as u64), LEN as u64);
+    h.join().unwrap();
+}
+
 #[test]
 fn send_bytes_lends_bytes_in_order_after_written_bytes_and_the_peer_sees_end_of_stream_at_once() {
     const BODY: usize = 16 << 20;

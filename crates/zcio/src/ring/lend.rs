@@ -1065,10 +1065,10 @@ impl<B: Stable> LendRing<B> {
         self.ring.begin_quiet(signalled)
     }
 
-    /// The outermost such call ends (see [`SharedRing::end_quiet`]); returns whether work
-    /// waits.
-    pub fn end_quiet(&self) -> bool {
-        self.ring.end_quiet()
+    /// The outermost such call ends (see [`SharedRing::end_quiet`]); `left`: the caller
+    /// left work of its own for `on_ready`. Returns whether work waits.
+    pub fn end_quiet(&self, left: bool) -> bool {
+        self.ring.end_quiet(left)
     }
 
     /// Completions or flagged task work wait in the ring (see [`Ring::has_work`]).

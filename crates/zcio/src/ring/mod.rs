@@ -635,6 +635,9 @@ pub struct SharedRing<C: cqueue::EntryMarker = cqueue::Entry> {
     /// Nesting of the send side's calls that keep the eventfd quiet, and whether work was
     /// flagged when the outermost began (the eventfd may have been signalled for it).
     quiet: std::cell::Cell<(u32, bool)>,
+    /// The eventfd was written for work only the send side knows of (`end_quiet`'s `left`):
+    /// the next quiet call takes that back unless work is left then.
+    told: std::cell::Cell<bool>,
     /// Memory a side registered with the ring and left when it went while the other side
     /// keeps the ring: freed only after the ring is closed.
     kept: RefCell<Vec<Box<dyn std::any::Any>>>,
@@ -663,6 +666,7 @@ impl<C: cqueue::EntryMarker> SharedRing<C> {
             scratch: RefCell::new(Vec::new()),
             evfd: OnceCell::new(),
             quiet: std::cell::Cell::new((0, false)),
+            told: std::cell::Cell::new(false),
             kept: RefCell::new(Vec::new()),
         })
     }
@@ -786,8 +790,9 @@ impl<C: cqueue::EntryMarker> SharedRing<C> {
         }
         let (depth, flagged) = self.quiet.get();
         if depth == 0 {
-            // Work flagged now may have signalled the eventfd before this call.
-            let flagged = signalled || self.has_work();
+            // Work flagged now may have signalled the eventfd before this call, and so may
+            // the end of an earlier call that left work of its own.
+            let flagged = signalled || self.told.replace(false) || self.has_work();
             self.ring.borrow_mut().eventfd_quiet(true);
             self.quiet.set((1, flagged));
         } else {
@@ -797,8 +802,10 @@ impl<C: cqueue::EntryMarker> SharedRing<C> {
 
     /// The outermost quiet call ends: the eventfd speaks again, and is left readable exactly
     /// when something waits (work that came while it was quiet signals it now; a signal for
-    /// work this call has done is taken back). Returns whether work waits.
-    pub fn end_quiet(&self) -> bool {
+    /// work this call has done is taken back). `left`: the caller left work that only it
+    /// knows of (requests a harvest let go and no enter submitted), which the kernel will
+    /// never announce. Returns whether work waits.
+    pub fn end_quiet(&self, left: bool) -> bool {
         let (depth, flagged) = self.quiet.get();
         match depth {
             0 => return false,
@@ -819,9 +826,10 @@ impl<C: cqueue::EntryMarker> SharedRing<C> {
         if flagged {
             self.clear_notify();
         }
-        let work = self.has_work();
+        let work = left || self.has_work();
         if work {
             self.signal();
+            self.told.set(left);
         }
         work
     }
@@ -886,7 +894,7 @@ pub trait SendCore {
     /// See [`SharedRing::begin_quiet`].
     fn begin_quiet(&self, signalled: bool);
     /// See [`SharedRing::end_quiet`].
-    fn end_quiet(&self) -> bool;
+    fn end_quiet(&self, left: bool) -> bool;
 }
 
 impl<C: cqueue::EntryMarker + 'static> SendCore for std::rc::Rc<SharedRing<C>> {
@@ -958,8 +966,8 @@ impl<C: cqueue::EntryMarker + 'static> SendCore for std::rc::Rc<SharedRing<C>> {
     fn begin_quiet(&self, signalled: bool) {
         SharedRing::begin_quiet(self, signalled)
     }
-    fn end_quiet(&self) -> bool {
-        SharedRing::end_quiet(self)
+    fn end_quiet(&self, left: bool) -> bool {
+        SharedRing::end_quiet(self, left)
     }
 }
 

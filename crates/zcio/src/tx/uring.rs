@@ -29,6 +29,10 @@ fn unroute(r: u64) -> (u32, u32, u16) {
     ((r >> 32) as u32, ((r >> 16) & 0xffff) as u32, r as u16)
 }
 
+/// Rounds of push-submit-harvest a call makes for requests its harvests let go
+/// (`SendRing::ring_continue`).
+const CONTINUE_ROUNDS: usize = 4;
+
 /// The ring of a [`SendRing`] and what drives it.
 #[derive(Debug)]
 pub(super) struct Uring {
@@ -45,6 +49,12 @@ pub(super) struct Uring {
     /// Sockets with staged requests that may be pushed (and the list a pump walks).
     dirty: Vec<u32>,
     dirty_spare: Vec<u32>,
+    /// Requests may go that no pump has pushed: a harvest ended a socket's chain (or brought
+    /// what a socket waited for) while more of it was staged, or a pump stopped at a full
+    /// submission queue. Nothing in the kernel announces them (the completion that let them
+    /// go is taken), so the call that harvested pushes them (`ring_continue`) and, if its
+    /// rounds run out, leaves the readiness descriptor readable for `on_ready`.
+    pub(super) released: bool,
     /// Sockets with ring sends in flight (each once: `Sock::ring_listed`), pruned as they
     /// are walked; what a wait looks at instead of every socket.
     busy: Vec<u32>,
@@ -119,6 +129,7 @@ impl Uring {
                 reqs: Vec::new(),
                 dirty: Vec::new(),
                 dirty_spare: Vec::new(),
+                released: false,
                 busy: Vec::new(),
                 staged_new: 0,
                 unsettled: Vec::new(),
@@ -315,7 +326,13 @@ impl SendRing {
         let Some(u) = self.uring.as_mut() else {
             return false;
         };
-        if u.lr.is_dead() || u.dirty.is_empty() {
+        if u.lr.is_dead() {
+            return false;
+        }
+        // This pass walks every socket that may push; one that cannot push now waits for an
+        // event of the kernel (a result, a notification), or for room (set again below).
+        u.released = false;
+        if u.dirty.is_empty() {
             return false;
         }
         // Double-buffered: staging pushes into `dirty` while this pass walks the other list,
@@ -341,6 +358,7 @@ impl SendRing {
                 // and still marked, without a look at each (a pump's work is bounded by
                 // what fits, not by how many sockets have something staged).
                 u.dirty.extend_from_slice(&dirty[k..]);
+                u.released = true;
                 break;
             }
             s.dirty = false;
@@ -453,13 +471,41 @@ impl SendRing {
             res?;
             self.ring_harvest()?;
         }
-        if self.pump() {
-            let res = self.uring.as_mut().expect("ring").lr.submit();
+        self.ring_continue()
+    }
+
+    /// Pushes and submits what the last harvest let go (`Uring::released`): a stream chain's
+    /// results let the socket's next requests go, and nothing else would submit them — the
+    /// kernel has nothing of theirs to announce. A few rounds (each one's results may let
+    /// more go, and one enter runs a bounded batch of task work); what is left stays
+    /// released, and the outermost call then leaves the readiness descriptor readable.
+    pub(super) fn ring_continue(&mut self) -> io::Result<()> {
+        for _ in 0..CONTINUE_ROUNDS {
+            let Some(u) = self.uring.as_mut() else {
+                return Ok(());
+            };
+            if !u.released || u.lr.is_dead() {
+                return Ok(());
+            }
+            self.pump();
+            let u = self.uring.as_mut().expect("ring");
+            if u.lr.pending() == 0 {
+                // Nothing could go (a socket waits for room or a notification).
+                continue;
+            }
+            let res = u.lr.submit();
             self.account(true);
             res?;
             self.ring_harvest()?;
         }
         Ok(())
+    }
+
+    /// Whether requests were let go that no call has pushed yet (see `Uring::released`).
+    pub(super) fn ring_released(&self) -> bool {
+        self.uring
+            .as_ref()
+            .is_some_and(|u| u.released && !u.lr.is_dead())
     }
 
     /// Reads what the kernel has posted, without entering (unless the CQ overflowed).
@@ -491,7 +537,7 @@ impl SendRing {
             self.ring_harvest()?;
         }
         self.account(false);
-        Ok(())
+        self.ring_continue()
     }
 
     /// Submits, then waits until at least one CQE arrives or `timeout` passes (no wait when
@@ -505,8 +551,8 @@ impl SendRing {
         self.ring_harvest()?;
         let u = self.uring.as_mut().expect("ring");
         if self.ready.len() > before && u.lr.pending() == 0 {
-            // Something came back already: no need to enter.
-            return Ok(());
+            // Something came back already: no need to wait (only to push what it let go).
+            return self.ring_continue();
         }
         let in_kernel = self.ring_busy_in_kernel();
         let u = self.uring.as_mut().expect("ring");
@@ -525,13 +571,7 @@ impl SendRing {
         res?;
         self.ring_harvest()?;
         // Results may have let staged requests go (next chain, retries): push them now.
-        if self.pump() {
-            let res = self.uring.as_mut().expect("ring").lr.submit();
-            self.account(true);
-            res?;
-            self.ring_harvest()?;
-        }
-        Ok(())
+        self.ring_continue()
     }
 
     /// Reads every CQE posted and hands each to its socket's core; collects what finished.
@@ -650,9 +690,14 @@ impl SendRing {
             if t.has_unsettled() {
                 u.unsettled.push(idx);
             }
-            if t.staged() > 0 && !t.chain_out() && !s.dirty && !s.closing {
-                s.dirty = true;
-                u.dirty.push(idx);
+            if t.staged() > 0 && !t.chain_out() && !s.closing {
+                // The chain ended (or what the socket waited for came): its next requests
+                // may go, and only a pump sends them.
+                if !s.dirty {
+                    s.dirty = true;
+                    u.dirty.push(idx);
+                }
+                u.released = true;
             }
             self.ring_collect(idx);
             self.settle_sock(idx);

@@ -41,7 +41,9 @@ impl SendRing {
 
     /// Like [`SendRing::poll`], but leaves queued io_uring requests queued until
     /// `submit_batch` of them are there: on io_uring paths it only reads completions and
-    /// notifications the kernel has already posted (no syscall). Returns the number of
+    /// notifications the kernel has already posted (no syscall). Requests those let go (a
+    /// stream chain ended) wait for the next submit, poll, wait or `on_ready`, and the
+    /// readiness descriptor, if made, is left readable for them. Returns the number of
     /// completions ready.
     pub fn harvest(&mut self) -> Result<usize, TxError> {
         self.quiet(false);
