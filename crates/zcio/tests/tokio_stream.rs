@@ -375,14 +375,27 @@ fn a_tokio_codec_frames_every_message_on_a_zcio_stream() {
 
 #[test]
 fn a_stream_whose_receiver_runs_dry_at_every_harvest_still_reads_every_byte() {
-    use tokio::io::AsyncReadExt;
     // 4 receive buffers of 4 KiB in rotation against 8 MiB: the kernel ends the connection's
     // multishot receive each time a bundle takes the last buffers, and the driver's harvest
     // re-arms it. A re-arm left unsubmitted after that harvest is never announced by the
     // receiver's descriptor, and the stream stalls for good.
+    reads_every_byte_from_a_receiver_that_runs_dry(false);
+}
+
+#[test]
+fn a_stream_whose_incremental_receive_buffers_run_out_still_reads_every_byte() {
+    // The same with buffers consumed incrementally (the default where the kernel has it):
+    // the receive ends with ENOBUFS once the 4 buffers are lent, and is re-armed when reads
+    // give them back.
+    reads_every_byte_from_a_receiver_that_runs_dry(true);
+}
+
+fn reads_every_byte_from_a_receiver_that_runs_dry(incremental: bool) {
+    use tokio::io::AsyncReadExt;
     const LEN: usize = 8 << 20;
     let dog = watchdog();
     let mut cfg = LocalIoConfig::default();
+    cfg.rx.incremental = incremental;
     cfg.rx.buf_size = 4096;
     cfg.rx.buffers = 4;
     cfg.rx.hot_bytes = 0;
@@ -413,6 +426,71 @@ fn a_stream_whose_receiver_runs_dry_at_every_harvest_still_reads_every_byte() {
     s.write_all(&data).unwrap();
     s.shutdown(Shutdown::Write).unwrap();
     h.join().unwrap();
+}
+
+/// The small messages of many streams that arrive together (requests) are received into the
+/// same few buffers: with the default receive buffers consumed incrementally, 64 messages of
+/// 100 bytes taken in one harvest fit in one 64 KiB buffer and no receive runs out of
+/// buffers. With a whole 64 KiB buffer per receive (bundles) and 1 MiB in rotation, 32 of the
+/// 64 receives ended for lack of buffers (ENOBUFS) and were re-armed after reads gave buffers
+/// back, and the ring ran dry in 3 harvests (Linux 6.18).
+#[test]
+fn small_messages_of_many_streams_share_receive_buffers_without_running_out() {
+    use tokio::io::AsyncReadExt;
+    const CONNS: usize = 64;
+    const MSG: usize = 100;
+    let dog = watchdog();
+    let (go_tx, go) = std::sync::mpsc::channel::<()>();
+    let (written_tx, written) = std::sync::mpsc::channel::<()>();
+    let (addr, h) = server(&dog, move |io, l| async move {
+        let mut streams = Vec::new();
+        for _ in 0..CONNS {
+            let (s, _) = l.accept().await.unwrap();
+            streams.push(io.from_tokio(s).unwrap());
+        }
+        go_tx.send(()).unwrap();
+        // The thread stays busy (no driver tick) until every message is in its socket: the
+        // kernel runs the receives queued for them in the driver's next enter, together.
+        written.recv().unwrap();
+        for (i, s) in streams.iter_mut().enumerate() {
+            let mut m = [0u8; MSG];
+            s.read_exact(&mut m).await.unwrap();
+            assert_eq!(
+                common::check_pattern(&m, (i * MSG) as u64),
+                Ok(()),
+                "stream {i}"
+            );
+        }
+        let st = io.rx_stats();
+        let d = io.describe();
+        eprintln!("{d}; {st:?}");
+        let refused = io
+            .fallbacks()
+            .into_iter()
+            .find(|f| f.to_string().contains("incremental"));
+        match refused {
+            None => assert_eq!((st.enobufs, st.ring_dry, st.rearms), (0, 0, 0), "{d}"),
+            Some(f) => {
+                zcio_testnet::skip_kernel_feature(
+                    "small_messages_of_many_streams_share_receive_buffers_without_running_out",
+                    "ZCIO_REQUIRE_PBUF_INC",
+                    &f.to_string(),
+                );
+            }
+        }
+    });
+    let mut conns: Vec<_> = (0..CONNS)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    go.recv().unwrap();
+    for (i, c) in conns.iter_mut().enumerate() {
+        let mut m = [0u8; MSG];
+        common::fill_pattern(&mut m, (i * MSG) as u64);
+        c.write_all(&m).unwrap();
+    }
+    written_tx.send(()).unwrap();
+    h.join().unwrap();
+    drop(conns);
 }
 
 #[test]

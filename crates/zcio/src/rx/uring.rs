@@ -120,6 +120,9 @@ impl RingRx<cqueue::Entry> {
                     format!("IOU_PBUF_RING_INC refused ({e}); needs Linux 6.12"),
                 ));
                 bcfg.incremental = false;
+                // Whole buffers: bundles again where the kernel has them (asked for by
+                // default, left out only because they do not combine with incremental).
+                bundle = cfg.bundle.unwrap_or(true) && rr.has_bundles();
                 rr.register_bufs(&bcfg).map_err(RxError::BufRing)?
             }
             Err(e) => return Err(RxError::BufRing(e)),
