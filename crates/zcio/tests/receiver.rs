@@ -629,7 +629,8 @@ fn a_connection_paused_after_a_harvest_gets_nothing_more_while_its_peer_keeps_se
         let mut peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
         // The peer keeps the socket far fuller than the ring (8 x 16 KiB) until it is closed.
-        peer.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        peer.set_write_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
         let writer = std::thread::spawn(move || {
             let buf = vec![7u8; 64 << 10];
             while peer.write_all(&buf).is_ok() {}
@@ -640,7 +641,10 @@ fn a_connection_paused_after_a_harvest_gets_nothing_more_while_its_peer_keeps_se
             let mut held = Vec::new();
             let end = Instant::now() + Duration::from_secs(10);
             while held.is_empty() {
-                assert!(Instant::now() < end, "bundle {bundle}: round {round}: no data");
+                assert!(
+                    Instant::now() < end,
+                    "bundle {bundle}: round {round}: no data"
+                );
                 rx.poll(Duration::from_millis(100), &mut |ev| {
                     if let RxEvent::Data(c) = ev {
                         held.push(c);
