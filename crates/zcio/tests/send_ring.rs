@@ -1262,22 +1262,25 @@ fn a_loop_that_only_polls_sees_every_zero_copy_completion() {
              {} in flight)",
             ring.in_flight()
         );
-        if taken < total {
+        // Send until the depth refuses (or the pool is dry) before each poll: one send per
+        // turn could see each completion before the next send, and never reach the depth
+        // (a slow guest did).
+        while taken < total {
             let b = held.take().or_else(|| pool.try_get()).map(|mut b| {
                 common::fill_pattern(&mut b, base(0) + sent);
                 b
             });
-            if let Some(b) = b {
-                match ring.send(s, b) {
-                    Ok(_) => {
-                        sent += 16 << 10;
-                        taken += 1;
-                    }
-                    Err(r) => {
-                        assert_eq!(r.reason, Refusal::Depth, "{r}");
-                        refused += 1;
-                        held = Some(r.buf.into_pool().unwrap());
-                    }
+            let Some(b) = b else { break };
+            match ring.send(s, b) {
+                Ok(_) => {
+                    sent += 16 << 10;
+                    taken += 1;
+                }
+                Err(r) => {
+                    assert_eq!(r.reason, Refusal::Depth, "{r}");
+                    refused += 1;
+                    held = Some(r.buf.into_pool().unwrap());
+                    break;
                 }
             }
         }
