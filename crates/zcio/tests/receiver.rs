@@ -605,3 +605,84 @@ fn a_poll_returns_within_its_timeout_however_long_the_batch_min_wait() {
         "a 5 ms poll took {short:?}"
     );
 }
+
+/// [`Receiver::pause`] right after a harvest, with the peer still sending: under
+/// `DEFER_TASKRUN` the kernel receives only inside this thread's enters, so it had taken
+/// nothing the application has not seen, and nothing more arrives for the paused connection,
+/// however many buffers the application gives back before its next poll. A bundle that takes
+/// the ring's last buffers ends its multishot with its data; re-armed in that same harvest, the
+/// new receive went in with the next enter, ahead of the pause's cancel, and took every buffer
+/// given back (all 8 here): a second burst after the pause, how a proxy pair held 92 chunks
+/// against its 16-chunk limit and a 64-buffer ring.
+#[test]
+fn a_connection_paused_after_a_harvest_gets_nothing_more_while_its_peer_keeps_sending() {
+    for bundle in [true, false] {
+        let cfg = RxConfig {
+            buf_size: 16 << 10,
+            buffers: 8,
+            bundle: Some(bundle),
+            ..RxConfig::with_mode(RxMode::BufRing)
+        };
+        let mut rx = Receiver::new(&cfg).unwrap();
+        let defer = rx.describe().contains(", DEFER_TASKRUN");
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        // The peer keeps the socket far fuller than the ring (8 x 16 KiB) until it is closed.
+        peer.set_write_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let writer = std::thread::spawn(move || {
+            let buf = vec![7u8; 64 << 10];
+            while peer.write_all(&buf).is_ok() {}
+        });
+        let id = rx.add(s).unwrap();
+        let mut after_pause = Vec::new();
+        for round in 0..20 {
+            let mut held = Vec::new();
+            let end = Instant::now() + Duration::from_secs(10);
+            while held.is_empty() {
+                assert!(
+                    Instant::now() < end,
+                    "bundle {bundle}: round {round}: no data"
+                );
+                rx.poll(Duration::from_millis(100), &mut |ev| {
+                    if let RxEvent::Data(c) = ev {
+                        held.push(c);
+                    }
+                })
+                .unwrap();
+            }
+            rx.pause(id);
+            // Every buffer goes back to the ring before the next poll.
+            drop(held);
+            let mut n = 0;
+            for _ in 0..5 {
+                rx.poll(Duration::from_millis(20), &mut |ev| {
+                    if let RxEvent::Data(_) = ev {
+                        n += 1;
+                    }
+                })
+                .unwrap();
+            }
+            after_pause.push(n);
+            rx.resume(id).unwrap();
+        }
+        rx.close(id);
+        drop(rx);
+        writer.join().unwrap();
+        if defer {
+            assert!(
+                after_pause.iter().all(|&n| n == 0),
+                "bundle {bundle}: chunks after each pause: {after_pause:?}"
+            );
+        } else {
+            // Without DEFER_TASKRUN the kernel may receive between the harvest and the
+            // pause's cancel: at most the ring's buffers.
+            eprintln!("no DEFER_TASKRUN on this kernel: only the ring bounds what follows a pause");
+            assert!(
+                after_pause.iter().all(|&n| n <= 8),
+                "bundle {bundle}: chunks after each pause: {after_pause:?}"
+            );
+        }
+    }
+}

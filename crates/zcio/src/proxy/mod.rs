@@ -482,6 +482,8 @@ pub struct Proxy {
     spilled_noted: bool,
     /// Pairs hold at most their share of the receive ring (it is low; `mind_the_ring`).
     copying: bool,
+    /// What this turn's chunks may take in place beyond the pairs' shares (`mind_the_ring`).
+    ring_budget: std::rc::Rc<pair::RingBudget>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -593,6 +595,7 @@ impl Proxy {
             setup_notes,
             spilled_noted: false,
             copying: false,
+            ring_budget: Default::default(),
         })
     }
 
@@ -768,6 +771,11 @@ impl Proxy {
         if chunks > 0 {
             self.choose_wait(bytes / chunks as usize >= BULK_CHUNK);
         }
+        self.ring_budget.turn.set(Some(woke));
+        // Sends that completed in this wait give their buffers back before the ring is
+        // judged: what the pairs hold then is what their peers have not taken.
+        self.tx.harvest().map_err(io::Error::other)?;
+        self.take_completions();
         self.mind_the_ring();
         for ev in events.drain(..) {
             self.on_event(ev, woke);
@@ -775,26 +783,7 @@ impl Proxy {
         self.events = events;
         self.tx.harvest().map_err(io::Error::other)?;
         for _ in 0..8 {
-            let mut progress = false;
-            while let Some((done, buf)) = self.tx.next_completion() {
-                progress = true;
-                let idx = done.token as u32;
-                let gen = (done.token >> 32) as u32;
-                match self.slots.get_mut(idx as usize) {
-                    Some(s) if s.gen == gen && s.pair.is_some() => {
-                        let p = s.pair.as_mut().expect("checked");
-                        p.on_completion(&done, buf, &mut self.rx, &mut self.tx);
-                        let t = p.take_timing();
-                        self.stats.forward_us.add(&t.forward);
-                        self.stats.forward_new_us.add(&t.forward_new);
-                        if let Some(us) = t.first_forward {
-                            self.stats.first_forward_us.record(us, 1);
-                        }
-                        self.settle(idx);
-                    }
-                    _ => drop(buf),
-                }
-            }
+            let mut progress = self.take_completions();
             while let Some(sock) = self.tx.next_writable() {
                 progress = true;
                 if let Some(&idx) = self.by_sock.get(&sock) {
@@ -832,6 +821,31 @@ impl Proxy {
             }
         }
         Ok(())
+    }
+
+    /// Routes the send completions harvested to their pairs; whether there were any.
+    fn take_completions(&mut self) -> bool {
+        let mut any = false;
+        while let Some((done, buf)) = self.tx.next_completion() {
+            any = true;
+            let idx = done.token as u32;
+            let gen = (done.token >> 32) as u32;
+            match self.slots.get_mut(idx as usize) {
+                Some(s) if s.gen == gen && s.pair.is_some() => {
+                    let p = s.pair.as_mut().expect("checked");
+                    p.on_completion(&done, buf, &mut self.rx, &mut self.tx);
+                    let t = p.take_timing();
+                    self.stats.forward_us.add(&t.forward);
+                    self.stats.forward_new_us.add(&t.forward_new);
+                    if let Some(us) = t.first_forward {
+                        self.stats.first_forward_us.record(us, 1);
+                    }
+                    self.settle(idx);
+                }
+                _ => drop(buf),
+            }
+        }
+        any
     }
 
     /// Batched waits while streaming, first-completion waits otherwise (from the last
@@ -878,10 +892,13 @@ impl Proxy {
     /// that do not read hold their buffers until those peers read, and a few such pairs could
     /// otherwise hold the whole ring and stop every connection of the thread (a client that
     /// reads its connections in turn then waits forever). The pairs within their share add at
-    /// most an eighth of the ring together, so at least an eighth keeps turning; a pair that
-    /// only streams fast keeps sending in place while it stays within its share. The copies
-    /// are counted in [`ProxyStats::spilled_bytes`] and recorded once as a fallback. Costs one
-    /// pass over the pairs per turn while the ring is low.
+    /// most an eighth of the ring together. Beyond the shares, this turn's chunks of a
+    /// direction that holds nothing from an earlier turn (its peer took every earlier send)
+    /// still go in place while the pairs hold less than three quarters of the ring
+    /// ([`pair::RingBudget`]): a harvest that lends most of the ring for one turn, its sends
+    /// completing at the next enter, is not copied. So at least an eighth keeps turning. The
+    /// copies are counted in [`ProxyStats::spilled_bytes`] and recorded once as a fallback.
+    /// Costs one pass over the pairs per turn while the ring is low.
     fn mind_the_ring(&mut self) {
         let (lent, total) = self.rx.lent();
         let low = (total > 0 && lent * 4 >= total * 3) || self.rx.starved() > 0;
@@ -890,11 +907,21 @@ impl Proxy {
         }
         let share = low.then(|| total as usize / (RING_SHARE_PARTS * self.active.max(1)));
         let mut n = 0;
+        let mut pinned = 0;
         for s in &mut self.slots {
             if let Some(p) = s.pair.as_mut() {
                 n += p.set_ring_share(share);
+                pinned += p.in_ring();
             }
         }
+        // This turn's chunks of directions whose peers keep reading go in place beyond the
+        // shares until the pairs hold three quarters of the ring.
+        let left = if low {
+            (total as usize * 3 / 4).saturating_sub(pinned)
+        } else {
+            0
+        };
+        self.ring_budget.left.set(left);
         self.copying = low;
         if n > 0 {
             self.stats.spilled_bytes += n as u64;
@@ -1010,7 +1037,8 @@ impl Proxy {
         let token = (u64::from(slot.gen) << 32) | u64::from(idx);
         self.active += 1;
         match self.connect_pair(c, client, target, token) {
-            Ok(pair) => {
+            Ok(mut pair) => {
+                pair.set_ring_budget(std::rc::Rc::clone(&self.ring_budget));
                 self.by_conn.insert(c, idx);
                 self.by_conn
                     .insert(pair.side_conn(Side::Upstream).expect("new"), idx);

@@ -5,8 +5,10 @@ use super::{End, EndKind, Limits, Side, UsLog2};
 use crate::rx::{ConnId, Receiver, RxChunk};
 use crate::sys::net;
 use crate::tx::{Completion, SendRing, SockId, TxBuf};
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io;
+use std::rc::Rc;
 use std::time::Instant;
 
 /// One socket of a pair: its id on the receiver (until its end of stream or error) and on the
@@ -106,6 +108,26 @@ pub struct Pair {
     ring_share: Option<usize>,
     /// Bytes copied to the heap since the last [`Pair::set_ring_share`].
     copied: usize,
+    /// The thread's allowance for this turn's chunks beyond the share (set by
+    /// [`super::Proxy`]; `None`: every chunk beyond the share is copied).
+    budget: Option<Rc<RingBudget>>,
+    /// The turn of [`Pair::turn_in_place`] (the wait's return, [`RingBudget::turn`]).
+    turn_mark: Option<Instant>,
+    /// Chunks of that turn sent in place beyond the share (not counted as held).
+    turn_in_place: usize,
+}
+
+/// Receive buffers a thread's pairs may still send in place this turn beyond their ring share
+/// (see `docs/design/proxy.md`, "A dry ring and slow peers"): chunks received in this turn
+/// (the wait that returned at `turn`) by a direction that holds nothing from an earlier turn.
+/// Their sends usually complete at the next enter; the allowance bounds what they can pin if
+/// their peer stops reading at just that moment.
+#[derive(Debug, Default)]
+pub(super) struct RingBudget {
+    /// When this turn's wait returned (the `received` time of its chunks).
+    pub(super) turn: Cell<Option<Instant>>,
+    /// Buffers still allowed this turn.
+    pub(super) left: Cell<usize>,
 }
 
 /// What a pair measured of its own latency, taken by the [`super::Proxy`] that runs it.
@@ -156,7 +178,15 @@ impl Pair {
             timing: Timing::default(),
             ring_share: None,
             copied: 0,
+            budget: None,
+            turn_mark: None,
+            turn_in_place: 0,
         }
+    }
+
+    /// Shares the thread's per-turn allowance (see [`RingBudget`]).
+    pub(super) fn set_ring_budget(&mut self, budget: Rc<RingBudget>) {
+        self.budget = Some(budget);
     }
 
     /// Bounds the receive buffers the pair holds to `share` (`None`: unbounded): beyond it,
@@ -531,17 +561,44 @@ impl Pair {
         let dst = self.sock(Self::src(1 - dir));
         let token = self.token;
         let other_in_ring = self.flows[1 - dir].in_ring;
+        let budget = self.budget.as_deref();
+        let turn = budget.and_then(|b| b.turn.get());
+        if turn != self.turn_mark {
+            self.turn_mark = turn;
+            self.turn_in_place = 0;
+        }
         let f = &mut self.flows[dir];
         while let Some(mut buf) = f.queue.pop_front() {
             let len = buf.len();
+            let mut exempt = false;
             if let (TxBuf::Chunk(c), Some(share)) = (&buf, self.ring_share) {
-                if f.in_ring + other_in_ring > share {
-                    // The receive ring is low and the pair holds more than its share: the
-                    // kernel gets a heap copy, the buffer goes back now instead of at a
-                    // completion a stuck peer may never allow.
-                    self.copied += len;
-                    buf = TxBuf::Vec(c.to_vec());
-                    f.in_ring -= 1;
+                let in_ring = f.in_ring + other_in_ring;
+                if in_ring > share {
+                    // The receive ring is low and the pair holds more than its share. What it
+                    // holds is its sends from earlier turns and its chunks queued behind a
+                    // refused socket: a chunk of this turn (its receive time is at the queue's
+                    // head, just popped) goes in place while that is within the share and the
+                    // thread's allowance lasts. Otherwise the kernel gets a heap copy, and the
+                    // buffer goes back now instead of at a completion a stuck peer may never
+                    // allow.
+                    let at = f.received.len().checked_sub(f.queue.len() + 1);
+                    let fresh = match (turn, at.and_then(|i| f.received.get(i))) {
+                        (Some(t), Some(&r)) => r >= t,
+                        _ => false,
+                    };
+                    let held = (in_ring - 1).saturating_sub(self.turn_in_place);
+                    match budget {
+                        Some(b) if fresh && held <= share && b.left.get() > 0 => {
+                            b.left.set(b.left.get() - 1);
+                            self.turn_in_place += 1;
+                            exempt = true;
+                        }
+                        _ => {
+                            self.copied += len;
+                            buf = TxBuf::Vec(c.to_vec());
+                            f.in_ring -= 1;
+                        }
+                    }
                 }
             }
             match tx.send_with(dst, buf, token) {
@@ -550,7 +607,12 @@ impl Pair {
                     f.in_kernel += len;
                 }
                 Err(r) if r.reason.is_backpressure() => {
-                    // Retried when the send ring names the socket writable.
+                    // Retried when the send ring names the socket writable. Queued behind a
+                    // refused socket, it counts as held again.
+                    if let (true, Some(b)) = (exempt, budget) {
+                        b.left.set(b.left.get() + 1);
+                        self.turn_in_place -= 1;
+                    }
                     f.queue.push_front(r.buf);
                     break;
                 }

@@ -740,9 +740,9 @@ impl Receiver {
 
     /// Stops receiving on `conn` (per-connection backpressure, e.g. a proxy whose other side
     /// cannot take more): the data waits in the socket and TCP's window closes. Bytes the
-    /// kernel had already received into buffers may still be delivered, and an end of stream
-    /// or error the receive had already met is still reported. Unknown or closed ids are
-    /// ignored.
+    /// kernel had already received into buffers when the pause reached it may still be
+    /// delivered (at most the ring's buffers), and an end of stream or error the receive had
+    /// already met is still reported. Unknown or closed ids are ignored.
     pub fn pause(&mut self, conn: ConnId) {
         self.backend.pause(conn, &mut self.counters)
     }
@@ -784,9 +784,13 @@ impl Receiver {
     }
 
     /// Waits up to `timeout` for events and passes each to `f`. Returns the number of events.
-    /// With a zero timeout it submits the receives it re-armed before returning (the caller
-    /// may wait on the readiness descriptor next); with a wait, under `DEFER_TASKRUN`, they go
-    /// in with the next call's enter (a blocking loop saves the syscall).
+    /// A receive that ended in this harvest with the data it had taken (a bundle that took the
+    /// ring's last buffers) is armed again by the next call, once the caller could
+    /// [`Receiver::pause`] its connection for that data: armed now, its first receive would go
+    /// in ahead of the pause and take the buffers the caller gave back meanwhile. With a zero
+    /// timeout it arms them and submits what it re-armed before returning (the caller may wait
+    /// on the readiness descriptor next); with a wait, under `DEFER_TASKRUN`, they go in with
+    /// the next call's enter (a blocking loop saves the syscall).
     pub fn poll(&mut self, timeout: Duration, f: &mut dyn FnMut(RxEvent)) -> io::Result<usize> {
         let mut n = 0;
         while let Some(ev) = self.queue.pop_front() {

@@ -42,6 +42,11 @@ pub(crate) struct RingRx<C: Cqe> {
     accept_backoff: AcceptBackoff,
     /// Connections whose receive ended with ENOBUFS, with the ring's recycle count then.
     waiting: Vec<(ConnId, u64)>,
+    /// Connections whose receive ended in a harvest whose data the application has not seen
+    /// yet (a bundle that took the ring's last buffers, or a pause's cancel after a resume):
+    /// armed again when the next waiting poll starts, once the application could pause them
+    /// (a zero-timeout poll arms and submits them before it returns).
+    rearm: Vec<ConnId>,
     batch: usize,
     min_wait: Duration,
     defer: bool,
@@ -220,6 +225,7 @@ impl<C: Cqe> RingRx<C> {
             listener: None,
             accept_backoff: AcceptBackoff::default(),
             waiting: Vec::new(),
+            rearm: Vec::new(),
             batch: cfg.batch.max(1),
             min_wait: cfg.min_wait,
             defer,
@@ -261,8 +267,27 @@ impl<C: Cqe> RingRx<C> {
         }
     }
 
+    /// Arms the receives that ended in an earlier harvest ([`RingRx::rearm`]) of connections
+    /// still open and not paused.
+    fn rearm_ended(&mut self, c: &mut RxCounters) -> io::Result<()> {
+        for id in std::mem::take(&mut self.rearm) {
+            let Some(conn) = self.conns.get(id) else {
+                continue;
+            };
+            if conn.paused || conn.closing || self.rr.is_armed(id.tag()) {
+                continue;
+            }
+            self.arm(id)?;
+            c.rearms += 1;
+            // The socket holds data (the receive ended with the ring dry, or was resumed).
+            self.urgent = true;
+        }
+        Ok(())
+    }
+
     /// Re-arms connections that ran out of buffers once some came back.
     fn rearm_waiting(&mut self, c: &mut RxCounters) -> io::Result<()> {
+        self.rearm_ended(c)?;
         if self.waiting.is_empty() {
             return Ok(());
         }
@@ -364,10 +389,10 @@ impl<C: Cqe> RingRx<C> {
                 }
                 let paused = conn.paused;
                 if std::mem::take(&mut conn.cancelling) && res == -libc::ECANCELED {
-                    // Ended by `pause`; resumed meanwhile: arm again.
+                    // Ended by `pause`; resumed meanwhile: arm again, after the application
+                    // has seen the data that came before (see `RingRx::rearm`).
                     if !paused {
-                        self.arm(id)?;
-                        c.rearms += 1;
+                        self.rearm.push(id);
                     }
                     return Ok(0);
                 }
@@ -382,9 +407,15 @@ impl<C: Cqe> RingRx<C> {
                     // (the kernel ends the multishot then, even when it used fewer than it
                     // took), or a full CQ. The data came just before; arm again, the socket
                     // keeps the rest. It counts as the ring running dry.
+                    //
+                    // Not armed here: the application has not seen this harvest's data, and
+                    // may pause the connection for it. An arm queued now would go in with the
+                    // next enter, ahead of the pause's cancel, and its first receive would
+                    // take every buffer the application gave back meanwhile: a second burst
+                    // after the pause (a proxy pair held 92 chunks against a 16-chunk limit
+                    // and a 64-buffer ring that way).
                     self.terminated = true;
-                    self.arm(id)?;
-                    c.rearms += 1;
+                    self.rearm.push(id);
                     Ok(0)
                 } else if res == -libc::ENOBUFS || (self.zc && res == -libc::ENOMEM) {
                     // Out of buffers (a zcrx area answers ENOMEM when every page is lent or
@@ -514,6 +545,7 @@ impl<C: Cqe> Backend for RingRx<C> {
     }
     fn close(&mut self, conn: ConnId, c: &mut RxCounters) {
         self.waiting.retain(|(id, _)| *id != conn);
+        self.rearm.retain(|id| *id != conn);
         if self.rr.is_armed(conn.tag()) {
             if let Some(cn) = self.conns.get_mut(conn) {
                 cn.closing = true;
@@ -532,7 +564,7 @@ impl<C: Cqe> Backend for RingRx<C> {
         use std::os::fd::AsFd;
         self.conns.get(conn).map(|c| c.fd.as_fd())
     }
-    fn pause(&mut self, conn: ConnId, _c: &mut RxCounters) {
+    fn pause(&mut self, conn: ConnId, c: &mut RxCounters) {
         let armed = self.rr.is_armed(conn.tag());
         let Some(cn) = self.conns.get_mut(conn) else {
             return;
@@ -542,11 +574,19 @@ impl<C: Cqe> Backend for RingRx<C> {
         }
         cn.paused = true;
         self.waiting.retain(|(id, _)| *id != conn);
+        self.rearm.retain(|id| *id != conn);
         if armed && !cn.cancelling {
             // The multishot ends with ECANCELED (data it took before comes first); the
             // cancel rides the next enter.
             cn.cancelling = true;
             let _ = self.rr.cancel(conn.tag());
+            if !self.defer {
+                // Without DEFER_TASKRUN the kernel receives whenever its task work runs (any
+                // syscall's return): a cancel left in the queue until the next wait would let
+                // it fill the buffers the application gives back meanwhile.
+                let _ = self.rr.submit();
+                self.account(c);
+            }
         }
     }
     fn starved(&self) -> usize {
@@ -627,6 +667,12 @@ impl<C: Cqe> Backend for RingRx<C> {
             // now so no connection waits behind busy ones. With it, they go in with the next
             // wait's enter (nothing could run before it anyway).
             self.rr.submit()?;
+        }
+        if timeout.is_zero() {
+            // The caller may wait on the readiness descriptor next, which fires for none of
+            // these: arm them now. Their first receive goes in below, while this harvest's
+            // chunks are still lent, so it takes only buffers that were free before it.
+            self.rearm_ended(c)?;
         }
         if timeout.is_zero() && self.rr.pending() > 0 {
             // A harvest that does not wait (`on_ready`, an event loop's look) may be the last
