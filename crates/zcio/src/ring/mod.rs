@@ -593,6 +593,11 @@ impl<C: cqueue::EntryMarker> Ring<C> {
             cq.disable_eventfd();
         } else {
             cq.enable_eventfd();
+            // The caller looks at the CQ tail and the task-work flag next: a store (the flag
+            // cleared) then loads, against the kernel's store of the tail then load of the
+            // flag. Either side must see the other's store, which takes a full fence between
+            // them on every architecture (the crate's `Release` RMW is one only on x86).
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         }
     }
 
