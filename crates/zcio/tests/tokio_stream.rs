@@ -493,6 +493,42 @@ fn small_messages_of_many_streams_share_receive_buffers_without_running_out() {
     drop(conns);
 }
 
+/// A request-response exchange where every request is its own harvest (the client waits for
+/// each answer): every byte arrives, and the receiver's system calls are its ring enters
+/// alone. The driver watches the receiver's eventfd through tokio (edge-triggered), so no
+/// harvest reads it back to zero: that read was one extra system call per harvest.
+#[test]
+fn a_stream_answers_each_request_without_an_eventfd_read_per_harvest() {
+    use tokio::io::AsyncReadExt;
+    const ROUNDS: usize = 200;
+    const MSG: usize = 64;
+    let dog = watchdog();
+    let (addr, h) = server(&dog, move |io, l| async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut s = io.from_tokio(s).unwrap();
+        for r in 0..ROUNDS {
+            let mut m = [0u8; MSG];
+            s.read_exact(&mut m).await.unwrap();
+            assert_eq!(common::check_pattern(&m, (r * MSG) as u64), Ok(()), "{r}");
+            s.write_all(&m).await.unwrap();
+        }
+        let st = io.rx_stats();
+        eprintln!("{}; {st:?}", io.describe());
+        assert!(st.ring_enters > 0, "{st:?}");
+        assert_eq!(st.syscalls, st.ring_enters, "{st:?}");
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    for r in 0..ROUNDS {
+        let mut m = [0u8; MSG];
+        common::fill_pattern(&mut m, (r * MSG) as u64);
+        c.write_all(&m).unwrap();
+        let mut back = [0u8; MSG];
+        c.read_exact(&mut back).unwrap();
+        assert_eq!(back, m, "{r}");
+    }
+    h.join().unwrap();
+}
+
 #[test]
 fn a_reset_connection_fails_the_writes_with_the_kind_of_the_error() {
     let dog = watchdog();

@@ -307,6 +307,11 @@ impl<C: Cqe> RecvRing<C> {
         self.ring.has_work()
     }
 
+    /// Whether work came in (see [`SharedRing::has_work`]), the eventfd left as it is.
+    pub fn has_work(&self) -> bool {
+        self.ring.has_work()
+    }
+
     /// Makes the eventfd readable: work is left that a cleared eventfd would not announce
     /// again (the kernel signals task work only when its list goes from empty to non-empty).
     pub fn keep_notify(&self) {

@@ -345,7 +345,8 @@ pub struct RxCounters {
     pub bytes: u64,
     /// Chunks delivered.
     pub chunks: u64,
-    /// System calls made: ring enters + recv calls + epoll calls.
+    /// System calls made: ring enters + recv calls + epoll calls + reads of the ring's
+    /// readiness eventfd (one per [`Receiver::on_ready`] round that resets it).
     pub syscalls: u64,
     /// `io_uring_enter` calls.
     pub ring_enters: u64,
@@ -508,6 +509,14 @@ pub(crate) trait Backend {
     fn notify_fd(&mut self) -> io::Result<std::os::fd::BorrowedFd<'_>>;
     /// Clears the readiness descriptor after a harvest; true when work came in meanwhile.
     fn clear_notify(&mut self) -> bool;
+    /// Whether work came in that a harvest would find, without clearing the descriptor.
+    fn has_work(&self) -> bool {
+        false
+    }
+    /// Whether clearing the readiness descriptor takes a system call (an eventfd read).
+    fn clear_is_syscall(&self) -> bool {
+        false
+    }
     /// Makes the readiness descriptor readable: work is left that a cleared descriptor would
     /// not announce again.
     fn keep_notify(&mut self) {}
@@ -581,6 +590,12 @@ impl Backend for RxBackend {
     fn clear_notify(&mut self) -> bool {
         each_backend!(self, b => b.clear_notify())
     }
+    fn has_work(&self) -> bool {
+        each_backend!(self, b => b.has_work())
+    }
+    fn clear_is_syscall(&self) -> bool {
+        each_backend!(self, b => b.clear_is_syscall())
+    }
     fn keep_notify(&mut self) {
         each_backend!(self, b => b.keep_notify())
     }
@@ -602,6 +617,9 @@ pub struct Receiver {
     queue: VecDeque<RxEvent>,
     /// A listener was given (one per receiver).
     listening: bool,
+    /// The readiness descriptor is watched edge-triggered (tokio's `AsyncFd`): `on_ready`
+    /// does not reset it (see [`Receiver::set_edge_readiness`]).
+    edge: bool,
 }
 
 impl std::fmt::Debug for Receiver {
@@ -712,6 +730,7 @@ impl Receiver {
             fallbacks,
             queue: VecDeque::new(),
             listening: false,
+            edge: false,
         })
     }
 
@@ -835,7 +854,15 @@ impl Receiver {
         let mut n = 0;
         for _ in 0..4 {
             n += self.poll(Duration::ZERO, f)?;
-            if !self.backend.clear_notify() {
+            let more = if self.edge {
+                self.backend.has_work()
+            } else {
+                if self.backend.clear_is_syscall() {
+                    self.counters.syscalls += 1;
+                }
+                self.backend.clear_notify()
+            };
+            if !more {
                 return Ok(n);
             }
         }
@@ -844,6 +871,17 @@ impl Receiver {
         // work already flagged, and a caller that waits on it next would wait for ever.
         self.backend.keep_notify();
         Ok(n)
+    }
+
+    /// The readiness descriptor is watched edge-triggered (epoll's `EPOLLET`, as tokio's
+    /// `AsyncFd` watches every descriptor): [`Receiver::on_ready`] then leaves its counter as
+    /// it is instead of reading it back to zero, one system call per harvest saved. Correct
+    /// only for edge-triggered watchers: the kernel's every signal of the eventfd (a wake-up
+    /// of its waiters) makes a new edge whatever the counter holds, while a level-triggered
+    /// watcher would find it readable for ever.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn set_edge_readiness(&mut self) {
+        self.edge = true;
     }
 
     /// The backend's path.

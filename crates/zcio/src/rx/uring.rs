@@ -507,6 +507,12 @@ impl<C: Cqe> Backend for RingRx<C> {
     fn clear_notify(&mut self) -> bool {
         self.rr.clear_notify()
     }
+    fn has_work(&self) -> bool {
+        self.rr.has_work()
+    }
+    fn clear_is_syscall(&self) -> bool {
+        true
+    }
     fn keep_notify(&mut self) {
         self.rr.keep_notify()
     }

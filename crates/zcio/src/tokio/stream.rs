@@ -287,6 +287,9 @@ impl LocalIo {
     pub fn with_config(cfg: LocalIoConfig) -> io::Result<Self> {
         in_runtime()?;
         let mut rx = Receiver::new(&cfg.rx)?;
+        // The driver watches the receiver's descriptor through tokio (edge-triggered): no
+        // eventfd read per harvest.
+        rx.set_edge_readiness();
         let mut tx = SendRing::new(&cfg.ring)?;
         let pool = Pool::new(cfg.buf_size, cfg.buffers, false)?;
         if tx.has_uring() {
