@@ -1014,6 +1014,23 @@ impl Rr<'_> {
             |q: f64| us[((us.len() as f64 * q).ceil() as usize).clamp(1, us.len()) - 1] / 1000.0;
         let mut s = Sample::default();
         let achieved = us.len() as f64 / self.secs.ceil();
+        if let Some(rate) = rate {
+            // A request that took longer than its connection's period held the next one back
+            // (HTTP/1): that one's latency, counted from its actual start, is a lower bound.
+            let period_us = 1e6 * self.conns as f64 / rate;
+            let late = us.iter().filter(|&&d| d > period_us).count();
+            if late > 0 {
+                s.note(format!(
+                    "{}: {late} of {} requests ({:.2} %) took longer than their connection's \
+                     period of {:.1} ms and held its next request back: latencies above the \
+                     period are lower bounds",
+                    kind.label(),
+                    us.len(),
+                    100.0 * late as f64 / us.len() as f64,
+                    period_us / 1000.0
+                ));
+            }
+        }
         if let Some(rate) = rate.filter(|&r| achieved < r * 0.97) {
             s.note(format!(
                 "{} fell behind the offered rate: {achieved:.0} of {rate:.0} req/s answered \
