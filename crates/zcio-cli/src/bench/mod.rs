@@ -129,6 +129,8 @@ pub struct SuiteReport {
     pub skipped: Option<String>,
     /// Wall seconds the suite took.
     pub seconds: f64,
+    /// The share of the machine's CPU time the hypervisor took while the suite ran (steal).
+    pub steal: f64,
 }
 
 /// A benchmark suite.
@@ -238,16 +240,27 @@ impl Ctx {
         let t0 = std::time::Instant::now();
         let mut a_samples = vec![];
         let mut b_samples = vec![];
+        // The hypervisor's share of the machine during each run (steal), per side.
+        let (mut a_steal, mut b_steal) = (vec![], vec![]);
+        let timed = |run: &mut dyn FnMut() -> Result<Sample>, steal: &mut Vec<f64>| {
+            let t = machine::CpuTimes::now();
+            let s = run()?;
+            steal.push(machine::CpuTimes::now().stolen_since(&t));
+            Ok::<_, anyhow::Error>(s)
+        };
         for round in 0..self.rounds() {
             self.progress
                 .set_message(format!("{case} (round {}/{})", round + 1, self.rounds()));
             if round % 2 == 0 {
-                a_samples.push(baseline()?);
-                b_samples.push(zcio()?);
+                a_samples.push(timed(&mut baseline, &mut a_steal)?);
+                b_samples.push(timed(&mut zcio, &mut b_steal)?);
             } else {
-                b_samples.push(zcio()?);
-                a_samples.push(baseline()?);
+                b_samples.push(timed(&mut zcio, &mut b_steal)?);
+                a_samples.push(timed(&mut baseline, &mut a_steal)?);
             }
+        }
+        if let Some(n) = steal_note(&a_steal, &b_steal) {
+            self.note(format!("{case}: {n}"));
         }
         for s in a_samples.iter().chain(&b_samples) {
             for n in &s.notes {
@@ -299,6 +312,43 @@ impl Ctx {
     }
 }
 
+/// Runs in which the hypervisor took more than this share of the machine are counted out
+/// loud: their figures are the neighbours' as much as the code's.
+pub const STEAL_LOUD: f64 = 0.05;
+
+/// What a case's runs lost to the hypervisor, when any run lost more than 0.5 %: the medians
+/// and maxima of both sides, and how many runs lost more than [`STEAL_LOUD`].
+pub fn steal_note(baseline: &[f64], zcio: &[f64]) -> Option<String> {
+    let worst = baseline.iter().chain(zcio).copied().fold(0.0f64, f64::max);
+    if worst <= 0.005 || baseline.is_empty() || zcio.is_empty() {
+        return None;
+    }
+    let (am, _, amax) = stats(baseline);
+    let (bm, _, bmax) = stats(zcio);
+    let loud = baseline
+        .iter()
+        .chain(zcio)
+        .filter(|&&f| f > STEAL_LOUD)
+        .count();
+    let mut s = format!(
+        "CPU time taken by the hypervisor (steal, /proc/stat) during the runs: baseline median \
+         {:.1} % (max {:.1} %), zcio median {:.1} % (max {:.1} %)",
+        am * 100.0,
+        amax * 100.0,
+        bm * 100.0,
+        bmax * 100.0
+    );
+    if loud > 0 {
+        s.push_str(&format!(
+            "; {loud} of {} runs lost over {:.0} %: their figures move with the host's other \
+             guests, the ranges are wider for it",
+            baseline.len() + zcio.len(),
+            STEAL_LOUD * 100.0
+        ));
+    }
+    Some(s)
+}
+
 /// `ZCIO_BENCH_ONLY=substring`: run only the cases whose name contains it (for profiling
 /// one case; the full suite is the default).
 pub fn wanted(case: &str) -> bool {
@@ -329,6 +379,9 @@ pub struct Results {
     pub suites: Vec<SuiteReport>,
     /// A two-host run (`--peer`): both hosts; `null` for a local run.
     pub peer: Option<peer::PeerRun>,
+    /// The share of the machine's CPU time the hypervisor took during the whole run (steal;
+    /// 0 on bare metal).
+    pub steal: f64,
 }
 
 /// Runs the named suites (all when empty) and writes `results.json` and `report.html`.
@@ -373,10 +426,12 @@ pub fn run(names: &[String], mode: Mode, out_dir: PathBuf, peer: Option<&str>) -
     );
     pb.enable_steady_tick(Duration::from_millis(200));
     let mut reports = vec![];
+    let run0 = machine::CpuTimes::now();
     for suite in chosen {
         pb.set_prefix(suite.name());
         let mut ctx = Ctx::new(mode, peer.clone(), pb.clone());
         let t0 = std::time::Instant::now();
+        let cpu0 = machine::CpuTimes::now();
         let res = suite.run(&mut ctx);
         let mut skipped = None;
         if let Err(e) = res {
@@ -405,6 +460,7 @@ pub fn run(names: &[String], mode: Mode, out_dir: PathBuf, peer: Option<&str>) -
             chart_metric: Some(suite.chart_metric().to_string()),
             skipped,
             seconds: t0.elapsed().as_secs_f64(),
+            steal: machine::CpuTimes::now().stolen_since(&cpu0),
         };
         pb.suspend(|| report::print_suite(&report));
         reports.push(report);
@@ -415,6 +471,7 @@ pub fn run(names: &[String], mode: Mode, out_dir: PathBuf, peer: Option<&str>) -
         mode,
         suites: reports,
         peer: peer.as_ref().and_then(|p| p.run_info()),
+        steal: machine::CpuTimes::now().stolen_since(&run0),
     };
     let json = serde_json::to_string_pretty(&results)?;
     write_replacing(&out_dir, "results.json", json.as_bytes())?;
@@ -446,6 +503,20 @@ fn write_replacing(dir: &std::path::Path, name: &str, data: &[u8]) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_case_names_the_steal_of_its_runs_only_when_there_was_some() {
+        assert_eq!(steal_note(&[0.0, 0.004], &[0.001, 0.0]), None);
+        let n = steal_note(&[0.01, 0.02, 0.35], &[0.0, 0.01, 0.02]).unwrap();
+        assert!(
+            n.contains("baseline median 2.0 % (max 35.0 %)")
+                && n.contains("zcio median 1.0 % (max 2.0 %)"),
+            "{n}"
+        );
+        assert!(n.contains("1 of 6 runs lost over 5 %"), "{n}");
+        let quiet = steal_note(&[0.01], &[0.02]).unwrap();
+        assert!(!quiet.contains("runs lost over"), "{quiet}");
+    }
 
     #[test]
     fn results_replace_a_planted_symlink_instead_of_writing_through_it() {

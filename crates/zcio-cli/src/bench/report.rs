@@ -17,11 +17,25 @@ fn fmt_num(v: f64) -> String {
     }
 }
 
+/// The suite's steal, when there was any worth a line (over 0.5 % of the machine).
+fn steal_line(steal: f64) -> Option<String> {
+    (steal > 0.005).then(|| {
+        format!(
+            "virtual machine: the hypervisor took {:.1} % of this machine's CPU time while the \
+             suite ran (steal, /proc/stat); runs that lost much are named in the notes",
+            steal * 100.0
+        )
+    })
+}
+
 /// Prints one suite's table to stdout.
 pub fn print_suite(r: &SuiteReport) {
     println!("\n== {} — {} ({:.0} s)", r.name, r.about, r.seconds);
     if let Some(why) = &r.skipped {
         println!("   SKIPPED: {why}");
+    }
+    if let Some(s) = steal_line(r.steal) {
+        println!("   {s}");
     }
     for n in &r.notes {
         println!("   note: {n}");
@@ -84,6 +98,10 @@ pub fn html(res: &Results) -> Result<String> {
         res.mode,
         m.root
     ));
+    h.push_str(&format!(
+        "<p>CPU time the hypervisor took during the run (steal, /proc/stat): {:.1} %</p>",
+        res.steal * 100.0
+    ));
     if let Some(p) = &res.peer {
         h.push_str(&format!(
             "<p><b>Two-host run</b> against peer {}: this host {} (kernel {}, NIC {}) · peer \
@@ -107,6 +125,9 @@ pub fn html(res: &Results) -> Result<String> {
         ));
         if let Some(why) = &s.skipped {
             h.push_str(&format!("<p class=note><b>skipped:</b> {}</p>", esc(why)));
+        }
+        if let Some(line) = steal_line(s.steal) {
+            h.push_str(&format!("<p class=note>{}</p>", esc(&line)));
         }
         for n in &s.notes {
             h.push_str(&format!("<p class=note>{}</p>", esc(n)));

@@ -15,11 +15,14 @@
 //!   proxy lives through); *warm*, the same run after a 2 s warm-up on the running proxy.
 //!   `--full` adds a warm sweep at 1, 10 and 1,000 connections and a cold run with 1,000
 //!   connections, against HAProxy without splice (100 connections are the default rows).
-//! - Open loop: `h2load --h1 --rps` from 100 connections on a warm proxy, at 90% (`--full`:
-//!   50% and 90%) of the slowest proxy's warm maximum against HAProxy without splice (the
-//!   median req/s of the warm 100-connection case of the same run): p50/p99/p99.9 from
-//!   h2load's per-request log. Closed-loop wrk slows its requests down when answers are late,
-//!   which hides queueing; a fixed rate does not.
+//! - Open loop: `h2load --h1 --rps` on a warm proxy, at 90% (`--full`: 50% and 90%) of
+//!   h2load's own closed-loop maximum from the same connections, the slower proxy's, against
+//!   HAProxy without splice: p50/p99/p99.9 from h2load's per-request log, leaving out the first
+//!   second after h2load's connections arrive. Closed-loop wrk slows its requests down when
+//!   answers are late, which hides queueing; a fixed rate does not, as long as each connection
+//!   is idle between its requests: HTTP/1 sends a connection's next request only after its
+//!   answer, so the load has a connection per 200 req/s (a request due every 5 ms or more),
+//!   and a proxy that answers fewer requests than offered is named in a note.
 //!
 //! `ZCIO_BENCH_ONLY=substring` runs only the cases whose name contains it (e.g. `req/resp`,
 //! `veth`, `vs nginx`). `ZCIO_BENCH_PROXY_BIN=path` runs another build's `zcio` as the proxy
@@ -60,6 +63,51 @@ const OPEN: &[MetricDef] = &[
 ];
 
 const CONNS: usize = 4;
+
+/// Open loop: at most this many requests per second per connection. HTTP/1 sends a
+/// connection's next request only after its answer, so a connection whose answers take longer
+/// than its period paces itself like wrk's closed loop; at 200 req/s a request is due every
+/// 5 ms, above the p99 of these rows at 90 % of the maximum on the idle host.
+const OPEN_CONN_RATE: u32 = 200;
+
+/// Open loop: the seconds after h2load's connections arrive that are not measured (the
+/// arrival itself is the cold rows' subject).
+const OPEN_SETTLE_S: u64 = 1;
+
+/// Connections for an open-loop run at `rate` req/s: one per [`OPEN_CONN_RATE`] req/s, at
+/// least 100, at most 1,000 (what the nginx behind the proxies and wrk's 1,000-connection
+/// rows are set up for).
+fn open_conns(rate: f64) -> usize {
+    ((rate / f64::from(OPEN_CONN_RATE)).ceil() as usize).clamp(100, 1000)
+}
+
+/// Parses h2load's per-request log (`--log-file`: start time in µs since the epoch, status,
+/// duration in µs, tab-separated) into the durations of the requests started
+/// [`OPEN_SETTLE_S`] or more after the first one, and the number of requests that failed
+/// (any status but 200, at any time).
+fn open_log(log: &str) -> Result<(Vec<f64>, u64)> {
+    let mut rows = Vec::new();
+    let mut failed = 0u64;
+    for l in log.lines().filter(|l| !l.trim().is_empty()) {
+        let f: Vec<&str> = l.split('\t').collect();
+        let start = f.first().and_then(|t| t.parse::<u64>().ok());
+        let dur = f.get(2).and_then(|d| d.parse::<f64>().ok());
+        match (start, f.get(1), dur) {
+            (Some(t), Some(&"200"), Some(d)) => rows.push((t, d)),
+            (Some(_), Some(_), Some(_)) => failed += 1,
+            _ => bail!("h2load log line not understood: {l:?}"),
+        }
+    }
+    let first = rows.iter().map(|r| r.0).min().unwrap_or(0);
+    let from = first + OPEN_SETTLE_S * 1_000_000;
+    Ok((
+        rows.into_iter()
+            .filter(|r| r.0 >= from)
+            .map(|r| r.1)
+            .collect(),
+        failed,
+    ))
+}
 
 /// A proxy under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,7 +279,7 @@ impl Suite for ProxySuite {
         // slow answer does not slow the load down as wrk's closed loop does.
         let (a, z) = warm_rates.into_inner();
         let open_case = |pct: u32| {
-            format!("1 KiB req/resp open loop at {pct}% of the slowest max, h2load 100 conns, vs haproxy no-splice")
+            format!("1 KiB req/resp open loop at {pct}% of the slowest max, h2load, a conn per {OPEN_CONN_RATE} req/s, vs haproxy no-splice")
         };
         let fracs: &[u32] = ctx.pick(&[90][..], &[50, 90][..]);
         if which("h2load").is_none() {
@@ -241,32 +289,54 @@ impl Suite for ProxySuite {
                 "open-loop rows not run: the warm case against HAProxy without splice was not",
             );
         } else {
-            let slowest = super::super::stats(&a).0.min(super::super::stats(&z).0);
-            for &pct in fracs {
-                let case = open_case(pct);
-                if !super::tx::wanted(&case) {
-                    continue;
+            // The connections: one per OPEN_CONN_RATE req/s at 90 % of wrk's slowest
+            // maximum. The rates: fractions of h2load's own closed-loop maximum from those
+            // connections, the slower proxy's (h2load costs more per request than wrk, and
+            // more connections batch less: wrk's maximum is out of reach for it).
+            let wrk_slowest = super::super::stats(&a).0.min(super::super::stats(&z).0);
+            let run = Rr {
+                web: &web,
+                dir: &dir,
+                secs: secs.max(2.0),
+                conns: open_conns(wrk_slowest * 0.9),
+                warm: true,
+            };
+            let wanted: Vec<u32> = fracs
+                .iter()
+                .copied()
+                .filter(|&p| super::tx::wanted(&open_case(p)))
+                .collect();
+            if !wanted.is_empty() {
+                let mut max = f64::INFINITY;
+                let mut said = Vec::new();
+                for kind in [Kind::HaproxyCopy, Kind::Zcio] {
+                    let m = run.h2load(kind, None)?.values["req_per_s"];
+                    said.push(format!("{} {m:.0}", kind.label()));
+                    max = max.min(m);
                 }
-                let rate = slowest * f64::from(pct) / 100.0;
-                let run = Rr {
-                    web: &web,
-                    dir: &dir,
-                    secs: secs.max(2.0),
-                    conns: 100,
-                    warm: true,
-                };
-                ctx.compare(
-                    &case,
-                    (Kind::HaproxyCopy.label(), Kind::Zcio.label()),
-                    OPEN,
-                    || run.open_loop(Kind::HaproxyCopy, rate),
-                    || run.open_loop(Kind::Zcio, rate),
-                )?;
-                ctx.note(format!(
-                    "{case}: {rate:.0} req/s in all ({:.0} per connection), after a 2 s wrk \
-                     warm-up; latencies from h2load's per-request log",
-                    rate / 100.0
-                ));
+                for pct in wanted {
+                    let case = open_case(pct);
+                    let rate = max * f64::from(pct) / 100.0;
+                    let conns = run.conns;
+                    ctx.compare(
+                        &case,
+                        (Kind::HaproxyCopy.label(), Kind::Zcio.label()),
+                        OPEN,
+                        || run.h2load(Kind::HaproxyCopy, Some(rate)),
+                        || run.h2load(Kind::Zcio, Some(rate)),
+                    )?;
+                    ctx.note(format!(
+                        "{case}: {rate:.0} req/s offered in all from {conns} connections ({:.0} \
+                         each: a connection's next request is due {:.1} ms after its last), \
+                         {pct} % of h2load's closed-loop maximum from those connections, the \
+                         slower proxy's ({} req/s); after a 2 s wrk warm-up, leaving out the \
+                         first {OPEN_SETTLE_S} s after h2load's connections arrive; latencies \
+                         from h2load's per-request log, from each request's start",
+                        rate / conns as f64,
+                        1000.0 * conns as f64 / rate,
+                        said.join(", ")
+                    ));
+                }
             }
         }
         ctx.note(
@@ -903,21 +973,25 @@ impl Rr<'_> {
         Ok(text)
     }
 
-    /// A warm proxy, then `rate` requests per second in all from 100 connections for
-    /// `secs` (`h2load --h1 --rps`), whatever the answers do.
-    fn open_loop(&self, kind: Kind, rate: f64) -> Result<Sample> {
+    /// A warm proxy, then h2load from `self.conns` connections for `secs` after
+    /// [`OPEN_SETTLE_S`]: with a `rate`, that many requests per second in all whatever the
+    /// answers do (`--rps`, the open loop); without, each connection's next request as soon
+    /// as its answer is in (the closed loop: h2load's maximum).
+    fn h2load(&self, kind: Kind, rate: Option<f64>) -> Result<Sample> {
         let lo = std::net::Ipv4Addr::LOCALHOST.into();
         let listen = SocketAddr::new(lo, free_port(None, lo)?);
         let p = Proc::start(kind, None, listen, self.web.addr, self.dir)?;
         self.wrk(listen, 2.0)
             .with_context(|| format!("warm-up through {}", kind.label()))?;
         let log = self.dir.join(format!("h2load-{}.log", listen.port()));
-        let per_conn = (rate / self.conns as f64).max(1.0);
-        let out = Command::new(which("h2load").expect("checked"))
-            .args(["--h1", "-t", "1"])
-            .arg(format!("-c{}", self.conns))
-            .arg(format!("--rps={per_conn:.1}"))
-            .arg(format!("-D{}", self.secs.ceil() as u64))
+        let mut cmd = Command::new(which("h2load").expect("checked"));
+        cmd.args(["--h1", "-t", "1"])
+            .arg(format!("-c{}", self.conns));
+        if let Some(rate) = rate {
+            cmd.arg(format!("--rps={:.1}", (rate / self.conns as f64).max(1.0)));
+        }
+        let out = cmd
+            .arg(format!("-D{}", self.secs.ceil() as u64 + OPEN_SETTLE_S))
             .arg(format!("--log-file={}", log.display()))
             .arg(format!("http://{listen}/file"))
             .output()
@@ -927,15 +1001,7 @@ impl Rr<'_> {
         if !out.status.success() {
             bail!("h2load through {}: {text}", kind.label());
         }
-        let mut us: Vec<f64> = Vec::new();
-        let mut failed = 0u64;
-        for l in std::fs::read_to_string(&log)?.lines() {
-            let f: Vec<&str> = l.split('\t').collect();
-            match (f.get(1), f.get(2).and_then(|d| d.parse::<f64>().ok())) {
-                (Some(&"200"), Some(d)) => us.push(d),
-                _ => failed += 1,
-            }
-        }
+        let (mut us, failed) = open_log(&std::fs::read_to_string(&log)?)?;
         if failed > 0 || us.is_empty() {
             bail!(
                 "h2load through {}: {failed} failed requests of {}: {text}",
@@ -947,7 +1013,32 @@ impl Rr<'_> {
         let q =
             |q: f64| us[((us.len() as f64 * q).ceil() as usize).clamp(1, us.len()) - 1] / 1000.0;
         let mut s = Sample::default();
-        s.set("req_per_s", us.len() as f64 / self.secs.ceil())
+        let achieved = us.len() as f64 / self.secs.ceil();
+        if let Some(rate) = rate {
+            // A request that took longer than its connection's period held the next one back
+            // (HTTP/1): that one's latency, counted from its actual start, is a lower bound.
+            let period_us = 1e6 * self.conns as f64 / rate;
+            let late = us.iter().filter(|&&d| d > period_us).count();
+            if late > 0 {
+                s.note(format!(
+                    "{}: {late} of {} requests ({:.2} %) took longer than their connection's \
+                     period of {:.1} ms and held its next request back: latencies above the \
+                     period are lower bounds",
+                    kind.label(),
+                    us.len(),
+                    100.0 * late as f64 / us.len() as f64,
+                    period_us / 1000.0
+                ));
+            }
+        }
+        if let Some(rate) = rate.filter(|&r| achieved < r * 0.97) {
+            s.note(format!(
+                "{} fell behind the offered rate: {achieved:.0} of {rate:.0} req/s answered \
+                 in the measured seconds",
+                kind.label()
+            ));
+        }
+        s.set("req_per_s", achieved)
             .set("p50_latency", q(0.5))
             .set("p99_latency", q(0.99))
             .set("p999_latency", q(0.999));
@@ -995,6 +1086,33 @@ impl Rr<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_open_loop_leaves_out_its_first_second_and_counts_every_failure() {
+        // h2load 1.52's --log-file lines: start (µs since the epoch), status, duration (µs).
+        let t0 = 1_795_867_801_000_000u64;
+        let log = format!(
+            "{}\t200\t900\n{}\t200\t5000\n{}\t502\t10\n{}\t200\t1200\n{}\t200\t800\n\n",
+            t0 + 10,
+            t0,
+            t0 + 5,
+            t0 + 1_000_000,
+            t0 + 1_500_000,
+        );
+        let (us, failed) = open_log(&log).unwrap();
+        assert_eq!(us, vec![1200.0, 800.0]);
+        assert_eq!(failed, 1, "a failure in the settling second still counts");
+        assert!(open_log("garbage\n").is_err());
+        assert_eq!(open_log("").unwrap(), (vec![], 0));
+    }
+
+    #[test]
+    fn open_loop_connections_give_each_one_a_request_per_5_ms_within_bounds() {
+        assert_eq!(open_conns(45_000.0), 225);
+        assert_eq!(open_conns(1_000.0), 100);
+        assert_eq!(open_conns(500_000.0), 1000);
+        assert_eq!(open_conns(45_001.0), 226);
+    }
 
     /// A child that writes more than a pipe holds to stderr while it runs (as `zcio proxy`
     /// logs a line per reset pair) stops on SIGTERM within the wait and its last stdout line
