@@ -813,6 +813,64 @@ fn waits_batch_while_streaming_and_return_on_the_first_completion_for_small_mess
     );
 }
 
+/// A forwarded message costs one wait: the sends a turn prepares go in with the next wait's
+/// enter, and a send to a local peer completes inside it. A wait for the first completion
+/// returned on that send's completion alone, and only the next turn's wait slept until the
+/// answer came: two turns and two enters per forwarded message, four per round trip through
+/// the proxy (measured: 4.0 for a server that answers after 300 µs). Waits that count the
+/// sends they submit return on the answer: two per round trip.
+#[test]
+fn a_forwarded_message_takes_one_wait_when_its_answer_comes_later() {
+    let (l, up) = listener();
+    let (warm, rounds) = (50usize, 300usize);
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_nodelay(true).unwrap();
+        let mut m = [0u8; 512];
+        for _ in 0..warm + rounds {
+            s.read_exact(&mut m).unwrap();
+            // Answers after the proxy's send completed and its wait began.
+            std::thread::sleep(Duration::from_micros(300));
+            s.write_all(&m).unwrap();
+        }
+    });
+    let p = start(vec![up], cfg(), false);
+    let mut c = TcpStream::connect(p.addr).unwrap();
+    c.set_nodelay(true).unwrap();
+    let mut m = [7u8; 512];
+    let mut round_trips = |n: usize| {
+        for _ in 0..n {
+            c.write_all(&m).unwrap();
+            c.read_exact(&mut m).unwrap();
+        }
+    };
+    let settled = |p: &Running, rounds: usize| {
+        p.wait_for("the round trips", Duration::from_secs(5), |s| {
+            s.stats.bytes_down >= 512 * rounds as u64
+        });
+        // The stats of the turns that finished them.
+        std::thread::sleep(Duration::from_millis(50));
+        p.seen(|s| s.stats.clone())
+    };
+    // The first sends of a route go zero-copy until it is known to copy (a local peer).
+    round_trips(warm);
+    let a = settled(&p, warm);
+    round_trips(rounds);
+    let b = settled(&p, warm + rounds);
+    server.join().unwrap();
+    drop(p.stop());
+    let enters = (b.ring_enters - a.ring_enters) as f64 / rounds as f64;
+    let turns = (b.turns - a.turns) as f64 / rounds as f64;
+    eprintln!(
+        "{rounds} round trips: {enters:.2} enters and {turns:.2} turns each, send path {}",
+        b.tx_path
+    );
+    // Two forwarded messages per round trip; a few idle turns (the test loop's 10 ms
+    // timeout) around the measurement.
+    assert!(enters < 3.0, "{enters:.2} enters per round trip: {b:?}");
+    assert!(turns < 3.0, "{turns:.2} turns per round trip: {b:?}");
+}
+
 /// The slots of this process's descriptor table (`FDSize` in `/proc/self/status`; the kernel
 /// never shrinks it).
 fn fd_table_size() -> u64 {

@@ -500,6 +500,9 @@ impl std::fmt::Debug for Proxy {
 /// (1/N) of it together (`Proxy::mind_the_ring`).
 const RING_SHARE_PARTS: usize = 8;
 
+/// The most sends of one turn a first-completion wait counts (`Proxy::turn`).
+const COUNTED_SENDS_MAX: usize = 16;
+
 const POLLER_RX: u64 = 1;
 const POLLER_TX: u64 = 2;
 
@@ -724,6 +727,8 @@ impl Proxy {
     /// backpressure and timeouts.
     pub fn turn(&mut self, timeout: Duration) -> io::Result<()> {
         let mut events = std::mem::take(&mut self.events);
+        // Sends pushed into the submission queue since the last wait (`prepare`).
+        let pushed = self.tx.take_pushed();
         let timeout = if self.tx.ready() > 0 {
             Duration::ZERO
         } else {
@@ -754,8 +759,19 @@ impl Proxy {
             let capped = self.tx.in_flight() > 0 && timeout > cap;
             let timeout = if capped { cap } else { timeout };
             let t0 = Instant::now();
+            // The sends prepared last turn go in with this wait, and a send to a socket with
+            // room completes inside its enter (a local peer takes it at once): a
+            // first-completion wait counts them and returns on the first completion beyond
+            // theirs (the answer), not on theirs alone, which took a second turn and enter
+            // per forwarded message. One that does not complete there (a full socket) makes
+            // the wait need one completion more: the cap above bounds that.
+            // Not after a turn that sent many: then more completions are on their way anyway,
+            // and one send among hundreds that did not complete inside the enter held every
+            // wait (1,000 connections: 3.5k turns in 7 s against 16k, 0.82x the req/s).
             if self.bulk {
                 self.stats.bulk_waits += 1;
+            } else if pushed <= COUNTED_SENDS_MAX {
+                self.rx.count_in_next_wait(pushed);
             }
             let n = self.rx.poll(timeout, &mut |ev| events.push(ev))?;
             if capped && n == 0 && t0.elapsed() >= cap {

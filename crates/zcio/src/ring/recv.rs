@@ -295,6 +295,16 @@ impl<C: Cqe> RecvRing<C> {
             .map(drop)
     }
 
+    /// Submits and waits up to `timeout` for `want` completions, all of them (no min-wait):
+    /// for a caller that knows how many of them the requests it submits post inside the
+    /// enter.
+    pub fn wait_for(&mut self, want: usize, timeout: Duration) -> io::Result<()> {
+        self.ring
+            .get()
+            .submit_and_wait(want.max(1), Some(timeout))
+            .map(drop)
+    }
+
     /// The ring's readiness eventfd (see [`SharedRing::notify_fd`]).
     pub fn notify_fd(&self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
         self.ring.notify_fd()

@@ -495,6 +495,9 @@ pub(crate) trait Backend {
     fn resume(&mut self, conn: ConnId, c: &mut RxCounters) -> io::Result<()>;
     /// Changes how waits gather completions; false when `batch > 1` cannot be honoured.
     fn set_wait(&mut self, batch: usize, min_wait: Duration) -> bool;
+    /// The next wait submits `n` requests of the caller's that complete inside its enter
+    /// (see [`Receiver::count_in_next_wait`]).
+    fn count_in_next_wait(&mut self, _n: usize) {}
     /// Connections whose receive waits for buffers to come back (re-armed by a harvest
     /// once a chunk was dropped).
     fn starved(&self) -> usize {
@@ -577,6 +580,9 @@ impl Backend for RxBackend {
     }
     fn set_wait(&mut self, batch: usize, min_wait: Duration) -> bool {
         each_backend!(self, b => b.set_wait(batch, min_wait))
+    }
+    fn count_in_next_wait(&mut self, n: usize) {
+        each_backend!(self, b => b.count_in_next_wait(n))
     }
     fn starved(&self) -> usize {
         each_backend!(self, b => b.starved())
@@ -785,6 +791,22 @@ impl Receiver {
     /// backend, or a kernel without `IORING_FEAT_MIN_TIMEOUT` (Linux 6.12).
     pub fn set_wait(&mut self, batch: usize, min_wait: Duration) -> bool {
         self.backend.set_wait(batch, min_wait)
+    }
+
+    /// The next wait submits `n` requests of the caller's that complete inside its own enter
+    /// when nothing holds them: sends on a send ring that shares this receiver's ring
+    /// ([`crate::tx::SendRing::on_receiver`], [`crate::tx::SendRing::take_pushed`]) to sockets
+    /// with room, which a local peer takes at once. A wait for the first completion counts
+    /// them (it waits for `n` + 1) and so returns on the first completion beyond theirs, e.g.
+    /// the answer to what they sent, instead of on their own: one wait and one enter per
+    /// forwarded message rather than two. Counted only in a wait of this poll or the next
+    /// ones that submits them (at most the requests still queued); batched waits
+    /// ([`Receiver::set_wait`] with a min-wait) are not changed. A request that does not
+    /// complete there (a full socket) makes the wait need one completion more than arrived:
+    /// it returns on the next one, or at its timeout, so a caller that counts sends bounds
+    /// the wait's timeout. No effect on the plain backend.
+    pub fn count_in_next_wait(&mut self, n: usize) {
+        self.backend.count_in_next_wait(n)
     }
 
     /// Connections whose receive stopped because every buffer was lent (ring backends):

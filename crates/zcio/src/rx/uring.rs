@@ -49,6 +49,10 @@ pub(crate) struct RingRx<C: Cqe> {
     rearm: Vec<ConnId>,
     batch: usize,
     min_wait: Duration,
+    /// The caller's requests queued for the next wait's enter that complete inside it
+    /// (`Receiver::count_in_next_wait`), and the ring's enters when they were counted (an
+    /// enter since then submitted them).
+    counted: (usize, u64),
     defer: bool,
     hot_min: u16,
     dry_streak: u32,
@@ -228,6 +232,7 @@ impl<C: Cqe> RingRx<C> {
             rearm: Vec::new(),
             batch: cfg.batch.max(1),
             min_wait: cfg.min_wait,
+            counted: (0, 0),
             defer,
             hot_min,
             dry_streak: 0,
@@ -611,6 +616,13 @@ impl<C: Cqe> Backend for RingRx<C> {
         self.min_wait = min_wait;
         ok
     }
+    fn count_in_next_wait(&mut self, n: usize) {
+        let enters = self.rr.enters();
+        if self.counted.1 != enters {
+            self.counted = (0, enters);
+        }
+        self.counted.0 += n;
+    }
     fn resume(&mut self, conn: ConnId, c: &mut RxCounters) -> io::Result<()> {
         let armed = self.rr.is_armed(conn.tag());
         let Some(cn) = self.conns.get_mut(conn) else {
@@ -653,10 +665,19 @@ impl<C: Cqe> Backend for RingRx<C> {
         let timeout = self.accept_backoff.cap(timeout);
         let mut n = self.drain_ready(c, f)?;
         if n == 0 {
-            if self.urgent {
-                // Data is known to be waiting (the ring ran dry or a receive was just
-                // re-armed): do not hold it back for the min-wait.
-                self.rr.wait(1, Duration::ZERO, timeout)?;
+            // The caller's requests that this enter submits and that complete inside it (sends
+            // to sockets with room) are not what a first-completion wait waits for: it waits
+            // for one completion beyond them. Not those an enter since then submitted.
+            let (counted, at) = std::mem::take(&mut self.counted);
+            let counted = if at == self.rr.enters() {
+                counted.min(self.rr.pending())
+            } else {
+                0
+            };
+            if self.urgent || self.batch <= 1 {
+                // A first-completion wait, or data is known to be waiting (the ring ran dry
+                // or a receive was just re-armed): not held back for the min-wait.
+                self.rr.wait_for(1 + counted, timeout)?;
             } else {
                 self.rr.wait(self.batch, self.min_wait, timeout)?;
             }
