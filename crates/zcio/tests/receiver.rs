@@ -686,3 +686,66 @@ fn a_connection_paused_after_a_harvest_gets_nothing_more_while_its_peer_keeps_se
         }
     }
 }
+
+extern "C" fn on_sigusr1(_: libc::c_int) {}
+
+/// A signal that cuts a receiver's wait short (a handler, job control's SIGSTOP/SIGCONT, a
+/// debugger attaching) is a wake-up, not an error: the wait returns what is there and the
+/// caller waits again. Before, the ring backend's first-completion wait passed `EINTR` up, and
+/// `zcio proxy` exited when `strace` attached.
+#[test]
+fn a_signal_during_a_wait_is_a_wake_up_not_an_error() {
+    // SAFETY: installs a handler that does nothing (async-signal-safe) for SIGUSR1, which
+    // nothing else in this test binary uses; no SA_RESTART (waits are not restarted anyway).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigusr1 as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+    }
+    let mut cases = backends();
+    cases.push((
+        "bufring with the library's defaults",
+        RxConfig::with_mode(RxMode::BufRing),
+        RxPath::BufRing,
+    ));
+    for (name, cfg, _) in cases {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || -> Result<(usize, u32), String> {
+            // SAFETY: pthread_self has no preconditions.
+            tid_tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let mut rx = Receiver::listen(listener, &cfg).map_err(|e| e.to_string())?;
+            let (mut polls, mut got) = (0usize, 0u32);
+            let end = Instant::now() + Duration::from_secs(20);
+            while got == 0 && Instant::now() < end {
+                polls += 1;
+                rx.poll(Duration::from_secs(5), &mut |ev| {
+                    if let RxEvent::Data(c) = ev {
+                        got += c.len() as u32;
+                    }
+                })
+                .map_err(|e| format!("poll {polls}: {e}"))?;
+            }
+            Ok((polls, got))
+        });
+        let t = tid_rx.recv().unwrap();
+        let mut client = TcpStream::connect(addr).unwrap();
+        // Signals while the receiver waits with nothing to read, then the byte it waits for.
+        let stop = Instant::now() + Duration::from_millis(400);
+        while Instant::now() < stop && !h.is_finished() {
+            std::thread::sleep(Duration::from_millis(15));
+            // SAFETY: the thread is alive until joined below (checked just above).
+            unsafe { libc::pthread_kill(t, libc::SIGUSR1) };
+        }
+        client.write_all(b"x").unwrap();
+        let r = h.join().unwrap();
+        let (polls, got) = r.unwrap_or_else(|e| panic!("{name}: a signal failed the wait: {e}"));
+        assert_eq!(got, 1, "{name}: the byte after the signals");
+        assert!(
+            polls >= 2,
+            "{name}: {polls} polls: the signals did not reach a wait"
+        );
+    }
+}

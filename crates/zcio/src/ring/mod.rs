@@ -458,7 +458,11 @@ impl<C: cqueue::EntryMarker> Ring<C> {
             || min_wait.is_zero()
             || timeout <= min_wait
         {
-            return self.enter(1, Some(timeout));
+            // As below: a signal that cut the wait short leaves what is there to harvest.
+            return match self.enter(1, Some(timeout)) {
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => Ok(0),
+                other => other,
+            };
         }
         self.enters += 1;
         let ts = io_uring::types::Timespec::from(timeout);

@@ -288,21 +288,23 @@ impl<C: Cqe> RecvRing<C> {
 
     /// Submits and waits for completions: at least one within `timeout`, up to `want` within
     /// `min_wait` (see [`Ring::submit_and_wait_batch`]).
+    /// A signal that cuts the wait short is a wake-up (`Ok`): the caller harvests what is
+    /// there and waits again.
     pub fn wait(&mut self, want: usize, min_wait: Duration, timeout: Duration) -> io::Result<()> {
-        self.ring
+        let r = self
+            .ring
             .get()
-            .submit_and_wait_batch(want, min_wait, timeout)
-            .map(drop)
+            .submit_and_wait_batch(want, min_wait, timeout);
+        interrupted_is_a_wake(r)
     }
 
     /// Submits and waits up to `timeout` for `want` completions, all of them (no min-wait):
     /// for a caller that knows how many of them the requests it submits post inside the
-    /// enter.
+    /// enter. A signal that cuts the wait short is a wake-up (`Ok`), as in
+    /// [`RecvRing::wait`].
     pub fn wait_for(&mut self, want: usize, timeout: Duration) -> io::Result<()> {
-        self.ring
-            .get()
-            .submit_and_wait(want.max(1), Some(timeout))
-            .map(drop)
+        let r = self.ring.get().submit_and_wait(want.max(1), Some(timeout));
+        interrupted_is_a_wake(r)
     }
 
     /// The ring's readiness eventfd (see [`SharedRing::notify_fd`]).
@@ -903,5 +905,15 @@ impl Drop for FrameRecv {
             .raw()
             .submitter()
             .unregister_buf_ring(self.bufs.bgid());
+    }
+}
+
+/// A wait that a signal cut short (`EINTR`: a handler ran, job control stopped and continued
+/// the process, a tracer attached) returns like one that timed out: what completed is
+/// harvested, and the caller, which loops on its own conditions, waits again.
+fn interrupted_is_a_wake(r: io::Result<usize>) -> io::Result<()> {
+    match r {
+        Err(e) if e.raw_os_error() == Some(libc::EINTR) => Ok(()),
+        other => other.map(drop),
     }
 }

@@ -46,6 +46,9 @@ const HYSTERESIS: f64 = 0.03;
 /// Before anything is measured, sizes below this go by copy.
 pub(crate) const PRIOR_COPY_BELOW: usize = 8 << 10;
 const GROUPS: usize = 40;
+/// After a window that ended unfilled (the sizes moved to another group first), the start of
+/// only every this-many-th window is clocked (see [`AutoPolicy::decide_size`]).
+const ABANDONED_CLOCK_EVERY: u32 = 16;
 
 /// Which way one send goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,6 +296,8 @@ pub(crate) struct AutoPolicy {
     by_size: bool,
     /// [`AutoPolicy::copy_below`], kept up to date when a window is counted.
     copy_below: Option<usize>,
+    /// Windows in a row that ended before they filled (0 after one that filled).
+    abandoned: u32,
     stats: PolicyStats,
 }
 
@@ -320,6 +325,7 @@ impl AutoPolicy {
             last_choice: None,
             by_size,
             copy_below: None,
+            abandoned: 0,
             stats: PolicyStats::default(),
         }
     }
@@ -365,6 +371,18 @@ impl AutoPolicy {
             self.last_choice != Some(choice) || self.win.is_some_and(|w| w.group != g || !w.full());
         let closing = self.win.filter(|w| w.full() && w.start_ns.is_some());
         self.pending_close = closing;
+        // A window that ended unfilled is not counted, and while the sizes keep alternating
+        // between groups (a proxy's requests and answers, a server's headers and bodies) the
+        // next one will not fill either. Clocking each start would cost a syscall per send
+        // for nothing (CLOCK_THREAD_CPUTIME_ID has no vDSO path), so after an unfilled window
+        // only every ABANDONED_CLOCK_EVERY-th start is clocked: a run of one size, when it
+        // comes, fills a clocked window within that many starts and is measured again. A full
+        // window to close is always clocked.
+        self.abandoned = match self.win {
+            Some(w) if !w.full() => self.abandoned.saturating_add(1),
+            _ => 0,
+        };
+        let clock = closing.is_some() || self.abandoned % ABANDONED_CLOCK_EVERY == 0;
         self.last_choice = Some(choice);
         let steady = self.groups[g].chosen == Some(choice);
         self.win = Some(Window {
@@ -378,7 +396,7 @@ impl AutoPolicy {
         });
         self.count(Decision {
             choice,
-            clock: true,
+            clock,
             probe: false,
         })
     }
@@ -647,6 +665,38 @@ mod tests {
             on[idx(d.choice)] += 1;
         }
         (clocks, on)
+    }
+
+    #[test]
+    fn alternating_sizes_read_the_clock_rarely_and_a_run_of_one_size_is_measured_again() {
+        let mut p = AutoPolicy::new(4, 4096, true);
+        let mut t = 0;
+        // A proxy's shape: 100 B requests and 1 KiB answers, one each in turn (two groups):
+        // every send starts a window that never fills.
+        let mut clocks = 0u64;
+        let n = 10_000u64;
+        for i in 0..n {
+            let len = if i % 2 == 0 { 100 } else { 1024 };
+            let d = p.decide(len);
+            if d.clock {
+                p.clock(t);
+                clocks += 1;
+            }
+            t += len as u64 * 2;
+        }
+        assert!(
+            clocks <= n / u64::from(ABANDONED_CLOCK_EVERY) + 2,
+            "{clocks} clock reads for {n} alternating sends"
+        );
+        assert_eq!(p.stats().windows, 0, "no window filled, none counted");
+        // Then one size only: windows fill and are counted again.
+        let (clocks, _) = run_counted(&mut p, 256, |_| (2.0, 6.0), 5_000, &mut t);
+        assert!(p.stats().windows > 10, "{:?}", p.stats());
+        assert!(
+            clocks > 10 && clocks < 5_000 / u64::from(WINDOW) + 32,
+            "{clocks}"
+        );
+        assert_eq!(p.groups[group_of(256)].chosen, Some(Choice::Copy));
     }
 
     #[test]
