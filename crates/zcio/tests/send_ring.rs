@@ -1525,12 +1525,19 @@ fn the_readiness_descriptor_wakes_only_when_on_ready_finds_something() {
     // The peers read only after a pause: the first sends fill the sockets and wait in the
     // kernel, so the loop sleeps on the descriptor at least then (a fast reader on an idle
     // host let every send complete inside `submit`: no wake-up to count).
+    // The pause is counted from the loop's first submit, not from here: in an emulated guest
+    // the set-up below (64 sockets, the pool's registration) can take longer than the pause,
+    // and then every send completed inside `submit` (6.1 guest: "the descriptor never woke
+    // the loop").
     let pause = Arc::new(AtomicBool::new(true));
     let server = serve_checked(l, conns, pause.clone());
+    let (go, started) = std::sync::mpsc::channel::<()>();
     let unpause = std::thread::spawn(move || {
+        let _ = started.recv();
         std::thread::sleep(Duration::from_millis(300));
         pause.store(false, Ordering::Relaxed);
     });
+    let mut go = Some(go);
     let pool = Pool::new(16 << 10, 4 * conns, false).unwrap();
     let mut ring = SendRing::new(&SendRingConfig::default()).unwrap();
     ring.register_pool(&pool).unwrap();
@@ -1584,6 +1591,9 @@ fn the_readiness_descriptor_wakes_only_when_on_ready_finds_something() {
             }
         }
         ring.submit().unwrap();
+        if let Some(go) = go.take() {
+            go.send(()).unwrap();
+        }
         take(&mut ring, &mut blocked, &mut done);
         let wait_ms = if more { 0 } else { 100 };
         let ev = zcio::sys::net::poll_one(&fd, libc::POLLIN, wait_ms).unwrap();
