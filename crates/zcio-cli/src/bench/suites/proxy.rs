@@ -1030,13 +1030,13 @@ impl Rr<'_> {
                     period_us / 1000.0
                 ));
             }
-        }
-        if let Some(rate) = rate.filter(|&r| achieved < r * 0.97) {
-            s.note(format!(
-                "{} fell behind the offered rate: {achieved:.0} of {rate:.0} req/s answered \
-                 in the measured seconds",
-                kind.label()
-            ));
+            if achieved < rate * 0.97 {
+                s.note(format!(
+                    "{} fell behind the offered rate: {achieved:.0} of {rate:.0} req/s \
+                     answered in the measured seconds",
+                    kind.label()
+                ));
+            }
         }
         s.set("req_per_s", achieved)
             .set("p50_latency", q(0.5))
