@@ -262,9 +262,13 @@ impl Ctx {
         if let Some(n) = steal_note(&a_steal, &b_steal) {
             self.note(format!("{case}: {n}"));
         }
-        for s in a_samples.iter().chain(&b_samples) {
+        let runs = a_samples
+            .iter()
+            .zip(&a_steal)
+            .chain(b_samples.iter().zip(&b_steal));
+        for (s, &steal) in runs {
             for n in &s.notes {
-                self.note(format!("{case}: {n}"));
+                self.note(format!("{case}: {}", run_note(n, steal)));
             }
         }
         for m in metrics {
@@ -315,6 +319,20 @@ impl Ctx {
 /// Runs in which the hypervisor took more than this share of the machine are counted out
 /// loud: their figures are the neighbours' as much as the code's.
 pub const STEAL_LOUD: f64 = 0.05;
+
+/// A run's own note, with what the hypervisor took during that run when it was more than
+/// [`STEAL_LOUD`]: a loop counter that moved in that run (a wait that timed out, a slow
+/// first request) is then told apart from one that moved on a quiet machine.
+pub fn run_note(note: &str, steal: f64) -> String {
+    if steal > STEAL_LOUD {
+        format!(
+            "{note} [this run lost {:.1} % of the machine to the hypervisor]",
+            steal * 100.0
+        )
+    } else {
+        note.to_string()
+    }
+}
 
 /// What a case's runs lost to the hypervisor, when any run lost more than 0.5 %: the medians
 /// and maxima of both sides, and how many runs lost more than [`STEAL_LOUD`].
@@ -503,6 +521,15 @@ fn write_replacing(dir: &std::path::Path, name: &str, data: &[u8]) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_note_names_the_steal_of_that_run_only_when_it_was_loud() {
+        assert_eq!(run_note("waits capped 0", 0.01), "waits capped 0");
+        assert_eq!(
+            run_note("waits capped 5", 0.244),
+            "waits capped 5 [this run lost 24.4 % of the machine to the hypervisor]"
+        );
+    }
 
     #[test]
     fn a_case_names_the_steal_of_its_runs_only_when_there_was_some() {
