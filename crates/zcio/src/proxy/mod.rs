@@ -350,6 +350,11 @@ pub struct ProxyStats {
     /// Waits that returned with no completion with sends in flight (the 5 ms cap reached:
     /// the notifications the sends owed had not come).
     pub capped_waits: u64,
+    /// First-completion waits that counted the sends of their enter
+    /// ([`crate::rx::Receiver::count_in_next_wait`]) and lasted their whole timeout: a
+    /// counted send did not complete inside the enter, or nothing came at all.
+    #[serde(default)]
+    pub counted_timeouts: u64,
     /// Waits made in bulk mode (batched: [`ProxyConfig::bulk_batch`]).
     pub bulk_waits: u64,
     /// Switches between bulk and request/response waits.
@@ -408,6 +413,7 @@ impl ProxyStats {
             *a += b;
         }
         self.capped_waits += o.capped_waits;
+        self.counted_timeouts += o.counted_timeouts;
         self.bulk_waits += o.bulk_waits;
         self.wait_switches += o.wait_switches;
         self.forward_us.add(&o.forward_us);
@@ -768,14 +774,19 @@ impl Proxy {
             // Not after a turn that sent many: then more completions are on their way anyway,
             // and one send among hundreds that did not complete inside the enter held every
             // wait (1,000 connections: 3.5k turns in 7 s against 16k, 0.82x the req/s).
+            let counted = !self.bulk && pushed > 0 && pushed <= COUNTED_SENDS_MAX;
             if self.bulk {
                 self.stats.bulk_waits += 1;
-            } else if pushed <= COUNTED_SENDS_MAX {
+            } else if counted {
                 self.rx.count_in_next_wait(pushed);
             }
             let n = self.rx.poll(timeout, &mut |ev| events.push(ev))?;
-            if capped && n == 0 && t0.elapsed() >= cap {
+            let waited = t0.elapsed();
+            if capped && n == 0 && waited >= cap {
                 self.stats.capped_waits += 1;
+            }
+            if counted && !timeout.is_zero() && waited >= timeout {
+                self.stats.counted_timeouts += 1;
             }
         }
         let woke = Instant::now();
