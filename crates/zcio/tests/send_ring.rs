@@ -1791,7 +1791,7 @@ fn the_sends_a_wait_counts_are_those_no_enter_has_taken() {
         peers.push(l.accept().unwrap().0);
         ids.push(tx.add(s, &cfg(TxMode::UringCopy, 8)).unwrap());
     }
-    let mut send_all = |tx: &mut SendRing| {
+    let send_all = |tx: &mut SendRing| {
         for &id in &ids {
             tx.send(id, TxBuf::Vec(vec![7u8; 100])).unwrap();
         }
