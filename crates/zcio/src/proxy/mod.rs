@@ -347,12 +347,14 @@ pub struct ProxyStats {
     /// whole harvest), as a log2 histogram: bucket `i` counts `[2^i, 2^(i+1))` µs, bucket 0
     /// also below 1 µs, the last also above.
     pub hold_us_log2: [u64; 16],
-    /// Waits that returned with no completion with sends in flight (the 5 ms cap reached:
-    /// the notifications the sends owed had not come).
+    /// Waits that did not count their sends and returned with nothing received, with sends
+    /// in flight (the 5 ms cap reached: the notifications the sends owed had not come).
+    /// Waits that counted their sends are [`ProxyStats::counted_timeouts`].
     pub capped_waits: u64,
     /// First-completion waits that counted the sends of their enter
-    /// ([`crate::rx::Receiver::count_in_next_wait`]) and lasted their whole timeout: a
-    /// counted send did not complete inside the enter, or nothing came at all.
+    /// ([`crate::rx::Receiver::count_in_next_wait`]) and lasted their whole timeout (at most
+    /// 1 ms): a counted send did not complete inside the enter, or nothing came at all. Timed
+    /// by the clock, so a thread that waited for a CPU counts too.
     #[serde(default)]
     pub counted_timeouts: u64,
     /// Waits made in bulk mode (batched: [`ProxyConfig::bulk_batch`]).
@@ -795,11 +797,12 @@ impl Proxy {
             }
             let n = self.rx.poll(timeout, &mut |ev| events.push(ev))?;
             let waited = t0.elapsed();
-            if capped && n == 0 && waited >= cap {
+            if counted {
+                if !timeout.is_zero() && waited >= timeout {
+                    self.stats.counted_timeouts += 1;
+                }
+            } else if capped && n == 0 && waited >= cap {
                 self.stats.capped_waits += 1;
-            }
-            if counted && !timeout.is_zero() && waited >= timeout {
-                self.stats.counted_timeouts += 1;
             }
         }
         let woke = Instant::now();

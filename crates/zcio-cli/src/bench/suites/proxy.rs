@@ -927,7 +927,8 @@ fn zcio_note(v: &serde_json::Value) -> String {
              p99 {} us, chunk received->send completed p99 {} us (first two per direction \
              of a pair: p99 {} us), accept->first byte forwarded p99 {} us, waits capped at \
              5 ms that timed out {}, waits counting their sends that lasted their timeout \
-             {}, batched (bulk) waits {}, bytes copied to the heap while the receive ring was low {}",
+             (at most 1 ms) {}, batched (bulk) waits {}, bytes copied to the heap while \
+             the receive ring was low {}",
             s.turns,
             s.chunks,
             s.turn_chunks_max,
