@@ -955,18 +955,33 @@ fn slow_reader(mut s: TcpStream, total: u64) -> std::thread::JoinHandle<u64> {
     })
 }
 
+/// The ring's system calls are its enters, and the eventfd writes of calls that ended with
+/// work left (completions that came while the call kept the eventfd quiet: a few, not one per
+/// harvest). With a read per harvest (and the set's `epoll_wait` per `on_ready`) there were
+/// 1.7 more per enter in these tests (834 against 312).
+fn assert_not_more_than_enters(st: &zcio::tx::TxStats, enters: u64) {
+    let calls = st.send_syscalls + st.notify_syscalls;
+    assert!(enters > 0, "{st:?}");
+    assert!(
+        calls >= enters && (calls - enters) * 20 <= enters,
+        "{} system calls that are not enters, against {enters} enters: {st:?}",
+        calls as i64 - enters as i64
+    );
+}
+
 const SLOW_SENDS: usize = 40;
 const SLOW_LEN: usize = 256 << 10;
 
 /// Each send of [`AsyncSendRing`] (a ring path) awaited while a slow reader drains the socket:
 /// every completion comes through tokio's wait on the ring's readiness descriptor, and the
-/// ring's system calls are its enters alone. tokio watches the descriptor edge-triggered, so
+/// ring's system calls are its enters (and a few eventfd writes for work left). tokio watches the descriptor edge-triggered, so
 /// a harvest neither reads the ring's eventfd back nor takes events off the set (which holds
 /// no socket on the ring paths): those were two more system calls per harvest.
 #[test]
 fn async_send_ring_harvests_without_an_eventfd_read_per_harvest() {
     let _dog = watchdog();
     use zcio::tokio::AsyncSendRing;
+    use zcio::stats::Report as _;
     use zcio::tx::{Pool, SendRing, SendRingConfig};
     let test = "async_send_ring_harvests_without_an_eventfd_read_per_harvest";
     let (c, s) = pair();
@@ -999,11 +1014,7 @@ fn async_send_ring_harvests_without_an_eventfd_read_per_harvest() {
         let ring = tx.get_ref();
         let st = ring.stats();
         eprintln!("{}; enters {}; {st:?}", ring.describe(), ring.enters());
-        assert_eq!(
-            st.send_syscalls + st.notify_syscalls,
-            ring.enters(),
-            "system calls that are not enters: {st:?}"
-        );
+        assert_not_more_than_enters(&st, ring.enters());
         true
     });
     let got = reader.join().unwrap();
@@ -1042,11 +1053,7 @@ fn async_sender_harvests_without_an_eventfd_read_per_harvest() {
         let ring = tx.get_ref().ring();
         let st = ring.stats();
         eprintln!("{}; enters {}; {st:?}", ring.describe(), ring.enters());
-        assert_eq!(
-            st.send_syscalls + st.notify_syscalls,
-            ring.enters(),
-            "system calls that are not enters: {st:?}"
-        );
+        assert_not_more_than_enters(&st, ring.enters());
         true
     });
     let got = reader.join().unwrap();
@@ -1063,6 +1070,7 @@ fn async_sender_harvests_without_an_eventfd_read_per_harvest() {
 fn async_send_ring_loses_no_wake_up_with_many_sockets_under_backpressure() {
     let _dog = watchdog();
     use zcio::tokio::AsyncSendRing;
+    use zcio::stats::Report as _;
     use zcio::tx::{Pool, SendRing, SendRingConfig};
     let test = "async_send_ring_loses_no_wake_up_with_many_sockets_under_backpressure";
     const SOCKS: usize = 16;
