@@ -1020,3 +1020,51 @@ fn a_stream_whose_client_reads_is_not_copied_to_the_heap_when_harvests_fill_the_
         s.stats
     );
 }
+
+/// A wait that counts the sends of its enter needs one completion beyond theirs, and a send
+/// that cannot complete inside the enter holds it until its cap with whatever did arrive:
+/// that cap is 1 ms, not the 5 ms of the other waits with sends out. Here the send cannot
+/// complete because it goes to an upstream still connecting (the network drops its
+/// handshake), and the proxy's turns are driven one by one.
+#[test]
+fn a_wait_counting_a_send_that_cannot_complete_inside_its_enter_lasts_at_most_one_ms() {
+    let name = "a_wait_counting_a_send_that_cannot_complete_inside_its_enter_lasts_at_most_one_ms";
+    if !common::can_make_hosts(name) {
+        return;
+    }
+    let sink = zcio_testnet::Sink::new("pxcw").unwrap();
+    let dst = SocketAddr::new(sink.dst4.into(), 80);
+    sink.host
+        .run(move || {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let mut p = Proxy::new(l, vec![dst], cfg()).unwrap();
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(b"a request").unwrap();
+            // Turns until the request is routed to its pair; its send goes in with the
+            // next wait.
+            let end = Instant::now() + scaled(Duration::from_secs(5));
+            while p.stats().chunks == 0 {
+                assert!(Instant::now() < end, "the request was never routed");
+                p.turn(Duration::from_millis(10)).unwrap();
+            }
+            let before = p.stats();
+            assert_eq!(before.counted_timeouts, 0, "{before:?}");
+            let t0 = Instant::now();
+            p.turn(Duration::from_millis(50)).unwrap();
+            let took = t0.elapsed();
+            let after = p.stats();
+            assert_eq!(
+                after.counted_timeouts, 1,
+                "the wait counted the send: {after:?}"
+            );
+            assert!(took >= Duration::from_millis(1), "took {took:?}");
+            // The other waits with sends out are capped at 5 ms: this one did not wait that.
+            assert!(took < Duration::from_micros(4500), "took {took:?}");
+            // The next wait does not count it again (nothing new was queued).
+            p.turn(Duration::from_millis(1)).unwrap();
+            assert_eq!(p.stats().counted_timeouts, 1);
+            drop(c);
+        })
+        .unwrap();
+}

@@ -1765,3 +1765,57 @@ fn a_udp_socket_closed_with_sends_in_flight_to_the_sink_counts_the_datagrams_tha
     assert!(total.zerocopy_bytes <= total.bytes);
     eprintln!("{went} of 512 datagrams left before the close, {out} counted by IP");
 }
+
+/// On a ring shared with a receiver, the receiver's wait may count the sends it submits
+/// (`Receiver::count_in_next_wait`): the count is of the sends in the submission queue now,
+/// not of every send pushed since it was last asked. Sends that an enter already took (the
+/// send ring's own submit, or a harvest that let a stream's next requests go and submitted
+/// them) complete before the wait, and counting them made the wait hold the answer it was
+/// waiting for until its cap.
+#[test]
+fn the_sends_a_wait_counts_are_those_no_enter_has_taken() {
+    use zcio::rx::{Receiver, RxConfig, RxMode};
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut rx = Receiver::listen(front, &RxConfig::with_mode(RxMode::BufRing)).unwrap();
+    let mut tx = SendRing::on_receiver(&rx, &SendRingConfig::default()).unwrap();
+    assert!(
+        tx.shares_receiver_ring(),
+        "{:?}",
+        zcio::stats::Report::fallbacks(&tx)
+    );
+    let (l, addr) = listener();
+    let mut peers = vec![];
+    let mut ids = vec![];
+    for _ in 0..3 {
+        let s = std::net::TcpStream::connect(addr).unwrap();
+        peers.push(l.accept().unwrap().0);
+        ids.push(tx.add(s, &cfg(TxMode::UringCopy, 8)).unwrap());
+    }
+    let send_all = |tx: &mut SendRing| {
+        for &id in &ids {
+            tx.send(id, TxBuf::Vec(vec![7u8; 100])).unwrap();
+        }
+        tx.prepare();
+    };
+    // The send ring's own enter takes them.
+    send_all(&mut tx);
+    tx.submit().unwrap();
+    assert_eq!(tx.queued_sends(), 0, "submitted by the send ring's enter");
+    // The receiver's wait takes them too.
+    send_all(&mut tx);
+    assert_eq!(tx.queued_sends(), 3);
+    rx.poll(Duration::from_millis(1), &mut |_| {}).unwrap();
+    assert_eq!(tx.queued_sends(), 0, "submitted by the receiver's wait");
+    tx.flush(Duration::from_secs(5)).unwrap();
+    let done: Vec<_> = tx.completions().collect();
+    assert_eq!(done.len(), 6);
+    for (c, _) in done {
+        assert_eq!(c.result(), Ok(100), "{c:?}");
+    }
+    for mut p in peers {
+        use std::io::Read as _;
+        let mut b = [0u8; 200];
+        p.read_exact(&mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 7));
+    }
+}

@@ -110,6 +110,24 @@ pub struct Row {
     pub baseline_label: String,
     /// What the zcio side is.
     pub zcio_label: String,
+    /// Every baseline run in the order run: its value and the hypervisor's share then.
+    pub baseline_runs: Vec<RunValue>,
+    /// Every zcio run, likewise.
+    pub zcio_runs: Vec<RunValue>,
+    /// The ratio of the medians over the runs that lost at most [`STEAL_LOUD`] to the
+    /// hypervisor, when some run lost more and at least [`QUIET_RUNS_MIN`] runs per side
+    /// did not (see [`quiet_ratio`]).
+    pub quiet_ratio: Option<f64>,
+}
+
+/// One run's value of one metric, and the share of the machine's CPU time the hypervisor
+/// took during that run (steal).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RunValue {
+    /// The metric's value in that run.
+    pub value: f64,
+    /// Steal during that run (0.0-1.0).
+    pub steal: f64,
 }
 
 /// A suite's results.
@@ -262,25 +280,39 @@ impl Ctx {
         if let Some(n) = steal_note(&a_steal, &b_steal) {
             self.note(format!("{case}: {n}"));
         }
-        for s in a_samples.iter().chain(&b_samples) {
+        let runs = a_samples
+            .iter()
+            .zip(&a_steal)
+            .chain(b_samples.iter().zip(&b_steal));
+        for (s, &steal) in runs {
             for n in &s.notes {
-                self.note(format!("{case}: {n}"));
+                self.note(format!("{case}: {}", run_note(n, steal)));
             }
         }
+        let mut quiet = vec![];
         for m in metrics {
-            let a: Vec<f64> = a_samples
-                .iter()
-                .filter_map(|s| s.values.get(m.name).copied())
-                .collect();
-            let b: Vec<f64> = b_samples
-                .iter()
-                .filter_map(|s| s.values.get(m.name).copied())
-                .collect();
+            let runs = |samples: &[Sample], steal: &[f64]| -> Vec<RunValue> {
+                samples
+                    .iter()
+                    .zip(steal)
+                    .filter_map(|(s, &steal)| {
+                        let value = s.values.get(m.name).copied()?;
+                        Some(RunValue { value, steal })
+                    })
+                    .collect()
+            };
+            let (a_runs, b_runs) = (runs(&a_samples, &a_steal), runs(&b_samples, &b_steal));
+            let a: Vec<f64> = a_runs.iter().map(|r| r.value).collect();
+            let b: Vec<f64> = b_runs.iter().map(|r| r.value).collect();
             if a.is_empty() || b.is_empty() {
                 continue;
             }
             let (am, amin, amax) = stats(&a);
             let (bm, bmin, bmax) = stats(&b);
+            let quiet_ratio = quiet_ratio(&a_runs, &b_runs);
+            if let Some(r) = quiet_ratio {
+                quiet.push(format!("{} {r:.2}", m.name));
+            }
             self.rows.push(Row {
                 case: case.to_string(),
                 metric: m.name.to_string(),
@@ -294,7 +326,21 @@ impl Ctx {
                 runs: a.len(),
                 baseline_label: labels.0.to_string(),
                 zcio_label: labels.1.to_string(),
+                baseline_runs: a_runs,
+                zcio_runs: b_runs,
+                quiet_ratio,
             });
+        }
+        if !quiet.is_empty() {
+            let n = |v: &[f64]| v.iter().filter(|&&f| f <= STEAL_LOUD).count();
+            self.note(format!(
+                "{case}: ratios over the runs that lost at most {:.0} % to the hypervisor \
+                 ({} baseline, {} zcio runs): {}",
+                STEAL_LOUD * 100.0,
+                n(&a_steal),
+                n(&b_steal),
+                quiet.join(", ")
+            ));
         }
         self.progress.inc(1);
         if std::env::var_os("ZCIO_BENCH_TIMES").is_some() {
@@ -315,6 +361,44 @@ impl Ctx {
 /// Runs in which the hypervisor took more than this share of the machine are counted out
 /// loud: their figures are the neighbours' as much as the code's.
 pub const STEAL_LOUD: f64 = 0.05;
+
+/// A run's own note, with what the hypervisor took during that run when it was more than
+/// [`STEAL_LOUD`]: a loop counter that moved in that run (a wait that timed out, a slow
+/// first request) is then told apart from one that moved on a quiet machine.
+pub fn run_note(note: &str, steal: f64) -> String {
+    if steal > STEAL_LOUD {
+        format!(
+            "{note} [this run lost {:.1} % of the machine to the hypervisor]",
+            steal * 100.0
+        )
+    } else {
+        note.to_string()
+    }
+}
+
+/// The fewest runs per side that lost at most [`STEAL_LOUD`] for [`quiet_ratio`] to be given.
+pub const QUIET_RUNS_MIN: usize = 3;
+
+/// zcio's median over baseline's median, both over the runs that lost at most
+/// [`STEAL_LOUD`] to the hypervisor: `None` when no run lost more (the row's own ratio is
+/// that), or when fewer than [`QUIET_RUNS_MIN`] runs of a side are left.
+pub fn quiet_ratio(baseline: &[RunValue], zcio: &[RunValue]) -> Option<f64> {
+    if baseline.iter().chain(zcio).all(|r| r.steal <= STEAL_LOUD) {
+        return None;
+    }
+    let quiet = |v: &[RunValue]| -> Vec<f64> {
+        v.iter()
+            .filter(|r| r.steal <= STEAL_LOUD)
+            .map(|r| r.value)
+            .collect()
+    };
+    let (a, b) = (quiet(baseline), quiet(zcio));
+    if a.len() < QUIET_RUNS_MIN || b.len() < QUIET_RUNS_MIN {
+        return None;
+    }
+    let (am, bm) = (stats(&a).0, stats(&b).0);
+    (am != 0.0).then(|| bm / am)
+}
 
 /// What a case's runs lost to the hypervisor, when any run lost more than 0.5 %: the medians
 /// and maxima of both sides, and how many runs lost more than [`STEAL_LOUD`].
@@ -503,6 +587,30 @@ fn write_replacing(dir: &std::path::Path, name: &str, data: &[u8]) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_note_names_the_steal_of_that_run_only_when_it_was_loud() {
+        assert_eq!(run_note("waits capped 0", 0.01), "waits capped 0");
+        assert_eq!(
+            run_note("waits capped 5", 0.244),
+            "waits capped 5 [this run lost 24.4 % of the machine to the hypervisor]"
+        );
+    }
+
+    #[test]
+    fn the_quiet_ratio_leaves_out_the_stolen_runs_and_needs_three_quiet_runs_a_side() {
+        let r = |value, steal| RunValue { value, steal };
+        // Nothing stolen: the row's own ratio is the figure.
+        assert_eq!(quiet_ratio(&[r(1.0, 0.0); 3], &[r(2.0, 0.01); 3]), None);
+        let base = [r(4.0, 0.0), r(4.2, 0.01), r(30.0, 0.2), r(4.1, 0.0)];
+        let zcio = [r(4.3, 0.02), r(90.0, 0.3), r(4.0, 0.0), r(4.4, 0.04)];
+        // Medians of the quiet runs: 4.1 and 4.3.
+        let q = quiet_ratio(&base, &zcio).unwrap();
+        assert!((q - 4.3 / 4.1).abs() < 1e-9, "{q}");
+        // Two quiet runs left on one side: no figure.
+        let zcio = [r(4.3, 0.02), r(90.0, 0.3), r(4.0, 0.06), r(4.4, 0.04)];
+        assert_eq!(quiet_ratio(&base, &zcio), None);
+    }
 
     #[test]
     fn a_case_names_the_steal_of_its_runs_only_when_there_was_some() {

@@ -60,9 +60,6 @@ pub(super) struct Uring {
     busy: Vec<u32>,
     /// Requests staged since the last submission (the batch trigger).
     staged_new: usize,
-    /// Send requests pushed into the submission queue since the last
-    /// [`SendRing::take_pushed`].
-    pub(super) pushed: usize,
     /// Sockets whose core waits for "maybe" notifications to settle after an enter.
     unsettled: Vec<u32>,
     /// Sockets touched by the current harvest, and sockets pumped by the current submit.
@@ -137,7 +134,6 @@ impl Uring {
                 released: false,
                 busy: Vec::new(),
                 staged_new: 0,
-                pushed: 0,
                 unsettled: Vec::new(),
                 touched: Vec::new(),
                 pumped: Vec::new(),
@@ -408,7 +404,6 @@ impl SendRing {
                 match u.lr.push_send(&sqe) {
                     Ok(()) => {
                         pushed = true;
-                        u.pushed += 1;
                     }
                     // Cannot happen for a held buffer, a range inside it and an open socket
                     // (all checked by construction); if it did, the request failed.

@@ -847,8 +847,8 @@ fn zcio_note(v: &serde_json::Value) -> String {
             "; loop: {} turns, {} chunks, harvest max {}, chunk harvest->send issue p50 {} \
              p99 {} us, chunk received->send completed p99 {} us (first two per direction \
              of a pair: p99 {} us), accept->first byte forwarded p99 {} us, waits capped at \
-             5 ms that timed out {}, batched (bulk) waits {}, bytes copied to the heap while \
-             the receive ring was low {}",
+             5 ms that timed out {}, waits counting their sends that lasted their timeout \
+             {}, batched (bulk) waits {}, bytes copied to the heap while the receive ring was low {}",
             s.turns,
             s.chunks,
             s.turn_chunks_max,
@@ -858,6 +858,7 @@ fn zcio_note(v: &serde_json::Value) -> String {
             h(&s.forward_new_us),
             h(&s.first_forward_us),
             s.capped_waits,
+            s.counted_timeouts,
             s.bulk_waits,
             s.spilled_bytes
         )

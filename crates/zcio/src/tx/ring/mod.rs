@@ -240,16 +240,16 @@ impl SendRing {
         self.ring_prepare();
     }
 
-    /// Send requests pushed into the submission queue since the last call ([`SendRing::prepare`]
-    /// and the calls that stage sends push them). On a ring shared with a receiver
-    /// ([`SendRing::on_receiver`]) they go to the kernel with its next wait, and a send to a
-    /// socket with room completes inside that enter: the receiver can count them in the wait
-    /// ([`crate::rx::Receiver::count_in_next_wait`]) so that it does not return on their
-    /// completions alone. 0 without a ring.
-    pub fn take_pushed(&mut self) -> usize {
-        self.uring
-            .as_mut()
-            .map_or(0, |u| std::mem::take(&mut u.pushed))
+    /// Send requests in the submission queue now: pushed ([`SendRing::prepare`] and the
+    /// calls that stage sends push them) and not yet taken by an enter. On a ring shared with
+    /// a receiver ([`SendRing::on_receiver`]) they go to the kernel with its next wait, and a
+    /// send to a socket with room completes inside that enter: the receiver can count them in
+    /// the wait ([`crate::rx::Receiver::count_in_next_wait`]) so that it does not return on
+    /// their completions alone. Sends an enter already took (this ring's own submit, or a
+    /// harvest that let a stream's next requests go) are not among them: they completed
+    /// before the wait. 0 without a ring.
+    pub fn queued_sends(&mut self) -> usize {
+        self.uring.as_mut().map_or(0, |u| u.lr.untaken_sends())
     }
 
     /// Registers `pool` with the ring, once for every socket: sends of its buffers on the
