@@ -846,7 +846,11 @@ fn async_receiver_harvests_without_an_eventfd_read_per_harvest() {
         let mut off = 0usize;
         while off < ROUNDS * MSG {
             let chunk = rx.recv().await.unwrap().expect("data before the close");
-            assert_eq!(common::check_pattern(&chunk, off as u64), Ok(()), "at {off}");
+            assert_eq!(
+                common::check_pattern(&chunk, off as u64),
+                Ok(()),
+                "at {off}"
+            );
             back.write_all(&chunk).unwrap();
             off += chunk.len();
         }
@@ -980,8 +984,8 @@ const SLOW_LEN: usize = 256 << 10;
 #[test]
 fn async_send_ring_harvests_without_an_eventfd_read_per_harvest() {
     let _dog = watchdog();
-    use zcio::tokio::AsyncSendRing;
     use zcio::stats::Report as _;
+    use zcio::tokio::AsyncSendRing;
     use zcio::tx::{Pool, SendRing, SendRingConfig};
     let test = "async_send_ring_harvests_without_an_eventfd_read_per_harvest";
     let (c, s) = pair();
@@ -1069,8 +1073,8 @@ fn async_sender_harvests_without_an_eventfd_read_per_harvest() {
 #[test]
 fn async_send_ring_loses_no_wake_up_with_many_sockets_under_backpressure() {
     let _dog = watchdog();
-    use zcio::tokio::AsyncSendRing;
     use zcio::stats::Report as _;
+    use zcio::tokio::AsyncSendRing;
     use zcio::tx::{Pool, SendRing, SendRingConfig};
     let test = "async_send_ring_loses_no_wake_up_with_many_sockets_under_backpressure";
     const SOCKS: usize = 16;
@@ -1144,7 +1148,12 @@ fn async_send_ring_loses_no_wake_up_with_many_sockets_under_backpressure() {
             tx.shutdown(id).await.unwrap();
         }
         let ring = tx.get_mut();
-        eprintln!("{:?}; {}; {:?}", t0.elapsed(), ring.describe(), ring.stats());
+        eprintln!(
+            "{:?}; {}; {:?}",
+            t0.elapsed(),
+            ring.describe(),
+            ring.stats()
+        );
         for id in ids {
             ring.close(id).unwrap();
         }

@@ -108,7 +108,11 @@ impl SendRing {
         // edge-triggered with only the ring's eventfd in the set, there is nothing to take:
         // the watcher's edges come from the eventfd's signals, whatever the set holds.
         let mut socks = Vec::new();
-        if let Some(rd) = self.readiness.as_ref().filter(|rd| !rd.edge || rd.socks > 0) {
+        if let Some(rd) = self
+            .readiness
+            .as_ref()
+            .filter(|rd| !rd.edge || rd.socks > 0)
+        {
             rd.set.drain(|token, _ev| {
                 if token != RING_TOKEN {
                     socks.push(token as u32);
