@@ -392,6 +392,27 @@ fn ns_with_rule(test: &str, tag: &str, rule: &[&str]) -> Option<zcio_testnet::Ne
     }
 }
 
+/// The sequence numbers (a UDP payload's first 4 bytes) of `total` logged packets, each wait
+/// for the next bounded by 10 s.
+async fn nflog_seqs(log: &mut AsyncNfLog, total: u32) -> Vec<u32> {
+    let mut seen = Vec::new();
+    while seen.len() < total as usize {
+        let n = tokio::time::timeout(
+            Duration::from_secs(10),
+            log.process(|p| {
+                let b = p.payload.expect("copy mode");
+                let d = &b[28..32];
+                seen.push(u32::from_be_bytes([d[0], d[1], d[2], d[3]]));
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the consumer was never woken after {}", seen.len()))
+        .unwrap();
+        assert!(n > 0);
+    }
+    seen
+}
+
 /// NFLOG in a namespace: packets sent from another thread, paced, once the async consumer
 /// waits, each arrive once and in order.
 #[test]
@@ -436,21 +457,7 @@ fn async_nflog_hands_over_every_logged_packet_in_order() {
                     }
                 }
             });
-            let mut seen = Vec::new();
-            while seen.len() < total as usize {
-                let n = tokio::time::timeout(
-                    Duration::from_secs(10),
-                    log.process(|p| {
-                        let b = p.payload.expect("copy mode");
-                        let d = &b[28..32];
-                        seen.push(u32::from_be_bytes([d[0], d[1], d[2], d[3]]));
-                    }),
-                )
-                .await
-                .expect("the consumer was never woken")
-                .unwrap();
-                assert!(n > 0);
-            }
+            let seen = nflog_seqs(&mut log, total).await;
             sender.join().unwrap();
             assert_eq!(seen, (0..total).collect::<Vec<_>>());
             let st = log.get_ref().stats();
@@ -513,21 +520,7 @@ fn async_nflog_harvests_without_an_eventfd_read_and_loses_no_wake_up() {
                     }
                 }
             });
-            let mut seen = Vec::new();
-            while seen.len() < total as usize {
-                let n = tokio::time::timeout(
-                    Duration::from_secs(10),
-                    log.process(|p| {
-                        let b = p.payload.expect("copy mode");
-                        let d = &b[28..32];
-                        seen.push(u32::from_be_bytes([d[0], d[1], d[2], d[3]]));
-                    }),
-                )
-                .await
-                .unwrap_or_else(|_| panic!("the consumer was never woken after {}", seen.len()))
-                .unwrap();
-                assert!(n > 0);
-            }
+            let seen = nflog_seqs(&mut log, total).await;
             sender.join().unwrap();
             assert_eq!(seen, (0..total).collect::<Vec<_>>());
             let st = log.get_ref().stats();
@@ -963,7 +956,9 @@ fn slow_reader(mut s: TcpStream, total: u64) -> std::thread::JoinHandle<u64> {
 /// work left (completions that came while the call kept the eventfd quiet: a few, not one per
 /// harvest). With a read per harvest (and the set's `epoll_wait` per `on_ready`) there were
 /// 1.7 more per enter in these tests (834 against 312).
-fn assert_not_more_than_enters(st: &zcio::tx::TxStats, enters: u64) {
+fn assert_not_more_than_enters(ring: &zcio::tx::SendRing) {
+    let (st, enters) = (ring.stats(), ring.enters());
+    eprintln!("{}; enters {enters}; {st:?}", ring.describe());
     let calls = st.send_syscalls + st.notify_syscalls;
     assert!(enters > 0, "{st:?}");
     assert!(
@@ -975,6 +970,31 @@ fn assert_not_more_than_enters(st: &zcio::tx::TxStats, enters: u64) {
 
 const SLOW_SENDS: usize = 40;
 const SLOW_LEN: usize = 256 << 10;
+
+/// A connected pair with small buffers whose peer is a [`slow_reader`] of every slow send.
+fn slow_pair() -> (TcpStream, std::thread::JoinHandle<u64>) {
+    let (c, s) = pair();
+    common::streams::small_buffers(&c, libc::SO_SNDBUF);
+    common::streams::small_buffers(&s, libc::SO_RCVBUF);
+    (c, slow_reader(s, (SLOW_SENDS * SLOW_LEN) as u64))
+}
+
+/// The next slow send's buffer: the pattern at `*off`, which moves on.
+fn slow_buf(pool: &Pool, off: &mut u64) -> zcio::buf::pool::PoolBuf {
+    let mut b = pool.try_get().expect("every buffer came back");
+    b.set_len(SLOW_LEN);
+    common::fill_pattern(&mut b, *off);
+    *off += SLOW_LEN as u64;
+    b
+}
+
+/// The reader got every byte (unless the test skipped: `ran` false).
+fn slow_reader_got_all(reader: std::thread::JoinHandle<u64>, ran: bool) {
+    let got = reader.join().unwrap();
+    if ran {
+        assert_eq!(got, (SLOW_SENDS * SLOW_LEN) as u64);
+    }
+}
 
 /// Each send of [`AsyncSendRing`] (a ring path) awaited while a slow reader drains the socket:
 /// every completion comes through tokio's wait on the ring's readiness descriptor, and the
@@ -988,10 +1008,7 @@ fn async_send_ring_harvests_without_an_eventfd_read_per_harvest() {
     use zcio::tokio::AsyncSendRing;
     use zcio::tx::{Pool, SendRing, SendRingConfig};
     let test = "async_send_ring_harvests_without_an_eventfd_read_per_harvest";
-    let (c, s) = pair();
-    common::streams::small_buffers(&c, libc::SO_SNDBUF);
-    common::streams::small_buffers(&s, libc::SO_RCVBUF);
-    let reader = slow_reader(s, (SLOW_SENDS * SLOW_LEN) as u64);
+    let (c, reader) = slow_pair();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -1007,24 +1024,15 @@ fn async_send_ring_harvests_without_an_eventfd_read_per_harvest() {
         let mut tx = AsyncSendRing::new(ring).unwrap();
         let mut off = 0u64;
         for _ in 0..SLOW_SENDS {
-            let mut b = pool.try_get().expect("every buffer came back");
-            b.set_len(SLOW_LEN);
-            common::fill_pattern(&mut b, off);
-            off += SLOW_LEN as u64;
+            let b = slow_buf(&pool, &mut off);
             tx.send(id, b).await.map_err(|(e, _)| e).unwrap();
             let (done, _buf) = tx.next_completion().await.unwrap().expect("in flight");
             assert_eq!(done.result(), Ok(SLOW_LEN), "{done:?}");
         }
-        let ring = tx.get_ref();
-        let st = ring.stats();
-        eprintln!("{}; enters {}; {st:?}", ring.describe(), ring.enters());
-        assert_not_more_than_enters(&st, ring.enters());
+        assert_not_more_than_enters(tx.get_ref());
         true
     });
-    let got = reader.join().unwrap();
-    if ok {
-        assert_eq!(got, (SLOW_SENDS * SLOW_LEN) as u64);
-    }
+    slow_reader_got_all(reader, ok);
 }
 
 /// As above for an [`AsyncSender`] (a `Sender` has a send ring of its own).
@@ -1032,10 +1040,7 @@ fn async_send_ring_harvests_without_an_eventfd_read_per_harvest() {
 fn async_sender_harvests_without_an_eventfd_read_per_harvest() {
     let _dog = watchdog();
     let test = "async_sender_harvests_without_an_eventfd_read_per_harvest";
-    let (c, s) = pair();
-    common::streams::small_buffers(&c, libc::SO_SNDBUF);
-    common::streams::small_buffers(&s, libc::SO_RCVBUF);
-    let reader = slow_reader(s, (SLOW_SENDS * SLOW_LEN) as u64);
+    let (c, reader) = slow_pair();
     let rt = runtime();
     let ok = rt.block_on(async move {
         let pool = Pool::new(SLOW_LEN, 4, false).unwrap();
@@ -1047,23 +1052,13 @@ fn async_sender_harvests_without_an_eventfd_read_per_harvest() {
         let mut tx = AsyncSender::new(tx).unwrap();
         let mut off = 0u64;
         for _ in 0..SLOW_SENDS {
-            let mut b = pool.try_get().expect("every buffer came back");
-            b.set_len(SLOW_LEN);
-            common::fill_pattern(&mut b, off);
-            off += SLOW_LEN as u64;
-            let (done, _buf) = tx.send(b).await.unwrap();
+            let (done, _buf) = tx.send(slow_buf(&pool, &mut off)).await.unwrap();
             assert_eq!(done.result(), Ok(SLOW_LEN), "{done:?}");
         }
-        let ring = tx.get_ref().ring();
-        let st = ring.stats();
-        eprintln!("{}; enters {}; {st:?}", ring.describe(), ring.enters());
-        assert_not_more_than_enters(&st, ring.enters());
+        assert_not_more_than_enters(tx.get_ref().ring());
         true
     });
-    let got = reader.join().unwrap();
-    if ok {
-        assert_eq!(got, (SLOW_SENDS * SLOW_LEN) as u64);
-    }
+    slow_reader_got_all(reader, ok);
 }
 
 /// Many sockets on one [`AsyncSendRing`] whose descriptor is not read back per harvest, each
