@@ -843,6 +843,13 @@ impl Audit {
         self.stream.readiness_fd().map_err(sock_err)
     }
 
+    /// The readiness descriptor is watched edge-triggered (tokio's `AsyncFd`): `on_ready`
+    /// does not read the frame ring's eventfd back to zero (see `NlSocket::set_edge_readiness`).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn set_edge_readiness(&mut self, edge: bool) {
+        self.stream.sock.set_edge_readiness(edge);
+    }
+
     /// Handles what is ready without waiting (and closes events whose wait ended). Returns the
     /// events handled.
     pub fn on_ready<F>(&mut self, f: &mut F) -> Result<usize, AuditError>

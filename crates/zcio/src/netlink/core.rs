@@ -105,6 +105,13 @@ pub(crate) struct NlSocket {
     seq: u32,
     /// `sk_drops` when the socket was opened (`None`: the kernel has no `SO_MEMINFO`).
     drops_at_open: Option<u32>,
+    /// The readiness descriptor is watched edge-triggered: `clear_notify` does not read the
+    /// ring's eventfd ([`NlSocket::set_edge_readiness`]).
+    edge: bool,
+    /// System calls made on the ring's eventfd (reads, and writes for work left), and of
+    /// them the reads.
+    eventfd_calls: u64,
+    eventfd_reads: u64,
 }
 
 fn step(what: &'static str) -> impl FnOnce(io::Error) -> OpenError {
@@ -177,6 +184,9 @@ impl NlSocket {
             ring,
             seq: 0,
             drops_at_open,
+            edge: false,
+            eventfd_calls: 0,
+            eventfd_reads: 0,
         };
         if let Some(need) = &spec.uring {
             if s.enable_uring(need, fallbacks) {
@@ -322,7 +332,9 @@ impl NlSocket {
 
     /// Producer counters.
     pub(crate) fn frame_stats(&self) -> FrameStats {
-        self.ring.stats()
+        let mut f = self.ring.stats();
+        f.syscalls += self.eventfd_calls;
+        f
     }
 
     /// Datagrams (or, for multicast, messages) the kernel dropped at this socket since it was
@@ -356,10 +368,15 @@ impl NlSocket {
 
     /// Clears the ring's eventfd (io_uring mode) and says whether completions came in
     /// meanwhile (the caller then looks again). No syscall in `recvmmsg` mode.
+    /// Watched edge-triggered, the eventfd is not read: the caller only looks.
     pub(crate) fn clear_notify(&mut self) -> bool {
         match self.ring.uring_mut() {
             Some(u) => {
-                u.ring.clear_notify();
+                if !self.edge {
+                    u.ring.clear_notify();
+                    self.eventfd_calls += 1;
+                    self.eventfd_reads += 1;
+                }
                 u.ring.has_work()
             }
             None => false,
@@ -370,7 +387,31 @@ impl NlSocket {
     pub(crate) fn keep_notify(&mut self) {
         if let Some(u) = self.ring.uring_mut() {
             u.ring.keep_notify();
+            self.eventfd_calls += 1;
         }
+    }
+
+    /// The readiness descriptor is watched edge-triggered (epoll's `EPOLLET`, as tokio's
+    /// `AsyncFd` watches every descriptor): `clear_notify` then leaves the ring's eventfd
+    /// counter as it is instead of reading it back to zero, one system call per harvest
+    /// saved; the kernel's every signal of the eventfd makes a new edge whatever the counter
+    /// holds. Off again (`false`) for a level-triggered watcher, which would find a counter
+    /// left non-zero readable for ever: the counter is read back to zero once then.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn set_edge_readiness(&mut self, edge: bool) {
+        if self.edge && !edge {
+            if let Some(u) = self.ring.uring_mut() {
+                u.ring.clear_notify();
+                self.eventfd_calls += 1;
+                self.eventfd_reads += 1;
+            }
+        }
+        self.edge = edge;
+    }
+
+    /// Reads of the ring's eventfd back to zero (in [`FrameStats::syscalls`] too).
+    pub(crate) fn eventfd_reads(&self) -> u64 {
+        self.eventfd_reads
     }
 }
 
@@ -433,8 +474,12 @@ pub struct StreamStats {
     pub datagrams: u64,
     /// Bytes received.
     pub bytes: u64,
-    /// Receive syscalls (`recvmmsg`, `poll`, `io_uring_enter`).
+    /// Receive syscalls (`recvmmsg`, `poll`, `io_uring_enter`, and in io_uring mode the
+    /// readiness eventfd's reads and writes).
     pub syscalls: u64,
+    /// Of those, reads of the readiness eventfd back to zero after a harvest (none while the
+    /// descriptor is watched edge-triggered, as the tokio adapters watch it).
+    pub eventfd_reads: u64,
     /// Kernel overruns seen (`ENOBUFS` on a receive): messages were lost before it. Off with
     /// `NETLINK_NO_ENOBUFS`; [`StreamStats::kernel_drops`] counts either way.
     pub overruns: u64,
@@ -600,6 +645,7 @@ impl<F: Family> Stream<F> {
         let f = self.sock.frame_stats();
         StreamStats {
             syscalls: f.syscalls,
+            eventfd_reads: self.sock.eventfd_reads(),
             overruns: f.overruns,
             copies: f.copies,
             truncated: f.truncated,

@@ -955,6 +955,13 @@ impl NfLog {
         self.stream.readiness_fd().map_err(sock_err)
     }
 
+    /// The readiness descriptor is watched edge-triggered (tokio's `AsyncFd`): `on_ready`
+    /// does not read the frame ring's eventfd back to zero (see `NlSocket::set_edge_readiness`).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn set_edge_readiness(&mut self, edge: bool) {
+        self.stream.sock.set_edge_readiness(edge);
+    }
+
     /// Handles what is ready without waiting (after the readiness descriptor fired, or at any
     /// time). Returns the packets handled.
     pub fn on_ready<F>(&mut self, f: &mut F) -> Result<usize, NfLogError>

@@ -1480,6 +1480,15 @@ impl NfQueue {
         Ok(n)
     }
 
+    /// The readiness descriptor is watched edge-triggered (tokio's `AsyncFd`): `on_ready`
+    /// does not read the frame ring's eventfd back to zero (see `NlSocket::set_edge_readiness`).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn set_edge_readiness(&mut self, edge: bool) {
+        for s in &mut self.socks {
+            s.sock.set_edge_readiness(edge);
+        }
+    }
+
     /// Clears every frame ring's eventfd; true when work came in meanwhile on any.
     fn clear_notify(&mut self) -> bool {
         let mut more = false;

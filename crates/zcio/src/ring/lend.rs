@@ -1080,6 +1080,18 @@ impl<B: Stable> LendRing<B> {
         self.ring.end_quiet(left)
     }
 
+    /// The readiness descriptor is watched edge-triggered (see
+    /// [`SharedRing::set_edge_readiness`]).
+    pub fn set_edge_readiness(&self, edge: bool) {
+        self.ring.set_edge_readiness(edge)
+    }
+
+    /// System calls the quiet calls' ends made on the eventfd (see
+    /// [`SharedRing::eventfd_calls`]).
+    pub fn eventfd_calls(&self) -> u64 {
+        self.ring.eventfd_calls()
+    }
+
     /// Completions or flagged task work wait in the ring (see [`Ring::has_work`]).
     pub fn has_work(&mut self) -> bool {
         !self.is_dead() && self.ring.has_work()

@@ -647,6 +647,13 @@ pub struct SharedRing<C: cqueue::EntryMarker = cqueue::Entry> {
     /// The eventfd was written for work only the send side knows of (`end_quiet`'s `left`):
     /// the next quiet call takes that back unless work is left then.
     told: std::cell::Cell<bool>,
+    /// The send side's readiness descriptor is watched edge-triggered (tokio's `AsyncFd`):
+    /// [`SharedRing::end_quiet`] does not read a signal back (see
+    /// [`SharedRing::set_edge_readiness`]).
+    edge: std::cell::Cell<bool>,
+    /// System calls [`SharedRing::end_quiet`] made on the eventfd (reads and writes), for
+    /// the send side's counters.
+    eventfd_calls: std::cell::Cell<u64>,
     /// Memory a side registered with the ring and left when it went while the other side
     /// keeps the ring: freed only after the ring is closed.
     kept: RefCell<Vec<Box<dyn std::any::Any>>>,
@@ -676,6 +683,8 @@ impl<C: cqueue::EntryMarker> SharedRing<C> {
             evfd: OnceCell::new(),
             quiet: std::cell::Cell::new((0, false)),
             told: std::cell::Cell::new(false),
+            edge: std::cell::Cell::new(false),
+            eventfd_calls: std::cell::Cell::new(0),
             kept: RefCell::new(Vec::new()),
         })
     }
@@ -832,15 +841,34 @@ impl<C: cqueue::EntryMarker> SharedRing<C> {
         // empty to non-empty), and a read after the look would swallow that signal while the
         // list stays non-empty, so the kernel would never signal it again (a stream whose
         // last sends completed in that window waited for ever).
-        if flagged {
+        // Watched edge-triggered, a signal left in the counter wakes nobody again: only a
+        // new signal does, and the kernel signals whatever the counter holds.
+        if flagged && !self.edge.get() {
             self.clear_notify();
+            self.eventfd_calls.set(self.eventfd_calls.get() + 1);
         }
         let work = left || self.has_work();
         if work {
             self.signal();
+            self.eventfd_calls.set(self.eventfd_calls.get() + 1);
             self.told.set(left);
         }
         work
+    }
+
+    /// The send side's readiness descriptor is watched edge-triggered (epoll's `EPOLLET`, as
+    /// tokio's `AsyncFd` watches every descriptor): [`SharedRing::end_quiet`] then leaves the
+    /// eventfd's counter as it is instead of reading a signal back, one system call per
+    /// harvest saved. Work left when a call ends is still signalled (a write, which makes a
+    /// new edge). Correct only for edge-triggered watchers: a level-triggered one would find
+    /// the descriptor readable for ever.
+    pub fn set_edge_readiness(&self, edge: bool) {
+        self.edge.set(edge);
+    }
+
+    /// System calls [`SharedRing::end_quiet`] made on the eventfd so far.
+    pub fn eventfd_calls(&self) -> u64 {
+        self.eventfd_calls.get()
     }
 
     /// Whether either side has something to harvest: an inbox, the CQ, flagged task work.
@@ -904,6 +932,10 @@ pub trait SendCore {
     fn begin_quiet(&self, signalled: bool);
     /// See [`SharedRing::end_quiet`].
     fn end_quiet(&self, left: bool) -> bool;
+    /// See [`SharedRing::set_edge_readiness`].
+    fn set_edge_readiness(&self, edge: bool);
+    /// See [`SharedRing::eventfd_calls`].
+    fn eventfd_calls(&self) -> u64;
 }
 
 impl<C: cqueue::EntryMarker + 'static> SendCore for std::rc::Rc<SharedRing<C>> {
@@ -977,6 +1009,12 @@ impl<C: cqueue::EntryMarker + 'static> SendCore for std::rc::Rc<SharedRing<C>> {
     }
     fn end_quiet(&self, left: bool) -> bool {
         SharedRing::end_quiet(self, left)
+    }
+    fn set_edge_readiness(&self, edge: bool) {
+        SharedRing::set_edge_readiness(self, edge)
+    }
+    fn eventfd_calls(&self) -> u64 {
+        SharedRing::eventfd_calls(self)
     }
 }
 

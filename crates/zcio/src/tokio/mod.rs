@@ -268,6 +268,8 @@ impl AsyncSender {
     /// (call from inside a runtime; outside one this is an error, not a panic).
     pub fn new(mut tx: Sender) -> Result<Self, TxError> {
         let fd = register(tx.readiness_fd()?).map_err(tx_io)?;
+        // tokio watches the descriptor edge-triggered: no eventfd read per harvest.
+        tx.set_edge_readiness(true)?;
         Ok(Self {
             fd,
             tx,
@@ -403,6 +405,8 @@ impl AsyncSendRing {
     /// from inside a runtime; outside one this is an error, not a panic).
     pub fn new(mut ring: SendRing) -> Result<Self, TxError> {
         let fd = register(ring.readiness_fd()?).map_err(tx_io)?;
+        // tokio watches the descriptor edge-triggered: no eventfd read per harvest.
+        ring.set_edge_readiness(true)?;
         Ok(Self { fd, ring })
     }
 
@@ -533,6 +537,8 @@ impl AsyncReceiver {
     /// (call from inside a runtime; outside one this is an error).
     pub fn new(mut rx: Receiver) -> Result<Self, RxError> {
         let fd = register(rx.readiness_fd()?)?;
+        // tokio watches the descriptor edge-triggered: no eventfd read per harvest.
+        rx.set_edge_readiness();
         Ok(Self {
             fd,
             rx,
@@ -598,6 +604,8 @@ impl AsyncNfQueue {
             what: "registering the NFQUEUE readiness descriptor with tokio".into(),
             source,
         })?;
+        // tokio watches the descriptor edge-triggered: no eventfd read per harvest.
+        q.set_edge_readiness(true);
         Ok(Self { fd, q })
     }
 
@@ -668,6 +676,8 @@ impl AsyncNfLog {
             what: "registering the NFLOG readiness descriptor with tokio".into(),
             source,
         })?;
+        // tokio watches the descriptor edge-triggered: no eventfd read per harvest.
+        log.set_edge_readiness(true);
         Ok(Self { fd, log })
     }
 
@@ -681,8 +691,9 @@ impl AsyncNfLog {
         &mut self.log
     }
 
-    /// The consumer back (to [`NfLog::close`] it).
-    pub fn into_inner(self) -> NfLog {
+    /// The consumer back (to [`NfLog::close`] it), its descriptor fit for any watcher again.
+    pub fn into_inner(mut self) -> NfLog {
+        self.log.set_edge_readiness(false);
         self.log
     }
 
@@ -720,6 +731,8 @@ impl AsyncCtEvents {
             what: "registering the conntrack events readiness descriptor with tokio".into(),
             source,
         })?;
+        // tokio watches the descriptor edge-triggered: no eventfd read per harvest.
+        ev.set_edge_readiness(true);
         Ok(Self { fd, ev })
     }
 
@@ -772,6 +785,8 @@ impl AsyncAudit {
             what: "registering the audit readiness descriptor with tokio".into(),
             source,
         })?;
+        // tokio watches the descriptor edge-triggered: no eventfd read per harvest.
+        audit.set_edge_readiness(true);
         Ok(Self { fd, audit })
     }
 
@@ -785,8 +800,9 @@ impl AsyncAudit {
         &mut self.audit
     }
 
-    /// The consumer back.
-    pub fn into_inner(self) -> Audit {
+    /// The consumer back, its descriptor fit for any watcher again.
+    pub fn into_inner(mut self) -> Audit {
+        self.audit.set_edge_readiness(false);
         self.audit
     }
 

@@ -297,6 +297,8 @@ impl LocalIo {
             let _ = tx.register_pool(&pool);
         }
         let tx_fd = register(tx.readiness_fd()?)?;
+        // The same for the send ring's descriptor.
+        tx.set_edge_readiness(true)?;
         let rx_fd = register(rx.readiness_fd()?)?;
         let core = Rc::new(RefCell::new(Core {
             tx,

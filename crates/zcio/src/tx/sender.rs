@@ -254,6 +254,13 @@ impl Sender {
         self.ring.readiness_fd()
     }
 
+    /// The readiness descriptor is watched edge-triggered (see
+    /// [`SendRing::set_edge_readiness`]).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn set_edge_readiness(&mut self, edge: bool) -> Result<(), TxError> {
+        self.ring.set_edge_readiness(edge)
+    }
+
     /// Whether the readiness descriptor polls readable now (for tests and loops that poll
     /// it themselves).
     pub fn readiness_is_set(&self) -> bool {

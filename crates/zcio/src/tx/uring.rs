@@ -72,6 +72,8 @@ pub(super) struct Uring {
     /// the outermost began.
     pub(super) quiet_depth: u32,
     pub(super) quiet_enters: u64,
+    /// [`LendRing::eventfd_calls`] already counted in the ring's own counters.
+    pub(super) eventfd_seen: u64,
 }
 
 impl Uring {
@@ -139,6 +141,7 @@ impl Uring {
                 enters_seen: 0,
                 quiet_depth: 0,
                 quiet_enters: 0,
+                eventfd_seen: 0,
             },
             notes,
         )

@@ -567,8 +567,9 @@ impl SendRing {
         add_counters(&mut self.gone.0, &s.counters);
         self.gone.1.add(&s.stats);
         if s.in_epoll {
-            if let Some(rd) = &self.readiness {
+            if let Some(rd) = self.readiness.as_mut() {
                 let _ = rd.set.remove(s.fd.as_raw_fd());
+                rd.socks -= 1;
             }
         }
         if let (Some(u), Some(f)) = (self.uring.as_mut(), s.file) {

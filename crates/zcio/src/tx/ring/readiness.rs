@@ -11,6 +11,10 @@ use std::os::fd::{AsFd, BorrowedFd};
 pub(in crate::tx) struct Readiness {
     pub(in crate::tx) set: sys::ready::ReadySet,
     pub(in crate::tx) ring: bool,
+    /// Sockets in the set (syscall paths: error queues, `EPOLLOUT`).
+    pub(in crate::tx) socks: usize,
+    /// Watched edge-triggered ([`SendRing::set_edge_readiness`]).
+    pub(in crate::tx) edge: bool,
 }
 
 /// Token of the ring's eventfd in the readiness set (sockets use their index).
@@ -23,7 +27,12 @@ impl SendRing {
         if self.readiness.is_none() {
             let set = sys::ready::ReadySet::new()
                 .map_err(|e| crate::tx::sock_err("readiness descriptor", e))?;
-            self.readiness = Some(Readiness { set, ring: false });
+            self.readiness = Some(Readiness {
+                set,
+                ring: false,
+                socks: 0,
+                edge: false,
+            });
             // Sockets that wait on their error queue join now.
             let n = self.socks.len() as u32;
             for idx in 0..n {
@@ -95,17 +104,23 @@ impl SendRing {
     /// Returns the number of completions ready.
     pub fn on_ready(&mut self) -> Result<usize, TxError> {
         self.sync_readiness()?;
-        // Edges first: an event that lands after this makes a new one.
+        // Edges first: an event that lands after this makes a new one. Watched
+        // edge-triggered with only the ring's eventfd in the set, there is nothing to take:
+        // the watcher's edges come from the eventfd's signals, whatever the set holds.
         let mut socks = Vec::new();
-        if let Some(rd) = &self.readiness {
+        if let Some(rd) = self
+            .readiness
+            .as_ref()
+            .filter(|rd| !rd.edge || rd.socks > 0)
+        {
             rd.set.drain(|token, _ev| {
                 if token != RING_TOKEN {
                     socks.push(token as u32);
                 }
             });
+            self.own.0.syscalls += 1;
+            self.own.1.notify_syscalls += 1;
         }
-        self.own.0.syscalls += 1;
-        self.own.1.notify_syscalls += 1;
         for idx in socks {
             self.list_stalled(idx);
         }
@@ -126,6 +141,25 @@ impl SendRing {
         }
         self.unquiet();
         Ok(self.ready.len())
+    }
+
+    /// The readiness descriptor is watched edge-triggered (epoll's `EPOLLET`, as tokio's
+    /// `AsyncFd` watches every descriptor): [`SendRing::on_ready`] and the calls that
+    /// harvest leave the ring's eventfd counter as it is instead of reading a signal back,
+    /// and `on_ready` makes no `epoll_wait` on the set while no socket is in it. Each is one
+    /// system call per harvest saved. Work left when a call ends is still signalled (an
+    /// eventfd write: a new edge). Correct only for edge-triggered watchers: a
+    /// level-triggered one would find the descriptor readable for ever.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn set_edge_readiness(&mut self, edge: bool) -> Result<(), TxError> {
+        self.sync_readiness()?;
+        if let Some(rd) = self.readiness.as_mut() {
+            rd.edge = edge;
+        }
+        if let Some(u) = &self.uring {
+            u.lr.set_edge_readiness(edge);
+        }
+        Ok(())
     }
 
     /// Whether the ring has completions or flagged task work waiting (no syscall).
@@ -172,8 +206,14 @@ impl SendRing {
         // Requests the call's harvests let go and its rounds did not push: nothing in the
         // kernel will announce them, so the descriptor says so itself.
         let left = self.ring_released();
-        if let Some(u) = &self.uring {
+        if let Some(u) = self.uring.as_mut() {
             u.lr.end_quiet(left);
+            // The eventfd reads and writes count as the ring's own system calls.
+            let e = u.lr.eventfd_calls();
+            let d = e - u.eventfd_seen;
+            u.eventfd_seen = e;
+            self.own.0.syscalls += d;
+            self.own.1.notify_syscalls += d;
         }
     }
 

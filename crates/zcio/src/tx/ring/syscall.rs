@@ -87,6 +87,9 @@ impl SendRing {
             rd.set.add_edge_token(s.fd.as_raw_fd(), ev, u64::from(idx))
         };
         if res.is_ok() {
+            if !s.in_epoll {
+                self.readiness.as_mut().expect("created").socks += 1;
+            }
             s.in_epoll = true;
             s.counters.syscalls += 1;
             s.stats.notify_syscalls += 1;
