@@ -1819,3 +1819,77 @@ fn the_sends_a_wait_counts_are_those_no_enter_has_taken() {
         assert!(b.iter().all(|&x| x == 7));
     }
 }
+
+/// A turn whose poll found completions ready does not wait, and the sends it counted are
+/// still queued at the next turn, which counts them again: the count states what is queued
+/// now, it does not add up. Added up, the wait needed completions that were not coming
+/// (here: one send and one receive re-arm queued; the one completion beyond the send is a
+/// client's message 50 ms later), and held until its timeout.
+#[test]
+fn a_wait_told_twice_of_the_same_queued_sends_counts_them_once() {
+    use std::io::Write as _;
+    use zcio::rx::{Receiver, RxConfig, RxEvent, RxMode};
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let front_addr = front.local_addr().unwrap();
+    let mut rx = Receiver::listen(front, &RxConfig::with_mode(RxMode::BufRing)).unwrap();
+    let mut tx = SendRing::on_receiver(&rx, &SendRingConfig::default()).unwrap();
+    assert!(
+        tx.shares_receiver_ring(),
+        "{:?}",
+        zcio::stats::Report::fallbacks(&tx)
+    );
+    let mut c = std::net::TcpStream::connect(front_addr).unwrap();
+    let end = Instant::now() + common::scaled(Duration::from_secs(5));
+    let mut accepted = false;
+    while !accepted {
+        assert!(Instant::now() < end, "never accepted");
+        rx.poll(Duration::from_millis(20), &mut |ev| {
+            accepted |= matches!(ev, RxEvent::Accepted(_));
+        })
+        .unwrap();
+    }
+    // A peer for the send, and a second connection of the receiver whose first receive is
+    // queued beside it (it completes only when that peer writes, which it does not).
+    let (l, addr) = listener();
+    let s = std::net::TcpStream::connect(addr).unwrap();
+    let _peer = l.accept().unwrap().0;
+    let id = tx.add(s, &cfg(TxMode::UringCopy, 8)).unwrap();
+    let (l2, addr2) = listener();
+    let quiet = std::net::TcpStream::connect(addr2).unwrap();
+    let _quiet_peer = l2.accept().unwrap().0;
+    let q = rx.add(quiet).unwrap();
+    // Paused, its receive cancelled, then resumed: the new receive is queued, not yet
+    // submitted (the next wait's enter submits it).
+    rx.pause(q);
+    for _ in 0..3 {
+        rx.poll(Duration::from_millis(10), &mut |_| {}).unwrap();
+    }
+    rx.resume(q).unwrap();
+    tx.send(id, TxBuf::Vec(vec![7u8; 100])).unwrap();
+    tx.prepare();
+    assert_eq!(tx.queued_sends(), 1);
+    // Two turns' counts of the same queued send.
+    rx.count_in_next_wait(tx.queued_sends());
+    rx.count_in_next_wait(tx.queued_sends());
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        c.write_all(b"the answer").unwrap();
+        c
+    });
+    let t0 = Instant::now();
+    let mut data = 0;
+    rx.poll(Duration::from_millis(1500), &mut |ev| {
+        if let RxEvent::Data(ch) = ev {
+            data += ch.len();
+        }
+    })
+    .unwrap();
+    let took = t0.elapsed();
+    let _c = writer.join().unwrap();
+    assert_eq!(data, 10, "the client's message");
+    assert!(
+        took < Duration::from_millis(1000),
+        "the wait held until {took:?}"
+    );
+    tx.flush(Duration::from_secs(5)).unwrap();
+}

@@ -794,7 +794,8 @@ impl Receiver {
     }
 
     /// The next wait submits `n` requests of the caller's that complete inside its own enter
-    /// when nothing holds them: sends on a send ring that shares this receiver's ring
+    /// when nothing holds them (`n` is all of them queued now: a later call replaces an
+    /// earlier one, whose requests are among those still queued): sends on a send ring that shares this receiver's ring
     /// ([`crate::tx::SendRing::on_receiver`], [`crate::tx::SendRing::queued_sends`]) to sockets
     /// with room, which a local peer takes at once. A wait for the first completion counts
     /// them (it waits for `n` + 1) and so returns on the first completion beyond theirs, e.g.

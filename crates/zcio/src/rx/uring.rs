@@ -617,11 +617,9 @@ impl<C: Cqe> Backend for RingRx<C> {
         ok
     }
     fn count_in_next_wait(&mut self, n: usize) {
-        let enters = self.rr.enters();
-        if self.counted.1 != enters {
-            self.counted = (0, enters);
-        }
-        self.counted.0 += n;
+        // What is queued now: a count from an earlier turn whose poll did not wait is of the
+        // same requests (those still queued) and is replaced, not added to.
+        self.counted = (n, self.rr.enters());
     }
     fn resume(&mut self, conn: ConnId, c: &mut RxCounters) -> io::Result<()> {
         let armed = self.rr.is_armed(conn.tag());
