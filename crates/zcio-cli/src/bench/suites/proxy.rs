@@ -927,7 +927,7 @@ fn zcio_note(v: &serde_json::Value) -> String {
              p99 {} us, chunk received->send completed p99 {} us (first two per direction \
              of a pair: p99 {} us), accept->first byte forwarded p99 {} us, waits capped at \
              5 ms that timed out {}, waits counting their sends that lasted their timeout \
-             (at most 1 ms) {}, batched (bulk) waits {}, bytes copied to the heap while \
+             {}, batched (bulk) waits {}, bytes copied to the heap while \
              the receive ring was low {}",
             s.turns,
             s.chunks,
