@@ -33,6 +33,22 @@ fn listener() -> (TcpListener, SocketAddr) {
     (l, a)
 }
 
+/// A proxy's front: a receiver (buffer ring) listening on loopback, and a send ring on the same
+/// io_uring; with the address it listens on.
+fn proxy_front() -> (zcio::rx::Receiver, SendRing, SocketAddr) {
+    use zcio::rx::{Receiver, RxConfig, RxMode};
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = front.local_addr().unwrap();
+    let rx = Receiver::listen(front, &RxConfig::with_mode(RxMode::BufRing)).unwrap();
+    let tx = SendRing::on_receiver(&rx, &SendRingConfig::default()).unwrap();
+    assert!(
+        tx.shares_receiver_ring(),
+        "{:?}",
+        zcio::stats::Report::fallbacks(&tx)
+    );
+    (rx, tx, addr)
+}
+
 /// Completions by ticket; a ticket seen twice fails the test.
 #[derive(Default)]
 struct Book {
@@ -1078,22 +1094,14 @@ fn ten_thousand_connections_of_an_unprivileged_process_fit_one_ring_under_the_de
 
 #[test]
 fn a_proxy_receives_and_forwards_chunks_in_place_on_one_ring_per_thread() {
-    use zcio::rx::{Receiver, RxConfig, RxEvent, RxMode};
+    use zcio::rx::RxEvent;
     let conns = 16;
     let len: u64 = 256 << 10;
     // Upstream: checks every forwarded stream (header and pattern, in order).
     let (up_l, up_addr) = listener();
     let upstream = serve_checked(up_l, conns, Arc::new(AtomicBool::new(false)));
     // The proxy's front: a receiver with io_uring, and a send ring on the same ring.
-    let front = TcpListener::bind("127.0.0.1:0").unwrap();
-    let front_addr = front.local_addr().unwrap();
-    let mut rx = Receiver::listen(front, &RxConfig::with_mode(RxMode::BufRing)).unwrap();
-    let mut tx = SendRing::on_receiver(&rx, &SendRingConfig::default()).unwrap();
-    assert!(
-        tx.shares_receiver_ring(),
-        "{:?}",
-        zcio::stats::Report::fallbacks(&tx)
-    );
+    let (mut rx, mut tx, front_addr) = proxy_front();
     let clients: Vec<_> = (0..conns)
         .map(|i| {
             std::thread::spawn(move || {
@@ -1774,15 +1782,7 @@ fn a_udp_socket_closed_with_sends_in_flight_to_the_sink_counts_the_datagrams_tha
 /// waiting for until its cap.
 #[test]
 fn the_sends_a_wait_counts_are_those_no_enter_has_taken() {
-    use zcio::rx::{Receiver, RxConfig, RxMode};
-    let front = TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut rx = Receiver::listen(front, &RxConfig::with_mode(RxMode::BufRing)).unwrap();
-    let mut tx = SendRing::on_receiver(&rx, &SendRingConfig::default()).unwrap();
-    assert!(
-        tx.shares_receiver_ring(),
-        "{:?}",
-        zcio::stats::Report::fallbacks(&tx)
-    );
+    let (mut rx, mut tx, _) = proxy_front();
     let (l, addr) = listener();
     let mut peers = vec![];
     let mut ids = vec![];
@@ -1828,16 +1828,8 @@ fn the_sends_a_wait_counts_are_those_no_enter_has_taken() {
 #[test]
 fn a_wait_told_twice_of_the_same_queued_sends_counts_them_once() {
     use std::io::Write as _;
-    use zcio::rx::{Receiver, RxConfig, RxEvent, RxMode};
-    let front = TcpListener::bind("127.0.0.1:0").unwrap();
-    let front_addr = front.local_addr().unwrap();
-    let mut rx = Receiver::listen(front, &RxConfig::with_mode(RxMode::BufRing)).unwrap();
-    let mut tx = SendRing::on_receiver(&rx, &SendRingConfig::default()).unwrap();
-    assert!(
-        tx.shares_receiver_ring(),
-        "{:?}",
-        zcio::stats::Report::fallbacks(&tx)
-    );
+    use zcio::rx::RxEvent;
+    let (mut rx, mut tx, front_addr) = proxy_front();
     let mut c = std::net::TcpStream::connect(front_addr).unwrap();
     let end = Instant::now() + common::scaled(Duration::from_secs(5));
     let mut accepted = false;

@@ -736,7 +736,7 @@ impl Proxy {
     pub fn turn(&mut self, timeout: Duration) -> io::Result<()> {
         let mut events = std::mem::take(&mut self.events);
         // Sends in the submission queue, for the receiver's wait to submit (`prepare`).
-        let pushed = self.tx.queued_sends();
+        let queued = self.tx.queued_sends();
         let timeout = if self.tx.ready() > 0 {
             Duration::ZERO
         } else {
@@ -766,7 +766,7 @@ impl Proxy {
             // waits that count their sends, below, made 10 connections' p99 2.5x HAProxy's
             // against 0.85x with 5 ms, 7 rounds each: 40-272 such waits per run reached it
             // against 11-28.)
-            let counted = !self.bulk && pushed > 0 && pushed <= COUNTED_SENDS_MAX;
+            let counted = !self.bulk && queued > 0 && queued <= COUNTED_SENDS_MAX;
             let cap = Duration::from_millis(5);
             let capped = self.tx.in_flight() > 0 && timeout > cap;
             let timeout = if capped { cap } else { timeout };
@@ -783,7 +783,7 @@ impl Proxy {
             if self.bulk {
                 self.stats.bulk_waits += 1;
             } else if counted {
-                self.rx.count_in_next_wait(pushed);
+                self.rx.count_in_next_wait(queued);
             }
             let n = self.rx.poll(timeout, &mut |ev| events.push(ev))?;
             let waited = t0.elapsed();

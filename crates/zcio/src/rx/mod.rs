@@ -795,9 +795,10 @@ impl Receiver {
 
     /// The next wait submits `n` requests of the caller's that complete inside its own enter
     /// when nothing holds them (`n` is all of them queued now: a later call replaces an
-    /// earlier one, whose requests are among those still queued): sends on a send ring that shares this receiver's ring
-    /// ([`crate::tx::SendRing::on_receiver`], [`crate::tx::SendRing::queued_sends`]) to sockets
-    /// with room, which a local peer takes at once. A wait for the first completion counts
+    /// earlier one, whose requests are among those still queued): sends on a send ring that
+    /// shares this receiver's ring ([`crate::tx::SendRing::on_receiver`],
+    /// [`crate::tx::SendRing::queued_sends`]) to sockets with room, which a local peer takes
+    /// at once. A wait for the first completion counts
     /// them (it waits for `n` + 1) and so returns on the first completion beyond theirs, e.g.
     /// the answer to what they sent, instead of on their own: one wait and one enter per
     /// forwarded message rather than two. Counted only in a wait of this poll or the next
